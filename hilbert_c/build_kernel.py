@@ -1,0 +1,66 @@
+"""cffi build script (API / out-of-line mode) for the compiled module `hilbert_c._kernel`.
+
+Run by setuptools at install (`cffi_modules` in setup.py). The default build is portable
+`-O3` (no `-march=native`): GEOFENCE_KERNEL_CFLAGS adds flags for a local build.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+
+CDEF = """
+typedef struct {
+    uint64_t *ranges;
+    uint8_t *interior;
+    int64_t n;
+    int64_t nodes;
+    int64_t boundary_cells;
+    int max_level;
+} hk_covering;
+
+uint64_t hk_encode(int64_t x, int64_t y, int bits);
+uint64_t hk_decode(uint64_t h, int bits);
+uint64_t axes_to_line_2D_26b(uint32_t x, uint32_t y);
+void line_to_axes_2D_26b(uint64_t h, uint32_t *x, uint32_t *y);
+int64_t hk_encode_many(const uint32_t *xs, const uint32_t *ys, uint64_t *hs, size_t n, int bits);
+int64_t hk_decode_many(const uint64_t *hs, uint32_t *xs, uint32_t *ys, size_t n, int bits);
+int64_t hk_lonlat_to_grid(const double *lon, const double *lat, uint32_t *xs, uint32_t *ys,
+                          size_t n, int bits);
+int64_t hk_lonlat_to_unit(const double *lon, const double *lat, double *us, double *vs,
+                          size_t n, int bits);
+int64_t hk_grid_to_lonlat(const uint32_t *xs, const uint32_t *ys, double *lon, double *lat,
+                          size_t n, int bits);
+int hk_cover(const double *lon, const double *lat, const int64_t *ring_ends, int64_t n_rings,
+             int bits, int max_level, int64_t max_nodes, hk_covering *out);
+void hk_covering_free(hk_covering *c);
+
+#define HK_OK ...
+#define HK_E_BITS ...
+#define HK_E_COORD ...
+#define HK_E_NOMEM ...
+#define HK_E_BUDGET ...
+#define HK_E_RINGS ...
+#define HK_MIN_BITS ...
+#define HK_MAX_BITS ...
+"""
+
+ffibuilder = FFI()
+ffibuilder.cdef(CDEF)
+ffibuilder.set_source(
+    "hilbert_c._kernel",
+    '#include "hilbert.h"',
+    sources=[str(Path("hilbert_c") / "curve.c"), str(Path("hilbert_c") / "covering.c")],
+    include_dirs=["hilbert_c"],
+    extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-math-errno",
+                        "-ffp-contract=off", *os.environ.get("GEOFENCE_KERNEL_CFLAGS", "").split()],
+    libraries=["m"],
+)
+
+if __name__ == "__main__":
+    os.chdir(HERE.parent)
+    ffibuilder.compile(verbose=True)

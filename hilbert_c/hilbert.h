@@ -1,0 +1,72 @@
+/* Hilbert kernel: 2D Hilbert index, lon/lat grid mapping and polygon covering.
+ *
+ * Convention (Nokia design, identical to PyPI `hilbertcurve`): at order 1,
+ * (0,0)->0, (0,1)->1, (1,1)->2, (1,0)->3; the top-level quadrant order is the
+ * same at every order, so an index at `bits` bits per axis is the top 2*bits
+ * bits of the index at 32 bits of the same point shifted to the top.
+ */
+#ifndef GEOFENCE_HILBERT_H
+#define GEOFENCE_HILBERT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HK_MIN_BITS 1
+#define HK_MAX_BITS 31
+#define HK_INVALID UINT64_MAX
+
+/* Scalar: HK_INVALID if bits or a coordinate is out of range. */
+uint64_t hk_encode(int64_t x, int64_t y, int bits);
+/* Scalar: (x << 32) | y, or HK_INVALID if bits or h is out of range. */
+uint64_t hk_decode(uint64_t h, int bits);
+
+/* The design's NIF names, 26 bits per axis. */
+uint64_t axes_to_line_2D_26b(uint32_t x, uint32_t y);
+void line_to_axes_2D_26b(uint64_t h, uint32_t *x, uint32_t *y);
+
+/* Batch over buffers. Return -1 on success, else the index of the first
+ * element out of range (nothing is guaranteed about the outputs then). */
+int64_t hk_encode_many(const uint32_t *xs, const uint32_t *ys, uint64_t *hs, size_t n, int bits);
+int64_t hk_decode_many(const uint64_t *hs, uint32_t *xs, uint32_t *ys, size_t n, int bits);
+
+/* WGS84 degrees <-> grid. lon in [-180, 180] maps to x in [0, 2^bits)
+ * (lon = 180 to the last column), lat in [-90, 90] likewise to y.
+ * Return -1 on success, else the index of the first invalid coordinate
+ * (NaN, infinite or out of range). */
+int64_t hk_lonlat_to_grid(const double *lon, const double *lat, uint32_t *xs, uint32_t *ys,
+                          size_t n, int bits);
+/* Continuous grid coordinates (cell units, x = floor(u)): the covering's space. */
+int64_t hk_lonlat_to_unit(const double *lon, const double *lat, double *us, double *vs,
+                          size_t n, int bits);
+/* Cell centres back to degrees. -1 or the index of the first cell out of range. */
+int64_t hk_grid_to_lonlat(const uint32_t *xs, const uint32_t *ys, double *lon, double *lat,
+                          size_t n, int bits);
+
+/* Polygon covering. */
+typedef struct {
+    uint64_t *ranges;    /* n x 2, inclusive [start, end], sorted, disjoint */
+    uint8_t *interior;   /* n flags: 1 when every cell of the range lies inside */
+    int64_t n;
+    int64_t nodes;       /* quadtree nodes visited */
+    int64_t boundary_cells;
+    int max_level;       /* level the descent stopped at (== bits unless coarsened) */
+} hk_covering;
+
+#define HK_OK 0
+#define HK_E_BITS -1
+#define HK_E_COORD -2
+#define HK_E_NOMEM -3
+#define HK_E_BUDGET -4
+#define HK_E_RINGS -5
+
+/* lon/lat vertices of every ring of every polygon, ring i spanning
+ * [ring_ends[i-1], ring_ends[i]) (closing vertex optional). Inside is the
+ * even-odd rule over all rings: holes and multipolygon parts need no flags for
+ * a valid (OGC) geometry. Descends to `max_level` (<= bits); fails with
+ * HK_E_BUDGET once more than `max_nodes` quadtree nodes would be visited.
+ * On HK_OK the caller owns `out` and frees it with hk_covering_free. */
+int hk_cover(const double *lon, const double *lat, const int64_t *ring_ends, int64_t n_rings,
+             int bits, int max_level, int64_t max_nodes, hk_covering *out);
+void hk_covering_free(hk_covering *c);
+
+#endif

@@ -1,0 +1,248 @@
+"""Typed wrapper over the compiled kernel; the only module that imports `hilbert_c._kernel`.
+
+Scalar calls go straight to C (validation happens there, an invalid input comes back as a
+sentinel). Array calls take numpy buffers with `ffi.from_buffer` and make one C call per
+batch; cffi releases the GIL around every call in API mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from hilbert_c._kernel import ffi, lib
+
+MIN_BITS: int = lib.HK_MIN_BITS
+MAX_BITS: int = lib.HK_MAX_BITS
+_INVALID = (1 << 64) - 1
+_LOW32 = 0xFFFFFFFF
+
+U32 = npt.NDArray[np.uint32]
+U64 = npt.NDArray[np.uint64]
+F64 = npt.NDArray[np.float64]
+
+_encode = lib.hk_encode
+_decode = lib.hk_decode
+
+
+def _check_bits(bits: int) -> None:
+    if not isinstance(bits, int | np.integer) or not MIN_BITS <= bits <= MAX_BITS:
+        raise ValueError(f"bits must be an integer in [{MIN_BITS}, {MAX_BITS}], got {bits!r}")
+
+
+def encode(x: int, y: int, bits: int = 26) -> int:
+    """Hilbert index of grid cell (x, y) with `bits` bits per axis (0 <= x, y < 2**bits)."""
+    try:
+        h: int = _encode(x, y, bits)
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"encode({x!r}, {y!r}, bits={bits!r}): {exc}") from None
+    if h == _INVALID:
+        _check_bits(bits)
+        raise ValueError(f"cell ({x}, {y}) is outside the {bits}-bit grid [0, {1 << bits})")
+    return h
+
+
+def decode(h: int, bits: int = 26) -> tuple[int, int]:
+    """Grid cell (x, y) of Hilbert index h (0 <= h < 4**bits)."""
+    try:
+        v: int = _decode(h, bits)
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"decode({h!r}, bits={bits!r}): {exc}") from None
+    if v == _INVALID:
+        _check_bits(bits)
+        raise ValueError(f"index {h} is outside the {bits}-bit curve [0, {1 << (2 * bits)})")
+    return v >> 32, v & _LOW32
+
+
+def axes_to_line_2D_26b(x: int, y: int) -> int:  # noqa: N802 - the design's NIF name
+    """The design's name for `encode(x, y, 26)` (coordinates masked to 26 bits, as the NIF)."""
+    h: int = lib.axes_to_line_2D_26b(x, y)
+    return h
+
+
+def line_to_axes_2D_26b(h: int) -> tuple[int, int]:  # noqa: N802
+    """The design's name for `decode(h, 26)`."""
+    xy = ffi.new("uint32_t[2]")
+    lib.line_to_axes_2D_26b(h, xy, xy + 1)
+    return int(xy[0]), int(xy[1])
+
+
+def _as_uint(name: str, a: Any, dtype: type[np.unsignedinteger[Any]], limit: int) -> Any:
+    arr = np.asarray(a)
+    if arr.dtype == dtype:
+        return np.asarray(arr, order="C")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be an integer array, got dtype {arr.dtype}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= limit):
+        bad = int(np.flatnonzero((arr < 0) | (arr >= limit))[0])
+        raise ValueError(f"{name}[{bad}] = {arr.flat[bad]} is outside [0, {limit})")
+    return np.asarray(arr, dtype=dtype, order="C")
+
+
+def encode_many(xs: npt.ArrayLike, ys: npt.ArrayLike, bits: int = 26) -> U64:
+    """Hilbert indices (uint64) of the cells (xs[i], ys[i]); one C call for the batch."""
+    _check_bits(bits)
+    side = 1 << bits
+    x = _as_uint("xs", xs, np.uint32, side)
+    y = _as_uint("ys", ys, np.uint32, side)
+    if x.shape != y.shape:
+        raise ValueError(f"xs and ys differ in shape: {x.shape} != {y.shape}")
+    out = np.empty(x.shape, dtype=np.uint64)
+    bad = lib.hk_encode_many(
+        ffi.from_buffer("uint32_t[]", x), ffi.from_buffer("uint32_t[]", y),
+        ffi.from_buffer("uint64_t[]", out, require_writable=True), x.size, bits,
+    )
+    if bad >= 0:
+        raise ValueError(
+            f"cell ({x.flat[bad]}, {y.flat[bad]}) at index {bad} is outside the "
+            f"{bits}-bit grid [0, {side})"
+        )
+    return out
+
+
+def decode_many(hs: npt.ArrayLike, bits: int = 26) -> tuple[U32, U32]:
+    """Cells (xs, ys) as uint32 arrays of the Hilbert indices hs; one C call for the batch."""
+    _check_bits(bits)
+    h = _as_uint("hs", hs, np.uint64, 1 << (2 * bits))
+    xs = np.empty(h.shape, dtype=np.uint32)
+    ys = np.empty(h.shape, dtype=np.uint32)
+    bad = lib.hk_decode_many(
+        ffi.from_buffer("uint64_t[]", h), ffi.from_buffer("uint32_t[]", xs, require_writable=True),
+        ffi.from_buffer("uint32_t[]", ys, require_writable=True), h.size, bits,
+    )
+    if bad >= 0:
+        raise ValueError(
+            f"index {h.flat[bad]} at position {bad} is outside the {bits}-bit curve "
+            f"[0, {1 << (2 * bits)})"
+        )
+    return xs, ys
+
+
+def _as_f64_pair(lon: npt.ArrayLike, lat: npt.ArrayLike) -> tuple[F64, F64]:
+    lo = np.asarray(lon, dtype=np.float64, order="C")
+    la = np.asarray(lat, dtype=np.float64, order="C")
+    if lo.shape != la.shape:
+        raise ValueError(f"lon and lat differ in shape: {lo.shape} != {la.shape}")
+    return lo, la
+
+
+def _coord_error(lon: float, lat: float, index: int | None) -> ValueError:
+    where = "" if index is None else f" at index {index}"
+    return ValueError(
+        f"invalid coordinate{where}: lon={lon!r}, lat={lat!r} "
+        "(lon must be a finite number in [-180, 180] and lat in [-90, 90])"
+    )
+
+
+@overload
+def lonlat_to_grid(lon: float, lat: float, bits: int = 26) -> tuple[int, int]: ...
+@overload
+def lonlat_to_grid(lon: npt.NDArray[Any], lat: npt.NDArray[Any], bits: int = 26) -> tuple[U32, U32]: ...
+def lonlat_to_grid(lon: Any, lat: Any, bits: int = 26) -> Any:
+    """WGS84 degrees to the grid cell holding the point (scalar or array form).
+
+    lon in [-180, 180] maps linearly onto x in [0, 2**bits) and lat in [-90, 90] onto y, so a
+    cell spans 360 / 2**bits degrees of longitude by 180 / 2**bits of latitude (see
+    `cell_size_m`). lon = 180 and lat = 90 fall in the last column / row.
+    """
+    _check_bits(bits)
+    scalar = np.ndim(lon) == 0 and np.ndim(lat) == 0
+    try:
+        lo, la = _as_f64_pair(lon, lat)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"invalid coordinate: lon={lon!r}, lat={lat!r}: {exc}") from None
+    xs = np.empty(lo.shape, dtype=np.uint32)
+    ys = np.empty(lo.shape, dtype=np.uint32)
+    bad = lib.hk_lonlat_to_grid(
+        ffi.from_buffer("double[]", lo), ffi.from_buffer("double[]", la),
+        ffi.from_buffer("uint32_t[]", xs, require_writable=True),
+        ffi.from_buffer("uint32_t[]", ys, require_writable=True), lo.size, bits,
+    )
+    if bad >= 0:
+        raise _coord_error(float(lo.flat[bad]), float(la.flat[bad]), None if scalar else bad)
+    if scalar:
+        return int(xs), int(ys)
+    return xs, ys
+
+
+@overload
+def grid_to_lonlat(x: int, y: int, bits: int = 26) -> tuple[float, float]: ...
+@overload
+def grid_to_lonlat(x: npt.NDArray[Any], y: npt.NDArray[Any], bits: int = 26) -> tuple[F64, F64]: ...
+def grid_to_lonlat(x: Any, y: Any, bits: int = 26) -> Any:
+    """Centre of grid cell (x, y) in WGS84 degrees (scalar or array form)."""
+    _check_bits(bits)
+    scalar = np.ndim(x) == 0 and np.ndim(y) == 0
+    side = 1 << bits
+    xs = _as_uint("x", x, np.uint32, side)
+    ys = _as_uint("y", y, np.uint32, side)
+    if xs.shape != ys.shape:
+        raise ValueError(f"x and y differ in shape: {xs.shape} != {ys.shape}")
+    lon = np.empty(xs.shape, dtype=np.float64)
+    lat = np.empty(xs.shape, dtype=np.float64)
+    bad = lib.hk_grid_to_lonlat(
+        ffi.from_buffer("uint32_t[]", xs), ffi.from_buffer("uint32_t[]", ys),
+        ffi.from_buffer("double[]", lon, require_writable=True),
+        ffi.from_buffer("double[]", lat, require_writable=True), xs.size, bits,
+    )
+    if bad >= 0:
+        raise ValueError(f"cell ({xs.flat[bad]}, {ys.flat[bad]}) is outside the {bits}-bit grid")
+    if scalar:
+        return float(lon), float(lat)
+    return lon, lat
+
+
+def lonlat_to_unit(lon: F64, lat: F64, bits: int) -> tuple[F64, F64]:
+    """Continuous grid coordinates (cell units; the cell is their floor): the covering's space."""
+    _check_bits(bits)
+    lo, la = _as_f64_pair(lon, lat)
+    us = np.empty(lo.shape, dtype=np.float64)
+    vs = np.empty(lo.shape, dtype=np.float64)
+    bad = lib.hk_lonlat_to_unit(
+        ffi.from_buffer("double[]", lo), ffi.from_buffer("double[]", la),
+        ffi.from_buffer("double[]", us, require_writable=True),
+        ffi.from_buffer("double[]", vs, require_writable=True), lo.size, bits,
+    )
+    if bad >= 0:
+        raise _coord_error(float(lo.flat[bad]), float(la.flat[bad]), bad)
+    return us, vs
+
+
+class CoverBudgetExceeded(ValueError):
+    """The covering would visit more quadtree nodes than allowed."""
+
+
+def cover_rings(
+    lon: F64, lat: F64, ring_ends: npt.NDArray[np.int64], bits: int, max_level: int,
+    max_nodes: int,
+) -> tuple[U64, npt.NDArray[np.bool_], int, int]:
+    """Raw C covering of even-odd rings: (ranges (N, 2), interior flags, nodes, boundary cells)."""
+    _check_bits(bits)
+    lo, la = _as_f64_pair(lon, lat)
+    ends = np.ascontiguousarray(ring_ends, dtype=np.int64)
+    out = ffi.new("hk_covering *")
+    rc = lib.hk_cover(
+        ffi.from_buffer("double[]", lo), ffi.from_buffer("double[]", la),
+        ffi.from_buffer("int64_t[]", ends), ends.size, bits, max_level, max_nodes, out,
+    )
+    if rc == lib.HK_E_BUDGET:
+        raise CoverBudgetExceeded(
+            f"covering at level {max_level} needs more than {max_nodes} quadtree nodes"
+        )
+    if rc == lib.HK_E_COORD:
+        raise ValueError("a vertex is not a valid lon/lat coordinate")
+    if rc == lib.HK_E_NOMEM:
+        raise MemoryError("out of memory while covering")
+    if rc != lib.HK_OK:
+        raise ValueError(f"covering failed: bad arguments (code {rc})")
+    try:
+        n = out.n
+        if n == 0:
+            return np.empty((0, 2), np.uint64), np.empty(0, bool), int(out.nodes), 0
+        ranges = np.frombuffer(ffi.buffer(out.ranges, 16 * n), dtype=np.uint64).reshape(n, 2).copy()
+        interior = np.frombuffer(ffi.buffer(out.interior, n), dtype=np.uint8).astype(bool)
+        return ranges, interior, int(out.nodes), int(out.boundary_cells)
+    finally:
+        lib.hk_covering_free(out)
