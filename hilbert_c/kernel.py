@@ -1,4 +1,4 @@
-"""Typed wrapper over the compiled kernel; the only module that imports `hilbert_c._kernel`.
+"""Typed wrapper over the compiled kernel: the only importer of `hilbert_c._kernel` / `_scalar`.
 
 Scalar calls go straight to C (validation happens there, an invalid input comes back as a
 sentinel). Array calls take numpy buffers with `ffi.from_buffer` and make one C call per
@@ -12,6 +12,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
+from hilbert_c import _scalar
 from hilbert_c._kernel import ffi, lib
 
 MIN_BITS: int = lib.HK_MIN_BITS
@@ -23,8 +24,9 @@ U32 = npt.NDArray[np.uint32]
 U64 = npt.NDArray[np.uint64]
 F64 = npt.NDArray[np.float64]
 
-_encode = lib.hk_encode
-_decode = lib.hk_decode
+# Scalar entry points come from the module that keeps the GIL (see build_kernel.py).
+_encode = _scalar.lib.hk_encode
+_decode = _scalar.lib.hk_decode
 
 
 def _check_bits(bits: int) -> None:
@@ -58,7 +60,7 @@ def decode(h: int, bits: int = 26) -> tuple[int, int]:
 
 def axes_to_line_2D_26b(x: int, y: int) -> int:  # noqa: N802 - the design's NIF name
     """The design's name for `encode(x, y, 26)` (coordinates masked to 26 bits, as the NIF)."""
-    h: int = lib.axes_to_line_2D_26b(x, y)
+    h: int = _scalar.lib.axes_to_line_2D_26b(x, y)
     return h
 
 
