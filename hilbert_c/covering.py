@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import shapely
-from shapely.geometry import MultiPolygon, Polygon, shape
+from shapely.geometry import MultiPolygon, Polygon
 
 from hilbert_c import kernel
 
@@ -81,7 +81,7 @@ class Covering:
 
     def area_m2(self) -> float:
         """Area of the covered cells on the sphere (equal-area: exact per cell)."""
-        x, y, k = self.blocks()
+        _, y, k = self.blocks()
         side = np.left_shift(np.int64(1), k)
         dlon = np.radians(360.0 / (1 << self.bits)) * side
         lat0 = np.radians(y.astype(np.float64) * (180.0 / (1 << self.bits)) - 90.0)
@@ -134,7 +134,7 @@ def ranges_to_blocks(
     h = np.concatenate(out_h)
     k = np.concatenate(out_k)
     x, y = kernel.decode_many(h, bits)
-    mask = ~((np.left_shift(np.uint32(1), k.astype(np.uint32)) - np.uint32(1)))
+    mask = ~(np.left_shift(np.uint32(1), k.astype(np.uint32)) - np.uint32(1))
     return x & mask, y & mask, k
 
 

@@ -12,7 +12,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-from hilbert_c import _scalar
+import hilbert_c._scalar as _scalar
 from hilbert_c._kernel import ffi, lib
 
 MIN_BITS: int = lib.HK_MIN_BITS
@@ -58,13 +58,13 @@ def decode(h: int, bits: int = 26) -> tuple[int, int]:
     return v >> 32, v & _LOW32
 
 
-def axes_to_line_2D_26b(x: int, y: int) -> int:  # noqa: N802 - the design's NIF name
+def axes_to_line_2D_26b(x: int, y: int) -> int:
     """The design's name for `encode(x, y, 26)` (coordinates masked to 26 bits, as the NIF)."""
     h: int = _scalar.lib.axes_to_line_2D_26b(x, y)
     return h
 
 
-def line_to_axes_2D_26b(h: int) -> tuple[int, int]:  # noqa: N802
+def line_to_axes_2D_26b(h: int) -> tuple[int, int]:
     """The design's name for `decode(h, 26)`."""
     xy = ffi.new("uint32_t[2]")
     lib.line_to_axes_2D_26b(h, xy, xy + 1)
