@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -21,12 +22,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
+def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, ModuleType | None]:
     parser = argparse.ArgumentParser(prog="geofence", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # Only import the module of the subcommand actually asked for.
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    chosen = None
+    chosen: ModuleType | None = None
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)
         if name == wanted:

@@ -1,0 +1,61 @@
+"""`geofence up | down | status [--json]`: the command-line side of deploy.local_stack."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from deploy import local_stack as ls
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    if name == "status":
+        parser.add_argument("--json", action="store_true",
+                            help="print the connection settings (with passwords) as JSON")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _up(settings: ls.Settings) -> int:
+    ls.up(settings, _say)
+    return _status(settings, as_json=False)
+
+
+def _down(settings: ls.Settings) -> int:
+    ls.down(settings, _say)
+    return 0
+
+
+def _status(settings: ls.Settings, as_json: bool) -> int:
+    try:
+        pw: ls.Secrets | None = ls.load_secrets(settings)
+    except ls.StackNotSetUpError:
+        if as_json:
+            raise
+        pw = None
+    st = ls.status(settings, pw)
+    if as_json:
+        assert pw is not None
+        print(json.dumps(ls.connection_settings(settings, pw), indent=2))
+    else:
+        print(ls.format_status(st))
+        if pw is None:
+            print("(no credentials yet: run `geofence up`)")
+    return 0 if st.all_running else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    command: str = args.command
+    try:
+        settings = ls.Settings.from_env()
+        if command == "up":
+            return _up(settings)
+        if command == "down":
+            return _down(settings)
+        return _status(settings, as_json=bool(args.json))
+    except (ls.SettingsError, ls.StackError) as exc:
+        print(f"geofence {command}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The local single-host set-up, from a fresh clone to a running stack:
+#
+#   bash deploy/setup.sh [demo|test|none]     (default: none)
+#
+# 1. installs the Debian packages that are missing (apt-get update only then);
+# 2. creates <repo>/.venv and installs the project with `pip install -e '.[dev]'` (which
+#    compiles the C kernel), again only when pyproject.toml, setup.py or hilbert_c's C
+#    sources changed (a hash kept in .venv);
+# 3. enables the RabbitMQ plugins (offline, before the node starts);
+# 4. `geofence up`: RabbitMQ, a private PostgreSQL cluster, memcached;
+# 5. demo: runs the demo; test: ruff, mypy, then pytest last; none: stops there.
+#
+# Idempotent: a second run skips what is done and takes a few seconds. Runs as root (apt,
+# services started as the users rabbitmq, postgres and nobody), from any clone location.
+set -euo pipefail
+
+mode="${1:-none}"
+case "$mode" in
+    demo | test | none) ;;
+    *)
+        echo "usage: bash deploy/setup.sh [demo|test|none]" >&2
+        exit 2
+        ;;
+esac
+
+REPO="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$REPO/.venv"
+STAMP="$VENV/.geofence-install.sha256"
+PLUGINS=(rabbitmq_mqtt rabbitmq_federation rabbitmq_management rabbitmq_shovel)
+ENABLED_PLUGINS=/etc/rabbitmq/enabled_plugins
+PYTHON="${PYTHON:-python3}"
+cd "$REPO"
+
+say() { printf 'setup: %s\n' "$*"; }
+die() {
+    printf 'setup: error: %s\n' "$*" >&2
+    exit 1
+}
+
+[ "$(id -u)" = 0 ] || die "run as root: it installs Debian packages and starts services"
+
+# ---------------------------------------------------------------- Debian packages
+
+pkg_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'
+}
+
+missing_packages() {
+    local p
+    for p in rabbitmq-server memcached libpostgresql-jdbc-java gcc libc6-dev; do
+        pkg_installed "$p" || echo "$p"
+    done
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || echo postgresql
+    if ! command -v "$PYTHON" >/dev/null; then
+        echo python3 python3-venv python3-dev
+    elif [ "$(command -v "$PYTHON")" = /usr/bin/python3 ]; then
+        # Debian's own python3 ships venv and the C headers separately.
+        pkg_installed python3-venv || echo python3-venv
+        pkg_installed python3-dev || echo python3-dev
+    fi
+}
+
+# A package's postinst must not start RabbitMQ or memcached behind our back: `geofence up`
+# starts them, and records that it did. policy-rc.d answering 101 forbids it; keep an
+# existing one (Debian container images ship one), remove only the one we created.
+POLICY=/usr/sbin/policy-rc.d
+created_policy=0
+remove_policy() {
+    if [ "$created_policy" = 1 ]; then
+        rm -f "$POLICY"
+        created_policy=0
+    fi
+}
+
+install_packages() {
+    local -a missing
+    mapfile -t missing < <(missing_packages | tr ' ' '\n')
+    if [ "${#missing[@]}" = 0 ]; then
+        return
+    fi
+    say "installing Debian packages: ${missing[*]}"
+    if [ ! -e "$POLICY" ]; then
+        printf '#!/bin/sh\n# temporary, from deploy/setup.sh\nexit 101\n' >"$POLICY"
+        chmod 755 "$POLICY"
+        created_policy=1
+        trap remove_policy EXIT
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+    remove_policy
+}
+
+# ---------------------------------------------------------------- Python venv
+
+install_hash() {
+    # Whatever changes what `pip install -e` builds, plus the interpreter.
+    shopt -s nullglob
+    local files=(pyproject.toml setup.py hilbert_c/*.c hilbert_c/*.h hilbert_c/build_kernel.py)
+    shopt -u nullglob
+    {
+        "$VENV/bin/python" -c 'import sys; print(sys.version)'
+        sha256sum -- "${files[@]}"
+    } | sha256sum | cut -d' ' -f1
+}
+
+setup_venv() {
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+        die "$PYTHON is older than 3.11"
+    if ! "$VENV/bin/python" -c '' 2>/dev/null; then
+        say "creating $VENV"
+        rm -rf "$VENV"
+        "$PYTHON" -m venv "$VENV"
+        "$VENV/bin/python" -m pip install -q --upgrade pip
+    fi
+    local want
+    want="$(install_hash)"
+    if [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
+        return
+    fi
+    say "pip install -e '.[dev]' (builds the C kernel)"
+    "$VENV/bin/python" -m pip install -q -e '.[dev]'
+    echo "$want" >"$STAMP"
+}
+
+# ---------------------------------------------------------------- RabbitMQ plugins
+
+enable_plugins() {
+    local p need=0
+    for p in "${PLUGINS[@]}"; do
+        grep -qw "$p" "$ENABLED_PLUGINS" 2>/dev/null || need=1
+    done
+    if [ "$need" = 1 ]; then
+        say "enabling RabbitMQ plugins: ${PLUGINS[*]}"
+        # The Debian wrapper runs rabbitmq-plugins as root from /var/lib/rabbitmq (cookie).
+        rabbitmq-plugins enable --offline "${PLUGINS[@]}" >/dev/null
+        chown rabbitmq:rabbitmq "$ENABLED_PLUGINS"
+    fi
+}
+
+# ---------------------------------------------------------------- main
+
+install_packages
+setup_venv
+enable_plugins
+"$VENV/bin/geofence" up
+
+case "$mode" in
+    none) exit 0 ;;
+    demo) exec "$VENV/bin/geofence" demo ;;
+esac
+
+# test: all three run whatever happens; pytest last, so that its summary is the last line.
+failed=()
+"$VENV/bin/ruff" check . || failed+=(ruff)
+"$VENV/bin/mypy" || failed+=(mypy)
+if [ "${#failed[@]}" != 0 ]; then
+    say "failed: ${failed[*]} (pytest runs all the same)"
+fi
+rc=0
+"$VENV/bin/python" -m pytest || rc=$?
+if [ "${#failed[@]}" != 0 ] && [ "$rc" = 0 ]; then
+    rc=1
+fi
+exit "$rc"
