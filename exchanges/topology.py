@@ -1,0 +1,101 @@
+"""Names of every vhost, exchange, queue and user of the pipeline: one place, so the
+`rabbitmqctl` scripts in deploy/rabbitmq/, the sidecars and the tests agree.
+
+    devices (MQTT, vhost gf-ingress) --amq.topic "positions.<id>"--> queue x-ingress.positions
+    gateways (AMQP, gf-ingress) --exchange ingress.batches--> queue x-ingress.batches
+    x-ingress --(worldmap)--> vhost gf-region-<r>: exchange x-geo.in --> queue x-geo.positions
+    fence management          --> vhost gf-region-<r>: exchange x-geo.control --> queue x-geo.control
+    x-geo <r> --> gf-region-<r>: exchange x-fence.in (routing key = x-fence worker)
+        ==federation==> vhost gf-fences: exchange x-fence.in --> queue x-fence.<worker>
+    fence management --> gf-fences: exchange x-fence.control (key = worker) --> x-fence.<worker>.control
+    x-fence --> gf-fences: exchange fence.events (topic, "<fence_id>.<enter|leave>")
+            --> gf-fences: exchange fence.events.mqtt (topic,
+                "fence-events.<fence_id>.<enter|leave>", "object-events.<object_id>.<fence_id>.<enter|leave>")
+        ==federation==> gf-ingress: amq.topic, so MQTT clients of gf-ingress subscribe to
+                        fence-events/<fence_id>/<enter|leave> and object-events/<object_id>/#
+
+Every vhost has a fanout exchange `dead-letters` and a queue `dead-letters`; a policy makes
+it the dead-letter exchange of the vhost's queues. Sidecars publish what they cannot process
+there themselves, with the reason in the `x-geofence-reason` header (a rejection by policy
+carries only RabbitMQ's `x-death` reason).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+INGRESS_VHOST = "gf-ingress"
+FENCES_VHOST = "gf-fences"
+REGION_VHOST_PREFIX = "gf-region-"
+
+# gf-ingress
+POSITIONS_QUEUE = "x-ingress.positions"
+POSITIONS_TOPIC_PATTERN = "positions.*"  # MQTT positions/<object_id> on amq.topic
+BATCHES_EXCHANGE = "ingress.batches"
+BATCHES_QUEUE = "x-ingress.batches"
+MQTT_TOPIC_EXCHANGE = "amq.topic"
+
+# gf-region-<r>
+GEO_IN_EXCHANGE = "x-geo.in"
+GEO_POSITIONS_QUEUE = "x-geo.positions"
+GEO_CONTROL_EXCHANGE = "x-geo.control"
+GEO_CONTROL_QUEUE = "x-geo.control"
+FENCE_IN_EXCHANGE = "x-fence.in"  # exists in every region vhost and in gf-fences (federated)
+
+# gf-fences
+FENCE_CONTROL_EXCHANGE = "x-fence.control"
+EVENTS_EXCHANGE = "fence.events"
+EVENTS_MQTT_EXCHANGE = "fence.events.mqtt"
+
+# every vhost
+DEAD_LETTER_EXCHANGE = "dead-letters"
+DEAD_LETTER_QUEUE = "dead-letters"
+REASON_HEADER = "x-geofence-reason"
+
+# users (one per sidecar kind, each limited to what it touches)
+INGRESS_USER = "x-ingress"
+GEO_USER = "x-geo"
+FENCE_USER = "x-fence"
+MANAGER_USER = "fence-manager"
+FEDERATION_USER = "federation"
+GATEWAY_USER = "gateway"
+
+
+def region_vhost(region: str) -> str:
+    return f"{REGION_VHOST_PREFIX}{region}"
+
+
+def fence_queue(worker: str) -> str:
+    return f"x-fence.{worker}"
+
+
+def fence_control_queue(worker: str) -> str:
+    return f"x-fence.{worker}.control"
+
+
+def event_routing_key(fence_id: str, kind: str) -> str:
+    return f"{fence_id}.{kind}"
+
+
+def mqtt_event_routing_keys(fence_id: str, object_id: str, kind: str) -> tuple[str, str]:
+    """Routing keys on fence.events.mqtt: per fence and per object (MQTT '/' is AMQP '.')."""
+    return f"fence-events.{fence_id}.{kind}", f"object-events.{object_id}.{fence_id}.{kind}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The regions (x-geo instances) and x-fence workers of one deployment."""
+
+    regions: tuple[str, ...] = ("a", "b")
+    workers: tuple[str, ...] = ("w0", "w1")
+    vhosts: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in (*self.regions, *self.workers):
+            if not name or not name.replace("-", "").isalnum():
+                raise ValueError(f"region / worker names are [A-Za-z0-9-]+, got {name!r}")
+        if len(set(self.regions)) != len(self.regions) or len(set(self.workers)) != len(self.workers):
+            raise ValueError("region and worker names must be unique")
+        object.__setattr__(
+            self, "vhosts", (INGRESS_VHOST, *(region_vhost(r) for r in self.regions), FENCES_VHOST)
+        )
