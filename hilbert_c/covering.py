@@ -71,6 +71,17 @@ class Covering:
         """The same cells with every pair of adjacent ranges merged (interior = all parts)."""
         return _merge_gaps(self, max_gap=0)
 
+    def to_bits(self, bits: int) -> Covering:
+        """The same cells expressed at a finer resolution (each cell becomes 4**(d) indices)."""
+        kernel._check_bits(bits)
+        if bits < self.bits:
+            raise ValueError(f"can only refine: {self.bits} bits -> {bits} bits")
+        shift = np.uint64(2 * (bits - self.bits))
+        ranges = np.empty_like(self.ranges)
+        ranges[:, 0] = self.ranges[:, 0] << shift
+        ranges[:, 1] = ((self.ranges[:, 1] + np.uint64(1)) << shift) - np.uint64(1)
+        return Covering(ranges, self.interior.copy(), bits, self.level, self.nodes)
+
     def contains(self, hs: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         return ranges_contain(self.ranges, hs)
 
@@ -104,36 +115,48 @@ def ranges_lookup(ranges: npt.ArrayLike, hs: npt.ArrayLike) -> npt.NDArray[np.in
     return np.where(hit, row, -1)
 
 
+def split_ranges(
+    ranges: npt.ArrayLike, bits: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Cut sorted inclusive ranges into maximal aligned blocks, greedily from the left.
+
+    A block is 4**k consecutive indices starting at a multiple of 4**k: one quadtree cell of
+    2**k x 2**k grid cells. Returns (first index, k, row of the range it came from).
+    """
+    r = np.asarray(ranges, dtype=np.uint64).reshape(-1, 2)
+    start, end = r[:, 0].copy(), r[:, 1].copy()
+    owner = np.arange(len(r), dtype=np.int64)
+    one = np.uint64(1)
+    out_s, out_k, out_o = [], [], []
+    while start.size:
+        # alignment: k <= trailing zeros / 2 (start 0 is aligned at every level)
+        low = start & (~start + one)
+        _, e_low = np.frexp(low.astype(np.float64))
+        k_align = np.where(start == 0, bits, (e_low - 1) // 2)
+        # size: 4**k <= length (frexp of a rounded float can be one too high: fixed below)
+        _, e_len = np.frexp((end - start + one).astype(np.float64))
+        k = np.minimum(np.minimum(k_align, (e_len - 1) // 2), bits).astype(np.int64)
+        too_big = start + (one << (2 * k).astype(np.uint64)) - one > end
+        k[too_big] -= 1
+        out_s.append(start)
+        out_k.append(k)
+        out_o.append(owner)
+        nxt = start + (one << (2 * k).astype(np.uint64))
+        more = (nxt <= end) & (nxt > start)  # nxt wraps only past the very top of the curve
+        start, end, owner = nxt[more], end[more], owner[more]
+    if not out_s:
+        return np.empty(0, np.uint64), np.empty(0, np.int64), np.empty(0, np.int64)
+    s_all, k_all, o_all = np.concatenate(out_s), np.concatenate(out_k), np.concatenate(out_o)
+    order = np.lexsort((s_all, o_all))
+    return s_all[order], k_all[order], o_all[order]
+
+
 def ranges_to_blocks(
     ranges: npt.NDArray[np.uint64], bits: int
 ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
-    """Split ranges into maximal aligned blocks of 4**k indices (squares of 2**k cells)."""
-    start = ranges[:, 0].astype(np.uint64)
-    end = ranges[:, 1].astype(np.uint64)
-    out_h, out_k = [], []
-    one = np.uint64(1)
-    while start.size:
-        # Largest k with start aligned to 4**k and start + 4**k - 1 <= end.
-        k = np.zeros(start.shape, dtype=np.int64)
-        for kk in range(1, bits + 1):
-            size = np.uint64(1) << np.uint64(2 * kk)
-            ok = (k == kk - 1) & (start % size == 0) & (end - start >= size - one)
-            if not ok.any():
-                break
-            k[ok] = kk
-        out_h.append(start)
-        out_k.append(k)
-        step = np.left_shift(one, (2 * k).astype(np.uint64))
-        nxt = start + step
-        more = nxt <= end
-        more &= nxt > start  # no wrap at the very top of the curve
-        start, end = nxt[more], end[more]
-    if not out_h:
-        e = np.empty(0, np.uint32)
-        return e, e.copy(), np.empty(0, np.int64)
-    h = np.concatenate(out_h)
-    k = np.concatenate(out_k)
-    x, y = kernel.decode_many(h, bits)
+    """The ranges as aligned square blocks: lower-left cells (x, y) and side exponent k."""
+    starts, k, _ = split_ranges(ranges, bits)
+    x, y = kernel.decode_many(starts, bits)
     mask = ~(np.left_shift(np.uint32(1), k.astype(np.uint32)) - np.uint32(1))
     return x & mask, y & mask, k
 

@@ -260,3 +260,24 @@ def test_bad_arguments() -> None:
         hk.cover(box(0, 0, 1, 1), 40)
     with pytest.raises(ValueError, match="max_ranges must be >= 1"):
         hk.cover(box(0, 0, 1, 1), 10, max_ranges=0)
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 31).flatmap(
+    lambda b: st.tuples(st.just(b), st.lists(st.integers(0, 4**b - 1), min_size=0, max_size=12))))
+def test_split_ranges_tiles_each_range_with_maximal_aligned_blocks(case) -> None:  # type: ignore[no-untyped-def]
+    bits, cuts = case
+    pts = sorted(set(cuts))
+    ranges = np.array([(pts[i], pts[i + 1] - 1) for i in range(0, len(pts) - 1, 2)
+                       if pts[i + 1] - 1 >= pts[i]], dtype=np.uint64).reshape(-1, 2)
+    starts, ks, owner = hk.covering.split_ranges(ranges, bits)
+    for row, (s, e) in enumerate(ranges.tolist()):
+        mine = owner == row
+        blk = list(zip(starts[mine].tolist(), ks[mine].tolist(), strict=True))
+        pos = s
+        for b_start, k in blk:  # contiguous, aligned, inside the range
+            assert b_start == pos and b_start % 4**k == 0
+            pos += 4**k
+        assert pos == e + 1
+        for b_start, k in blk:  # greedy maximal: the next size up would not fit or align
+            assert b_start % 4 ** (k + 1) != 0 or b_start + 4 ** (k + 1) - 1 > e or k == bits
