@@ -161,6 +161,9 @@ class RangeIndex:
     def fences(self) -> list[str]:
         return sorted(self._slot_of)
 
+    def slot_of(self, fence_id: str) -> int:
+        return self._slot_of[fence_id]
+
     def ranges_of(self, fence_id: str) -> tuple[U64, BOOL]:
         return self._ranges[self._slot_of[fence_id]]
 

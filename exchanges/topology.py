@@ -99,3 +99,43 @@ class Topology:
         object.__setattr__(
             self, "vhosts", (INGRESS_VHOST, *(region_vhost(r) for r in self.regions), FENCES_VHOST)
         )
+
+
+# --------------------------------------------------------------------------- deployment names
+# Added with deploy/rabbitmq/ (the scripts that declare all of the above).
+
+ADMIN_USER = "geofence"  # the local stack's administrator: full rights on every vhost
+
+# Every exchange the topology declares, with its type (amq.topic is RabbitMQ's own).
+EXCHANGE_TYPES: dict[str, str] = {
+    BATCHES_EXCHANGE: "fanout",
+    GEO_IN_EXCHANGE: "fanout",
+    GEO_CONTROL_EXCHANGE: "fanout",
+    FENCE_IN_EXCHANGE: "direct",  # routing key = x-fence worker
+    FENCE_CONTROL_EXCHANGE: "direct",  # routing key = x-fence worker
+    EVENTS_EXCHANGE: "topic",
+    EVENTS_MQTT_EXCHANGE: "topic",
+    DEAD_LETTER_EXCHANGE: "fanout",
+}
+
+# Policies (one per queue group, so that the group's settings never shadow each other).
+DEAD_LETTER_POLICY = "gf-dead-letters"  # every queue of a vhost but the ones below
+INPUT_LIMITS_POLICY = "gf-input-limits"  # sidecar input queues: dead letters + length limit
+FEDERATE_FENCE_IN_POLICY = "gf-federate-x-fence-in"  # gf-fences x-fence.in <- regions
+FEDERATE_EVENTS_POLICY = "gf-federate-events"  # gf-ingress amq.topic <- fence.events.mqtt
+
+# Federation upstreams (runtime parameters of the downstream vhost). An upstream is named
+# after the vhost it reads from.
+REGIONS_UPSTREAM_SET = "gf-regions"  # in gf-fences: one upstream per region vhost
+
+# Devices: one RabbitMQ user per object id, in gf-ingress, tagged so that tools tell them
+# from the sidecar users. MQTT login "gf-ingress:<object_id>", MQTT client id = object id.
+DEVICE_TAG = "gf-device"
+MQTT_SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"  # + <client_id> + "qos0" / "qos1"
+POSITIONS_TOPIC_PREFIX = "positions"  # MQTT positions/<object_id>
+OBJECT_EVENTS_TOPIC_PREFIX = "object-events"  # MQTT object-events/<object_id>/<fence_id>/<kind>
+
+
+def upstream_name(vhost: str) -> str:
+    """The federation upstream that reads from `vhost`."""
+    return vhost
