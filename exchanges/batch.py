@@ -102,7 +102,7 @@ def unpack(body: bytes) -> dict[str, Any]:
     try:
         d = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise ValueError(f"not a msgpack body: {exc}") from None
+        raise ValueError(f"not a msgpack body ({type(exc).__name__}: {exc})") from None
     if not isinstance(d, dict) or d.get("v") != WIRE_VERSION or not isinstance(d.get("kind"), str):
         raise ValueError(f"not a geofence message of wire version {WIRE_VERSION}")
     return d
