@@ -96,7 +96,9 @@ class XGeo:
         self._index = RangeIndex()
         self._versions: dict[str, int] = {}  # bound fences, and the last version of removed ones
         self._worker_of_slot = np.zeros(0, dtype=np.int64)
-        self._last_workers: dict[str, int] = {}  # object -> bitmask of workers routed to last
+        self._obj_code: dict[str, int] = {}
+        self._obj_ids: list[str] = []
+        self._last_mask = np.zeros(0, dtype=np.int64)  # object code -> workers routed to last
 
     def delete(self) -> None:
         self.create()
@@ -169,12 +171,15 @@ class XGeo:
                      lat: npt.ArrayLike, h: npt.ArrayLike) -> dict[str, WorkerBatch]:
         """Objects handed over to another region (told by x-ingress): the workers that had
         them get their new position with no candidates from this region, and we forget them."""
-        keep = [i for i, o in enumerate(ids) if self._last_workers.get(o)]
+        table = self._obj_code
+        keep = [i for i, o in enumerate(ids) if o in table and self._last_mask[table[o]]]
         if not keep:
             return {}
         pos = PositionBatch(list(ids), np.asarray(lon, np.float64), np.asarray(lat, np.float64),
                             np.asarray(ts, np.float64), np.asarray(h, np.uint64)).take(keep)
-        masks = np.array([self._last_workers.pop(o) for o in pos.ids], dtype=np.int64)
+        codes = np.array([table[o] for o in pos.ids], dtype=np.int64)
+        masks = self._last_mask[codes]
+        self._last_mask[codes] = 0
         out = {}
         for wi, worker in enumerate(self.workers):
             pts = np.flatnonzero(masks & (1 << wi))
@@ -192,29 +197,46 @@ class XGeo:
         return self.workers[int(self._worker_of_slot[self._index.slot_of(fence_id)])]
 
     def objects(self) -> dict[str, list[str]]:
-        return {o: [w for i, w in enumerate(self.workers) if m & (1 << i)]
-                for o, m in self._last_workers.items()}
+        """Objects currently routed to some worker, and to which."""
+        masks = self._last_mask[: len(self._obj_ids)]
+        return {self._obj_ids[c]: [w for i, w in enumerate(self.workers) if int(masks[c]) & (1 << i)]
+                for c in np.flatnonzero(masks).tolist()}
 
     def stats(self) -> dict[str, object]:
-        return {"region": self.region, "objects": len(self._last_workers), **self._index.stats()}
+        tracked = int(np.count_nonzero(self._last_mask))
+        return {"region": self.region, "objects": tracked, **self._index.stats()}
 
     # -- internals ------------------------------------------------------------------------
+
+    def _codes(self, ids: list[str]) -> npt.NDArray[np.int64]:
+        table = self._obj_code
+        try:  # the common case: every object seen before
+            return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
+        except KeyError:
+            pass
+        for o in ids:
+            if o not in table:
+                table[o] = len(self._obj_ids)
+                self._obj_ids.append(o)
+        if len(self._obj_ids) > self._last_mask.size:
+            grown = np.zeros(max(64, 2 * len(self._obj_ids)), dtype=np.int64)
+            grown[: self._last_mask.size] = self._last_mask
+            self._last_mask = grown
+        return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
 
     def _previous_masks(self, ids: list[str], now: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """For each position, the workers its object was routed to just before it (the
         previous position of the same object in this batch, or the memory), and update the
         memory to each object's last position."""
-        prev = np.zeros(now.size, dtype=np.int64)
-        last = self._last_workers
-        seen: dict[str, int] = {}
-        for i, o in enumerate(ids):
-            j = seen.get(o)
-            prev[i] = now[j] if j is not None else last.get(o, 0)
-            seen[o] = i
-        for o, i in seen.items():
-            mask = int(now[i])
-            if mask:
-                last[o] = mask
-            else:
-                last.pop(o, None)
+        codes = self._codes(ids)
+        order = np.lexsort((np.arange(codes.size), codes))
+        c = codes[order]
+        first = np.r_[True, c[1:] != c[:-1]]
+        prev_sorted = np.empty(c.size, dtype=np.int64)
+        prev_sorted[first] = self._last_mask[c[first]]
+        prev_sorted[~first] = now[order[:-1]][~first[1:]]
+        prev = np.empty_like(prev_sorted)
+        prev[order] = prev_sorted
+        last = np.r_[first[1:], True]  # the last position of each object
+        self._last_mask[c[last]] = now[order[last]]
         return prev

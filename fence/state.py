@@ -195,15 +195,18 @@ class XFence:
         seq = np.zeros(n, np.int64)  # 0 = dropped
         seq[order] = seq_sorted
         objs = o_sorted[group_start]  # objects of this batch
-        k_of = dict(zip(objs.tolist(), sizes.tolist(), strict=True))
-        pos_at: dict[tuple[int, int], int] = {(int(obj[i]), int(seq[i])): int(i) for i in order}
+        group_of = np.full(len(self._obj_ids), -1, dtype=np.int64)
+        group_of[objs] = np.arange(objs.size)
+
+        def position(o: npt.NDArray[np.int64], s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+            """Batch index of object o's s-th position (s >= 1)."""
+            return order[group_start[group_of[o]] + s - 1]
 
         # stored pairs of these objects are "number 0"
         lo = np.searchsorted(self._keys, objs.astype(np.uint64) << _SHIFT)
         hi = np.searchsorted(self._keys, (objs.astype(np.uint64) + np.uint64(1)) << _SHIFT)
-        stored = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]) \
-            if lo.size else np.empty(0, np.int64)
-        stored = stored.astype(np.int64)
+        n_st = (hi - lo).astype(np.int64)
+        stored = np.repeat(lo.astype(np.int64) - (np.cumsum(n_st) - n_st), n_st) + np.arange(int(n_st.sum()))
         s_obj = (self._keys[stored] >> _SHIFT).astype(np.int64)
         s_fence = (self._keys[stored] & _LOW).astype(np.int64)
         s_since = self._since[stored]
@@ -219,15 +222,17 @@ class XFence:
         cont = same & (e_seq[1:] == e_seq[:-1] + 1)
         run_start = np.r_[True, ~cont]
         run_end = np.r_[~cont, True]
-        k = np.array([k_of[int(o)] for o in e_obj], dtype=np.int64) if e_obj.size else np.empty(0, np.int64)
+        k = sizes[group_of[e_obj]]
 
         events: list[Event] = []
-        for i in np.flatnonzero(run_start & (e_seq > 0)):
-            p = pos_at[(int(e_obj[i]), int(e_seq[i]))]
-            events.append(self._event(ENTER, int(e_fence[i]), int(e_obj[i]), float(pos.ts[p]), ENTERED))
-        for i in np.flatnonzero(run_end & (e_seq < k)):
-            p = pos_at[(int(e_obj[i]), int(e_seq[i]) + 1)]
-            events.append(self._event(LEAVE, int(e_fence[i]), int(e_obj[i]), float(pos.ts[p]), EXITED))
+        ent = np.flatnonzero(run_start & (e_seq > 0))
+        for f, o, t in zip(e_fence[ent], e_obj[ent], pos.ts[position(e_obj[ent], e_seq[ent])],
+                           strict=True):
+            events.append(self._event(ENTER, int(f), int(o), float(t), ENTERED))
+        lev = np.flatnonzero(run_end & (e_seq < k))
+        for f, o, t in zip(e_fence[lev], e_obj[lev], pos.ts[position(e_obj[lev], e_seq[lev] + 1)],
+                           strict=True):
+            events.append(self._event(LEAVE, int(f), int(o), float(t), EXITED))
 
         # final state: runs that reach the object's last position; since = the run's first
         start_idx = np.maximum.accumulate(np.where(run_start, np.arange(e_obj.size), 0))
@@ -304,6 +309,10 @@ class XFence:
 
     def _codes(self, ids: list[str]) -> npt.NDArray[np.int64]:
         table, names = self._obj_code, self._obj_ids
+        try:  # the common case: every object seen before
+            return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
+        except KeyError:
+            pass
         before = len(table)
         codes = np.empty(len(ids), np.int64)
         for i, o in enumerate(ids):
