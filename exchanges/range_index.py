@@ -126,7 +126,11 @@ class RangeIndex:
 
     def route(self, hs: npt.ArrayLike) -> Matches:
         """All (point, fence) pairs whose ranges hold the points' indices."""
-        h = np.asarray(hs, dtype=np.uint64).reshape(-1)
+        h_in = np.asarray(hs, dtype=np.uint64).reshape(-1)
+        # sorted needles: numpy's search then starts from the previous answer (and the cache
+        # stays warm); results are mapped back to batch positions at the end
+        by_h = np.argsort(h_in, kind="stable")
+        h = h_in[by_h]
         self._flush()
         pts: list[I64] = []
         sls: list[I32] = []
@@ -150,7 +154,7 @@ class RangeIndex:
                 ins.append(run.interior[idx][live])
         if not pts:
             return Matches(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, bool))
-        point, slot, inner = np.concatenate(pts), np.concatenate(sls), np.concatenate(ins)
+        point, slot, inner = by_h[np.concatenate(pts)], np.concatenate(sls), np.concatenate(ins)
         order = np.argsort(point, kind="stable")
         return Matches(point[order], slot[order], inner[order])
 
