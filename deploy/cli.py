@@ -2,7 +2,11 @@
 
 Each subcommand lives with the part of the product it drives and is imported lazily,
 so `geofence status` does not pay for numpy/shapely and nothing is read at import time.
-A subcommand module exposes `add_arguments(parser)` and `run(args) -> int`.
+A subcommand module exposes `add_arguments(parser, name)` and `run(args) -> int`.
+
+`geofence inspect <target>` is a group: each part of the product registers its own target
+in INSPECT_TARGETS (same module contract; `args.command` is "inspect", `args.target` the
+target), and only the module of the target asked for is imported.
 """
 
 from __future__ import annotations
@@ -19,21 +23,46 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("deploy.local_stack_cmd", "show the local stack; --json for connection settings"),
     "demo": ("deploy.demo", "run the demo against the local stack"),
     "kernel": ("hilbert_c.cli", "Hilbert kernel tools: encode, decode, cover"),
+    "topology": ("deploy.rabbitmq.commands", "the pipeline's RabbitMQ topology: apply, show"),
+    "device": ("deploy.rabbitmq.commands", "device (MQTT) users: add, remove, list"),
+    "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),
 }
+
+# `geofence inspect TARGET`: target -> (module, one-line help)
+INSPECT_TARGETS: dict[str, tuple[str, str]] = {
+    "topology": ("deploy.rabbitmq.inspect_cmd",
+                 "vhosts, queues (messages, consumers, policy), federation links"),
+}
+GROUPS: dict[str, dict[str, tuple[str, str]]] = {"inspect": INSPECT_TARGETS}
+
+
+def _first_word(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _load(module_name: str, parser: argparse.ArgumentParser, name: str) -> ModuleType:
+    module = importlib.import_module(module_name)
+    module.add_arguments(parser, name)
+    return module
 
 
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, ModuleType | None]:
     parser = argparse.ArgumentParser(prog="geofence", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    # Only import the module of the subcommand actually asked for.
-    wanted = next((a for a in argv if not a.startswith("-")), None)
+    # Only import the module of the subcommand (or inspect target) actually asked for.
+    wanted = _first_word(argv)
     chosen: ModuleType | None = None
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)
-        if name == wanted:
-            module = importlib.import_module(module_name)
-            module.add_arguments(p, name)
-            chosen = module
+        if name in GROUPS:
+            targets = p.add_subparsers(dest="target", metavar="TARGET", required=True)
+            rest = argv[argv.index(name) + 1:] if name == wanted else []
+            for target, (target_module, target_help) in GROUPS[name].items():
+                tp = targets.add_parser(target, help=target_help)
+                if rest and target == _first_word(rest):
+                    chosen = _load(target_module, tp, target)
+        elif name == wanted:
+            chosen = _load(module_name, p, name)
     return parser, chosen
 
 

@@ -28,6 +28,10 @@ Trade-offs, chosen for a development / CI machine without systemd:
   on a command line. Human output masks them; `status --json` prints them, since it is how
   tools get the connection settings (it needs the same root access as the file).
 - Every wait polls with a deadline (GEOFENCE_START_TIMEOUT); there are no fixed sleeps.
+- After the services, `up` applies the pipeline's RabbitMQ topology (deploy/rabbitmq/: vhosts,
+  users, permissions, exchanges, queues, federation, policies) for the regions and workers of
+  GEOFENCE_REGIONS / GEOFENCE_WORKERS (comma-separated; default a,b and w0,w1). The sidecar
+  users' passwords are generated once, into the same secrets file.
 """
 
 from __future__ import annotations
@@ -47,13 +51,16 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 from urllib.parse import quote
 
+from deploy.rabbitmq import definitions as rabbit_defs
+from exchanges import topology as topo
+
 ENV_PREFIX = "GEOFENCE_"
-USER = "geofence"  # RabbitMQ user, PostgreSQL role and database
+USER = topo.ADMIN_USER  # RabbitMQ user, PostgreSQL role and database: "geofence"
 MASK = "****"
 PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel")
 ENABLED_PLUGINS_FILE = Path("/etc/rabbitmq/enabled_plugins")
@@ -110,6 +117,13 @@ def _seconds(key: str, raw: str) -> float:
     return value
 
 
+def _names(key: str, raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(","))
+    if not all(names):
+        raise SettingsError(f"{key}={raw!r}: a comma-separated list of names such as a,b")
+    return names
+
+
 # GEOFENCE_<KEY> -> (Settings field, parser). The one registry of the keys the local stack
 # accepts: a key missing here is rejected, so a typo never falls back to a default silently.
 _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
@@ -122,6 +136,8 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_MEMCACHED_PORT": ("memcached_port", _port),
     "GEOFENCE_PG_BINDIR": ("pg_bindir", _abs_path),
     "GEOFENCE_START_TIMEOUT": ("start_timeout", _seconds),
+    "GEOFENCE_REGIONS": ("regions", _names),
+    "GEOFENCE_WORKERS": ("workers", _names),
 }
 
 
@@ -138,6 +154,8 @@ class Settings:
     memcached_port: int = 11211
     pg_bindir: Path | None = None  # None: the newest /usr/lib/postgresql/*/bin
     start_timeout: float = 120.0
+    regions: tuple[str, ...] = topo.Topology.regions  # x-geo regions (vhosts gf-region-<r>)
+    workers: tuple[str, ...] = topo.Topology.workers  # x-fence workers
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -150,7 +168,15 @@ class Settings:
                   if key in given}
         settings = cls(**values)
         settings.check_ports_distinct()
+        try:
+            _ = settings.topology  # validates the region and worker names
+        except ValueError as exc:
+            raise SettingsError(f"GEOFENCE_REGIONS / GEOFENCE_WORKERS: {exc}") from None
         return settings
+
+    @property
+    def topology(self) -> topo.Topology:
+        return topo.Topology(regions=self.regions, workers=self.workers)
 
     def check_ports_distinct(self) -> None:
         ports = self.ports()
@@ -215,9 +241,10 @@ def _unknown_keys_message(unknown: Sequence[str]) -> str:
 class Secrets:
     rabbitmq_password: str
     postgres_password: str
+    users: dict[str, str] = field(default_factory=dict)  # sidecar RabbitMQ user -> password
 
     def values(self) -> tuple[str, ...]:
-        return (self.rabbitmq_password, self.postgres_password)
+        return (self.rabbitmq_password, self.postgres_password, *self.users.values())
 
 
 def load_secrets(settings: Settings) -> Secrets:
@@ -231,23 +258,40 @@ def load_secrets(settings: Settings) -> Secrets:
     except json.JSONDecodeError as exc:
         raise StackError(f"{path} is not JSON ({exc}): delete it and run `geofence up`") from None
     try:
-        return Secrets(str(data["rabbitmq_password"]), str(data["postgres_password"]))
-    except (KeyError, TypeError):
+        users = data.get("users", {})
+        return Secrets(str(data["rabbitmq_password"]), str(data["postgres_password"]),
+                       {str(k): str(v) for k, v in users.items()})
+    except (KeyError, TypeError, AttributeError):
         raise StackError(f"{path} lacks a password: delete it and run `geofence up`") from None
 
 
+def _write_secrets(path: Path, pw: Secrets) -> None:
+    """Written whole (a temporary file renamed over the old one), mode 600 from the start."""
+    body = json.dumps({"rabbitmq_password": pw.rabbitmq_password,
+                       "postgres_password": pw.postgres_password,
+                       "users": dict(sorted(pw.users.items()))}, indent=2)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(body + "\n")
+    os.replace(tmp, path)
+
+
 def ensure_secrets(settings: Settings) -> Secrets:
-    """Load the passwords, generating them (mode 600) the first time."""
+    """Load the passwords, generating the missing ones (mode 600) once: the first time, and
+    the sidecar users' when an older secrets file lacks them."""
     path = settings.secrets_file
     if not path.exists():
-        fresh = Secrets(secrets.token_urlsafe(24), secrets.token_urlsafe(24))
-        body = json.dumps({"rabbitmq_password": fresh.rabbitmq_password,
-                           "postgres_password": fresh.postgres_password}, indent=2)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(body + "\n")
+        _write_secrets(path, Secrets(secrets.token_urlsafe(24), secrets.token_urlsafe(24)))
     os.chmod(path, 0o600)
-    return load_secrets(settings)
+    pw = load_secrets(settings)
+    missing = [u for u in rabbit_defs.SIDECAR_USERS if u not in pw.users]
+    if missing:
+        users = {**pw.users, **{u: secrets.token_urlsafe(24) for u in missing}}
+        _write_secrets(path, Secrets(pw.rabbitmq_password, pw.postgres_password, users))
+        pw = load_secrets(settings)
+    return pw
 
 
 def mask(text: str, hidden: Iterable[str]) -> str:
@@ -266,6 +310,7 @@ class MqttSettings(TypedDict):
     port: int
     username: str
     password: str
+    ingress_vhost: str  # devices log in as "<ingress_vhost>:<object_id>"
 
 
 class PostgresSettings(TypedDict):
@@ -282,9 +327,11 @@ class ManagementSettings(TypedDict):
 
 
 class ConnectionSettings(TypedDict):
-    """What `geofence status --json` prints. `amqp` maps a vhost to its URL."""
+    """What `geofence status --json` prints. `amqp` maps a vhost to the administrator's URL
+    ("/" and every vhost of the topology); `users` maps a sidecar user to its URL per vhost."""
 
     amqp: dict[str, str]
+    users: dict[str, dict[str, str]]
     mqtt: MqttSettings
     postgres: PostgresSettings
     memcached: MemcachedSettings
@@ -293,9 +340,16 @@ class ConnectionSettings(TypedDict):
     state_dir: str
 
 
-def amqp_url(settings: Settings, password: str, vhost: str = "/") -> str:
-    return (f"amqp://{USER}:{quote(password, safe='')}@{settings.host}:{settings.amqp_port}"
-            f"/{quote(vhost, safe='')}")
+def amqp_url(settings: Settings, password: str, vhost: str = "/", user: str = USER) -> str:
+    return (f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{settings.host}:"
+            f"{settings.amqp_port}/{quote(vhost, safe='')}")
+
+
+def user_urls(settings: Settings, pw: Secrets) -> dict[str, dict[str, str]]:
+    """{sidecar user: {vhost: AMQP URL}} for the users whose passwords are known."""
+    return {user: {v: amqp_url(settings, pw.users[user], v, user) for v in vhosts}
+            for user, vhosts in rabbit_defs.user_vhosts(settings.topology).items()
+            if user in pw.users}
 
 
 def postgres_dsn(settings: Settings, password: str) -> str:
@@ -309,9 +363,12 @@ def management_url(settings: Settings) -> str:
 
 def connection_settings(settings: Settings, pw: Secrets) -> ConnectionSettings:
     return {
-        "amqp": {"/": amqp_url(settings, pw.rabbitmq_password)},
+        "amqp": {v: amqp_url(settings, pw.rabbitmq_password, v)
+                 for v in ("/", *settings.topology.vhosts)},
+        "users": user_urls(settings, pw),
         "mqtt": {"host": settings.host, "port": settings.mqtt_port,
-                 "username": f"/:{USER}", "password": pw.rabbitmq_password},
+                 "username": f"/:{USER}", "password": pw.rabbitmq_password,
+                 "ingress_vhost": topo.INGRESS_VHOST},
         "postgres": {"dsn": postgres_dsn(settings, pw.postgres_password)},
         "memcached": {"host": settings.host, "port": settings.memcached_port},
         "management": {"url": management_url(settings)},
@@ -856,6 +913,9 @@ def up(settings: Settings, say: Say) -> State:
     save_state(settings.state_file, state)
     for svc in SERVICES:
         svc.configure(settings, pw, svc in launched)
+    from deploy.rabbitmq import apply as rabbit_topology  # here: it imports this module
+
+    rabbit_topology.ensure(settings, pw, say)
     return state
 
 

@@ -83,9 +83,11 @@ def test_settings_are_frozen() -> None:
 def test_connection_settings_shape() -> None:
     conn = ls.connection_settings(Settings(), PW)
     assert conn == {
-        "amqp": {"/": "amqp://geofence:rabbit-Secret_1@127.0.0.1:5672/%2F"},
+        "amqp": {v: f"amqp://geofence:rabbit-Secret_1@127.0.0.1:5672/{v.replace('/', '%2F')}"
+                 for v in ("/", "gf-ingress", "gf-region-a", "gf-region-b", "gf-fences")},
+        "users": {},  # sidecar users: see test_topology_stack.py
         "mqtt": {"host": "127.0.0.1", "port": 1883, "username": "/:geofence",
-                 "password": "rabbit-Secret_1"},
+                 "password": "rabbit-Secret_1", "ingress_vhost": "gf-ingress"},
         "postgres": {"dsn": "postgresql://geofence:pg-Secret_2@127.0.0.1:55432/geofence"},
         "memcached": {"host": "127.0.0.1", "port": 11211},
         "management": {"url": "http://127.0.0.1:15672/"},

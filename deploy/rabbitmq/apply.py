@@ -1,0 +1,185 @@
+"""Apply the topology to the local stack's broker: read it (management API), plan, run.
+
+`apply()` always compares everything (`geofence topology apply`); `ensure()` is what
+`geofence up` calls: it skips the comparison when the hash of the wanted definitions
+(passwords included) equals the one stored in the state dir after the last successful
+apply and the vhosts still exist (a reset broker has none, and is set up again).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from deploy import local_stack as ls
+from deploy.rabbitmq import definitions as d
+from deploy.rabbitmq.management import Management, ManagementError
+from deploy.rabbitmq.plan import (
+    FEDERATION_COMPONENTS,
+    Ctl,
+    Current,
+    CurrentUser,
+    Step,
+    TopologyConflict,
+    mask,
+    plan,
+    render,
+    wrapper_safe,
+)
+from exchanges import topology as t
+
+STAMP_NAME = "rabbitmq-topology.sha256"
+
+
+class TopologyError(ls.StackError):
+    """The topology could not be read or applied."""
+
+
+def management(settings: ls.Settings, pw: ls.Secrets) -> Management:
+    return Management(ls.management_url(settings), t.ADMIN_USER, pw.rabbitmq_password)
+
+
+def passwords(pw: ls.Secrets) -> dict[str, str]:
+    found = {t.ADMIN_USER: pw.rabbitmq_password, **pw.users}
+    missing = [u for u in d.SIDECAR_USERS if u not in found]
+    if missing:
+        raise TopologyError(f"no password for {', '.join(missing)}: run `geofence up` "
+                            "(it adds the missing ones to the secrets file)")
+    return found
+
+
+def definitions_for(settings: ls.Settings, pw: ls.Secrets) -> d.Definitions:
+    return d.build(settings.topology, d.Endpoint(settings.host, settings.amqp_port),
+                   passwords(pw)[t.FEDERATION_USER])
+
+
+# --------------------------------------------------------------------------- reading the broker
+
+
+def _tags(raw: object) -> tuple[str, ...]:
+    if isinstance(raw, str):  # older brokers: "a,b"
+        return tuple(x for x in raw.split(",") if x)
+    return tuple(str(x) for x in raw) if isinstance(raw, list | tuple) else ()
+
+
+def read_broker(mgmt: Management, defs: d.Definitions) -> Current:
+    ours = set(defs.vhosts)
+    cur = Current(federation_api=mgmt.exists("api/federation-links"))
+    cur.vhosts = {v["name"] for v in mgmt.get("api/vhosts?columns=name")}
+    cur.users = {u["name"]: CurrentUser(_tags(u.get("tags")), u.get("password_hash", ""),
+                                        u.get("hashing_algorithm", ""))
+                 for u in mgmt.get("api/users")}
+    cur.permissions = {(p["user"], p["vhost"]): (p["configure"], p["write"], p["read"])
+                       for p in mgmt.get("api/permissions")}
+    cur.exchanges = {(x["vhost"], x["name"]): x for x in mgmt.get(
+        "api/exchanges?columns=vhost,name,type,durable,auto_delete,internal,arguments")
+        if x["vhost"] in ours}
+    cur.queues = {(q["vhost"], q["name"]): q for q in mgmt.get(
+        "api/queues?columns=vhost,name,durable,auto_delete,exclusive,arguments")
+        if q["vhost"] in ours}
+    cur.bindings = {(b["vhost"], b["source"], b["destination"], b["routing_key"])
+                    for b in mgmt.get("api/bindings")
+                    if b["vhost"] in ours and b["destination_type"] == "queue"}
+    for component in FEDERATION_COMPONENTS:
+        for p in mgmt.get(f"api/parameters/{component}"):
+            cur.parameters[(p["vhost"], component, p["name"])] = p["value"]
+    cur.policies = {(p["vhost"], p["name"]): d.Policy(p["vhost"], p["name"], p["pattern"],
+                                                      p["definition"], int(p["priority"]),
+                                                      p["apply-to"])
+                    for p in mgmt.get("api/policies")}
+    return cur
+
+
+def read_with_retry(mgmt: Management, defs: d.Definitions, timeout: float) -> Current:
+    """read_broker, again while the API is not ready (no answer or a 5xx, as right after
+    the node started), until `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return read_broker(mgmt, defs)
+        except ManagementError as exc:
+            if (exc.status is not None and exc.status < 500) or time.monotonic() >= deadline:
+                raise TopologyError(f"cannot read the broker: {exc}") from None
+        time.sleep(ls.POLL_INTERVAL)
+
+
+def quick_check(mgmt: Management, defs: d.Definitions) -> bool:
+    """Cheap: the vhosts exist and the federation status API answers."""
+    try:
+        vhosts = {v["name"] for v in mgmt.get("api/vhosts?columns=name")}
+        return set(defs.vhosts) <= vhosts and mgmt.exists("api/federation-links")
+    except ls.StackError:
+        return False
+
+
+# --------------------------------------------------------------------------- running steps
+
+
+def run_steps(steps: list[Step], mgmt: Management, hidden: tuple[str, ...], say: ls.Say) -> None:
+    for step in steps:
+        say("  " + render(step, hidden))
+        try:
+            if isinstance(step, Ctl):
+                unsafe = [a for a in step.argv if not wrapper_safe(a)]
+                if unsafe:
+                    raise TopologyError(f"argument {unsafe[0]!r} would be changed by the "
+                                        "rabbitmqctl wrapper's shell")
+                ls.run(step.argv, stdin=None if step.stdin is None else step.stdin + "\n")
+            else:
+                mgmt.request(step.method, step.path, step.body)
+        except ls.StackError as exc:
+            raise TopologyError(mask(str(exc), hidden)) from None
+
+
+def _stamp_path(settings: ls.Settings) -> Path:
+    return settings.state_dir / STAMP_NAME
+
+
+def apply(settings: ls.Settings, pw: ls.Secrets, say: ls.Say, dry_run: bool = False) -> list[Step]:
+    """Compare everything and run what differs; returns the steps (run, or not if dry_run)."""
+    defs = definitions_for(settings, pw)
+    pws = passwords(pw)
+    mgmt = management(settings, pw)
+    try:
+        steps = plan(defs, pws, read_with_retry(mgmt, defs, settings.start_timeout))
+    except TopologyConflict as exc:
+        raise TopologyError(str(exc)) from None
+    hidden = tuple(pws.values())
+    if dry_run:
+        for step in steps:
+            say(render(step, hidden))
+        return steps
+    run_steps(steps, mgmt, hidden, say)
+    write_stamp(settings, defs.digest(pws))
+    return steps
+
+
+def write_stamp(settings: ls.Settings, digest: str) -> None:
+    path = _stamp_path(settings)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # a hash of passwords
+    with os.fdopen(fd, "w") as f:
+        f.write(digest + "\n")
+    os.replace(tmp, path)
+
+
+def read_stamp(settings: ls.Settings) -> str | None:
+    try:
+        return str(_stamp_path(settings).read_text().strip())
+    except FileNotFoundError:
+        return None
+
+
+def ensure(settings: ls.Settings, pw: ls.Secrets, say: ls.Say) -> None:
+    """`geofence up`: apply the topology unless nothing changed since the last apply."""
+    defs = definitions_for(settings, pw)
+    if read_stamp(settings) == defs.digest(passwords(pw)) and quick_check(management(settings, pw),
+                                                                          defs):
+        say("rabbitmq topology: up to date")
+        return
+    say("rabbitmq topology: applying")
+    steps = apply(settings, pw, say)
+    say(f"rabbitmq topology: {len(steps)} change(s)" if steps else "rabbitmq topology: no change")
+

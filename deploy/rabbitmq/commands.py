@@ -1,0 +1,107 @@
+"""`geofence topology apply|show` and `geofence device add|remove|list`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deploy import local_stack as ls
+from deploy.rabbitmq import apply as ap
+from deploy.rabbitmq import devices
+from deploy.rabbitmq.plan import Current, api_function, plan, render, section
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    if name == "topology":
+        a = sub.add_parser("apply", help="compare the broker with the topology, run what differs")
+        a.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+        sub.add_parser("show", help="print every command of the topology, as for an empty "
+                                    "broker (passwords masked)")
+        return
+    a = sub.add_parser("add", help="create a device user (prints its password once)")
+    a.add_argument("object_id")
+    a.add_argument("--password-stdin", action="store_true",
+                   help="read the password from the first line of stdin")
+    r = sub.add_parser("remove", help="delete a device user, its connections and MQTT queues")
+    r.add_argument("object_id")
+    sub.add_parser("list", help="list the device users")
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def show_script(settings: ls.Settings, pw: ls.Secrets) -> str:
+    """Every command of the topology for an empty broker, as a shell script (masked)."""
+    defs = ap.definitions_for(settings, pw)
+    pws = ap.passwords(pw)
+    topo = settings.topology
+    lines = [
+        "#!/bin/sh",
+        "# The pipeline's RabbitMQ topology as applied to an empty broker, for regions "
+        f"{','.join(topo.regions)} and workers {','.join(topo.workers)}",
+        "# (GEOFENCE_REGIONS, GEOFENCE_WORKERS). Passwords are masked (****): they are in the "
+        f"state dir's {settings.secrets_file.name}.",
+        "# `geofence topology apply` runs the lines that differ from the broker.",
+        "set -e",
+        ': "${GEOFENCE_PASSWORD:?the geofence user\'s password}"',
+        api_function(ls.management_url(settings)),
+    ]
+    last = None
+    for step in plan(defs, pws, Current.empty()):
+        if section(step) != last:
+            last = section(step)
+            lines += ["", f"# {last}"]
+        lines.append(render(step, pws.values()))
+    return "\n".join(lines)
+
+
+def _topology(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> int:
+    if args.action == "show":
+        print(show_script(settings, pw))
+        return 0
+    steps = ap.apply(settings, pw, _say, dry_run=bool(args.dry_run))
+    if not steps:
+        print("the broker holds the topology: nothing to change")
+    elif args.dry_run:
+        print(f"{len(steps)} change(s) to apply (dry run: nothing was run)")
+    else:
+        print(f"{len(steps)} change(s) applied")
+    return 0
+
+
+def _device(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> int:
+    if args.action == "list":
+        for name in devices.list_devices(settings, pw):
+            print(name)
+        return 0
+    object_id: str = args.object_id
+    if args.action == "remove":
+        devices.remove(settings, pw, object_id, _progress)
+        print(f"device {object_id} removed")
+        return 0
+    given = sys.stdin.readline().rstrip("\r\n") if args.password_stdin else None
+    password = devices.add(settings, pw, object_id, given, _progress)
+    print(f"device {object_id} added: MQTT login {devices.mqtt_login(object_id)}, "
+          f"client id {object_id}")
+    if given is None:
+        print(f"password (shown once, store it on the device): {password}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    command: str = args.command
+    try:
+        settings = ls.Settings.from_env()
+        pw = ls.load_secrets(settings)
+        if command == "topology":
+            return _topology(args, settings, pw)
+        return _device(args, settings, pw)
+    except (ls.SettingsError, ls.StackError) as exc:
+        print(f"geofence {command} {args.action}: error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, devices.DeviceError) else 2

@@ -1,0 +1,401 @@
+"""What RabbitMQ must hold for one `Topology`: pure data, no I/O.
+
+Every name comes from `exchanges.topology`. Everything is durable; nothing here is ever
+auto-deleted. The choices, in one place:
+
+Exchanges, queues, bindings (declared by the topology; the sidecars only declare passively):
+
+    gf-ingress     amq.topic --"positions.*"--> x-ingress.positions
+                   ingress.batches (fanout) --> x-ingress.batches
+    gf-region-<r>  x-geo.in (fanout) --> x-geo.positions
+                   x-geo.control (fanout) --> x-geo.control
+                   x-fence.in (direct): no local queue; the federation link's queue is bound
+                   to it by the link itself
+    gf-fences      x-fence.in (direct) --"<w>"--> x-fence.<w>
+                   x-fence.control (direct) --"<w>"--> x-fence.<w>.control
+                   fence.events, fence.events.mqtt (topic): applications bind their own queues
+    every vhost    dead-letters (fanout) --> dead-letters
+
+Policies (RabbitMQ applies one policy per queue, the highest priority one that matches, so
+each queue group gets one policy carrying all of its settings, and the patterns are disjoint):
+
+    gf-input-limits   (priority 10, queues) the sidecar input queues of the vhost:
+                      dead-letter-exchange dead-letters, max-length 1,000,000 messages,
+                      overflow reject-publish (a full queue nacks new publishes: publishers
+                      with confirms see it and retry; nothing is dropped silently)
+    gf-dead-letters   (priority 0, queues) every other queue of the vhost except
+                      dead-letters itself: dead-letter-exchange dead-letters. The
+                      dead-letters queue has no limit: a bounded one would drop bad input.
+    gf-federate-x-fence-in  (gf-fences, exchanges, ^x-fence\\.in$) upstream set gf-regions
+    gf-federate-events      (gf-ingress, exchanges, ^amq\\.topic$) upstream gf-fences
+
+Federation upstreams (ack-mode on-confirm: a message leaves the upstream queue only once
+the downstream broker confirmed it; trust-user-id false; max-hops 1). The upstream URI
+holds the `federation` user's password in clear: RabbitMQ stores runtime parameters as
+given, so `rabbitmqctl list_parameters` and the management API show it to administrators.
+
+Permissions: see `permissions()`. Regexes are anchored and list exact names, so a user can
+touch only what its sidecar touches; "^$" grants nothing (the default exchange is called
+amq.default in permission checks, so it is not matched either).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from exchanges import topology as t
+from exchanges.topology import Topology
+
+INPUT_QUEUE_MAX_LENGTH = 1_000_000  # messages; at ~300 B each, ~300 MB of backlog per queue
+INPUT_LIMITS_PRIORITY = 10
+DEAD_LETTER_PRIORITY = 0
+FEDERATION_PRIORITY = 0
+NOTHING = "^$"
+EVERYTHING = ".*"
+FEDERATION_PREFIX = "federation: "  # queues and exchanges a federation link creates upstream
+DEFAULT_VHOST = "/"
+ADMIN_TAGS = ("administrator",)
+# A device's object id is its RabbitMQ user name, MQTT client id and a routing-key word:
+# no dots, no regex or shell specials, not starting with "-" (it goes into argv).
+OBJECT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_REGEX_SPECIALS = frozenset(".^$*+?{}[]\\|()")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where federation links connect (the AMQP listener of the broker)."""
+
+    host: str
+    amqp_port: int
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Permission:
+    user: str
+    vhost: str
+    configure: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True)
+class TopicPermission:
+    user: str
+    vhost: str
+    exchange: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True)
+class Exchange:
+    vhost: str
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Queue:
+    vhost: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Binding:
+    vhost: str
+    source: str
+    queue: str
+    routing_key: str
+
+
+@dataclass(frozen=True)
+class Parameter:
+    vhost: str
+    component: str  # federation-upstream | federation-upstream-set
+    name: str
+    value: Any  # JSON
+
+
+@dataclass(frozen=True)
+class Policy:
+    vhost: str
+    name: str
+    pattern: str
+    definition: dict[str, Any]
+    priority: int
+    apply_to: str  # queues | exchanges
+
+
+@dataclass(frozen=True)
+class Definitions:
+    topology: Topology
+    vhosts: tuple[str, ...]
+    users: tuple[User, ...]
+    permissions: tuple[Permission, ...]
+    exchanges: tuple[Exchange, ...]
+    queues: tuple[Queue, ...]
+    bindings: tuple[Binding, ...]
+    parameters: tuple[Parameter, ...]
+    policies: tuple[Policy, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["topology"] = {"regions": list(self.topology.regions),
+                            "workers": list(self.topology.workers)}
+        return data
+
+    def digest(self, passwords: Mapping[str, str]) -> str:
+        """A hash of everything `apply` would set, passwords included (only hashed)."""
+        body = json.dumps({"definitions": self.to_json(), "passwords": dict(sorted(passwords.items()))},
+                          sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(body.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- regexes
+
+
+def regex_escape(name: str) -> str:
+    """`name` as a regex literal, escaping only what is special (so '-' stays readable)."""
+    return "".join("\\" + c if c in _REGEX_SPECIALS else c for c in name)
+
+
+def exactly(*names: str) -> str:
+    """A regex matching exactly these names: "^name$" or "^(a|b)$"."""
+    unique = list(dict.fromkeys(names))
+    if not unique:
+        return NOTHING
+    alternatives = "|".join(regex_escape(n) for n in unique)
+    return f"^{alternatives}$" if len(unique) == 1 else f"^({alternatives})$"
+
+
+def all_but(*names: str) -> str:
+    """A regex matching every name except exactly these (a negative lookahead)."""
+    alternatives = "|".join(regex_escape(n) for n in dict.fromkeys(names))
+    return f"^(?!({alternatives})$)"
+
+
+def federation_read(upstream_exchange: str) -> str:
+    return f"^({regex_escape(FEDERATION_PREFIX)}.*|{regex_escape(upstream_exchange)})$"
+
+
+# --------------------------------------------------------------------------- per vhost
+
+
+def region_vhosts(topology: Topology) -> tuple[str, ...]:
+    return tuple(t.region_vhost(r) for r in topology.regions)
+
+
+def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
+    """The queues sidecars consume in `vhost` (the gf-input-limits policy's group)."""
+    if vhost == t.INGRESS_VHOST:
+        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE)
+    if vhost == t.FENCES_VHOST:
+        return tuple(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w)))
+    if vhost in region_vhosts(topology):
+        return (t.GEO_POSITIONS_QUEUE, t.GEO_CONTROL_QUEUE)
+    raise ValueError(f"{vhost!r} is not a vhost of this topology")
+
+
+def _exchange(vhost: str, name: str) -> Exchange:
+    return Exchange(vhost, name, t.EXCHANGE_TYPES[name])
+
+
+def exchanges(topology: Topology) -> tuple[Exchange, ...]:
+    found = [_exchange(t.INGRESS_VHOST, t.BATCHES_EXCHANGE)]
+    for v in region_vhosts(topology):
+        found += [_exchange(v, t.GEO_IN_EXCHANGE), _exchange(v, t.GEO_CONTROL_EXCHANGE),
+                  _exchange(v, t.FENCE_IN_EXCHANGE)]
+    found += [_exchange(t.FENCES_VHOST, name) for name in (
+        t.FENCE_IN_EXCHANGE, t.FENCE_CONTROL_EXCHANGE, t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE)]
+    found += [_exchange(v, t.DEAD_LETTER_EXCHANGE) for v in topology.vhosts]
+    return tuple(found)
+
+
+def queues(topology: Topology) -> tuple[Queue, ...]:
+    return tuple(Queue(v, q) for v in topology.vhosts
+                 for q in (*input_queues(topology, v), t.DEAD_LETTER_QUEUE))
+
+
+def bindings(topology: Topology) -> tuple[Binding, ...]:
+    found = [Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.POSITIONS_QUEUE,
+                     t.POSITIONS_TOPIC_PATTERN),
+             Binding(t.INGRESS_VHOST, t.BATCHES_EXCHANGE, t.BATCHES_QUEUE, "")]
+    for v in region_vhosts(topology):
+        found += [Binding(v, t.GEO_IN_EXCHANGE, t.GEO_POSITIONS_QUEUE, ""),
+                  Binding(v, t.GEO_CONTROL_EXCHANGE, t.GEO_CONTROL_QUEUE, "")]
+    for w in topology.workers:
+        found += [Binding(t.FENCES_VHOST, t.FENCE_IN_EXCHANGE, t.fence_queue(w), w),
+                  Binding(t.FENCES_VHOST, t.FENCE_CONTROL_EXCHANGE, t.fence_control_queue(w), w)]
+    found += [Binding(v, t.DEAD_LETTER_EXCHANGE, t.DEAD_LETTER_QUEUE, "") for v in topology.vhosts]
+    return tuple(found)
+
+
+# --------------------------------------------------------------------------- users
+
+
+SIDECAR_USERS = (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.FEDERATION_USER,
+                 t.GATEWAY_USER)
+
+
+def users() -> tuple[User, ...]:
+    return (User(t.ADMIN_USER, ADMIN_TAGS), *(User(name) for name in SIDECAR_USERS))
+
+
+def permissions(topology: Topology) -> tuple[Permission, ...]:
+    """Each user's (configure, write, read) regexes per vhost.
+
+    Publishing needs write on the exchange, consuming read on the queue; a passive declare
+    needs nothing, so the sidecars get no configure right at all. The federation user
+    declares its own queue and exchange upstream ("federation: ...", configure), binds them
+    (write on the destination, read on the source) and consumes its queue.
+    """
+    ingress, fences, regions = t.INGRESS_VHOST, t.FENCES_VHOST, region_vhosts(topology)
+    dlx = t.DEAD_LETTER_EXCHANGE
+    fed = f"^{regex_escape(FEDERATION_PREFIX)}"
+    found = [Permission(t.ADMIN_USER, v, EVERYTHING, EVERYTHING, EVERYTHING)
+             for v in (DEFAULT_VHOST, *topology.vhosts)]
+    found.append(Permission(t.INGRESS_USER, ingress, NOTHING, exactly(dlx),
+                            exactly(*input_queues(topology, ingress))))
+    found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)
+              for v in regions]
+    found += [Permission(t.GEO_USER, v, NOTHING, exactly(t.FENCE_IN_EXCHANGE, dlx),
+                         exactly(*input_queues(topology, v))) for v in regions]
+    found.append(Permission(t.FENCE_USER, fences, NOTHING,
+                            exactly(t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE, dlx),
+                            exactly(*input_queues(topology, fences))))
+    found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)
+              for v in regions]
+    found.append(Permission(t.MANAGER_USER, fences, NOTHING, exactly(t.FENCE_CONTROL_EXCHANGE),
+                            NOTHING))
+    found += [Permission(t.FEDERATION_USER, v, fed, fed, federation_read(t.FENCE_IN_EXCHANGE))
+              for v in regions]
+    found.append(Permission(t.FEDERATION_USER, fences, fed, fed,
+                            federation_read(t.EVENTS_MQTT_EXCHANGE)))
+    found.append(Permission(t.GATEWAY_USER, ingress, NOTHING, exactly(t.BATCHES_EXCHANGE), NOTHING))
+    return tuple(found)
+
+
+def user_vhosts(topology: Topology) -> dict[str, tuple[str, ...]]:
+    """The vhosts each sidecar user may use (the admin user is left out)."""
+    found: dict[str, list[str]] = {u: [] for u in SIDECAR_USERS}
+    for p in permissions(topology):
+        if p.user in found:
+            found[p.user].append(p.vhost)
+    return {u: tuple(vs) for u, vs in found.items()}
+
+
+# --------------------------------------------------------------------------- federation, policies
+
+
+def amqp_uri(endpoint: Endpoint, user: str, password: str, vhost: str) -> str:
+    return (f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{endpoint.host}:"
+            f"{endpoint.amqp_port}/{quote(vhost, safe='')}")
+
+
+def upstream(endpoint: Endpoint, federation_password: str, vhost: str, exchange: str) -> dict[str, Any]:
+    return {"uri": amqp_uri(endpoint, t.FEDERATION_USER, federation_password, vhost),
+            "exchange": exchange, "ack-mode": "on-confirm", "trust-user-id": False, "max-hops": 1}
+
+
+def parameters(topology: Topology, endpoint: Endpoint, federation_password: str) -> tuple[Parameter, ...]:
+    regions = region_vhosts(topology)
+    found = [Parameter(t.FENCES_VHOST, "federation-upstream", t.upstream_name(v),
+                       upstream(endpoint, federation_password, v, t.FENCE_IN_EXCHANGE))
+             for v in regions]
+    found.append(Parameter(t.FENCES_VHOST, "federation-upstream-set", t.REGIONS_UPSTREAM_SET,
+                           [{"upstream": t.upstream_name(v)} for v in regions]))
+    found.append(Parameter(t.INGRESS_VHOST, "federation-upstream", t.upstream_name(t.FENCES_VHOST),
+                           upstream(endpoint, federation_password, t.FENCES_VHOST,
+                                    t.EVENTS_MQTT_EXCHANGE)))
+    return tuple(found)
+
+
+def policies(topology: Topology) -> tuple[Policy, ...]:
+    dlx = {"dead-letter-exchange": t.DEAD_LETTER_EXCHANGE}
+    limits = {**dlx, "max-length": INPUT_QUEUE_MAX_LENGTH, "overflow": "reject-publish"}
+    found: list[Policy] = []
+    for v in topology.vhosts:
+        group = input_queues(topology, v)
+        found.append(Policy(v, t.INPUT_LIMITS_POLICY, exactly(*group), limits,
+                            INPUT_LIMITS_PRIORITY, "queues"))
+        found.append(Policy(v, t.DEAD_LETTER_POLICY, all_but(t.DEAD_LETTER_QUEUE, *group), dlx,
+                            DEAD_LETTER_PRIORITY, "queues"))
+    found.append(Policy(t.FENCES_VHOST, t.FEDERATE_FENCE_IN_POLICY, exactly(t.FENCE_IN_EXCHANGE),
+                        {"federation-upstream-set": t.REGIONS_UPSTREAM_SET}, FEDERATION_PRIORITY,
+                        "exchanges"))
+    found.append(Policy(t.INGRESS_VHOST, t.FEDERATE_EVENTS_POLICY, exactly(t.MQTT_TOPIC_EXCHANGE),
+                        {"federation-upstream": t.upstream_name(t.FENCES_VHOST)},
+                        FEDERATION_PRIORITY, "exchanges"))
+    return tuple(found)
+
+
+def build(topology: Topology, endpoint: Endpoint, federation_password: str) -> Definitions:
+    if not topology.regions or not topology.workers:
+        raise ValueError("a topology needs at least one region and one worker")
+    return Definitions(
+        topology=topology,
+        vhosts=topology.vhosts,
+        users=users(),
+        permissions=permissions(topology),
+        exchanges=exchanges(topology),
+        queues=queues(topology),
+        bindings=bindings(topology),
+        parameters=parameters(topology, endpoint, federation_password),
+        policies=policies(topology),
+    )
+
+
+def matching_policy(pols: Iterable[Policy], vhost: str, name: str, apply_to: str) -> Policy | None:
+    """The policy RabbitMQ applies to a queue or exchange: the highest priority match
+    (ties are broken by RabbitMQ arbitrarily; the topology has none)."""
+    found = [p for p in pols if p.vhost == vhost and p.apply_to in (apply_to, "all")
+             and re.search(p.pattern, name)]
+    return max(found, key=lambda p: p.priority, default=None)
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def check_object_id(object_id: str) -> str:
+    if not OBJECT_ID_RE.fullmatch(object_id):
+        raise ValueError(f"object id {object_id!r}: 1-64 characters from A-Z a-z 0-9 _ -, "
+                         "starting with a letter or digit")
+    return object_id
+
+
+def device_queues(object_id: str) -> tuple[str, str]:
+    """The MQTT plugin's subscription queues of a device whose client id is its object id."""
+    base = f"{t.MQTT_SUBSCRIPTION_QUEUE_PREFIX}{check_object_id(object_id)}"
+    return f"{base}qos0", f"{base}qos1"
+
+
+def device_permission(object_id: str) -> Permission:
+    """Its own MQTT subscription queues (declare, bind, consume) and amq.topic (publish,
+    bind). What it may publish and subscribe to is narrowed by the topic permission."""
+    check_object_id(object_id)
+    own = f"{t.MQTT_SUBSCRIPTION_QUEUE_PREFIX}{object_id}qos[01]"
+    topic = regex_escape(t.MQTT_TOPIC_EXCHANGE)
+    return Permission(object_id, t.INGRESS_VHOST, f"^{own}$", f"^({topic}|{own})$",
+                      f"^({topic}|{own})$")
+
+
+def device_topic_permission(object_id: str) -> TopicPermission:
+    """Publish only positions.<itself>, subscribe only under object-events.<itself>.
+    RabbitMQ expands {username} when it checks (the MQTT login's user part)."""
+    check_object_id(object_id)
+    return TopicPermission(object_id, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
+                           f"^{regex_escape(t.POSITIONS_TOPIC_PREFIX)}\\.{{username}}$",
+                           f"^{regex_escape(t.OBJECT_EVENTS_TOPIC_PREFIX)}\\.{{username}}\\.")

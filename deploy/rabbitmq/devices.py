@@ -1,0 +1,98 @@
+"""Per-device users in gf-ingress: `geofence device add | remove | list`.
+
+A device is a RabbitMQ user named after its object id, tagged `gf-device`, with rights in
+gf-ingress only: it logs in over MQTT as `gf-ingress:<object_id>` with client id
+`<object_id>`, may publish `positions/<object_id>` and subscribe under
+`object-events/<object_id>/`, nothing else (see `definitions.device_permission` and
+`device_topic_permission`). RabbitMQ is the credentials store: the password is shown once by
+`add` (or read from stdin) and kept nowhere else.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from deploy import local_stack as ls
+from deploy.rabbitmq import definitions as d
+from deploy.rabbitmq.apply import management, run_steps
+from deploy.rabbitmq.management import Management, ManagementError
+from deploy.rabbitmq.plan import api_path, ctl, device_steps
+from exchanges import topology as t
+
+RESERVED = frozenset({t.ADMIN_USER, "guest", *d.SIDECAR_USERS})
+
+
+class DeviceError(ls.StackError):
+    pass
+
+
+def _tags(user: dict[str, object]) -> list[str]:
+    raw = user.get("tags")
+    if isinstance(raw, str):
+        return [x for x in raw.split(",") if x]
+    return [str(x) for x in raw] if isinstance(raw, list) else []
+
+
+def _user(mgmt: Management, name: str) -> dict[str, object] | None:
+    try:
+        found: dict[str, object] = mgmt.get(api_path("users", name))
+    except ManagementError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return found
+
+
+def _checked(object_id: str) -> str:
+    try:
+        d.check_object_id(object_id)
+    except ValueError as exc:
+        raise DeviceError(str(exc)) from None
+    if object_id in RESERVED:
+        raise DeviceError(f"{object_id!r} is a reserved RabbitMQ user name")
+    return object_id
+
+
+def add(settings: ls.Settings, pw: ls.Secrets, object_id: str, password: str | None,
+        say: ls.Say) -> str:
+    """Create the device user; returns its password (generated unless given)."""
+    _checked(object_id)
+    mgmt = management(settings, pw)
+    if _user(mgmt, object_id) is not None:
+        raise DeviceError(f"RabbitMQ user {object_id!r} exists: `geofence device remove` it first")
+    password = secrets.token_urlsafe(24) if password is None else password
+    if not password:
+        raise DeviceError("empty password")
+    steps = device_steps(object_id, password, d.device_permission(object_id),
+                         d.device_topic_permission(object_id), (t.DEVICE_TAG,))
+    run_steps(list(steps), mgmt, (password, *pw.values()), say)
+    return password
+
+
+def remove(settings: ls.Settings, pw: ls.Secrets, object_id: str, say: ls.Say) -> None:
+    """Delete the device user, close its connections, delete its MQTT subscription queues."""
+    _checked(object_id)
+    mgmt = management(settings, pw)
+    user = _user(mgmt, object_id)
+    if user is None:
+        raise DeviceError(f"no device {object_id!r}")
+    if t.DEVICE_TAG not in _tags(user):
+        raise DeviceError(f"RabbitMQ user {object_id!r} is not a device (no {t.DEVICE_TAG} tag)")
+    run_steps([ctl("delete_user", object_id)], mgmt, pw.values(), say)
+    for conn in mgmt.get("api/connections?columns=name,user"):
+        if conn.get("user") == object_id:
+            say(f"  closing connection {conn['name']}")
+            mgmt.delete(api_path("connections", conn["name"]))
+    for queue in d.device_queues(object_id):
+        if mgmt.delete(api_path("queues", t.INGRESS_VHOST, queue)):
+            say(f"  deleted queue {queue} in {t.INGRESS_VHOST}")
+
+
+def list_devices(settings: ls.Settings, pw: ls.Secrets) -> list[str]:
+    users = management(settings, pw).get("api/users")
+    return sorted(str(u["name"]) for u in users if t.DEVICE_TAG in _tags(u))
+
+
+def mqtt_login(object_id: str) -> str:
+    return f"{t.INGRESS_VHOST}:{object_id}"
+

@@ -1,0 +1,336 @@
+"""From what the broker holds to what the topology wants: the commands, in order. Pure.
+
+Users, permissions, federation upstreams and policies are set with `rabbitmqctl` (passwords
+on stdin, never in argv); exchanges, queues and bindings, which `rabbitmqctl` cannot
+declare, with the management HTTP API. `render()` prints a step as the shell line an
+operator would type (passwords masked); `plan(defs, passwords, Current.empty())` is the
+whole script for an empty broker (`geofence topology show`).
+
+Only differences produce steps, so applying twice runs nothing the second time. What the
+plan never does: delete a vhost, a user, an exchange, a queue or a binding (they may hold
+data or belong to somebody else). It does clear what it owns and no longer wants: the
+permissions of the sidecar users in vhosts they should not use, and the `gf-*` policies and
+federation parameters of the topology's vhosts.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+import shlex
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from deploy.rabbitmq.definitions import (
+    SIDECAR_USERS,
+    Binding,
+    Definitions,
+    Exchange,
+    Parameter,
+    Permission,
+    Policy,
+    Queue,
+    TopicPermission,
+)
+
+MASK = "****"
+OWNED_PREFIX = "gf-"  # policies and federation parameters the plan may clear
+FEDERATION_COMPONENTS = ("federation-upstream", "federation-upstream-set")
+# Not among the plugins `geofence up` enables before the node starts: the federation links'
+# status page of the management API (/api/federation-links), enabled online.
+EXTRA_PLUGINS = ("rabbitmq_federation_management",)
+_HASHES: dict[str, Callable[[bytes], Any]] = {
+    "rabbit_password_hashing_sha256": hashlib.sha256,
+    "rabbit_password_hashing_sha512": hashlib.sha512,
+    "rabbit_password_hashing_md5": hashlib.md5,
+}
+# The Debian wrapper runs `su rabbitmq -c "rabbitmqctl \"arg\" ..."`: inside those double
+# quotes the shell still expands $name, ${, $(, backquotes, and eats a backslash before
+# \ $ ` " or a newline. Arguments with any of these would reach rabbitmqctl changed.
+_WRAPPER_UNSAFE = re.compile(r"`|\$[A-Za-z0-9_{(@*#?!$-]|\\[\\$`\"\n]")
+
+
+class TopologyConflict(ValueError):
+    """Something of the topology's exists with other properties; it is not changed by force."""
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@dataclass(frozen=True)
+class Ctl:
+    """A `rabbitmqctl` (or `rabbitmq-plugins`) command; `stdin` carries a password."""
+
+    argv: tuple[str, ...]
+    stdin: str | None = None
+
+
+@dataclass(frozen=True)
+class Http:
+    """A management API call; `path` is relative to the management URL ("api/...")."""
+
+    method: str
+    path: str
+    body: Any
+
+
+Step = Ctl | Http
+
+
+def ctl(*argv: str, stdin: str | None = None) -> Ctl:
+    return Ctl(("rabbitmqctl", *argv), stdin)
+
+
+def api_path(*parts: str) -> str:
+    return "api/" + "/".join(quote(p, safe="") for p in parts)
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=False)
+
+
+def wrapper_safe(arg: str) -> bool:
+    """True if the Debian rabbitmqctl wrapper passes `arg` through unchanged."""
+    return _WRAPPER_UNSAFE.search(arg) is None
+
+
+def mask(text: str, hidden: Iterable[str]) -> str:
+    variants = {v for s in hidden if s for v in (s, quote(s, safe=""))}
+    for value in sorted(variants, key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text
+
+
+def api_function(management_url: str) -> str:
+    """The shell function the rendered management API calls use."""
+    return (f"api() {{ curl -fsS -u \"geofence:$GEOFENCE_PASSWORD\" -X \"$1\" "
+            f"-H 'content-type: application/json' \"{management_url}$2\" -d \"$3\"; }}")
+
+
+def render(step: Step, hidden: Iterable[str] = ()) -> str:
+    """The shell line of a step, secrets masked. A management API call is written
+    `api METHOD PATH JSON` (see `api_function`)."""
+    hidden = tuple(hidden)
+    if isinstance(step, Ctl):
+        line = mask(shlex.join(step.argv), hidden)
+        if step.stdin is not None:
+            line = f"printf '%s\\n' {shlex.quote(mask(step.stdin, hidden))} | {line}"
+        return line
+    return mask(shlex.join(["api", step.method, step.path, compact_json(step.body)]), hidden)
+
+
+# --------------------------------------------------------------------------- steps per object
+
+
+def set_permissions(p: Permission) -> Ctl:
+    return ctl("set_permissions", "-p", p.vhost, p.user, p.configure, p.write, p.read)
+
+
+def set_topic_permissions(p: TopicPermission) -> Ctl:
+    return ctl("set_topic_permissions", "-p", p.vhost, p.user, p.exchange, p.write, p.read)
+
+
+def set_parameter(p: Parameter) -> Ctl:
+    return ctl("set_parameter", "-p", p.vhost, p.component, p.name, compact_json(p.value))
+
+
+def set_policy(p: Policy) -> Ctl:
+    return ctl("set_policy", "-p", p.vhost, "--priority", str(p.priority), "--apply-to", p.apply_to,
+               p.name, p.pattern, compact_json(p.definition))
+
+
+EXCHANGE_PROPERTIES = {"durable": True, "auto_delete": False, "internal": False, "arguments": {}}
+QUEUE_PROPERTIES = {"durable": True, "auto_delete": False, "arguments": {}}
+
+
+def declare_exchange(x: Exchange) -> Http:
+    return Http("PUT", api_path("exchanges", x.vhost, x.name), {"type": x.type, **EXCHANGE_PROPERTIES})
+
+
+def declare_queue(q: Queue) -> Http:
+    return Http("PUT", api_path("queues", q.vhost, q.name), dict(QUEUE_PROPERTIES))
+
+
+def bind(b: Binding) -> Http:
+    return Http("POST", api_path("bindings", b.vhost, "e", b.source, "q", b.queue),
+                {"routing_key": b.routing_key, "arguments": {}})
+
+
+# --------------------------------------------------------------------------- the broker's state
+
+
+@dataclass(frozen=True)
+class CurrentUser:
+    tags: tuple[str, ...]
+    password_hash: str
+    hashing_algorithm: str
+
+
+@dataclass
+class Current:
+    """What the broker holds (the part the plan compares), read by `apply.read_broker`."""
+
+    federation_api: bool = False  # /api/federation-links answers
+    vhosts: set[str] = field(default_factory=set)
+    users: dict[str, CurrentUser] = field(default_factory=dict)
+    permissions: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
+    exchanges: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    queues: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    bindings: set[tuple[str, str, str, str]] = field(default_factory=set)  # vhost, src, queue, key
+    parameters: dict[tuple[str, str, str], Any] = field(default_factory=dict)  # vhost, comp, name
+    policies: dict[tuple[str, str], Policy] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> Current:
+        return cls()
+
+
+def password_matches(user: CurrentUser, password: str) -> bool:
+    """Checks a password against RabbitMQ's stored hash: base64(salt[4] + H(salt + pw))."""
+    digest = _HASHES.get(user.hashing_algorithm)
+    try:
+        raw = base64.b64decode(user.password_hash, validate=True)
+    except ValueError:
+        return False
+    if digest is None or len(raw) <= 4:
+        return False
+    salt, stored = raw[:4], raw[4:]
+    return hmac.compare_digest(digest(salt + password.encode()).digest(), stored)
+
+
+def _queue_conflict(have: Mapping[str, Any]) -> bool:
+    args = {k: v for k, v in (have.get("arguments") or {}).items()
+            if (k, v) != ("x-queue-type", "classic")}
+    return (bool(have.get("durable")) is not True or bool(have.get("auto_delete"))
+            or bool(have.get("exclusive")) or args != {})
+
+
+def _exchange_conflict(x: Exchange, have: Mapping[str, Any]) -> bool:
+    return (have.get("type") != x.type or bool(have.get("durable")) is not True
+            or bool(have.get("auto_delete")) or bool(have.get("internal"))
+            or (have.get("arguments") or {}) != {})
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def plan(defs: Definitions, passwords: Mapping[str, str], current: Current) -> list[Step]:
+    """The steps that make the broker hold `defs`, in an order that works on an empty one:
+    plugins, vhosts, users, permissions, exchanges, queues, bindings, federation upstreams,
+    policies. Raises TopologyConflict if an exchange or queue exists with other properties."""
+    steps: list[Step] = []
+    if not current.federation_api:
+        steps.append(Ctl(("rabbitmq-plugins", "enable", *EXTRA_PLUGINS)))
+    steps += [ctl("add_vhost", v) for v in defs.vhosts if v not in current.vhosts]
+    steps += _user_steps(defs, passwords, current)
+    steps += _permission_steps(defs, current)
+    steps += _declare_steps(defs, current)
+    steps += _parameter_steps(defs, current)
+    steps += _policy_steps(defs, current)
+    return steps
+
+
+def _user_steps(defs: Definitions, passwords: Mapping[str, str], current: Current) -> list[Step]:
+    steps: list[Step] = []
+    for user in defs.users:
+        try:
+            password = passwords[user.name]
+        except KeyError:
+            raise ValueError(f"no password for RabbitMQ user {user.name!r}") from None
+        have = current.users.get(user.name)
+        if have is None:
+            steps.append(ctl("add_user", user.name, stdin=password))
+        elif not password_matches(have, password):
+            steps.append(ctl("change_password", user.name, stdin=password))
+        if sorted(user.tags) != sorted(have.tags if have else ()):
+            steps.append(ctl("set_user_tags", user.name, *user.tags))
+    return steps
+
+
+def _permission_steps(defs: Definitions, current: Current) -> list[Step]:
+    steps: list[Step] = []
+    wanted = {(p.user, p.vhost) for p in defs.permissions}
+    for p in defs.permissions:
+        if current.permissions.get((p.user, p.vhost)) != (p.configure, p.write, p.read):
+            steps.append(set_permissions(p))
+    for user, vhost in sorted(current.permissions):
+        if user in SIDECAR_USERS and (user, vhost) not in wanted:
+            steps.append(ctl("clear_permissions", "-p", vhost, user))
+    return steps
+
+
+def _declare_steps(defs: Definitions, current: Current) -> list[Step]:
+    steps: list[Step] = []
+    conflicts: list[str] = []
+    for x in defs.exchanges:
+        have_x = current.exchanges.get((x.vhost, x.name))
+        if have_x is None:
+            steps.append(declare_exchange(x))
+        elif _exchange_conflict(x, have_x):
+            conflicts.append(f"exchange {x.name} in {x.vhost} is {compact_json(have_x)}, "
+                             f"the topology wants a durable {x.type} exchange without arguments")
+    for q in defs.queues:
+        have_q = current.queues.get((q.vhost, q.name))
+        if have_q is None:
+            steps.append(declare_queue(q))
+        elif _queue_conflict(have_q):
+            conflicts.append(f"queue {q.name} in {q.vhost} is {compact_json(have_q)}, the "
+                             "topology wants a durable classic queue without arguments")
+    if conflicts:
+        raise TopologyConflict("; ".join(conflicts) + ": delete them (management UI or API) "
+                               "and apply again; settings belong in policies")
+    steps += [bind(b) for b in defs.bindings
+              if (b.vhost, b.source, b.queue, b.routing_key) not in current.bindings]
+    return steps
+
+
+def _parameter_steps(defs: Definitions, current: Current) -> list[Step]:
+    steps: list[Step] = [set_parameter(p) for p in defs.parameters
+                         if current.parameters.get((p.vhost, p.component, p.name)) != p.value]
+    wanted = {(p.vhost, p.component, p.name) for p in defs.parameters}
+    for vhost, component, name in sorted(current.parameters):
+        if (vhost in defs.vhosts and component in FEDERATION_COMPONENTS
+                and name.startswith(OWNED_PREFIX) and (vhost, component, name) not in wanted):
+            steps.append(ctl("clear_parameter", "-p", vhost, component, name))
+    return steps
+
+
+def _policy_steps(defs: Definitions, current: Current) -> list[Step]:
+    steps: list[Step] = [set_policy(p) for p in defs.policies
+                         if current.policies.get((p.vhost, p.name)) != p]
+    wanted = {(p.vhost, p.name) for p in defs.policies}
+    for vhost, name in sorted(current.policies):
+        if vhost in defs.vhosts and name.startswith(OWNED_PREFIX) and (vhost, name) not in wanted:
+            steps.append(ctl("clear_policy", "-p", vhost, name))
+    return steps
+
+
+def device_steps(user: str, password: str, permission: Permission,
+                 topic_permission: TopicPermission, tags: tuple[str, ...]) -> list[Step]:
+    """`geofence device add`: the user, its tag, its permissions."""
+    return [ctl("add_user", user, stdin=password), ctl("set_user_tags", user, *tags),
+            set_permissions(permission), set_topic_permissions(topic_permission)]
+
+
+def section(step: Step) -> str:
+    """What a step is about, for the comments of `geofence topology show`."""
+    if isinstance(step, Http):
+        kind = step.path.split("/")[1]
+        return {"exchanges": "exchanges (management API)", "queues": "queues (management API)",
+                "bindings": "bindings (management API)"}.get(kind, kind)
+    verb = step.argv[1]
+    if step.argv[0] == "rabbitmq-plugins":
+        return "plugins"
+    return {"add_vhost": "vhosts", "add_user": "users (password on stdin)",
+            "change_password": "users (password on stdin)",
+            "set_user_tags": "users (password on stdin)",
+            "set_permissions": "permissions (configure, write, read)",
+            "clear_permissions": "permissions (configure, write, read)",
+            "set_topic_permissions": "topic permissions (write, read)",
+            "set_parameter": "federation upstreams", "clear_parameter": "federation upstreams",
+            "set_policy": "policies", "clear_policy": "policies"}.get(verb, verb)

@@ -1,0 +1,297 @@
+"""deploy.rabbitmq.definitions without a broker: names, policies, permission regexes.
+
+Regexes are checked with Python's `re`; the subset used (anchors, alternation, character
+classes, a negative lookahead) means the same in RabbitMQ's PCRE (Erlang `re`), which, like
+`re.search`, looks for a match anywhere unless anchored.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from deploy.rabbitmq import definitions as d
+from exchanges import topology as t
+from exchanges.topology import Topology
+
+ENDPOINT = d.Endpoint("127.0.0.1", 5672)
+DEFAULT = d.build(Topology(), ENDPOINT, "fed-Pw/1")
+BIG = d.build(Topology(regions=("a", "b", "eu-1"), workers=("w0", "w1", "w2")), ENDPOINT, "x")
+
+
+def perm(defs: d.Definitions, user: str, vhost: str) -> d.Permission | None:
+    found = [p for p in defs.permissions if p.user == user and p.vhost == vhost]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def may(defs: d.Definitions, user: str, vhost: str, right: str, resource: str) -> bool:
+    p = perm(defs, user, vhost)
+    return p is not None and re.search(getattr(p, right), resource) is not None
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_default_topology_names() -> None:
+    assert DEFAULT.vhosts == ("gf-ingress", "gf-region-a", "gf-region-b", "gf-fences")
+    assert {(q.vhost, q.name) for q in DEFAULT.queues} == {
+        ("gf-ingress", "x-ingress.positions"), ("gf-ingress", "x-ingress.batches"),
+        ("gf-ingress", "dead-letters"),
+        ("gf-region-a", "x-geo.positions"), ("gf-region-a", "x-geo.control"),
+        ("gf-region-a", "dead-letters"),
+        ("gf-region-b", "x-geo.positions"), ("gf-region-b", "x-geo.control"),
+        ("gf-region-b", "dead-letters"),
+        ("gf-fences", "x-fence.w0"), ("gf-fences", "x-fence.w0.control"),
+        ("gf-fences", "x-fence.w1"), ("gf-fences", "x-fence.w1.control"),
+        ("gf-fences", "dead-letters")}
+    assert d.Exchange("gf-fences", "x-fence.in", "direct") in DEFAULT.exchanges
+    assert d.Exchange("gf-region-b", "x-fence.in", "direct") in DEFAULT.exchanges
+    assert all(d.Exchange(v, "dead-letters", "fanout") in DEFAULT.exchanges for v in DEFAULT.vhosts)
+    assert not [x for x in DEFAULT.exchanges if x.name.startswith("amq.")]  # RabbitMQ's own
+
+
+def test_bindings_route_what_the_names_say() -> None:
+    assert d.Binding("gf-ingress", "amq.topic", "x-ingress.positions", "positions.*") in DEFAULT.bindings
+    assert d.Binding("gf-fences", "x-fence.in", "x-fence.w1", "w1") in DEFAULT.bindings
+    assert d.Binding("gf-fences", "x-fence.control", "x-fence.w0.control", "w0") in DEFAULT.bindings
+    declared = {(x.vhost, x.name) for x in DEFAULT.exchanges} | {(v, "amq.topic") for v in DEFAULT.vhosts}
+    queues = {(q.vhost, q.name) for q in DEFAULT.queues}
+    for b in DEFAULT.bindings:
+        assert (b.vhost, b.source) in declared and (b.vhost, b.queue) in queues
+
+
+def test_workers_and_regions_are_parameters() -> None:
+    assert "gf-region-eu-1" in BIG.vhosts
+    assert d.Queue("gf-fences", "x-fence.w2.control") in BIG.queues
+    upstreams = [p.name for p in BIG.parameters if p.component == "federation-upstream"
+                 and p.vhost == "gf-fences"]
+    assert upstreams == ["gf-region-a", "gf-region-b", "gf-region-eu-1"]
+    assert may(BIG, t.FENCE_USER, "gf-fences", "read", "x-fence.w2")
+    assert may(BIG, t.GEO_USER, "gf-region-eu-1", "write", "x-fence.in")
+
+
+def test_a_topology_needs_a_region_and_a_worker() -> None:
+    with pytest.raises(ValueError, match="at least one region"):
+        d.build(Topology(regions=()), ENDPOINT, "x")
+
+
+# --------------------------------------------------------------------------- policies
+
+
+@pytest.mark.parametrize("defs", [DEFAULT, BIG], ids=["default", "big"])
+def test_each_queue_gets_exactly_one_policy_with_all_its_settings(defs: d.Definitions) -> None:
+    queue_policies = [p for p in defs.policies if p.apply_to == "queues"]
+    others = ["amq.gen-AbC", "federation: x-fence.in -> rabbit@h:gf-fences:x-fence.in",
+              "mqtt-subscription-dev1qos1", "x-ingress.positions.old", "my-app.events"]
+    for vhost in defs.vhosts:
+        inputs = d.input_queues(defs.topology, vhost)
+        for name in (*inputs, "dead-letters", *others):
+            matching = [p for p in queue_policies if p.vhost == vhost and re.search(p.pattern, name)]
+            if name == "dead-letters":
+                assert matching == []  # no dead-lettering loop, no limit: nothing dropped
+            elif name in inputs:
+                assert [p.name for p in matching] == [t.INPUT_LIMITS_POLICY]
+                assert matching[0].definition == {"dead-letter-exchange": "dead-letters",
+                                                  "max-length": 1_000_000,
+                                                  "overflow": "reject-publish"}
+            else:
+                assert [p.name for p in matching] == [t.DEAD_LETTER_POLICY], (vhost, name)
+                assert matching[0].definition == {"dead-letter-exchange": "dead-letters"}
+            chosen = d.matching_policy(defs.policies, vhost, name, "queues")
+            assert chosen == (matching[0] if matching else None)
+
+
+def test_limits_outrank_the_catch_all() -> None:
+    by_name = {p.name: p.priority for p in DEFAULT.policies}
+    assert by_name[t.INPUT_LIMITS_POLICY] > by_name[t.DEAD_LETTER_POLICY]
+
+
+def test_federation_policies_and_upstreams() -> None:
+    fed = {(p.vhost, p.name): p for p in DEFAULT.policies if p.apply_to == "exchanges"}
+    fence_in = fed[("gf-fences", t.FEDERATE_FENCE_IN_POLICY)]
+    assert re.search(fence_in.pattern, "x-fence.in") and not re.search(fence_in.pattern, "x-fence.inx")
+    assert fence_in.definition == {"federation-upstream-set": "gf-regions"}
+    events = fed[("gf-ingress", t.FEDERATE_EVENTS_POLICY)]
+    assert events.pattern == r"^amq\.topic$"
+    assert events.definition == {"federation-upstream": "gf-fences"}
+    params = {(p.vhost, p.component, p.name): p.value for p in DEFAULT.parameters}
+    assert params[("gf-fences", "federation-upstream-set", "gf-regions")] == [
+        {"upstream": "gf-region-a"}, {"upstream": "gf-region-b"}]
+    a = params[("gf-fences", "federation-upstream", "gf-region-a")]
+    assert a == {"uri": "amqp://federation:fed-Pw%2F1@127.0.0.1:5672/gf-region-a",
+                 "exchange": "x-fence.in", "ack-mode": "on-confirm", "trust-user-id": False,
+                 "max-hops": 1}
+    ev = params[("gf-ingress", "federation-upstream", "gf-fences")]
+    assert ev["exchange"] == "fence.events.mqtt"
+    assert ev["uri"].endswith("@127.0.0.1:5672/gf-fences")
+
+
+# --------------------------------------------------------------------------- permissions
+
+
+def test_regex_helpers() -> None:
+    assert d.regex_escape("x-fence.w0.control") == r"x-fence\.w0\.control"
+    assert d.exactly("a.b") == r"^a\.b$"
+    assert d.exactly("a", "b", "a") == "^(a|b)$"
+    assert d.exactly() == "^$"
+    pattern = d.all_but("dead-letters", "x.y")
+    assert re.search(pattern, "dead-letters.2") and re.search(pattern, "x.yz")
+    assert not re.search(pattern, "dead-letters") and not re.search(pattern, "x.y")
+
+
+# (user, vhost, right, resource, allowed)
+CASES = [
+    (t.INGRESS_USER, "gf-ingress", "read", "x-ingress.positions", True),
+    (t.INGRESS_USER, "gf-ingress", "read", "x-ingress.batches", True),
+    (t.INGRESS_USER, "gf-ingress", "read", "x-ingress.positions2", False),
+    (t.INGRESS_USER, "gf-ingress", "read", "dead-letters", False),
+    (t.INGRESS_USER, "gf-ingress", "write", "dead-letters", True),
+    (t.INGRESS_USER, "gf-ingress", "write", "amq.topic", False),
+    (t.INGRESS_USER, "gf-ingress", "write", "ingress.batches", False),
+    (t.INGRESS_USER, "gf-ingress", "configure", "x-ingress.positions", False),
+    (t.INGRESS_USER, "gf-region-a", "write", "x-geo.in", True),
+    (t.INGRESS_USER, "gf-region-b", "write", "dead-letters", True),
+    (t.INGRESS_USER, "gf-region-a", "write", "x-geo.control", False),
+    (t.INGRESS_USER, "gf-region-a", "read", "x-geo.positions", False),
+    (t.INGRESS_USER, "gf-fences", "write", "x-fence.in", False),
+    (t.GEO_USER, "gf-region-a", "read", "x-geo.positions", True),
+    (t.GEO_USER, "gf-region-a", "read", "x-geo.control", True),
+    (t.GEO_USER, "gf-region-a", "write", "x-fence.in", True),
+    (t.GEO_USER, "gf-region-a", "write", "x-geo.in", False),
+    (t.GEO_USER, "gf-region-a", "write", "amq.default", False),
+    (t.GEO_USER, "gf-fences", "write", "x-fence.in", False),
+    (t.GEO_USER, "gf-ingress", "read", "x-ingress.positions", False),
+    (t.FENCE_USER, "gf-fences", "read", "x-fence.w0", True),
+    (t.FENCE_USER, "gf-fences", "read", "x-fence.w1.control", True),
+    (t.FENCE_USER, "gf-fences", "read", "x-fence.w2", False),
+    (t.FENCE_USER, "gf-fences", "read", "dead-letters", False),
+    (t.FENCE_USER, "gf-fences", "write", "fence.events", True),
+    (t.FENCE_USER, "gf-fences", "write", "fence.events.mqtt", True),
+    (t.FENCE_USER, "gf-fences", "write", "dead-letters", True),
+    (t.FENCE_USER, "gf-fences", "write", "fence.eventsXmqtt", False),  # the dots are literal
+    (t.FENCE_USER, "gf-fences", "write", "x-fence.control", False),
+    (t.MANAGER_USER, "gf-region-b", "write", "x-geo.control", True),
+    (t.MANAGER_USER, "gf-region-b", "write", "x-geo.in", False),
+    (t.MANAGER_USER, "gf-fences", "write", "x-fence.control", True),
+    (t.MANAGER_USER, "gf-fences", "write", "fence.events", False),
+    (t.MANAGER_USER, "gf-fences", "read", "x-fence.w0.control", False),
+    (t.GATEWAY_USER, "gf-ingress", "write", "ingress.batches", True),
+    (t.GATEWAY_USER, "gf-ingress", "write", "amq.topic", False),
+    (t.GATEWAY_USER, "gf-ingress", "read", "x-ingress.batches", False),
+    (t.GATEWAY_USER, "gf-region-a", "write", "x-geo.in", False),
+    (t.FEDERATION_USER, "gf-region-a", "configure",
+     "federation: x-fence.in -> rabbit@vm:gf-fences:x-fence.in", True),
+    (t.FEDERATION_USER, "gf-region-a", "configure",
+     "federation: x-fence.in -> rabbit@vm:gf-fences:x-fence.in B", True),
+    (t.FEDERATION_USER, "gf-region-a", "write",
+     "federation: x-fence.in -> rabbit@vm:gf-fences:x-fence.in", True),
+    (t.FEDERATION_USER, "gf-region-a", "read", "x-fence.in", True),
+    (t.FEDERATION_USER, "gf-region-a", "configure", "x-fence.in", False),
+    (t.FEDERATION_USER, "gf-region-a", "write", "x-fence.in", False),
+    (t.FEDERATION_USER, "gf-region-a", "read", "x-geo.positions", False),
+    (t.FEDERATION_USER, "gf-fences", "read", "fence.events.mqtt", True),
+    (t.FEDERATION_USER, "gf-fences", "read", "fence.events", False),
+    (t.FEDERATION_USER, "gf-fences", "read", "x-fence.w0", False),
+    (t.FEDERATION_USER, "gf-ingress", "read", "amq.topic", False),
+]
+
+
+@pytest.mark.parametrize(("user", "vhost", "right", "resource", "allowed"), CASES)
+def test_permission_regexes(user: str, vhost: str, right: str, resource: str, allowed: bool) -> None:
+    assert may(DEFAULT, user, vhost, right, resource) is allowed
+
+
+def test_sidecars_configure_nothing_and_admin_everything() -> None:
+    for p in DEFAULT.permissions:
+        if p.user in (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.GATEWAY_USER):
+            assert p.configure == "^$"
+        if p.user == t.ADMIN_USER:
+            assert (p.configure, p.write, p.read) == (".*", ".*", ".*")
+    assert {p.vhost for p in DEFAULT.permissions if p.user == t.ADMIN_USER} == {"/", *DEFAULT.vhosts}
+
+
+def test_user_vhosts() -> None:
+    assert d.user_vhosts(Topology()) == {
+        t.INGRESS_USER: ("gf-ingress", "gf-region-a", "gf-region-b"),
+        t.GEO_USER: ("gf-region-a", "gf-region-b"),
+        t.FENCE_USER: ("gf-fences",),
+        t.MANAGER_USER: ("gf-region-a", "gf-region-b", "gf-fences"),
+        t.FEDERATION_USER: ("gf-region-a", "gf-region-b", "gf-fences"),
+        t.GATEWAY_USER: ("gf-ingress",),
+    }
+
+
+def test_digest_follows_definitions_and_passwords() -> None:
+    pws = {"x-geo": "a"}
+    assert DEFAULT.digest(pws) == d.build(Topology(), ENDPOINT, "fed-Pw/1").digest(pws)
+    assert DEFAULT.digest(pws) != DEFAULT.digest({"x-geo": "b"})
+    assert DEFAULT.digest(pws) != BIG.digest(pws)
+    assert DEFAULT.digest(pws) != d.build(Topology(), d.Endpoint("127.0.0.1", 5673),
+                                          "fed-Pw/1").digest(pws)
+    assert re.fullmatch("[0-9a-f]{64}", DEFAULT.digest(pws))
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def expand(pattern: str, username: str) -> str:
+    return pattern.replace("{username}", username)  # as RabbitMQ does at check time
+
+
+@pytest.mark.parametrize(("routing_key", "allowed"), [
+    ("positions.dev-1", True),
+    ("positions.dev-2", False),
+    ("positions.dev-1.extra", False),
+    ("positions.dev-10", False),
+    ("xpositions.dev-1", False),
+    ("object-events.dev-1.f1.enter", False),
+])
+def test_device_may_publish_only_its_positions(routing_key: str, allowed: bool) -> None:
+    tp = d.device_topic_permission("dev-1")
+    assert (tp.vhost, tp.exchange) == ("gf-ingress", "amq.topic")
+    assert (re.search(expand(tp.write, "dev-1"), routing_key) is not None) is allowed
+
+
+@pytest.mark.parametrize(("binding_key", "allowed"), [
+    ("object-events.dev-1.#", True),
+    ("object-events.dev-1.f1.enter", True),
+    ("object-events.dev-1.*.leave", True),
+    ("object-events.dev-10.#", False),
+    ("object-events.#", False),
+    ("object-events.*.#", False),
+    ("fence-events.#", False),
+    ("#", False),
+])
+def test_device_may_subscribe_only_to_its_events(binding_key: str, allowed: bool) -> None:
+    tp = d.device_topic_permission("dev-1")
+    assert (re.search(expand(tp.read, "dev-1"), binding_key) is not None) is allowed
+
+
+def test_device_resource_permissions() -> None:
+    p = d.device_permission("dev-1")
+    assert (p.user, p.vhost) == ("dev-1", "gf-ingress")
+    own = ("mqtt-subscription-dev-1qos0", "mqtt-subscription-dev-1qos1")
+    assert d.device_queues("dev-1") == own
+    for name in own:
+        assert re.search(p.configure, name) and re.search(p.write, name) and re.search(p.read, name)
+    for name in ("mqtt-subscription-dev-10qos0", "mqtt-subscription-dev-1qos2",
+                 "x-ingress.positions", "dead-letters"):
+        assert not re.search(p.configure, name) and not re.search(p.read, name)
+    assert re.search(p.write, "amq.topic") and re.search(p.read, "amq.topic")
+    assert not re.search(p.configure, "amq.topic") and not re.search(p.write, "ingress.batches")
+
+
+@pytest.mark.parametrize("bad", ["", "a.b", "-a", "_a", "a b", "a$b", "a/b", "a+b", "x" * 65,
+                                 "a{username}"])
+def test_bad_object_ids_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="object id"):
+        d.check_object_id(bad)
+    with pytest.raises(ValueError):
+        d.device_permission(bad)
+
+
+@pytest.mark.parametrize("good", ["a", "dev-1", "Truck_42", "x" * 64, "0"])
+def test_good_object_ids(good: str) -> None:
+    assert d.check_object_id(good) == good

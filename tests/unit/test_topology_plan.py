@@ -1,0 +1,198 @@
+"""deploy.rabbitmq.plan without a broker: the commands, idempotence, what is cleared,
+conflicts, rendering and masking, the rabbitmqctl wrapper's shell."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import replace
+
+import pytest
+
+from deploy.rabbitmq import definitions as d
+from deploy.rabbitmq import plan as p
+from exchanges import topology as t
+from exchanges.topology import Topology
+
+ENDPOINT = d.Endpoint("127.0.0.1", 5672)
+PASSWORDS = {u: f"pw-{u}-S3cret" for u in (t.ADMIN_USER, *d.SIDECAR_USERS)}
+DEFS = d.build(Topology(), ENDPOINT, PASSWORDS[t.FEDERATION_USER])
+# A hash RabbitMQ 3.10 stored for the password "s3cret-Pw_1" (rabbit_password_hashing_sha256).
+REAL_HASH = "utoCFoSeQm5bXwd8jaMIODWO7s69xHwApUdyA9LCkF1wiOlt"
+
+
+def rabbit_hash(password: str) -> str:
+    salt = os.urandom(4)
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def applied(defs: d.Definitions, passwords: dict[str, str]) -> p.Current:
+    """What the broker holds once `defs` was applied (as read_broker would see it)."""
+    cur = p.Current(federation_api=True, vhosts={"/", *defs.vhosts})
+    cur.users = {u.name: p.CurrentUser(u.tags, rabbit_hash(passwords[u.name]),
+                                       "rabbit_password_hashing_sha256") for u in defs.users}
+    cur.permissions = {(x.user, x.vhost): (x.configure, x.write, x.read) for x in defs.permissions}
+    cur.exchanges = {(x.vhost, x.name): {"type": x.type, **p.EXCHANGE_PROPERTIES}
+                     for x in defs.exchanges}
+    cur.queues = {(q.vhost, q.name): {**p.QUEUE_PROPERTIES, "exclusive": False} for q in defs.queues}
+    cur.bindings = {(b.vhost, b.source, b.queue, b.routing_key) for b in defs.bindings}
+    cur.parameters = {(x.vhost, x.component, x.name): x.value for x in defs.parameters}
+    cur.policies = {(x.vhost, x.name): x for x in defs.policies}
+    return cur
+
+
+def argvs(steps: list[p.Step]) -> list[tuple[str, ...]]:
+    return [s.argv for s in steps if isinstance(s, p.Ctl)]
+
+
+def test_password_check_matches_rabbitmq() -> None:
+    user = p.CurrentUser((), REAL_HASH, "rabbit_password_hashing_sha256")
+    assert p.password_matches(user, "s3cret-Pw_1")
+    assert not p.password_matches(user, "s3cret-Pw_2")
+    assert not p.password_matches(replace(user, hashing_algorithm="unknown"), "s3cret-Pw_1")
+    assert not p.password_matches(replace(user, password_hash="not base64!"), "s3cret-Pw_1")
+    assert not p.password_matches(replace(user, password_hash=""), "")
+
+
+def test_empty_broker_gets_everything_in_order() -> None:
+    steps = p.plan(DEFS, PASSWORDS, p.Current.empty())
+    sections = [p.section(s) for s in steps]
+    order = ["plugins", "vhosts", "users (password on stdin)", "permissions (configure, write, read)",
+             "exchanges (management API)", "queues (management API)", "bindings (management API)",
+             "federation upstreams", "policies"]
+    assert list(dict.fromkeys(sections)) == order
+    assert steps[0] == p.Ctl(("rabbitmq-plugins", "enable", "rabbitmq_federation_management"))
+    assert ("rabbitmqctl", "add_vhost", "gf-fences") in argvs(steps)
+    assert ("rabbitmqctl", "set_user_tags", "geofence", "administrator") in argvs(steps)
+    adds = [s for s in steps if isinstance(s, p.Ctl) and s.argv[1] == "add_user"]
+    assert {s.argv[2] for s in adds} == set(PASSWORDS)
+    assert all(s.stdin == PASSWORDS[s.argv[2]] for s in adds)
+    assert ("rabbitmqctl", "set_policy", "-p", "gf-ingress", "--priority", "10", "--apply-to",
+            "queues", "gf-input-limits", r"^(x-ingress\.positions|x-ingress\.batches)$",
+            '{"dead-letter-exchange":"dead-letters","max-length":1000000,'
+            '"overflow":"reject-publish"}') in argvs(steps)
+    assert p.Http("PUT", "api/exchanges/gf-fences/x-fence.in",
+                  {"type": "direct", "durable": True, "auto_delete": False, "internal": False,
+                   "arguments": {}}) in steps
+    assert p.Http("POST", "api/bindings/gf-ingress/e/amq.topic/q/x-ingress.positions",
+                  {"routing_key": "positions.*", "arguments": {}}) in steps
+
+
+def test_passwords_never_in_argv_except_the_federation_uri() -> None:
+    steps = p.plan(DEFS, PASSWORDS, p.Current.empty())
+    for argv in argvs(steps):
+        for user, password in PASSWORDS.items():
+            if password in " ".join(argv):
+                assert user == t.FEDERATION_USER and argv[1] == "set_parameter"
+                assert argv[4] == "federation-upstream"
+
+
+def test_every_argument_survives_the_debian_wrapper() -> None:
+    for argv in argvs(p.plan(DEFS, PASSWORDS, p.Current.empty())):
+        assert all(p.wrapper_safe(a) for a in argv), argv
+    device = d.device_permission("dev-1")
+    topic = d.device_topic_permission("dev-1")
+    for step in p.device_steps("dev-1", "pw", device, topic, ("gf-device",)):
+        assert isinstance(step, p.Ctl) and all(p.wrapper_safe(a) for a in step.argv)
+
+
+@pytest.mark.parametrize("unsafe", ["$HOME", "a${b}", "$(id)", "`id`", "a\\$b", 'a\\"b', "a\\\\b",
+                                    "$1", "$$"])
+def test_wrapper_unsafe_arguments_are_spotted(unsafe: str) -> None:
+    assert not p.wrapper_safe(unsafe)
+
+
+@pytest.mark.parametrize("safe", ["^$", "^(a|b)$", r"^x\.y$", "^(?!(a|b)$)", '{"a":"b"}',
+                                  r"^positions\.{username}$", "federation: ", "a$"])
+def test_wrapper_safe_arguments(safe: str) -> None:
+    assert p.wrapper_safe(safe)
+
+
+def test_applying_twice_changes_nothing() -> None:
+    assert p.plan(DEFS, PASSWORDS, applied(DEFS, PASSWORDS)) == []
+
+
+def test_only_differences_are_planned() -> None:
+    cur = applied(DEFS, PASSWORDS)
+    cur.users[t.GEO_USER] = p.CurrentUser((), rabbit_hash("old"), "rabbit_password_hashing_sha256")
+    cur.users[t.GATEWAY_USER] = p.CurrentUser(("monitoring",), cur.users[t.GATEWAY_USER].password_hash,
+                                              "rabbit_password_hashing_sha256")
+    cur.permissions[(t.FENCE_USER, "gf-fences")] = (".*", ".*", ".*")
+    del cur.queues[("gf-fences", "x-fence.w1")]
+    cur.bindings.discard(("gf-fences", "x-fence.in", "x-fence.w1", "w1"))
+    fence_in = next(x for x in DEFS.policies if x.name == t.FEDERATE_FENCE_IN_POLICY)
+    cur.policies[("gf-fences", fence_in.name)] = replace(fence_in, priority=5)
+    cur.vhosts.discard("gf-region-b")
+    cur.federation_api = False
+    steps = p.plan(DEFS, PASSWORDS, cur)
+    perm = next(x for x in DEFS.permissions if x.user == t.FENCE_USER)
+    assert steps == [
+        p.Ctl(("rabbitmq-plugins", "enable", "rabbitmq_federation_management")),
+        p.ctl("add_vhost", "gf-region-b"),
+        p.ctl("change_password", t.GEO_USER, stdin=PASSWORDS[t.GEO_USER]),
+        p.ctl("set_user_tags", t.GATEWAY_USER),
+        p.set_permissions(perm),
+        p.declare_queue(d.Queue("gf-fences", "x-fence.w1")),
+        p.bind(d.Binding("gf-fences", "x-fence.in", "x-fence.w1", "w1")),
+        p.set_policy(fence_in),
+    ]
+
+
+def test_stale_things_it_owns_are_cleared_and_nothing_else() -> None:
+    cur = applied(DEFS, PASSWORDS)
+    cur.permissions[(t.GEO_USER, "gf-region-c")] = ("^$", "^x-fence\\.in$", "^$")  # removed region
+    cur.permissions[(t.ADMIN_USER, "ops")] = (".*", ".*", ".*")  # somebody else's vhost
+    cur.permissions[("dev-1", "gf-ingress")] = ("^$", "^$", "^$")  # a device
+    cur.parameters[("gf-fences", "federation-upstream", "gf-region-c")] = {"uri": "amqp://"}
+    cur.parameters[("gf-fences", "federation-upstream", "ops-upstream")] = {"uri": "amqp://"}
+    cur.parameters[("ops", "federation-upstream", "gf-x")] = {"uri": "amqp://"}
+    cur.policies[("gf-ingress", "gf-old")] = replace(DEFS.policies[0], name="gf-old")
+    cur.policies[("gf-ingress", "ops-ha")] = replace(DEFS.policies[0], name="ops-ha")
+    cur.exchanges[("gf-fences", "old.exchange")] = {"type": "fanout"}
+    cur.queues[("gf-fences", "x-fence.w9")] = {"durable": True}
+    assert argvs(p.plan(DEFS, PASSWORDS, cur)) == [
+        ("rabbitmqctl", "clear_permissions", "-p", "gf-region-c", t.GEO_USER),
+        ("rabbitmqctl", "clear_parameter", "-p", "gf-fences", "federation-upstream", "gf-region-c"),
+        ("rabbitmqctl", "clear_policy", "-p", "gf-ingress", "gf-old"),
+    ]
+
+
+def test_conflicting_exchange_or_queue_is_reported_not_forced() -> None:
+    cur = applied(DEFS, PASSWORDS)
+    cur.exchanges[("gf-fences", "x-fence.in")] = {"type": "topic", **p.EXCHANGE_PROPERTIES}
+    cur.queues[("gf-ingress", "x-ingress.positions")] = {
+        "durable": True, "auto_delete": False, "arguments": {"x-max-length": 10}}
+    with pytest.raises(p.TopologyConflict, match=r"x-fence\.in in gf-fences.*x-ingress\.positions"):
+        p.plan(DEFS, PASSWORDS, cur)
+
+
+def test_a_classic_queue_type_argument_is_no_conflict() -> None:
+    cur = applied(DEFS, PASSWORDS)
+    cur.queues[("gf-ingress", "dead-letters")] = {
+        "durable": True, "auto_delete": False, "exclusive": False,
+        "arguments": {"x-queue-type": "classic"}}
+    assert p.plan(DEFS, PASSWORDS, cur) == []
+
+
+def test_a_missing_password_is_an_error() -> None:
+    with pytest.raises(ValueError, match="x-geo"):
+        p.plan(DEFS, {k: v for k, v in PASSWORDS.items() if k != t.GEO_USER}, p.Current.empty())
+
+
+def test_render_masks_secrets_and_quotes_for_the_shell() -> None:
+    steps = p.plan(DEFS, PASSWORDS, p.Current.empty())
+    lines = [p.render(s, PASSWORDS.values()) for s in steps]
+    text = "\n".join(lines)
+    assert not any(pw in text for pw in PASSWORDS.values())
+    assert "printf '%s\\n' '****' | rabbitmqctl add_user x-geo" in lines
+    assert ("rabbitmqctl set_permissions -p gf-ingress x-ingress '^$' '^dead-letters$' "
+            "'^(x-ingress\\.positions|x-ingress\\.batches)$'") in lines
+    assert ("api PUT api/queues/gf-fences/x-fence.w0 "
+            "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{}}'") in lines
+    assert "amqp://federation:****@127.0.0.1:5672/gf-region-a" in text
+    assert "api()" in p.api_function("http://127.0.0.1:15672/")
+
+
+def test_api_paths_quote_names() -> None:
+    assert p.api_path("queues", "/", "federation: a -> b") == "api/queues/%2F/federation%3A%20a%20-%3E%20b"

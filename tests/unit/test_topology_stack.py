@@ -1,0 +1,86 @@
+"""deploy.local_stack's part in the topology, without services: GEOFENCE_REGIONS /
+GEOFENCE_WORKERS, the sidecar users' passwords in the secrets file, the connection settings
+`geofence status --json` prints for them."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from deploy import local_stack as ls
+from deploy.local_stack import Settings, SettingsError
+from deploy.rabbitmq import definitions as d
+from exchanges import topology as t
+
+
+def test_regions_and_workers_default_and_parse() -> None:
+    assert Settings().topology == t.Topology()
+    s = Settings.from_env({"GEOFENCE_REGIONS": "a, b,eu-1", "GEOFENCE_WORKERS": "w0"})
+    assert s.topology.regions == ("a", "b", "eu-1") and s.topology.workers == ("w0",)
+    assert "gf-region-eu-1" in s.topology.vhosts
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("GEOFENCE_REGIONS", "a,,b"), ("GEOFENCE_REGIONS", "a.b"), ("GEOFENCE_WORKERS", "w0,w0"),
+    ("GEOFENCE_WORKERS", ""),
+])
+def test_bad_regions_or_workers_are_rejected(key: str, value: str) -> None:
+    with pytest.raises(SettingsError, match="GEOFENCE_"):
+        Settings.from_env({key: value})
+
+
+def test_secrets_gain_the_sidecar_users_once_and_keep_the_old_passwords(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path)
+    settings.secrets_file.write_text(json.dumps({"rabbitmq_password": "r", "postgres_password": "p"}))
+    old = ls.load_secrets(settings)
+    assert old.users == {}
+    pw = ls.ensure_secrets(settings)
+    assert (pw.rabbitmq_password, pw.postgres_password) == ("r", "p")
+    assert set(pw.users) == set(d.SIDECAR_USERS)
+    assert len(set(pw.users.values())) == len(d.SIDECAR_USERS)
+    assert stat.S_IMODE(os.stat(settings.secrets_file).st_mode) == 0o600
+    assert ls.ensure_secrets(settings) == pw  # generated once
+    assert set(pw.values()) >= set(pw.users.values())  # masked in human output
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_fresh_secrets_hold_every_password(tmp_path: Path) -> None:
+    pw = ls.ensure_secrets(Settings(state_dir=tmp_path))
+    assert set(pw.users) == set(d.SIDECAR_USERS)
+
+
+def test_connection_settings_list_every_vhost_and_sidecar_user() -> None:
+    users = {u: f"pw-{u}" for u in d.SIDECAR_USERS}
+    pw = ls.Secrets("admin/pw", "pg", users)
+    conn = ls.connection_settings(Settings(), pw)
+    assert conn["amqp"] == {
+        "/": "amqp://geofence:admin%2Fpw@127.0.0.1:5672/%2F",
+        "gf-ingress": "amqp://geofence:admin%2Fpw@127.0.0.1:5672/gf-ingress",
+        "gf-region-a": "amqp://geofence:admin%2Fpw@127.0.0.1:5672/gf-region-a",
+        "gf-region-b": "amqp://geofence:admin%2Fpw@127.0.0.1:5672/gf-region-b",
+        "gf-fences": "amqp://geofence:admin%2Fpw@127.0.0.1:5672/gf-fences",
+    }
+    assert conn["users"]["x-ingress"] == {
+        "gf-ingress": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-ingress",
+        "gf-region-a": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-region-a",
+        "gf-region-b": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-region-b",
+    }
+    assert conn["users"]["gateway"] == {
+        "gf-ingress": "amqp://gateway:pw-gateway@127.0.0.1:5672/gf-ingress"}
+    assert set(conn["users"]) == set(d.SIDECAR_USERS)
+    assert conn["mqtt"]["ingress_vhost"] == "gf-ingress"
+    other = ls.connection_settings(Settings(regions=("z",)), pw)
+    assert set(other["amqp"]) == {"/", "gf-ingress", "gf-region-z", "gf-fences"}
+    assert set(other["users"]["x-geo"]) == {"gf-region-z"}
+
+
+def test_human_status_masks_the_sidecar_passwords(tmp_path: Path) -> None:
+    pw = ls.Secrets("r-Secret", "p-Secret", {u: f"{u}-Secret" for u in d.SIDECAR_USERS})
+    settings = Settings(state_dir=tmp_path, amqp_port=1, mqtt_port=2, management_port=3,
+                        pg_port=4, memcached_port=5)
+    table = ls.format_status(ls.status(settings, pw))
+    assert "Secret" not in table
