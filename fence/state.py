@@ -200,7 +200,8 @@ class XFence:
 
         def position(o: npt.NDArray[np.int64], s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
             """Batch index of object o's s-th position (s >= 1)."""
-            return order[group_start[group_of[o]] + s - 1]
+            at: npt.NDArray[np.int64] = order[group_start[group_of[o]] + s - 1]
+            return at
 
         # stored pairs of these objects are "number 0"
         lo = np.searchsorted(self._keys, objs.astype(np.uint64) << _SHIFT)

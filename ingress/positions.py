@@ -1,0 +1,151 @@
+"""Decoding and validating what devices and gateways send (the x-ingress core's input side).
+
+Wire contracts (README, "Wire contracts"):
+- MQTT: topic `positions/<object_id>` (AMQP routing key `positions.<object_id>`), body JSON
+  `{"lon": float, "lat": float, "ts": epoch_seconds, ...}`; other fields pass through.
+- AMQP gateways: `{"positions": [{"id", "lon", "lat", "ts", ...}, ...]}` as JSON, or msgpack
+  with content type `application/msgpack`.
+
+Every refusal carries a reason a person can act on ("position 3: lat 91.0 is outside
+[-90, 90]"); a batch with some bad positions keeps the good ones. Validation is done on
+columns (numpy), so a batch of 10,000 positions costs a few array passes, not 10,000 checks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import orjson
+
+from exchanges.batch import PositionBatch
+
+MAX_BODY_BYTES = 256 * 1024  # a single MQTT position is ~100 bytes; a gateway batch ~100 KB
+MAX_BATCH = 50_000
+MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
+OBJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# Timestamps: epoch seconds between 2000-01-01 and 2100-01-01 (ms by mistake is refused).
+TS_MIN, TS_MAX = 946_684_800.0, 4_102_444_800.0
+_KNOWN = ("id", "lon", "lat", "ts")
+
+
+@dataclass
+class Decoded:
+    """Valid positions (Hilbert index not yet set) and the refused ones with their reasons."""
+
+    batch: PositionBatch
+    refused: list[tuple[int, str]] = field(default_factory=list)  # (position in input, reason)
+
+
+class Refused(ValueError):
+    """The whole message is unusable (not JSON, not an object, too big ...)."""
+
+
+def object_id_from_routing_key(routing_key: str) -> str:
+    prefix, _, oid = routing_key.partition(".")
+    if prefix != "positions" or not OBJECT_ID.match(oid):
+        raise Refused(f"routing key {routing_key[:80]!r} is not positions.<object_id> "
+                      "(object ids are 1-64 of A-Z a-z 0-9 _ -, starting with a letter or digit)")
+    return oid
+
+
+def decode_mqtt(routing_key: str, body: bytes) -> Decoded:
+    """One device position: `positions.<object_id>` and a JSON object."""
+    oid = object_id_from_routing_key(routing_key)
+    obj = _load_json(body)
+    if not isinstance(obj, dict):
+        raise Refused(f"the body is a JSON {type(obj).__name__}, not an object with lon, lat, ts")
+    return _columns([{**obj, "id": oid}])
+
+
+def decode_batch(body: bytes, content_type: str | None) -> Decoded:
+    """A gateway batch; positions that fail validation are refused one by one."""
+    if len(body) > MAX_BODY_BYTES:
+        raise Refused(f"body of {len(body):,} bytes is over the {MAX_BODY_BYTES:,}-byte limit")
+    if content_type in MSGPACK_TYPES:
+        try:
+            obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises a zoo of types on garbage
+            raise Refused(f"malformed msgpack: {type(exc).__name__}: {exc}") from None
+    else:
+        obj = _load_json(body)
+    if not isinstance(obj, dict) or not isinstance(obj.get("positions"), list):
+        raise Refused('the body is not {"positions": [...]}')
+    items = obj["positions"]
+    if len(items) > MAX_BATCH:
+        raise Refused(f"{len(items):,} positions in one batch, over the limit of {MAX_BATCH:,}")
+    return _columns(items)
+
+
+def _load_json(body: bytes) -> Any:
+    if len(body) > MAX_BODY_BYTES:
+        raise Refused(f"body of {len(body):,} bytes is over the {MAX_BODY_BYTES:,}-byte limit")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise Refused(f"malformed JSON: {exc}") from None
+
+
+def _number(v: Any) -> float:
+    # bool is an int in Python; a position with "lat": true is a bug, not a coordinate
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return math.nan
+    return float(v)
+
+
+def _columns(items: list[Any]) -> Decoded:
+    n = len(items)
+    reasons: dict[int, str] = {}
+    ids: list[str] = []
+    lon = np.empty(n, np.float64)
+    lat = np.empty(n, np.float64)
+    ts = np.empty(n, np.float64)
+    extra: list[dict[str, Any] | None] = []
+    for i, p in enumerate(items):
+        if not isinstance(p, dict):
+            reasons[i] = f"position {i} is a {type(p).__name__}, not an object"
+            ids.append("")
+            lon[i] = lat[i] = ts[i] = 0.0
+            extra.append(None)
+            continue
+        missing = [k for k in _KNOWN if k not in p]
+        if missing:
+            reasons[i] = f"position {i}: missing field{'s' if len(missing) > 1 else ''} " + \
+                ", ".join(repr(k) for k in missing)
+        oid = p.get("id")
+        ids.append(oid if isinstance(oid, str) else "")
+        if i not in reasons and not (isinstance(oid, str) and OBJECT_ID.match(oid)):
+            reasons[i] = f"position {i}: id {str(oid)[:80]!r} is not an object id (1-64 of A-Z a-z 0-9 _ -)"
+        lon[i], lat[i], ts[i] = _number(p.get("lon")), _number(p.get("lat")), _number(p.get("ts"))
+        rest = {k: v for k, v in p.items() if k not in _KNOWN}
+        extra.append(rest or None)
+    # column checks: the first failing rule names the position
+    for name, col, lo, hi in (("lon", lon, -180.0, 180.0), ("lat", lat, -90.0, 90.0),
+                              ("ts", ts, TS_MIN, TS_MAX)):
+        bad = ~((col >= lo) & (col <= hi))  # NaN (not a number / missing) fails too
+        for i in np.flatnonzero(bad).tolist():
+            if i in reasons:
+                continue
+            raw = items[i].get(name) if isinstance(items[i], dict) else None
+            if name == "ts" and isinstance(raw, int | float) and not isinstance(raw, bool) \
+                    and TS_MIN * 1000 <= raw <= TS_MAX * 1000:
+                reasons[i] = f"position {i}: ts {raw!r} looks like milliseconds; send epoch seconds"
+            elif isinstance(raw, bool) or not isinstance(raw, int | float):
+                reasons[i] = f"position {i}: {name} must be a number, got {type(raw).__name__}"
+            elif not math.isfinite(raw):
+                reasons[i] = f"position {i}: {name} is {raw!r}, not a finite number"
+            else:
+                reasons[i] = f"position {i}: {name} {raw!r} is outside [{lo:g}, {hi:g}]"
+    ok = np.ones(n, bool)
+    ok[list(reasons)] = False
+    keep = np.flatnonzero(ok)
+    any_extra = any(extra[i] for i in keep.tolist())
+    batch = PositionBatch(
+        [ids[i] for i in keep.tolist()], lon[keep], lat[keep], ts[keep],
+        np.zeros(keep.size, np.uint64), [extra[i] for i in keep.tolist()] if any_extra else [],
+    )
+    return Decoded(batch, sorted(reasons.items()))
