@@ -1,0 +1,147 @@
+"""The worldmap: which part of the Hilbert curve each x-geo region owns.
+
+Trade-off: a region owns a set of intervals of the curve, not a set of tiles. Routing a
+position is then one `searchsorted` over the interval starts for a whole batch, splitting a
+region (scale out) is cutting one interval at an index, and a fence's covering is divided
+between regions by cutting its ranges at the interval starts. Because the curve keeps
+neighbouring cells close, an interval is a compact area, so most fences fall in one region.
+
+The map is a value: every change returns a new map with version + 1. A map covers the whole
+curve: interval i is [starts[i], starts[i+1] - 1] and belongs to regions[owner[i]].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from exchanges.range_index import INDEX_BITS
+
+U64 = npt.NDArray[np.uint64]
+TOP = (1 << (2 * INDEX_BITS)) - 1  # last index of the curve
+
+
+@dataclass(frozen=True, eq=False)
+class Worldmap:
+    version: int
+    regions: tuple[str, ...]
+    starts: U64  # sorted, starts[0] == 0
+    owner: npt.NDArray[np.int64]  # region index of each interval
+
+    def __post_init__(self) -> None:
+        s = self.starts
+        if not s.size or int(s[0]) != 0 or not (s[1:] > s[:-1]).all() or int(s[-1]) > TOP:
+            raise ValueError("interval starts must be sorted, unique, begin at 0 and stay on the curve")
+        if self.owner.shape != s.shape or (self.owner < 0).any() or (self.owner >= len(self.regions)).any():
+            raise ValueError("every interval needs the index of a known region")
+        if len(set(self.regions)) != len(self.regions):
+            raise ValueError(f"region names repeat: {self.regions}")
+
+    @staticmethod
+    def single(region: str) -> Worldmap:
+        return Worldmap(1, (region,), np.zeros(1, np.uint64), np.zeros(1, np.int64))
+
+    @staticmethod
+    def balanced(regions: list[str], sample: npt.ArrayLike, version: int = 1) -> Worldmap:
+        """Consecutive intervals holding equal shares of a sample of indices (e.g. bindings)."""
+        h = np.sort(np.asarray(sample, dtype=np.uint64))
+        if len(regions) < 1:
+            raise ValueError("at least one region")
+        cuts = [int(h[len(h) * i // len(regions)]) for i in range(1, len(regions))] if h.size else []
+        starts = np.unique(np.array([0, *cuts], dtype=np.uint64))
+        if starts.size != len(regions):
+            raise ValueError("the sample is too small to split between these regions")
+        return Worldmap(version, tuple(regions), starts, np.arange(len(regions), dtype=np.int64))
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def region_index(self, hs: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        i = np.searchsorted(self.starts, np.asarray(hs, dtype=np.uint64), side="right") - 1
+        out: npt.NDArray[np.int64] = self.owner[i]
+        return out
+
+    def region_of(self, h: int) -> str:
+        return self.regions[int(self.region_index(np.array([h], np.uint64))[0])]
+
+    def intervals(self, region: str) -> U64:
+        """The (N, 2) inclusive intervals a region owns (adjacent ones merged)."""
+        r = self.regions.index(region)
+        ends = np.r_[self.starts[1:] - np.uint64(1), np.uint64(TOP)].astype(np.uint64)
+        mine = self.owner == r
+        s, e = self.starts[mine], ends[mine]
+        if s.size > 1:
+            join = s[1:] == e[:-1] + np.uint64(1)
+            keep_s = np.r_[True, ~join]
+            keep_e = np.r_[~join, True]
+            s, e = s[keep_s], e[keep_e]
+        return np.stack([s, e], axis=1) if s.size else np.empty((0, 2), np.uint64)
+
+    def clip(
+        self, ranges: npt.ArrayLike, interior: npt.ArrayLike
+    ) -> dict[str, tuple[U64, npt.NDArray[np.bool_]]]:
+        """A fence's ranges divided between the regions that own them (pieces keep their flag)."""
+        r = np.asarray(ranges, dtype=np.uint64).reshape(-1, 2)
+        f = np.asarray(interior, dtype=bool).reshape(-1)
+        # cut every range at each interval start strictly inside it
+        lo = np.searchsorted(self.starts, r[:, 0], side="right")
+        hi = np.searchsorted(self.starts, r[:, 1], side="right")
+        n_cuts = hi - lo
+        pieces = n_cuts + 1
+        row = np.repeat(np.arange(len(r)), pieces)
+        k = np.arange(row.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece number
+        cut_idx = np.repeat(lo, pieces) + k  # the interval start that begins piece k (k >= 1)
+        p_start = np.where(k == 0, r[row, 0], self.starts[np.minimum(cut_idx - 1, self.starts.size - 1)])
+        last = k == np.repeat(n_cuts, pieces)
+        p_end = np.where(last, r[row, 1],
+                         self.starts[np.minimum(cut_idx, self.starts.size - 1)] - np.uint64(1))
+        owner = self.region_index(p_start)
+        out = {}
+        for ri in np.unique(owner).tolist():
+            sel = owner == ri
+            out[self.regions[ri]] = (np.stack([p_start[sel], p_end[sel]], axis=1).astype(np.uint64),
+                                     f[row[sel]])
+        return out
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def split(self, region: str, at: int, new_region: str) -> Worldmap:
+        """Scale out: the part of `region`'s interval containing `at`, from `at` to that
+        interval's end, goes to `new_region` (a new or existing region)."""
+        r = self.regions.index(region)
+        i = int(np.searchsorted(self.starts, np.uint64(at), side="right") - 1)
+        if int(self.owner[i]) != r:
+            raise ValueError(f"index {at} is not in region {region!r}")
+        if int(self.starts[i]) == at:
+            raise ValueError(f"index {at} already starts an interval: nothing to split")
+        regions = self.regions if new_region in self.regions else (*self.regions, new_region)
+        starts = np.insert(self.starts, i + 1, np.uint64(at))
+        owner = np.insert(self.owner, i + 1, regions.index(new_region))
+        return Worldmap(self.version + 1, regions, starts, owner)
+
+    def join(self, region: str, into: str) -> Worldmap:
+        """Scale in: everything `region` owns goes to `into`; `region` disappears."""
+        r, t = self.regions.index(region), self.regions.index(into)
+        owner = np.where(self.owner == r, t, self.owner)
+        keep = np.r_[True, owner[1:] != owner[:-1]]  # merge neighbours with the same owner
+        regions = tuple(x for x in self.regions if x != region)
+        remap = np.array([regions.index(x) if x != region else -1 for x in self.regions])
+        return Worldmap(self.version + 1, regions, self.starts[keep], remap[owner[keep]])
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "bits": INDEX_BITS, "regions": list(self.regions),
+                "intervals": [[int(s), self.regions[int(o)]]
+                              for s, o in zip(self.starts, self.owner, strict=True)]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Worldmap:
+        if d.get("bits") != INDEX_BITS:
+            raise ValueError(f"worldmap is for {d.get('bits')} bits per axis, we route at {INDEX_BITS}")
+        regions = tuple(d["regions"])
+        starts = np.array([int(s) for s, _ in d["intervals"]], dtype=np.uint64)
+        owner = np.array([regions.index(r) for _, r in d["intervals"]], dtype=np.int64)
+        return Worldmap(int(d["version"]), regions, starts, owner)
