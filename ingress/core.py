@@ -1,0 +1,103 @@
+"""x-ingress: the routing core of the shovel-like sidecar (no I/O).
+
+Validated positions get their Hilbert index (one C call per batch) and are split by the
+worldmap into one batch per x-geo region. x-ingress also remembers the region each object
+was last sent to: when an object crosses into another region, the old region is told
+(a handover notice with the new position), so its x-geo can make the fences there emit
+LEAVE at once; without it the old region would never hear of the object again and its
+fences would only see the object time out.
+
+Trade-off: that memory is one small int per object in this process, so all positions of an
+object must go through the same x-ingress (objects are spread over x-ingress instances by
+the consistent-hash ring, like fences over x-fence workers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+import hilbert_c as hk
+from exchanges.batch import PositionBatch
+from exchanges.range_index import INDEX_BITS
+from ingress.worldmap import Worldmap
+
+
+@dataclass(frozen=True, eq=False)
+class Routed:
+    """Per region: the positions for its x-geo, and the handover notices for objects that
+    left it (their new position, in the region they went to)."""
+
+    positions: dict[str, PositionBatch]
+    handovers: dict[str, PositionBatch]
+
+
+class XIngress:
+    def __init__(self, worldmap: Worldmap) -> None:
+        self.worldmap = worldmap
+        self._code: dict[str, int] = {}
+        self._last_region = np.full(0, -1, dtype=np.int64)  # object code -> region index
+
+    def set_worldmap(self, worldmap: Worldmap) -> bool:
+        """Take a newer map (an older or equal version is ignored). Objects keep their last
+        region by name, so a split produces handovers for objects now routed elsewhere."""
+        if worldmap.version <= self.worldmap.version:
+            return False
+        old = self.worldmap.regions
+        remap = np.array([worldmap.regions.index(r) if r in worldmap.regions else -1 for r in old]
+                         + [-1], dtype=np.int64)
+        self._last_region = remap[self._last_region]  # -1 stays -1 (last entry)
+        self.worldmap = worldmap
+        return True
+
+    def route(self, batch: PositionBatch) -> Routed:
+        if len(batch) == 0:
+            return Routed({}, {})
+        x, y = hk.lonlat_to_grid(batch.lon, batch.lat, INDEX_BITS)
+        h = hk.encode_many(x, y, INDEX_BITS)
+        batch = PositionBatch(batch.ids, batch.lon, batch.lat, batch.ts, h, batch.extra)
+        region = self.worldmap.region_index(h)
+        codes = self._codes(batch.ids)
+        # the previous region of each position's object: its previous position in this
+        # batch, else the memory
+        order = np.lexsort((np.arange(codes.size), codes))
+        c = codes[order]
+        first = np.r_[True, c[1:] != c[:-1]]
+        prev_sorted = np.where(first, self._last_region[c], np.r_[-1, region[order][:-1]])
+        prev = np.empty_like(prev_sorted)
+        prev[order] = prev_sorted
+        last = np.r_[first[1:], True]
+        self._last_region[c[last]] = region[order[last]]
+
+        positions, handovers = {}, {}
+        for ri, name in enumerate(self.worldmap.regions):
+            mine = np.flatnonzero(region == ri)
+            if mine.size:
+                positions[name] = batch.take(mine)
+            left = np.flatnonzero((prev == ri) & (region != ri))
+            if left.size:
+                handovers[name] = batch.take(left)
+        return Routed(positions, handovers)
+
+    def region_of_object(self, object_id: str) -> str | None:
+        c = self._code.get(object_id)
+        if c is None or self._last_region[c] < 0:
+            return None
+        return self.worldmap.regions[int(self._last_region[c])]
+
+    def _codes(self, ids: list[str]) -> npt.NDArray[np.int64]:
+        table = self._code
+        try:
+            return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
+        except KeyError:
+            pass
+        for o in ids:
+            if o not in table:
+                table[o] = len(table)
+        if len(table) > self._last_region.size:
+            grown = np.full(max(64, 2 * len(table)), -1, dtype=np.int64)
+            grown[: self._last_region.size] = self._last_region
+            self._last_region = grown
+        return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
