@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from exchanges.batch import PositionBatch
 from exchanges.contract import InvalidMessage
+from exchanges.object_codes import ObjectCodes, carry, grow
 from exchanges.range_index import INDEX_BITS, RangeIndex
 
 MAX_WORKERS = 63  # worker sets are bitmasks in an int64
@@ -96,8 +97,7 @@ class XGeo:
         self._index = RangeIndex()
         self._versions: dict[str, int] = {}  # bound fences, and the last version of removed ones
         self._worker_of_slot = np.zeros(0, dtype=np.int64)
-        self._obj_code: dict[str, int] = {}
-        self._obj_ids: list[str] = []
+        self._objects = ObjectCodes()
         self._last_mask = np.zeros(0, dtype=np.int64)  # object code -> workers routed to last
 
     def delete(self) -> None:
@@ -150,7 +150,9 @@ class XGeo:
         bit = np.left_shift(np.int64(1), w_of_match)
         now = np.zeros(n, dtype=np.int64)
         np.bitwise_or.at(now, m.point, bit)
-        targets = now | self._previous_masks(batch.ids, now)
+        codes = self._objects.codes(batch.ids)
+        self._last_mask = grow(self._last_mask, len(self._objects), 0)
+        targets = now | carry(codes, now, self._last_mask)
         out = {}
         for wi, worker in enumerate(self.workers):
             pts = np.flatnonzero(targets & (1 << wi))
@@ -171,7 +173,7 @@ class XGeo:
                      lat: npt.ArrayLike, h: npt.ArrayLike) -> dict[str, WorkerBatch]:
         """Objects handed over to another region (told by x-ingress): the workers that had
         them get their new position with no candidates from this region, and we forget them."""
-        table = self._obj_code
+        table = self._objects.table
         keep = [i for i, o in enumerate(ids) if o in table and self._last_mask[table[o]]]
         if not keep:
             return {}
@@ -198,8 +200,8 @@ class XGeo:
 
     def objects(self) -> dict[str, list[str]]:
         """Objects currently routed to some worker, and to which."""
-        masks = self._last_mask[: len(self._obj_ids)]
-        return {self._obj_ids[c]: [w for i, w in enumerate(self.workers) if int(masks[c]) & (1 << i)]
+        masks = self._last_mask[: len(self._objects)]
+        return {self._objects.ids[c]: [w for i, w in enumerate(self.workers) if int(masks[c]) & (1 << i)]
                 for c in np.flatnonzero(masks).tolist()}
 
     def stats(self) -> dict[str, object]:
@@ -207,36 +209,3 @@ class XGeo:
         return {"region": self.region, "objects": tracked, **self._index.stats()}
 
     # -- internals ------------------------------------------------------------------------
-
-    def _codes(self, ids: list[str]) -> npt.NDArray[np.int64]:
-        table = self._obj_code
-        try:  # the common case: every object seen before
-            return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
-        except KeyError:
-            pass
-        for o in ids:
-            if o not in table:
-                table[o] = len(self._obj_ids)
-                self._obj_ids.append(o)
-        if len(self._obj_ids) > self._last_mask.size:
-            grown = np.zeros(max(64, 2 * len(self._obj_ids)), dtype=np.int64)
-            grown[: self._last_mask.size] = self._last_mask
-            self._last_mask = grown
-        return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
-
-    def _previous_masks(self, ids: list[str], now: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """For each position, the workers its object was routed to just before it (the
-        previous position of the same object in this batch, or the memory), and update the
-        memory to each object's last position."""
-        codes = self._codes(ids)
-        order = np.lexsort((np.arange(codes.size), codes))
-        c = codes[order]
-        first = np.r_[True, c[1:] != c[:-1]]
-        prev_sorted = np.empty(c.size, dtype=np.int64)
-        prev_sorted[first] = self._last_mask[c[first]]
-        prev_sorted[~first] = now[order[:-1]][~first[1:]]
-        prev = np.empty_like(prev_sorted)
-        prev[order] = prev_sorted
-        last = np.r_[first[1:], True]  # the last position of each object
-        self._last_mask[c[last]] = now[order[last]]
-        return prev

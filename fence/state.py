@@ -30,6 +30,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
+from exchanges.object_codes import ObjectCodes, grow
 from exchanges.x_geo import WorkerBatch
 
 ENTER, LEAVE = "enter", "leave"
@@ -68,21 +69,12 @@ def event_id(fence_id: str, version: int, object_id: str, event: str, reason: st
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def _grow(a: npt.NDArray[Any], n: int, fill: Any) -> npt.NDArray[Any]:
-    if n <= a.size:
-        return a
-    out = np.full(max(n, 2 * a.size, 64), fill, dtype=a.dtype)
-    out[: a.size] = a
-    return out
-
-
 class XFence:
     """The fences of one x-fence worker (no I/O; see exchanges.contract)."""
 
     def __init__(self, worker: str) -> None:
         self.worker = worker
-        self._obj_code: dict[str, int] = {}
-        self._obj_ids: list[str] = []
+        self._objects = ObjectCodes()
         self._last_ts = np.zeros(0, np.float64)
         self._last_lon = np.zeros(0, np.float64)
         self._last_lat = np.zeros(0, np.float64)
@@ -115,8 +107,8 @@ class XFence:
             code = len(self._fences)
             self._fence_code[fence.fence_id] = code
             self._fences.append(None)
-            self._timeout = _grow(self._timeout, code + 1, 0.0)
-            self._geoms = _grow(self._geoms, code + 1, None)
+            self._timeout = grow(self._timeout, code + 1, 0.0)
+            self._geoms = grow(self._geoms, code + 1, None)
         self._fences[code] = fence
         self._timeout[code] = fence.timeout_s
         self._geoms[code] = fence.geometry
@@ -124,7 +116,7 @@ class XFence:
         old_mask = (self._keys & _LOW) == np.uint64(code)
         old_objs = (self._keys[old_mask] >> _SHIFT).astype(np.int64)
         old_since = self._since[old_mask]
-        n = len(self._obj_ids)
+        n = len(self._objects.ids)
         recent = np.flatnonzero(ts - self._last_ts[:n] <= fence.timeout_s)
         inside = recent[shapely.contains_xy(fence.geometry, self._last_lon[recent], self._last_lat[recent])]
         leaving = np.setdiff1d(old_objs, inside)
@@ -195,7 +187,7 @@ class XFence:
         seq = np.zeros(n, np.int64)  # 0 = dropped
         seq[order] = seq_sorted
         objs = o_sorted[group_start]  # objects of this batch
-        group_of = np.full(len(self._obj_ids), -1, dtype=np.int64)
+        group_of = np.full(len(self._objects.ids), -1, dtype=np.int64)
         group_of[objs] = np.arange(objs.size)
 
         def position(o: npt.NDArray[np.int64], s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -282,18 +274,18 @@ class XFence:
             raise KeyError(f"fence {fence_id!r} is not on worker {self.worker}")
         mask = (self._keys & _LOW) == np.uint64(code)
         objs = (self._keys[mask] >> _SHIFT).astype(np.int64)
-        return [{"object_id": self._obj_ids[o], "since": float(s), "last_seen": float(self._last_ts[o])}
+        return [{"object_id": self._objects.ids[o], "since": float(s), "last_seen": float(self._last_ts[o])}
                 for o, s in zip(objs, self._since[mask], strict=True)]
 
     def fences_of(self, object_id: str) -> list[str]:
-        code = self._obj_code.get(object_id)
+        code = self._objects.get(object_id)
         if code is None:
             return []
         lo, hi = np.searchsorted(self._keys, [np.uint64(code) << _SHIFT, np.uint64(code + 1) << _SHIFT])
         return sorted(self._fence_ids(self._keys[lo:hi]))
 
     def stats(self) -> dict[str, int]:
-        return {"fences": len(self._fence_code), "objects": len(self._obj_ids),
+        return {"fences": len(self._fence_code), "objects": len(self._objects.ids),
                 "inside_pairs": int(self._keys.size),
                 "unknown_fence_candidates": self.unknown_fence_candidates,
                 "stale_positions": self.stale_positions}
@@ -309,24 +301,11 @@ class XFence:
         return out
 
     def _codes(self, ids: list[str]) -> npt.NDArray[np.int64]:
-        table, names = self._obj_code, self._obj_ids
-        try:  # the common case: every object seen before
-            return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
-        except KeyError:
-            pass
-        before = len(table)
-        codes = np.empty(len(ids), np.int64)
-        for i, o in enumerate(ids):
-            c = table.get(o)
-            if c is None:
-                c = table[o] = len(names)
-                names.append(o)
-            codes[i] = c
-        if len(table) > before:
-            m = len(table)
-            self._last_ts = _grow(self._last_ts, m, -np.inf)
-            self._last_lon = _grow(self._last_lon, m, np.nan)
-            self._last_lat = _grow(self._last_lat, m, np.nan)
+        codes = self._objects.codes(ids)
+        m = len(self._objects)
+        self._last_ts = grow(self._last_ts, m, -np.inf)
+        self._last_lon = grow(self._last_lon, m, np.nan)
+        self._last_lat = grow(self._last_lat, m, np.nan)
         return codes
 
     def _replace_pairs(self, keep: npt.NDArray[np.bool_], objs: npt.NDArray[np.int64],
@@ -342,6 +321,6 @@ class XFence:
     def _event(self, kind: str, fence: int, obj: int, ts: float, reason: str) -> Event:
         d = self._fences[fence]
         assert d is not None
-        oid = self._obj_ids[obj]
+        oid = self._objects.ids[obj]
         eid = event_id(d.fence_id, d.version, oid, kind, reason, ts)
         return Event(kind, d.fence_id, oid, ts, reason, eid)

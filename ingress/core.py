@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
+from exchanges.object_codes import ObjectCodes, carry, grow
 from exchanges.range_index import INDEX_BITS
 from ingress.worldmap import Worldmap
 
@@ -37,7 +37,7 @@ class Routed:
 class XIngress:
     def __init__(self, worldmap: Worldmap) -> None:
         self.worldmap = worldmap
-        self._code: dict[str, int] = {}
+        self._objects = ObjectCodes()
         self._last_region = np.full(0, -1, dtype=np.int64)  # object code -> region index
 
     def set_worldmap(self, worldmap: Worldmap) -> bool:
@@ -59,17 +59,9 @@ class XIngress:
         h = hk.encode_many(x, y, INDEX_BITS)
         batch = PositionBatch(batch.ids, batch.lon, batch.lat, batch.ts, h, batch.extra)
         region = self.worldmap.region_index(h)
-        codes = self._codes(batch.ids)
-        # the previous region of each position's object: its previous position in this
-        # batch, else the memory
-        order = np.lexsort((np.arange(codes.size), codes))
-        c = codes[order]
-        first = np.r_[True, c[1:] != c[:-1]]
-        prev_sorted = np.where(first, self._last_region[c], np.r_[-1, region[order][:-1]])
-        prev = np.empty_like(prev_sorted)
-        prev[order] = prev_sorted
-        last = np.r_[first[1:], True]
-        self._last_region[c[last]] = region[order[last]]
+        codes = self._objects.codes(batch.ids)
+        self._last_region = grow(self._last_region, len(self._objects), -1)
+        prev = carry(codes, region, self._last_region)  # region of each object just before
 
         positions, handovers = {}, {}
         for ri, name in enumerate(self.worldmap.regions):
@@ -82,22 +74,7 @@ class XIngress:
         return Routed(positions, handovers)
 
     def region_of_object(self, object_id: str) -> str | None:
-        c = self._code.get(object_id)
+        c = self._objects.get(object_id)
         if c is None or self._last_region[c] < 0:
             return None
         return self.worldmap.regions[int(self._last_region[c])]
-
-    def _codes(self, ids: list[str]) -> npt.NDArray[np.int64]:
-        table = self._code
-        try:
-            return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
-        except KeyError:
-            pass
-        for o in ids:
-            if o not in table:
-                table[o] = len(table)
-        if len(table) > self._last_region.size:
-            grown = np.full(max(64, 2 * len(table)), -1, dtype=np.int64)
-            grown[: self._last_region.size] = self._last_region
-            self._last_region = grown
-        return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
