@@ -25,6 +25,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kernel": ("hilbert_c.cli", "Hilbert kernel tools: encode, decode, cover"),
     "topology": ("deploy.rabbitmq.commands", "the pipeline's RabbitMQ topology: apply, show"),
     "device": ("deploy.rabbitmq.commands", "device (MQTT) users: add, remove, list"),
+    "x-ingress": ("deploy.sidecar_cmd", "run the x-ingress sidecar (MQTT / AMQP positions in)"),
+    "x-geo": ("deploy.sidecar_cmd", "run the x-geo sidecar of one region"),
+    "x-fence": ("deploy.sidecar_cmd", "run one x-fence worker (ENTER / LEAVE events out)"),
+    "fence": ("fence.manage", "add, replace, remove, list fences (GeoJSON)"),
+    "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
     "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),
 }
 
@@ -32,6 +37,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 INSPECT_TARGETS: dict[str, tuple[str, str]] = {
     "topology": ("deploy.rabbitmq.inspect_cmd",
                  "vhosts, queues (messages, consumers, policy), federation links"),
+    "fence": ("fence.inspect_cmd", "a fence: definition, worker, occupants (live, from x-fence)"),
+    "object": ("fence.inspect_cmd", "an object: the fences it is in (live, from x-fence)"),
+    "geo": ("fence.inspect_cmd", "an x-geo region: bindings, tracked objects, counters"),
+    "worker": ("fence.inspect_cmd", "an x-fence worker: fences, counters"),
+    "ring": ("fence.inspect_cmd", "the consistent-hash ring: workers, shares, a fence's worker"),
+    "worldmap": ("fence.inspect_cmd", "the worldmap: which Hilbert intervals each region owns"),
 }
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"inspect": INSPECT_TARGETS}
 

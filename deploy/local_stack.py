@@ -139,6 +139,7 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_REGIONS": ("regions", _names),
     "GEOFENCE_WORKERS": ("workers", _names),
 }
+ENV_KEYS = tuple(_ENV_KEYS)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
         given = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
-        unknown = sorted(set(given) - set(_ENV_KEYS))
+        unknown = sorted(set(given) - set(_ENV_KEYS) - set(topo.SIDECAR_ENV_KEYS))
         if unknown:
             raise SettingsError(_unknown_keys_message(unknown))
         values = {name: parse(key, given[key]) for key, (name, parse) in _ENV_KEYS.items()
@@ -916,12 +917,18 @@ def up(settings: Settings, say: Say) -> State:
     from deploy.rabbitmq import apply as rabbit_topology  # here: it imports this module
 
     rabbit_topology.ensure(settings, pw, say)
+    from deploy import sidecars  # the pipeline's processes, once the broker is set up
+
+    sidecars.up(settings, pw, say)
     return state
 
 
 def down(settings: Settings, say: Say) -> State:
     """Stop what `up` started (and still runs as that very process); leave the rest alone."""
     require_root()
+    from deploy import sidecars
+
+    sidecars.down(settings, say)
     state = load_state(settings.state_file)
     for svc in reversed(SERVICES):
         record = state.get(svc.name)
@@ -963,7 +970,7 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
     h = settings.host
     rabbit = amqp_url(settings, pw.rabbitmq_password) if pw else f"amqp://{h}:{settings.amqp_port}"
     pg = postgres_dsn(settings, pw.postgres_password) if pw else f"postgresql://{h}:{settings.pg_port}"
-    rows = (
+    rows: tuple[StatusRow, ...] = (
         StatusRow("rabbitmq", port_open(h, settings.amqp_port), ours["rabbitmq"], rabbit),
         StatusRow("mqtt", port_open(h, settings.mqtt_port), ours["rabbitmq"],
                   f"mqtt://{h}:{settings.mqtt_port} (login /:{USER})"),
@@ -973,6 +980,11 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
         StatusRow("memcached", port_open(h, settings.memcached_port), ours["memcached"],
                   f"{h}:{settings.memcached_port}"),
     )
+    from deploy import sidecars
+
+    alive = sidecars.running(settings)
+    rows += tuple(StatusRow(name, ok, True, f"log {settings.log_dir / (name + '.log')}")
+                  for name, ok in alive.items())
     return Status(rows, pw.values() if pw else ())
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ OBJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 # Timestamps: epoch seconds between 2000-01-01 and 2100-01-01 (ms by mistake is refused).
 TS_MIN, TS_MAX = 946_684_800.0, 4_102_444_800.0
 _KNOWN = ("id", "lon", "lat", "ts")
+_PREFIX = re.compile(r"^position \d+: ")
 
 
 @dataclass
@@ -60,6 +62,29 @@ def decode_mqtt(routing_key: str, body: bytes) -> Decoded:
     if not isinstance(obj, dict):
         raise Refused(f"the body is a JSON {type(obj).__name__}, not an object with lon, lat, ts")
     return _columns([{**obj, "id": oid}])
+
+
+def decode_mqtt_many(messages: Sequence[tuple[str, bytes]]) -> Decoded:
+    """Many device positions at once (what x-ingress does under load): one column pass.
+    `refused` holds (message index, reason) for each message refused, whole or in part."""
+    items: list[Any] = []
+    at: list[int] = []  # message index of each item
+    refused: list[tuple[int, str]] = []
+    for m, (routing_key, body) in enumerate(messages):
+        try:
+            oid = object_id_from_routing_key(routing_key)
+            obj = _load_json(body)
+        except Refused as exc:
+            refused.append((m, str(exc)))
+            continue
+        if not isinstance(obj, dict):
+            refused.append((m, f"the body is a JSON {type(obj).__name__}, not an object with lon, lat, ts"))
+            continue
+        items.append({**obj, "id": oid})
+        at.append(m)
+    decoded = _columns(items)
+    refused += [(at[i], _PREFIX.sub("", reason, count=1)) for i, reason in decoded.refused]
+    return Decoded(decoded.batch, sorted(refused))
 
 
 def decode_batch(body: bytes, content_type: str | None) -> Decoded:

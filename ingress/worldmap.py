@@ -22,6 +22,9 @@ from exchanges.range_index import INDEX_BITS
 
 U64 = npt.NDArray[np.uint64]
 TOP = (1 << (2 * INDEX_BITS)) - 1  # last index of the curve
+# The local stack's service area (lon_min, lat_min, lon_max, lat_max): Liechtenstein, the
+# demo's OSM extract, and the benchmark's 20 km box around it. The default map splits it.
+AREA = (9.40, 47.00, 9.70, 47.30)
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +58,18 @@ class Worldmap:
         if starts.size != len(regions):
             raise ValueError("the sample is too small to split between these regions")
         return Worldmap(version, tuple(regions), starts, np.arange(len(regions), dtype=np.int64))
+
+    @staticmethod
+    def over_area(regions: list[str], bbox: tuple[float, float, float, float] | None = None,
+                  version: int = 1) -> Worldmap:
+        """Equal shares of an area (lon_min, lat_min, lon_max, lat_max; default the local
+        stack's AREA) for each region: the map `geofence up` stores when there is none."""
+        import hilbert_c as hk  # the kernel, only when a map is computed
+
+        x0, y0, x1, y1 = AREA if bbox is None else bbox
+        lon, lat = np.meshgrid(np.linspace(x0, x1, 256), np.linspace(y0, y1, 256))
+        gx, gy = hk.lonlat_to_grid(lon.ravel(), lat.ravel(), INDEX_BITS)
+        return Worldmap.balanced(regions, hk.encode_many(gx, gy, INDEX_BITS), version)
 
     # -- lookups ----------------------------------------------------------------------------
 

@@ -61,6 +61,7 @@ NOTHING = "^$"
 EVERYTHING = ".*"
 FEDERATION_PREFIX = "federation: "  # queues and exchanges a federation link creates upstream
 DEFAULT_VHOST = "/"
+DEFAULT_EXCHANGE = "amq.default"  # the name permission checks give the default exchange
 ADMIN_TAGS = ("administrator",)
 # A device's object id is its RabbitMQ user name, MQTT client id and a routing-key word:
 # no dots, no regex or shell specials, not starting with "-" (it goes into argv).
@@ -271,10 +272,11 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                             exactly(*input_queues(topology, ingress))))
     found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)
               for v in regions]
-    found += [Permission(t.GEO_USER, v, NOTHING, exactly(t.FENCE_IN_EXCHANGE, dlx),
+    # x-geo and x-fence answer `geofence inspect` requests on the default exchange (amq.default)
+    found += [Permission(t.GEO_USER, v, NOTHING, exactly(t.FENCE_IN_EXCHANGE, dlx, DEFAULT_EXCHANGE),
                          exactly(*input_queues(topology, v))) for v in regions]
     found.append(Permission(t.FENCE_USER, fences, NOTHING,
-                            exactly(t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE, dlx),
+                            exactly(t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE, dlx, DEFAULT_EXCHANGE),
                             exactly(*input_queues(topology, fences))))
     found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)
               for v in regions]

@@ -160,7 +160,8 @@ CASES = [
     (t.GEO_USER, "gf-region-a", "read", "x-geo.control", True),
     (t.GEO_USER, "gf-region-a", "write", "x-fence.in", True),
     (t.GEO_USER, "gf-region-a", "write", "x-geo.in", False),
-    (t.GEO_USER, "gf-region-a", "write", "amq.default", False),
+    (t.GEO_USER, "gf-region-a", "write", "amq.default", True),  # answers to `inspect`
+    (t.INGRESS_USER, "gf-region-a", "write", "amq.default", False),
     (t.GEO_USER, "gf-fences", "write", "x-fence.in", False),
     (t.GEO_USER, "gf-ingress", "read", "x-ingress.positions", False),
     (t.FENCE_USER, "gf-fences", "read", "x-fence.w0", True),
@@ -172,6 +173,7 @@ CASES = [
     (t.FENCE_USER, "gf-fences", "write", "dead-letters", True),
     (t.FENCE_USER, "gf-fences", "write", "fence.eventsXmqtt", False),  # the dots are literal
     (t.FENCE_USER, "gf-fences", "write", "x-fence.control", False),
+    (t.FENCE_USER, "gf-fences", "write", "amq.default", True),  # answers to `inspect`
     (t.MANAGER_USER, "gf-region-b", "write", "x-geo.control", True),
     (t.MANAGER_USER, "gf-region-b", "write", "x-geo.in", False),
     (t.MANAGER_USER, "gf-fences", "write", "x-fence.control", True),

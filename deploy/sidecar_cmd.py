@@ -1,0 +1,53 @@
+"""`geofence x-ingress | x-geo REGION | x-fence WORKER`: run one sidecar in the foreground.
+
+Settings come from GEOFENCE_AMQP_URL, GEOFENCE_POSTGRES_URL and the other GEOFENCE_*
+variables (exchanges.shell.SidecarConfig); `--local` takes the URLs of the local stack
+(`geofence up`) for this role's RabbitMQ user instead. SIGTERM stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from exchanges import shell
+
+ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.geo_sidecar", "x-fence": "fence.sidecar"}
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    if name == "x-geo":
+        parser.add_argument("instance", metavar="REGION", help="the region this x-geo serves")
+    elif name == "x-fence":
+        parser.add_argument("instance", metavar="WORKER", help="the x-fence worker name")
+    parser.add_argument("--local", action="store_true",
+                        help="connect to the local stack (URLs from `geofence status --json`)")
+
+
+def local_environment(role: str, instance: str) -> dict[str, str]:
+    from deploy import local_stack as ls
+    from deploy import sidecars
+
+    settings = ls.Settings.from_env()
+    return sidecars.environment(settings, ls.load_secrets(settings), sidecars.Sidecar(role, instance))
+
+
+def run(args: argparse.Namespace) -> int:
+    from deploy.local_stack import ENV_KEYS as STACK_KEYS
+
+    role: str = args.command
+    instance: str = getattr(args, "instance", "")
+    env = dict(os.environ)
+    try:
+        if args.local:
+            env.update(local_environment(role, instance))
+        config = shell.SidecarConfig.from_env(role, instance, env, also_known=STACK_KEYS)
+    except (shell.ConfigError, ValueError, OSError) as exc:
+        print(f"geofence {role}: error: {exc}", file=sys.stderr)
+        return 2
+    shell.setup_logging(config)
+    module = __import__(ROLES[role], fromlist=["main"])
+    rc: int = asyncio.run(module.main(config))
+    return rc

@@ -1,0 +1,211 @@
+"""The pipeline on the local stack: schema, default worldmap and the sidecar processes that
+`geofence up` starts after the broker topology (x-ingress, one x-geo per region, one
+x-fence per worker), and that `geofence down` stops first.
+
+Each sidecar runs `python -m deploy.cli <role> [instance]` detached, logging to
+<state dir>/log/<name>.log, with its own RabbitMQ user's URL. `sidecars.json` records each
+one's process and the digest of the code it runs: `up` leaves a running sidecar alone unless
+the code changed (then it restarts it), and starts the missing ones. `up` returns once
+every input queue has its consumer, so what it prints is usable at once.
+(Production runs the same commands from the systemd units in deploy/systemd/.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from deploy import local_stack as ls
+from deploy.rabbitmq import definitions as d
+from exchanges import topology as t
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE_DIRS = ("exchanges", "ingress", "fence", "hilbert_c", "deploy")
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0  # above the sidecars' drain time (GEOFENCE_DRAIN_S, 10 s)
+USERS = {"x-ingress": t.INGRESS_USER, "x-geo": t.GEO_USER, "x-fence": t.FENCE_USER}
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    role: str  # x-ingress | x-geo | x-fence
+    instance: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.instance}" if self.instance else self.role
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "deploy.cli", self.role, *([self.instance] if self.instance else [])]
+
+
+def sidecars(topology: t.Topology) -> list[Sidecar]:
+    return [Sidecar("x-ingress"), *(Sidecar("x-geo", r) for r in topology.regions),
+            *(Sidecar("x-fence", w) for w in topology.workers)]
+
+
+def input_queues(topology: t.Topology) -> list[tuple[str, str]]:
+    """(vhost, queue) of every queue a sidecar consumes."""
+    return [(v, q) for v in topology.vhosts for q in d.input_queues(topology, v)]
+
+
+def environment(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar) -> dict[str, str]:
+    user = USERS[sc.role]
+    amqp = (f"amqp://{quote(user, safe='')}:{quote(pw.users[user], safe='')}@{settings.host}:"
+            f"{settings.amqp_port}/?name={quote(sc.name, safe='')}")
+    return {"GEOFENCE_AMQP_URL": amqp,
+            "GEOFENCE_POSTGRES_URL": ls.postgres_dsn(settings, pw.postgres_password),
+            "GEOFENCE_REGIONS": ",".join(settings.regions),
+            "GEOFENCE_WORKERS": ",".join(settings.workers)}
+
+
+def code_digest() -> str:
+    h = hashlib.sha256()
+    for top in CODE_DIRS:
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.suffix in (".py", ".so", ".sql") and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(ROOT)).encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _records_path(settings: ls.Settings) -> Path:
+    return settings.state_dir / "sidecars.json"
+
+
+def load_records(settings: ls.Settings) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(_records_path(settings).read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:
+        raise ls.StackError(f"{_records_path(settings)} is damaged ({exc}); delete it") from None
+    return dict(data.get("sidecars", {}))
+
+
+def save_records(settings: ls.Settings, records: dict[str, dict[str, Any]]) -> None:
+    path = _records_path(settings)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"version": 1, "sidecars": records}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _process(rec: dict[str, Any] | None) -> ls.ProcessId | None:
+    if not rec:
+        return None
+    proc = ls.ProcessId(int(rec["pid"]), int(rec["start_ticks"]))
+    return proc if ls.process_identity(proc.pid) == proc else None
+
+
+def running(settings: ls.Settings) -> dict[str, bool]:
+    recs = load_records(settings)
+    return {sc.name: _process(recs.get(sc.name)) is not None for sc in sidecars(settings.topology)}
+
+
+# --------------------------------------------------------------------------- up / down
+
+
+async def prepare_database(dsn: str, regions: tuple[str, ...], say: ls.Say) -> None:
+    from deploy.migrate import migrate
+    from fence import store
+    from ingress.worldmap import Worldmap
+
+    applied = await migrate(dsn)
+    if applied:
+        say(f"postgres: migrations applied: {', '.join(applied)}")
+    conn = await store.connect(dsn)
+    try:
+        wm = await store.latest_worldmap(conn)
+        if wm is None or set(wm.regions) != set(regions):
+            version = 1 if wm is None else wm.version + 1
+            new = Worldmap.over_area(list(regions), version=version)
+            await store.save_worldmap(conn, new)
+            say(f"worldmap: version {version} stored (regions {', '.join(regions)})")
+    finally:
+        await conn.close()
+
+
+def up(settings: ls.Settings, pw: ls.Secrets, say: ls.Say) -> None:
+    dsn = ls.postgres_dsn(settings, pw.postgres_password)
+    asyncio.run(prepare_database(dsn, settings.regions, say))
+    digest = code_digest()
+    records = load_records(settings)
+    wanted = {sc.name for sc in sidecars(settings.topology)}
+    for name in sorted(set(records) - wanted):  # a region or worker that is gone
+        _stop_one(settings, records, name, say, "not in the topology any more")
+    for sc in sidecars(settings.topology):
+        rec = records.get(sc.name)
+        proc = _process(rec)
+        if proc is not None and rec is not None and rec.get("digest") == digest:
+            continue
+        if proc is not None:
+            _stop_one(settings, records, sc.name, say, "code changed")
+        records[sc.name] = _launch(settings, pw, sc, digest)
+        save_records(settings, records)
+        say(f"{sc.name}: started (pid {records[sc.name]['pid']}, log {_log(settings, sc.name)})")
+    save_records(settings, records)
+    wait_ready(settings, pw)
+
+
+def _log(settings: ls.Settings, name: str) -> Path:
+    return settings.log_dir / f"{name}.log"
+
+
+def _launch(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar, digest: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GEOFENCE_")}
+    env.update(environment(settings, pw, sc))
+    env["PYTHONPATH"] = str(ROOT)
+    with _log(settings, sc.name).open("a") as out:
+        proc = subprocess.Popen(sc.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, cwd=str(ROOT), start_new_session=True)
+    ident = ls.identify(proc.pid)
+    return {"pid": ident.pid, "start_ticks": ident.start_ticks, "digest": digest}
+
+
+def _stop_one(settings: ls.Settings, records: dict[str, dict[str, Any]], name: str, say: ls.Say,
+              why: str) -> None:
+    proc = _process(records.get(name))
+    if proc is not None:
+        say(f"{name}: stopping ({why})")
+        ls.terminate(proc, STOP_TIMEOUT_S, name)
+    records.pop(name, None)
+    save_records(settings, records)
+
+
+def down(settings: ls.Settings, say: ls.Say) -> None:
+    records = load_records(settings)
+    for name in sorted(records):
+        _stop_one(settings, records, name, say, "geofence down")
+
+
+def wait_ready(settings: ls.Settings, pw: ls.Secrets, timeout: float = READY_TIMEOUT_S) -> None:
+    """Until every input queue has a consumer (and every sidecar still runs)."""
+    from deploy.rabbitmq.apply import management
+    from deploy.rabbitmq.plan import api_path
+
+    mgmt = management(settings, pw)
+    deadline = time.monotonic() + timeout
+    missing: list[str] = []
+    while time.monotonic() < deadline:
+        dead = [n for n, ok in running(settings).items() if not ok]
+        if dead:
+            raise ls.StackError(f"sidecar {', '.join(dead)} exited; see {_log(settings, dead[0])}")
+        missing = [f"{v}/{q}" for v, q in input_queues(settings.topology)
+                   if not mgmt.get(api_path("queues", v, q)).get("consumers")]
+        if not missing:
+            return
+        time.sleep(0.3)
+    raise ls.StackError(f"no consumer on {', '.join(missing)} after {timeout:g}s; see the logs in "
+                        f"{settings.log_dir}")

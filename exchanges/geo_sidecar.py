@@ -1,0 +1,189 @@
+"""The x-geo sidecar of one region: position batches (and handover notices) from x-ingress
+routed to the x-fence workers through x-fence.in (federated to gf-fences), and the fence
+changes of x-geo.control applied to the range index and forwarded to the fence's worker.
+
+Recovery: at start the bindings of the region are read from PostgreSQL (fence_range, see
+fence/store.py) and `recover`ed; control messages queued meanwhile are applied after, and the
+version order makes replays harmless.
+
+One lock orders "change the index + forward the definition" against "route + publish": a
+position routed by a new binding can never overtake that fence's definition on x-fence.in.
+Per worker, the parts of one batch go out as one message, in queue order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+
+from exchanges import shell
+from exchanges import topology as t
+from exchanges.batch import CONTENT_TYPE, PositionBatch, pack, unpack
+from exchanges.contract import InvalidMessage
+from exchanges.x_geo import XGeo
+from fence import control, store
+from fence.hash_ring import HashRing
+
+log = logging.getLogger("geofence")
+POSITIONS, HANDOVER = "positions", "handover"
+
+
+class GeoSidecar:
+    def __init__(self, config: shell.SidecarConfig) -> None:
+        self.config = config
+        self.region = config.instance
+        self.ring = HashRing(list(config.workers))
+        self.core = XGeo(self.region, list(config.workers), self.ring)
+        self.counters = shell.Counters()
+        self.lock = asyncio.Lock()
+
+    async def recover(self, stop: asyncio.Event) -> bool:
+        backoff = shell.Backoff()
+        while not stop.is_set():
+            try:
+                conn = await store.connect(self.config.postgres_url)
+                try:
+                    bindings = await store.region_bindings(conn, self.region)
+                finally:
+                    await conn.close()
+                self.core.recover(bindings)
+                log.info("recovered %d fence bindings of region %s", len(bindings), self.region)
+                return True
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("cannot read the bindings: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff.next())
+        return False
+
+    # -- session -----------------------------------------------------------------------------
+
+    async def session(self, stop: asyncio.Event) -> None:
+        cfg = self.config
+        async with contextlib.AsyncExitStack() as stack:
+            conn = await shell.open_connection(cfg, t.region_vhost(self.region), stack)
+            self.out_ch: AbstractChannel = await shell.open_channel(conn, stack)
+            self.fence_in: AbstractExchange = await self.out_ch.get_exchange(t.FENCE_IN_EXCHANGE,
+                                                                             ensure=False)
+            self.dlx = await self.out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            pos_ch = await shell.open_channel(conn, stack, cfg.prefetch)
+            ctl_ch = await shell.open_channel(conn, stack, 64)
+            positions = shell.Intake(await pos_ch.get_queue(t.GEO_POSITIONS_QUEUE), cfg.batch_max)
+            controls = shell.Intake(await ctl_ch.get_queue(t.GEO_CONTROL_QUEUE), 64)
+            log.info("region %s: consuming %s and %s", self.region, t.GEO_POSITIONS_QUEUE,
+                     t.GEO_CONTROL_QUEUE)
+            await shell.run_session(
+                stop, [conn], [positions, controls],
+                [self.loop(positions, self.handle_positions), self.loop(controls, self.handle_controls)],
+                [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
+
+    async def loop(self, intake: shell.Intake, handle: Any) -> None:
+        async for messages in intake.batches():
+            self.counters.batch(len(messages))
+            async with shell.settle(messages):
+                await handle(messages)
+
+    # -- positions ---------------------------------------------------------------------------
+
+    async def handle_positions(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        outs: list[shell.Out] = []
+        segments: list[tuple[str, list[PositionBatch]]] = []  # consecutive runs of one kind
+        for m in messages:
+            try:
+                msg = unpack(m.body)
+                if msg["kind"] not in (POSITIONS, HANDOVER):
+                    raise InvalidMessage(f"unknown message kind {msg['kind']!r} on {t.GEO_POSITIONS_QUEUE}")
+                batch = PositionBatch.from_wire(msg["batch"])
+                self.core.validate(batch)
+            except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
+                reason = exc.reason if isinstance(exc, InvalidMessage) else f"malformed batch: {exc}"
+                outs.append(shell.dead_letter(self.dlx, m, reason, t.GEO_POSITIONS_QUEUE, self.counters))
+                continue
+            if segments and segments[-1][0] == msg["kind"]:
+                segments[-1][1].append(batch)
+            else:
+                segments.append((msg["kind"], [batch]))
+        async with self.lock:
+            parts: dict[str, list[dict[str, Any]]] = {}
+            for kind, batches in segments:
+                b = PositionBatch.concat(batches)
+                self.counters.positions += len(b)
+                if kind == POSITIONS:
+                    routed = self.core.route(b)
+                else:
+                    routed = self.core.objects_left(b.ids, b.ts, b.lon, b.lat, b.h)
+                for worker, wb in routed.items():
+                    parts.setdefault(worker, []).append(wb.to_wire())
+            outs += [shell.Out(self.fence_in, worker, pack(POSITIONS, parts=p), CONTENT_TYPE)
+                     for worker, p in parts.items()]
+            await shell.publish_all(outs, self.counters)
+
+    # -- control -----------------------------------------------------------------------------
+
+    async def handle_controls(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        for m in messages:  # rare and ordered: one at a time
+            outs: list[shell.Out] = []
+            async with self.lock:
+                try:
+                    msg = unpack(m.body)
+                    if msg["kind"] == control.INSPECT:
+                        out = shell.reply(self.out_ch, m, self.inspect(msg))
+                        outs += [out] if out else []
+                    else:
+                        outs += self.apply(control.parse(msg))
+                except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
+                    reason = exc.reason if isinstance(exc, InvalidMessage) else f"malformed control: {exc}"
+                    outs.append(shell.dead_letter(self.dlx, m, reason, t.GEO_CONTROL_QUEUE, self.counters))
+                await shell.publish_all(outs, self.counters)
+
+    def apply(self, change: control.Define | control.Drop) -> list[shell.Out]:
+        if isinstance(change, control.Drop):
+            was_bound = change.fence_id in self.core.fences()
+            self.core.remove_bindings([(change.fence_id, change.version)])
+            log.info("fence %s v%d dropped", change.fence_id, change.version)
+            if not was_bound:
+                return []
+            worker = self.ring.node_for(change.fence_id)
+            return [shell.Out(self.fence_in, worker, control.drop_message(change), CONTENT_TYPE)]
+        binding = change.binding()
+        fid, version = change.fence.fence_id, change.fence.version
+        if binding is None:  # the fence does not (or no longer) touch this region
+            self.core.remove_bindings([(fid, version)])
+            return []
+        self.core.add_binding(binding)
+        log.info("fence %s v%d bound: %d ranges", fid, version, len(binding.ranges))
+        worker = self.core.worker_of(fid)
+        return [shell.Out(self.fence_in, worker, control.define_for_worker(change), CONTENT_TYPE)]
+
+    def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
+        fences = self.core.fences()
+        out: dict[str, Any] = {"region": self.region, "stats": self.core.stats(),
+                               "counters": self.counters.to_json(), "ring": self.ring.to_dict()}
+        limit = int(msg.get("limit", 100))
+        out["fences"] = {f: self.core.worker_of(f) for f in fences[:limit]}
+        out["fences_total"] = len(fences)
+        objects = self.core.objects()
+        out["objects"] = dict(list(objects.items())[:limit])
+        out["objects_total"] = len(objects)
+        return out
+
+
+
+async def main(config: shell.SidecarConfig) -> int:
+    if config.instance not in config.regions:
+        log.error("region %r is not one of GEOFENCE_REGIONS %s", config.instance, config.regions)
+        return 2
+    stop = asyncio.Event()
+    shell.install_signal_handlers(stop)
+    log.info("%s", config.describe())
+    sidecar = GeoSidecar(config)
+    if not await sidecar.recover(stop):
+        return 0
+    await shell.serve(config, sidecar.session, stop)
+    log.info("stopped: %s", sidecar.counters.line())
+    return 0

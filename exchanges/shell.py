@@ -1,0 +1,450 @@
+"""The asyncio shell every sidecar shares: configuration, connections, intake, publishing,
+dead-lettering, lifecycle. The roles' shells (ingress/sidecar.py, exchanges/geo_sidecar.py,
+fence/sidecar.py) only decode, call their core, publish what it returns and settle.
+
+Invariants:
+- A message is settled in one place (`settle`), after everything it caused is confirmed by
+  the broker. One channel per consumed queue and one batch in flight per channel, so the
+  batch's messages are exactly the channel's unacked deliveries up to the last one: a single
+  `ack(multiple=True)` settles the batch (one frame instead of thousands).
+- Bad input is never acked silently: the role publishes it to the vhost's `dead-letters`
+  exchange with the reason (header x-geofence-reason), confirmed, before the ack; `Counters`
+  counts it by reason.
+- A publish refused by the broker (a full queue with overflow reject-publish, or an
+  unroutable mandatory message while a federation link is down) is retried with backoff while
+  the input stays unacked: back-pressure instead of loss.
+- The broker going away ends the session; unacked input is redelivered to the next one.
+  `serve` reconnects with capped exponential backoff, for ever, until SIGTERM.
+- SIGTERM: stop consuming, finish the batches in hand (DRAIN_S deadline), close channels then
+  connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+
+import aio_pika
+import aiormq
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
+
+from exchanges import topology as t
+
+log = logging.getLogger("geofence")
+
+ENV_KEYS = t.SIDECAR_ENV_KEYS
+PERSISTENT = aio_pika.DeliveryMode.PERSISTENT
+BROKER_GONE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
+               ConnectionError, OSError)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class PublishRefused(RuntimeError):
+    """The broker nacked or returned a publish (full queue, no route)."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def mask_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":****@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _positive(key: str, raw: str, kind: type[int] | type[float]) -> Any:
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r}: not a number") from None
+    if not value > 0:
+        raise ConfigError(f"{key}={raw!r}: must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    """One sidecar's settings, built once in main from GEOFENCE_* variables.
+
+    GEOFENCE_AMQP_URL is `amqp://user:password@host:port/?name=<connection name>`: the
+    sidecar opens one connection per vhost it uses (the URL's path is ignored; the vhosts
+    come from the topology). GEOFENCE_POSTGRES_URL is the store of fences and the worldmap.
+    """
+
+    role: str
+    instance: str
+    amqp_url: str
+    postgres_url: str
+    regions: tuple[str, ...] = t.Topology.regions
+    workers: tuple[str, ...] = t.Topology.workers
+    drain_s: float = 10.0
+    batch_max: int = 5000
+    prefetch: int = 10_000
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,
+                 also_known: Iterable[str] = ()) -> SidecarConfig:
+        env = os.environ if environ is None else environ
+        given = {k: v for k, v in env.items() if k.startswith("GEOFENCE_")}
+        unknown = sorted(set(given) - set(ENV_KEYS) - set(also_known))
+        if unknown:
+            raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
+                              f"{', '.join(unknown)}; known: {', '.join(ENV_KEYS)}")
+        missing = [k for k in ("GEOFENCE_AMQP_URL", "GEOFENCE_POSTGRES_URL") if not given.get(k)]
+        if missing:
+            raise ConfigError(f"{' and '.join(missing)} must be set "
+                              "(`geofence status --json` shows the local stack's URLs)")
+        amqp = given["GEOFENCE_AMQP_URL"]
+        if urlsplit(amqp).scheme not in ("amqp", "amqps"):
+            raise ConfigError(f"GEOFENCE_AMQP_URL={mask_url(amqp)!r}: not an amqp:// URL")
+        pg = given["GEOFENCE_POSTGRES_URL"]
+        if urlsplit(pg).scheme not in ("postgresql", "postgres"):
+            raise ConfigError(f"GEOFENCE_POSTGRES_URL={mask_url(pg)!r}: not a postgresql:// URL")
+        kw: dict[str, Any] = {}
+        for key, name in (("GEOFENCE_REGIONS", "regions"), ("GEOFENCE_WORKERS", "workers")):
+            if key in given:
+                kw[name] = tuple(n.strip() for n in given[key].split(","))
+        if "GEOFENCE_DRAIN_S" in given:
+            kw["drain_s"] = _positive("GEOFENCE_DRAIN_S", given["GEOFENCE_DRAIN_S"], float)
+        if "GEOFENCE_BATCH_MAX" in given:
+            kw["batch_max"] = _positive("GEOFENCE_BATCH_MAX", given["GEOFENCE_BATCH_MAX"], int)
+        if "GEOFENCE_PREFETCH" in given:
+            kw["prefetch"] = _positive("GEOFENCE_PREFETCH", given["GEOFENCE_PREFETCH"], int)
+        if "GEOFENCE_LOG_LEVEL" in given:
+            kw["log_level"] = given["GEOFENCE_LOG_LEVEL"].upper()
+        config = cls(role, instance, amqp, pg, **kw)
+        try:
+            _ = config.topology
+        except ValueError as exc:
+            raise ConfigError(f"GEOFENCE_REGIONS / GEOFENCE_WORKERS: {exc}") from None
+        return config
+
+    @property
+    def topology(self) -> t.Topology:
+        return t.Topology(self.regions, self.workers)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.instance}" if self.instance else self.role
+
+    def amqp_for(self, vhost: str) -> str:
+        """The AMQP URL for one vhost, with the connection named after this sidecar."""
+        parts = urlsplit(self.amqp_url)
+        query = parse_qs(parts.query)
+        query.setdefault("name", [self.name])
+        q = "&".join(f"{k}={quote(v[0], safe='')}" for k, v in sorted(query.items()))
+        return urlunsplit(parts._replace(path="/" + quote(vhost, safe=""), query=q))
+
+    def describe(self) -> str:
+        return (f"{self.name}: amqp {mask_url(self.amqp_url)}, postgres {mask_url(self.postgres_url)}, "
+                f"regions {','.join(self.regions)}, workers {','.join(self.workers)}, "
+                f"batch <= {self.batch_max}, prefetch {self.prefetch}, drain {self.drain_s:g}s")
+
+
+def setup_logging(config: SidecarConfig) -> None:
+    logging.basicConfig(level=config.log_level,
+                        format=f"%(asctime)s {config.name} %(levelname)s %(message)s")
+
+
+# --------------------------------------------------------------------------- counters
+
+
+@dataclass
+class Counters:
+    """What a sidecar did, for its periodic log line and `geofence inspect`."""
+
+    received: int = 0  # messages
+    positions: int = 0
+    published: int = 0
+    events: int = 0
+    batches: int = 0
+    largest_batch: int = 0
+    dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason (shortened)
+    retries: int = 0
+
+    def batch(self, size: int) -> None:
+        self.batches += 1
+        self.received += size
+        self.largest_batch = max(self.largest_batch, size)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"received": self.received, "positions": self.positions, "published": self.published,
+                "events": self.events, "batches": self.batches, "largest_batch": self.largest_batch,
+                "dead_lettered": sum(self.dead_lettered.values()),
+                "dead_letter_reasons": dict(self.dead_lettered.most_common(20)),
+                "publish_retries": self.retries}
+
+    def line(self) -> str:
+        mean = self.received / self.batches if self.batches else 0.0
+        return (f"received {self.received} msgs in {self.batches} batches (mean {mean:.1f}, max "
+                f"{self.largest_batch}), positions {self.positions}, published {self.published}, "
+                f"events {self.events}, dead-lettered {sum(self.dead_lettered.values())}, "
+                f"publish retries {self.retries}")
+
+
+def reason_key(reason: str) -> str:
+    """A reason without its variable part, to count by ("lat 91 is outside" -> "lat ...")."""
+    return reason.split(":")[0][:60] if ":" in reason else reason[:60]
+
+
+# --------------------------------------------------------------------------- connections
+
+
+class Backoff:
+    def __init__(self, first: float = 0.2, cap: float = 10.0) -> None:
+        self.first, self.cap, self._next = first, cap, first
+
+    def reset(self) -> None:
+        self._next = self.first
+
+    def next(self) -> float:
+        delay = self._next * random.uniform(0.8, 1.2)
+        self._next = min(self.cap, self._next * 2)
+        return delay
+
+
+async def open_connection(config: SidecarConfig, vhost: str, stack: contextlib.AsyncExitStack
+                          ) -> AbstractConnection:
+    conn = await aio_pika.connect(config.amqp_for(vhost), timeout=10)
+    stack.push_async_callback(_close_quietly, conn)
+    return conn
+
+
+async def _close_quietly(closable: AbstractConnection | AbstractChannel) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(closable.close(), 5)
+
+
+async def open_channel(conn: AbstractConnection, stack: contextlib.AsyncExitStack,
+                       prefetch: int = 0) -> AbstractChannel:
+    """A channel with publisher confirms (returned mandatory messages raise)."""
+    ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
+    stack.push_async_callback(_close_quietly, ch)
+    if prefetch:
+        await ch.set_qos(prefetch_count=prefetch)
+    return ch
+
+
+async def connection_lost(conns: Sequence[AbstractConnection]) -> None:
+    """Returns (raising) when any of the connections closes."""
+    done, _ = await asyncio.wait([asyncio.ensure_future(c.closed()) for c in conns],
+                                 return_when=asyncio.FIRST_COMPLETED)
+    raise ConnectionError(f"broker connection closed ({len(done)} of {len(conns)})")
+
+
+# --------------------------------------------------------------------------- intake
+
+
+class Intake:
+    """Consumes one queue and hands out batches: everything that has arrived, up to
+    `max_batch`. Under low load that is one message (no added latency); under load the
+    messages that arrived while the previous batch was processed (throughput)."""
+
+    def __init__(self, queue: AbstractQueue, max_batch: int) -> None:
+        self.queue = queue
+        self.max_batch = max_batch
+        self._buf: deque[AbstractIncomingMessage] = deque()
+        self._ready = asyncio.Event()
+        self._tag: str | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        # exclusive: a second instance of this role would break per-object ordering
+        self._tag = await self.queue.consume(self._on_message, exclusive=True)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self._buf.append(message)
+        self._ready.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._ready.set()
+        if self._tag is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.queue.cancel(self._tag), 5)
+
+    async def batches(self) -> AsyncIterator[list[AbstractIncomingMessage]]:
+        while True:
+            if not self._buf:
+                if self._stopping:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            await asyncio.sleep(0)  # let deliveries already read from the socket land
+            n = min(len(self._buf), self.max_batch)
+            yield [self._buf.popleft() for _ in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def settle(messages: Sequence[AbstractIncomingMessage]) -> AsyncIterator[None]:
+    """Ack in one place: after the block (and everything it published) succeeded. If the
+    broker went away nothing is acked: the messages come back to the next session."""
+    yield
+    if messages:
+        await messages[-1].ack(multiple=True)
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+@dataclass(frozen=True)
+class Out:
+    """One message to publish."""
+
+    exchange: AbstractExchange
+    routing_key: str
+    body: bytes
+    content_type: str = "application/msgpack"
+    headers: Mapping[str, Any] | None = None
+    mandatory: bool = True
+    correlation_id: str | None = None
+
+
+async def publish_all(outs: Sequence[Out], counters: Counters, deadline: float | None = None) -> None:
+    """Publish concurrently and wait for every confirm; nacked or returned ones are retried
+    with backoff (the caller holds its input unacked meanwhile)."""
+    pending = list(outs)
+    backoff = Backoff(0.05, 2.0)
+    while pending:
+        results = await asyncio.gather(*(_publish(o) for o in pending), return_exceptions=True)
+        failed = []
+        for o, r in zip(pending, results, strict=True):
+            if isinstance(r, BaseException):
+                if isinstance(r, PublishRefused):
+                    failed.append(o)
+                else:
+                    raise r
+        counters.published += len(pending) - len(failed)
+        if failed:
+            counters.retries += len(failed)
+            if deadline is not None and time.monotonic() > deadline:
+                raise PublishRefused(f"{len(failed)} publishes still refused at the deadline")
+            delay = backoff.next()
+            log.warning("%d publishes refused by the broker (full queue or no route); retrying in "
+                        "%.2fs", len(failed), delay)
+            await asyncio.sleep(delay)  # back-pressure: the input stays unacked meanwhile
+        pending = failed
+
+
+async def _publish(o: Out) -> None:
+    message = aio_pika.Message(o.body, delivery_mode=PERSISTENT, content_type=o.content_type,
+                               headers=dict(o.headers) if o.headers else None,
+                               correlation_id=o.correlation_id)
+    try:
+        confirm = await o.exchange.publish(message, o.routing_key, mandatory=o.mandatory, timeout=30)
+    except aio_pika.exceptions.DeliveryError as exc:  # returned (no route) or nacked
+        raise PublishRefused(str(exc)) from None
+    if confirm is not None and not isinstance(confirm, aiormq.spec.Basic.Ack):
+        raise PublishRefused(f"broker answered {type(confirm).__name__}")
+
+
+def dead_letter(exchange: AbstractExchange, message: AbstractIncomingMessage, reason: str,
+                source: str, counters: Counters) -> Out:
+    """The message as it came, to the vhost's dead-letters exchange, with the reason."""
+    counters.dead_lettered[reason_key(reason)] += 1
+    headers = {**(message.headers or {}), t.REASON_HEADER: reason[:1000],
+               "x-geofence-source": source, "x-geofence-routing-key": message.routing_key or ""}
+    return Out(exchange, source, message.body, message.content_type or "application/octet-stream",
+               headers, mandatory=False)
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+Session = Callable[[asyncio.Event], Awaitable[None]]
+
+
+async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event) -> None:
+    """Run sessions until `stop`; a session ends by raising when the broker goes away."""
+    backoff = Backoff()
+    while not stop.is_set():
+        started = time.monotonic()
+        lost: BaseException | None = None
+        try:
+            await session(stop)
+        except* BROKER_GONE as group:
+            lost = group.exceptions[0]
+        if lost is None or stop.is_set():
+            continue
+        if time.monotonic() - started > 30:
+            backoff.reset()
+        delay = backoff.next()
+        log.warning("broker unavailable (%s: %s); reconnecting in %.1fs", type(lost).__name__, lost, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+
+
+async def run_session(stop: asyncio.Event, conns: Sequence[AbstractConnection],
+                      intakes: Sequence[Intake], loops: Sequence[Coroutine[Any, Any, None]],
+                      background: Sequence[Coroutine[Any, Any, None]], drain_s: float) -> None:
+    """Own every task of a session (TaskGroup). Ends when `stop` is set (consumers
+    cancelled, loops drained within `drain_s`) or raises when a connection closes."""
+    async with asyncio.TaskGroup() as tg:
+        loop_tasks = [tg.create_task(c) for c in loops]
+        others: list[asyncio.Task[Any]] = [tg.create_task(c) for c in background]
+        watcher = tg.create_task(connection_lost(conns))
+        stopper = tg.create_task(stop.wait())
+        others += [watcher, stopper]
+        for intake in intakes:
+            await intake.start()
+        await asyncio.wait([watcher, stopper, *loop_tasks], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            for intake in intakes:
+                await intake.stop()
+            _, pending = await asyncio.wait(loop_tasks, timeout=drain_s) if loop_tasks else ((), ())
+            if pending:
+                log.warning("drain deadline (%gs) passed with %d loops busy; their unacked "
+                            "messages will be redelivered", drain_s, len(pending))
+            for task in (*pending, *others):
+                task.cancel()
+
+
+def install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def periodic(stop: asyncio.Event, every: float, action: Callable[[], Awaitable[None] | None]
+                   ) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+        if stop.is_set():
+            return
+        result = action()
+        if result is not None:
+            await result
+
+
+def reply(channel: AbstractChannel, request: AbstractIncomingMessage, payload: Any) -> Out | None:
+    """The answer to a request carrying reply_to (e.g. `geofence inspect`), as JSON."""
+    if not request.reply_to:
+        return None
+    import orjson
+
+    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    return Out(channel.default_exchange, request.reply_to, body, "application/json", None,
+               mandatory=False, correlation_id=request.correlation_id)

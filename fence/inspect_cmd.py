@@ -1,0 +1,142 @@
+"""`geofence inspect fence | object | geo | worker | ring | worldmap`: the live state of the
+pipeline. fence/object/geo/worker ask the running sidecars (a request on their control
+queue, the answer on a private reply queue); ring and worldmap are computed / read here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from typing import Any
+
+import aio_pika
+import numpy as np
+
+from exchanges import topology as t
+from exchanges.batch import CONTENT_TYPE, pack
+from fence.control import INSPECT
+from fence.hash_ring import HashRing
+
+RPC_TIMEOUT_S = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    if name in ("fence", "object"):
+        parser.add_argument("id")
+    elif name == "geo":
+        parser.add_argument("region")
+    elif name == "worker":
+        parser.add_argument("worker")
+    elif name == "ring":
+        parser.add_argument("--fence", action="append", default=[], help="show this fence's worker")
+    if name in ("geo", "worker"):
+        parser.add_argument("--limit", type=int, default=20, help="how many fences / objects to list")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+class RpcTimeout(RuntimeError):
+    pass
+
+
+async def ask(url: str, exchange: str, routing_key: str, request: dict[str, Any],
+              timeout: float = RPC_TIMEOUT_S) -> Any:
+    """Publish `request` with reply_to a private queue and wait for the one answer."""
+    conn = await aio_pika.connect(url, timeout=10)
+    try:
+        ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        replies = await ch.declare_queue("", exclusive=True, auto_delete=True)
+        ex = await ch.get_exchange(exchange, ensure=False)
+        cid = uuid.uuid4().hex
+        await ex.publish(aio_pika.Message(pack(INSPECT, **request), content_type=CONTENT_TYPE,
+                                          reply_to=replies.name, correlation_id=cid), routing_key)
+        async with replies.iterator(timeout=timeout) as it:
+            async for message in it:
+                async with message.process():
+                    if message.correlation_id == cid:
+                        return json.loads(message.body)
+    except TimeoutError:
+        raise RpcTimeout(f"no answer from {exchange} {routing_key!r} within {timeout:g}s: is the "
+                         "sidecar running? (`geofence status`)") from None
+    finally:
+        await conn.close()
+    raise RpcTimeout("the reply queue closed")
+
+
+async def _run(args: argparse.Namespace) -> Any:
+    from deploy import local_stack as ls
+
+    settings = ls.Settings.from_env()
+    target = args.target
+    ring = HashRing(list(settings.workers))
+    if target == "ring":
+        return {"workers": list(ring.nodes), "shares": ring.shares(),
+                "vnodes_per_weight": ring.vnodes_per_weight,
+                "fences": {f: ring.nodes_for(f, len(ring.nodes)) for f in args.fence}}
+    conn = ls.load_connection_settings(settings)
+    if target == "worldmap":
+        from fence import store
+
+        pg = await store.connect(conn["postgres"]["dsn"])
+        try:
+            wm = await store.latest_worldmap(pg)
+        finally:
+            await pg.close()
+        if wm is None:
+            raise RuntimeError("no worldmap stored: run `geofence up`")
+        return wm.to_json()
+    fences_url = conn["amqp"][t.FENCES_VHOST]
+    if target == "fence":
+        worker = ring.node_for(args.id)
+        answer = await ask(fences_url, t.FENCE_CONTROL_EXCHANGE, worker, {"fence_id": args.id})
+        if answer.get("fence") is None:
+            raise RuntimeError(f"worker {worker} (the fence's node on the ring) has no fence {args.id!r}")
+        return {"worker": worker, **answer["fence"]}
+    if target == "object":
+        answers = await asyncio.gather(*(ask(fences_url, t.FENCE_CONTROL_EXCHANGE, w, {"object_id": args.id})
+                                         for w in settings.workers))
+        return {"object_id": args.id, "fences": sorted(f for a in answers for f in a["object"]["fences"])}
+    if target == "worker":
+        return await ask(fences_url, t.FENCE_CONTROL_EXCHANGE, args.worker,
+                         {"fences": True, "limit": args.limit})
+    if target == "geo":
+        return await ask(conn["amqp"][t.region_vhost(args.region)], t.GEO_CONTROL_EXCHANGE, "",
+                         {"limit": args.limit})
+    raise ValueError(target)
+
+
+def _human(target: str, data: Any) -> str:
+    if target == "fence":
+        lines = [f"fence {data['id']} v{data['version']} {data['name']!r} on worker {data['worker']}, "
+                 f"timeout {data['timeout_s']:g}s: {len(data['occupants'])} inside"]
+        lines += [f"  {o['object_id']:<24} since {o['since']:.3f}  last seen {o['last_seen']:.3f}"
+                  for o in data["occupants"]]
+        return "\n".join(lines)
+    if target == "object":
+        return f"object {data['object_id']} is in: {', '.join(data['fences']) or '(no fence)'}"
+    if target == "ring":
+        lines = [f"{w:<10} share {s:6.1%}" for w, s in data["shares"].items()]
+        lines += [f"fence {f}: worker {nodes[0]} (then {', '.join(nodes[1:]) or '-'})"
+                  for f, nodes in data["fences"].items()]
+        return "\n".join(lines)
+    if target == "worldmap":
+        starts = np.array([s for s, _ in data["intervals"]], dtype=np.uint64)
+        lines = [f"worldmap version {data['version']} ({data['bits']} bits per axis), regions "
+                 f"{', '.join(data['regions'])}:"]
+        for i, (s, r) in enumerate(data["intervals"]):
+            end = int(starts[i + 1]) - 1 if i + 1 < len(starts) else (1 << (2 * data["bits"])) - 1
+            lines.append(f"  [{s}, {end}] -> {r}")
+        return "\n".join(lines)
+    return json.dumps(data, indent=2)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        data = asyncio.run(_run(args))
+    except (RpcTimeout, RuntimeError, OSError, KeyError) as exc:
+        print(f"geofence inspect {args.target}: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(data, indent=2) if args.json else _human(args.target, data))
+    return 0

@@ -1,0 +1,120 @@
+"""`geofence fence add | replace | remove | list | show`: fences from GeoJSON files.
+
+A file holds a Feature or a FeatureCollection (one fence per feature; the id comes from the
+feature's `id` or its `fence_id` / `id` property, or --id for a single feature). Connects with
+GEOFENCE_AMQP_URL (the fence-manager user) and GEOFENCE_POSTGRES_URL when set, else to the
+local stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from fence import store
+from fence.manager import FenceManager
+from fence.spec import FenceSpec, InvalidFence, check_timeout, from_feature
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for action, help_text in (("add", "create fences (an existing id is an error)"),
+                              ("replace", "replace (move, reshape) existing fences")):
+        p = sub.add_parser(action, help=help_text)
+        p.add_argument("file", help="GeoJSON Feature or FeatureCollection ('-' for stdin)")
+        p.add_argument("--id", help="the fence id (a file with one feature only)")
+        p.add_argument("--timeout", type=float, help="timeout_s for every fence of the file")
+    p = sub.add_parser("remove", help="delete fences (objects inside get LEAVE fence_deleted)")
+    p.add_argument("ids", nargs="+", metavar="ID")
+    sub.add_parser("list", help="the live fences")
+    p = sub.add_parser("show", help="one fence as stored (GeoJSON geometry, version, regions)")
+    p.add_argument("id")
+
+
+def read_features(path: str) -> list[dict[str, Any]]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise InvalidFence(f"{path}: not JSON ({exc})") from None
+    if isinstance(doc, dict) and doc.get("type") == "FeatureCollection":
+        feats = doc.get("features")
+        if not isinstance(feats, list) or not feats:
+            raise InvalidFence(f"{path}: the FeatureCollection has no features")
+        return feats
+    return [doc]
+
+
+def specs_from(path: str, fence_id: str | None, timeout: float | None) -> list[FenceSpec]:
+    features = read_features(path)
+    if fence_id and len(features) != 1:
+        raise InvalidFence(f"--id needs a file with one feature; {path} has {len(features)}")
+    specs = []
+    for i, f in enumerate(features):
+        if timeout is not None and isinstance(f, dict):
+            f = {**f, "properties": {**(f.get("properties") or {}), "timeout_s": check_timeout(timeout)}}
+        try:
+            specs.append(from_feature(f, fence_id))
+        except InvalidFence as exc:
+            raise InvalidFence(f"{path}: feature {i}: {exc}") from None
+    return specs
+
+
+def connection() -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+    """(fence-manager AMQP URL, PostgreSQL URL, regions, workers)."""
+    from deploy import local_stack as ls
+    from exchanges import topology as t
+
+    settings = ls.Settings.from_env()
+    amqp, pg = os.environ.get("GEOFENCE_AMQP_URL"), os.environ.get("GEOFENCE_POSTGRES_URL")
+    if not (amqp and pg):
+        pw = ls.load_secrets(settings)
+        amqp = amqp or ls.amqp_url(settings, pw.users[t.MANAGER_USER], "/", t.MANAGER_USER)
+        pg = pg or ls.postgres_dsn(settings, pw.postgres_password)
+    return amqp, pg, settings.regions, settings.workers
+
+
+async def _run(args: argparse.Namespace) -> int:
+    amqp, pg, regions, workers = connection()
+    if args.action in ("list", "show"):
+        conn = await store.connect(pg)
+        try:
+            if args.action == "show":
+                print(json.dumps((await store.get_fence(conn, args.id)).to_json(), indent=2))
+                return 0
+            for r in await store.live_fences(conn):
+                f = r.fence
+                print(f"{f.fence_id:<24} v{f.version:<4} timeout {f.timeout_s:>7g}s  regions "
+                      f"{','.join(r.regions) or '-':<6} {f.name}")
+        finally:
+            await conn.close()
+        return 0
+    specs = [] if args.action == "remove" else specs_from(args.file, args.id, args.timeout)
+    async with FenceManager(amqp, pg, regions, workers) as manager:
+        if args.action == "remove":
+            for fid in args.ids:
+                print((await manager.remove(fid)).line() + " (deleted)")
+        for spec in specs:
+            print((await manager.put(spec, create=args.action == "add")).line())
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_run(args))
+    except InvalidFence as exc:
+        print(f"geofence fence {args.action}: invalid fence: {exc}", file=sys.stderr)
+    except store.UnknownFence as exc:
+        print(f"geofence fence {args.action}: no fence {exc.args[0]!r}", file=sys.stderr)
+    except store.VersionConflict as exc:
+        print(f"geofence fence {args.action}: {exc}", file=sys.stderr)
+    except (OSError, asyncpg.PostgresError, RuntimeError) as exc:
+        print(f"geofence fence {args.action}: error: {exc}", file=sys.stderr)
+    return 2

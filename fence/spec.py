@@ -1,0 +1,147 @@
+"""A fence as users give it (a GeoJSON Feature), validated, and its Hilbert bindings.
+
+Pure: GeoJSON in, a FenceSpec and per-region ranges out. The budget that keeps routing
+cheap is explicit: at most MAX_VERTICES vertices, and a covering of at most MAX_RANGES
+ranges at a level chosen from the fence's size (cells about 1/CELLS_ACROSS of its extent, so a
+500 m circle and a 5 km district both get a few hundred ranges, and the share of positions
+that need the exact polygon test stays small).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import shapely
+from shapely.geometry import MultiPolygon, Polygon, mapping
+
+import hilbert_c as hk
+from exchanges.range_index import INDEX_BITS
+from ingress.worldmap import Worldmap
+
+FENCE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+MAX_VERTICES = 10_000
+MAX_RANGES = 4_096
+CELLS_ACROSS = 64  # cells across the fence's larger bbox side
+MIN_BITS, MAX_BITS = 10, 24
+MAX_EXTENT_DEG = 10.0  # a fence larger than this is refused (the covering grows with area)
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class InvalidFence(ValueError):
+    """What is wrong with a fence, in words a user can act on."""
+
+
+@dataclass(frozen=True, eq=False)
+class FenceSpec:
+    fence_id: str
+    geometry: Polygon | MultiPolygon
+    name: str = ""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    owner: str = ""
+
+    def geojson(self) -> dict[str, Any]:
+        return dict(mapping(self.geometry))
+
+    def bbox(self) -> tuple[float, float, float, float]:
+        x0, y0, x1, y1 = self.geometry.bounds
+        return float(x0), float(y0), float(x1), float(y1)
+
+
+def check_fence_id(fence_id: Any) -> str:
+    if not isinstance(fence_id, str) or not FENCE_ID_RE.fullmatch(fence_id):
+        raise InvalidFence(f"fence id {fence_id!r}: 1-64 characters from A-Z a-z 0-9 _ -, "
+                           "starting with a letter or digit")
+    return fence_id
+
+
+def check_timeout(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 < value <= 7 * 86400:
+        raise InvalidFence(f"timeout_s {value!r}: a number of seconds in (0, 604800]")
+    return float(value)
+
+
+def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> FenceSpec:
+    """A FenceSpec from a GeoJSON Feature (properties: id or fence_id, name, timeout_s);
+    `fence_id` overrides the id in the feature."""
+    if not isinstance(feature, Mapping) or feature.get("type") != "Feature":
+        raise InvalidFence("expected a GeoJSON Feature ({\"type\": \"Feature\", \"geometry\": ..., "
+                           "\"properties\": ...})")
+    props = feature.get("properties") or {}
+    if not isinstance(props, Mapping):
+        raise InvalidFence("the Feature's properties must be an object")
+    fid = fence_id or props.get("fence_id") or feature.get("id") or props.get("id")
+    name = props.get("name", "")
+    if not isinstance(name, str) or len(name) > 200:
+        raise InvalidFence("name must be a string of at most 200 characters")
+    geometry = feature.get("geometry")
+    if not isinstance(geometry, Mapping):
+        raise InvalidFence("the Feature has no geometry object")
+    return FenceSpec(check_fence_id(fid), check_geometry(geometry), name,
+                     check_timeout(props.get("timeout_s", DEFAULT_TIMEOUT_S)), owner)
+
+
+def check_geometry(geometry: Any) -> Polygon | MultiPolygon:
+    if isinstance(geometry, Mapping):
+        n = _count_vertices(geometry.get("coordinates"))
+        if n > MAX_VERTICES:
+            raise InvalidFence(f"the polygon has {n} vertices; at most {MAX_VERTICES} are accepted")
+    try:
+        geom = hk.as_geometry(geometry)
+    except hk.InvalidGeometry as exc:
+        raise InvalidFence(str(exc)) from None
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise InvalidFence(f"not a GeoJSON Polygon or MultiPolygon: {exc}") from None
+    n = int(shapely.get_num_coordinates(geom))
+    if n > MAX_VERTICES:
+        raise InvalidFence(f"the polygon has {n} vertices; at most {MAX_VERTICES} are accepted")
+    x0, y0, x1, y1 = geom.bounds
+    if x0 < -180 or x1 > 180 or y0 < -90 or y1 > 90:
+        raise InvalidFence("coordinates must be lon in [-180, 180] and lat in [-90, 90]")
+    if max(x1 - x0, y1 - y0) > MAX_EXTENT_DEG:
+        raise InvalidFence(f"the fence spans {max(x1 - x0, y1 - y0):.1f} degrees; at most "
+                           f"{MAX_EXTENT_DEG} are accepted")
+    return geom
+
+
+def _count_vertices(coords: Any, depth: int = 0) -> int:
+    if depth > 4 or not isinstance(coords, list | tuple):
+        return 0
+    if coords and isinstance(coords[0], int | float):
+        return 1
+    return sum(_count_vertices(c, depth + 1) for c in coords)
+
+
+# --------------------------------------------------------------------------- bindings
+
+
+@dataclass(frozen=True, eq=False)
+class Bindings:
+    """A fence's covering at `bits`, expressed at INDEX_BITS, divided between regions."""
+
+    bits: int
+    per_region: dict[str, tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]]
+
+    @property
+    def ranges(self) -> int:
+        return sum(len(r) for r, _ in self.per_region.values())
+
+
+def choose_bits(geometry: Polygon | MultiPolygon) -> int:
+    """The level whose cells are about 1/CELLS_ACROSS of the fence's larger extent."""
+    x0, y0, x1, y1 = geometry.bounds
+    extent = max((x1 - x0) / 360.0, (y1 - y0) / 180.0, 1e-12)  # as a share of the grid
+    bits = math.ceil(math.log2(CELLS_ACROSS / extent))
+    return max(MIN_BITS, min(MAX_BITS, bits))
+
+
+def bindings(geometry: Polygon | MultiPolygon, worldmap: Worldmap) -> Bindings:
+    bits = choose_bits(geometry)
+    cov = hk.cover(geometry, bits, max_ranges=MAX_RANGES).to_bits(INDEX_BITS)
+    return Bindings(bits, worldmap.clip(cov.ranges, cov.interior))

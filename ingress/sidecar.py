@@ -1,0 +1,178 @@
+"""The x-ingress sidecar: device positions (MQTT) and gateway batches (AMQP) in gf-ingress,
+decoded and validated, routed by the worldmap to the x-geo region vhosts, shovel-style
+(its own connection per region vhost, publisher confirms, reconnect with backoff).
+
+Per batch: decode every message (refusals to dead-letters with the reason), one core call
+(Hilbert indices and regions for the whole batch), one message per region and one handover
+notice per region objects left, all confirmed, then one ack for the batch. The worldmap is
+read from PostgreSQL at start and re-read when a newer version appears (no restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+
+from exchanges import shell
+from exchanges import topology as t
+from exchanges.batch import CONTENT_TYPE, PositionBatch, pack
+from fence import store
+from ingress.core import XIngress
+from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many
+
+log = logging.getLogger("geofence")
+WORLDMAP_POLL_S = 2.0
+GATEWAY_BATCH_MESSAGES = 64  # gateway messages hold up to 50,000 positions each
+POSITIONS, HANDOVER = "positions", "handover"
+
+
+class IngressSidecar:
+    def __init__(self, config: shell.SidecarConfig, core: XIngress) -> None:
+        self.config = config
+        self.core = core
+        self.counters = shell.Counters()
+
+    # -- session -----------------------------------------------------------------------------
+
+    async def session(self, stop: asyncio.Event) -> None:
+        cfg = self.config
+        async with contextlib.AsyncExitStack() as stack:
+            ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
+            regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack) for r in cfg.regions}
+            out_ch = await shell.open_channel(ingress, stack)
+            self.dlx = await out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            self.geo_in: dict[str, AbstractExchange] = {}
+            for region, conn in regions.items():
+                ch = await shell.open_channel(conn, stack)
+                self.geo_in[region] = await ch.get_exchange(t.GEO_IN_EXCHANGE, ensure=False)
+            pos_ch = await shell.open_channel(ingress, stack, cfg.prefetch)
+            bat_ch = await shell.open_channel(ingress, stack, 4 * GATEWAY_BATCH_MESSAGES)
+            mqtt = shell.Intake(await pos_ch.get_queue(t.POSITIONS_QUEUE), cfg.batch_max)
+            gateway = shell.Intake(await bat_ch.get_queue(t.BATCHES_QUEUE), GATEWAY_BATCH_MESSAGES)
+            log.info("consuming %s and %s; regions %s", t.POSITIONS_QUEUE, t.BATCHES_QUEUE,
+                     ", ".join(cfg.regions))
+            await shell.run_session(
+                stop, [ingress, *regions.values()], [mqtt, gateway],
+                [self.loop(mqtt, self.decode_mqtt, t.POSITIONS_QUEUE),
+                 self.loop(gateway, self.decode_gateway, t.BATCHES_QUEUE)],
+                [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
+                cfg.drain_s)
+
+    async def loop(self, intake: shell.Intake, decode: Any, source: str) -> None:
+        async for messages in intake.batches():
+            self.counters.batch(len(messages))
+            async with shell.settle(messages):
+                await self.handle(messages, decode, source)
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def decode_mqtt(self, messages: Sequence[AbstractIncomingMessage]
+                    ) -> tuple[PositionBatch, list[tuple[int, str]]]:
+        decoded = decode_mqtt_many([(m.routing_key or "", m.body) for m in messages])
+        return decoded.batch, decoded.refused
+
+    def decode_gateway(self, messages: Sequence[AbstractIncomingMessage]
+                       ) -> tuple[PositionBatch, list[tuple[int, str]]]:
+        batches, refused = [], []
+        for i, m in enumerate(messages):
+            try:
+                d: Decoded = decode_batch(m.body, m.content_type)
+            except Refused as exc:
+                refused.append((i, str(exc)))
+                continue
+            batches.append(d.batch)
+            if d.refused:  # the good positions go on; the message keeps a record of the rest
+                reasons = "; ".join(r for _, r in d.refused[:20])
+                more = f" (and {len(d.refused) - 20} more)" if len(d.refused) > 20 else ""
+                refused.append((i, f"{len(d.refused)} of {len(d.refused) + len(d.batch)} positions "
+                                   f"refused: {reasons}{more}"))
+        return PositionBatch.concat(batches), refused
+
+    async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str) -> None:
+        try:
+            batch, refused = decode(messages)
+            routed = self.core.route(batch)
+        except Exception as exc:  # a bug, not bad input: keep the messages, with the reason
+            log.exception("batch of %d from %s failed", len(messages), source)
+            await shell.publish_all([shell.dead_letter(self.dlx, m, f"internal error: {exc!r}", source,
+                                                       self.counters) for m in messages], self.counters)
+            return
+        outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
+                for i, reason in refused]
+        for region, b in routed.positions.items():
+            outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, batch=b.to_wire()), CONTENT_TYPE))
+        for region, b in routed.handovers.items():
+            outs.append(shell.Out(self.geo_in[region], "", pack(HANDOVER, batch=b.to_wire()), CONTENT_TYPE))
+        await shell.publish_all(outs, self.counters)
+        self.counters.positions += len(batch)
+
+
+async def watch_worldmap(pg_url: str, core: XIngress, regions: Sequence[str], stop: asyncio.Event
+                         ) -> None:
+    """Re-read the worldmap when a newer version is stored; PostgreSQL being away only
+    delays that (routing goes on with the map in hand)."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), WORLDMAP_POLL_S)
+        if stop.is_set():
+            return
+        try:
+            conn = await store.connect(pg_url)
+            try:
+                if await store.latest_worldmap_version(conn) > core.worldmap.version:
+                    wm = await store.latest_worldmap(conn)
+                    unknown = sorted(set(wm.regions) - set(regions)) if wm is not None else []
+                    if wm is not None and unknown:
+                        log.error("worldmap version %d routes to regions %s this deployment does not "
+                                  "have; keeping version %d", wm.version, unknown, core.worldmap.version)
+                    elif wm is not None and core.set_worldmap(wm):
+                        log.info("worldmap version %d loaded: regions %s", wm.version, ", ".join(wm.regions))
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("worldmap check failed (%s); keeping version %d", exc, core.worldmap.version)
+
+
+async def load_worldmap(pg_url: str, stop: asyncio.Event) -> Any:
+    backoff = shell.Backoff()
+    while not stop.is_set():
+        try:
+            conn = await store.connect(pg_url)
+            try:
+                wm = await store.latest_worldmap(conn)
+            finally:
+                await conn.close()
+            if wm is not None:
+                return wm
+            log.warning("no worldmap stored yet (`geofence up` stores the default one)")
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("cannot read the worldmap: %s", exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), backoff.next())
+    return None
+
+
+async def main(config: shell.SidecarConfig) -> int:
+    stop = asyncio.Event()
+    shell.install_signal_handlers(stop)
+    log.info("%s", config.describe())
+    wm = await load_worldmap(config.postgres_url, stop)
+    if wm is None:
+        return 0
+    missing = sorted(set(wm.regions) - set(config.regions))
+    if missing:
+        log.error("the worldmap routes to regions %s that this deployment does not have", missing)
+        return 2
+    core = XIngress(wm)
+    sidecar = IngressSidecar(config, core)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(watch_worldmap(config.postgres_url, core, config.regions, stop))
+        await shell.serve(config, sidecar.session, stop)
+    log.info("stopped: %s", sidecar.counters.line())
+    return 0
