@@ -118,7 +118,9 @@ class GeoSidecar:
                 else:
                     routed = self.core.objects_left(b.ids, b.ts, b.lon, b.lat, b.h)
                 for worker, wb in routed.items():
-                    parts.setdefault(worker, []).append(wb.to_wire())
+                    # a handover part has no candidates: x-fence re-checks the object's
+                    # current fences itself (another region routes the position for real)
+                    parts.setdefault(worker, []).append({**wb.to_wire(), "handover": kind == HANDOVER})
             outs += [shell.Out(self.fence_in, worker, pack(POSITIONS, parts=p), CONTENT_TYPE)
                      for worker, p in parts.items()]
             await shell.publish_all(outs, self.counters)
@@ -164,12 +166,12 @@ class GeoSidecar:
         fences = self.core.fences()
         out: dict[str, Any] = {"region": self.region, "stats": self.core.stats(),
                                "counters": self.counters.to_json(), "ring": self.ring.to_dict()}
-        limit = int(msg.get("limit", 100))
+        limit = int(msg.get("limit", 100))  # 0: a barrier (fence.manager.applied), answer fast
         out["fences"] = {f: self.core.worker_of(f) for f in fences[:limit]}
         out["fences_total"] = len(fences)
-        objects = self.core.objects()
-        out["objects"] = dict(list(objects.items())[:limit])
-        out["objects_total"] = len(objects)
+        if limit:
+            objects = self.core.objects()
+            out["objects"] = dict(list(objects.items())[:limit])
         return out
 
 

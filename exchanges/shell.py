@@ -321,6 +321,7 @@ class Out:
     headers: Mapping[str, Any] | None = None
     mandatory: bool = True
     correlation_id: str | None = None
+    message_id: str | None = None
 
 
 async def publish_all(outs: Sequence[Out], counters: Counters, deadline: float | None = None) -> None:
@@ -352,7 +353,7 @@ async def publish_all(outs: Sequence[Out], counters: Counters, deadline: float |
 async def _publish(o: Out) -> None:
     message = aio_pika.Message(o.body, delivery_mode=PERSISTENT, content_type=o.content_type,
                                headers=dict(o.headers) if o.headers else None,
-                               correlation_id=o.correlation_id)
+                               correlation_id=o.correlation_id, message_id=o.message_id)
     try:
         confirm = await o.exchange.publish(message, o.routing_key, mandatory=o.mandatory, timeout=30)
     except aio_pika.exceptions.DeliveryError as exc:  # returned (no route) or nacked
@@ -368,7 +369,7 @@ def dead_letter(exchange: AbstractExchange, message: AbstractIncomingMessage, re
     headers = {**(message.headers or {}), t.REASON_HEADER: reason[:1000],
                "x-geofence-source": source, "x-geofence-routing-key": message.routing_key or ""}
     return Out(exchange, source, message.body, message.content_type or "application/octet-stream",
-               headers, mandatory=False)
+               headers, mandatory=False, message_id=message.message_id)
 
 
 # --------------------------------------------------------------------------- lifecycle

@@ -7,7 +7,9 @@ what a crash in between means. Every region gets every change (see fence/control
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import uuid
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -15,11 +17,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
-from aio_pika.abc import AbstractConnection, AbstractExchange
+from aio_pika.abc import AbstractConnection, AbstractExchange, AbstractIncomingMessage
 
 from exchanges import shell
 from exchanges import topology as t
-from exchanges.batch import CONTENT_TYPE
+from exchanges.batch import CONTENT_TYPE, pack
 from fence import control, store
 from fence.hash_ring import HashRing
 from fence.spec import FenceSpec, bindings
@@ -40,6 +42,9 @@ class Change:
                 f"in {where}; worker {self.worker}")
 
 
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"  # RabbitMQ's pseudo-queue: no queue to declare
+
+
 class FenceManager:
     """Holds a PostgreSQL connection and one AMQP connection per region vhost."""
 
@@ -50,6 +55,7 @@ class FenceManager:
         self.counters = shell.Counters()
         self._stack = contextlib.AsyncExitStack()
         self._control: dict[str, AbstractExchange] = {}
+        self._waiting: dict[str, asyncio.Future[bytes]] = {}
 
     async def __aenter__(self) -> FenceManager:
         self.pg: asyncpg.Connection = await store.connect(self.postgres_url)
@@ -60,7 +66,29 @@ class FenceManager:
             self._stack.push_async_callback(conn.close)
             ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
             self._control[region] = await ch.get_exchange(t.GEO_CONTROL_EXCHANGE, ensure=False)
+            replies = await ch.get_queue(DIRECT_REPLY_TO, ensure=False)
+            await replies.consume(self._on_reply, no_ack=True)
         return self
+
+    async def _on_reply(self, message: AbstractIncomingMessage) -> None:
+        waiter = self._waiting.pop(message.correlation_id or "", None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(message.body)
+
+    async def applied(self, timeout: float = 30.0) -> None:
+        """Returns once every x-geo has applied every change sent before: each one answers a
+        request queued behind them on its control queue. Positions routed after that reach
+        x-fence behind the fences' definitions (same federated path)."""
+        loop = asyncio.get_running_loop()
+        waiters = []
+        for region, exchange in self._control.items():
+            cid = f"{region}-{uuid.uuid4().hex}"
+            self._waiting[cid] = fut = loop.create_future()
+            waiters.append(fut)
+            await exchange.publish(aio_pika.Message(pack(control.INSPECT, limit=0), content_type=CONTENT_TYPE,
+                                                    reply_to=DIRECT_REPLY_TO, correlation_id=cid), "")
+        async with asyncio.timeout(timeout):
+            await asyncio.gather(*waiters)
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> None:

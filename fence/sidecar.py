@@ -122,16 +122,19 @@ class FenceSidecar:
     async def handle_inputs(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         """Runs of position parts are routed together; definitions apply between them."""
         outs: list[shell.Out] = []
-        steps: list[list[WorkerBatch] | control.Define | control.Drop] = []
+        # steps in queue order: runs of routed parts, runs of handover parts, fence changes
+        steps: list[tuple[bool, list[WorkerBatch]] | control.Define | control.Drop] = []
         for m in messages:
             try:
                 msg = unpack(m.body)
                 if msg["kind"] == POSITIONS:
-                    parts = [WorkerBatch.from_wire(p) for p in msg["parts"]]
-                    if steps and isinstance(steps[-1], list):
-                        steps[-1].extend(parts)
-                    else:
-                        steps.append(parts)
+                    for p in msg["parts"]:
+                        handover, wb = bool(p.get("handover")), WorkerBatch.from_wire(p)
+                        last = steps[-1] if steps else None
+                        if isinstance(last, tuple) and last[0] == handover:
+                            last[1].append(wb)
+                        else:
+                            steps.append((handover, [wb]))
                 else:
                     steps.append(control.parse(msg))
             except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
@@ -140,10 +143,11 @@ class FenceSidecar:
         async with self.lock:
             events: list[Event] = []
             for step in steps:
-                if isinstance(step, list):
-                    wb = concat(step)
+                if isinstance(step, tuple):
+                    handover, parts = step
+                    wb = concat(parts)
                     self.counters.positions += len(wb.positions)
-                    events += self.core.route(wb)
+                    events += self.core.route(self.handover(wb) if handover else wb)
                 elif isinstance(step, control.Define):
                     events += self.core.define(step.fence, step.ts)
                     log.info("fence %s v%d defined", step.fence.fence_id, step.fence.version)
@@ -151,6 +155,21 @@ class FenceSidecar:
                     events += self.core.drop(step.fence_id, step.version, step.ts)
                     log.info("fence %s v%d deleted", step.fence_id, step.version)
             await shell.publish_all(outs + self.event_outs(events), self.counters)
+
+    def handover(self, wb: WorkerBatch) -> WorkerBatch:
+        """Objects that moved to another region, as told by the region they left: their new
+        position is checked against the fences they are in now, exactly (no interior
+        shortcut), so they LEAVE those they left and stay in those they did not; ENTERs come
+        from the region that owns the position. Either order of the two messages gives the
+        same events."""
+        fences: dict[str, int] = {}
+        cand: list[int] = []
+        ptr = [0]
+        for oid in wb.positions.ids:
+            cand += [fences.setdefault(f, len(fences)) for f in self.core.fences_of(oid)]
+            ptr.append(len(cand))
+        return WorkerBatch(wb.worker, wb.positions, np.array(ptr, np.int64), list(fences),
+                           np.array(cand, np.int32), np.zeros(len(cand), bool))
 
     async def expire(self) -> None:
         async with self.lock:

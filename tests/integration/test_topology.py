@@ -14,206 +14,33 @@ internal queue.bind and the broker closes the connection too (no SUBACK, no 0x80
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
-import queue
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-from urllib.parse import quote
 
 import aio_pika
 import aiormq
-import paho.mqtt.client as mqtt
 import pytest
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
-from paho.mqtt.enums import CallbackAPIVersion
+from aio_pika.abc import AbstractIncomingMessage
 
-from deploy.local_stack import ConnectionSettings, Settings
+from deploy.local_stack import ConnectionSettings
 from exchanges import topology as t
 from exchanges.topology import Topology
-
-DEADLINE = 20.0  # seconds, for any single wait
-POLL = 0.1
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture(scope="session")
-def topology() -> Topology:
-    """The regions and workers the stack was set up with (GEOFENCE_REGIONS, _WORKERS)."""
-    return Settings.from_env().topology
-
-
-def geofence(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("geofence")
-    argv = [str(script)] if script.exists() else [sys.executable, "-m", "deploy.cli"]
-    return subprocess.run([*argv, *args], input=stdin, capture_output=True, text=True,
-                          timeout=300)
-
-
-def api(stack: ConnectionSettings, path: str) -> Any:
-    """GET on the management API as the administrator; None for a 404."""
-    auth = base64.b64encode(f"{t.ADMIN_USER}:{stack['mqtt']['password']}".encode()).decode()
-    request = urllib.request.Request(stack["management"]["url"] + path,
-                                     headers={"Authorization": f"Basic {auth}"})
-    try:
-        with urllib.request.urlopen(request, timeout=DEADLINE) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
-
-
-def q(name: str) -> str:
-    return quote(name, safe="")
-
-
-async def poll(check: Callable[[], bool], what: str, deadline: float = DEADLINE) -> None:
-    end = time.monotonic() + deadline
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
-        await asyncio.sleep(POLL)
-
-
-def url(stack: ConnectionSettings, user: str, vhost: str) -> str:
-    return stack["amqp"][vhost] if user == t.ADMIN_USER else stack["users"][user][vhost]
-
-
-async def connect(stack: ConnectionSettings, user: str, vhost: str) -> AbstractRobustConnection:
-    return await aio_pika.connect_robust(url(stack, user, vhost), timeout=DEADLINE)
-
-
-async def publish(stack: ConnectionSettings, user: str, vhost: str, exchange: str,
-                  routing_key: str, body: bytes = b"{}") -> str:
-    """Publish one persistent message with confirms and mandatory; returns its message id."""
-    message_id = uuid.uuid4().hex
-    async with await connect(stack, user, vhost) as connection:
-        channel = await connection.channel(publisher_confirms=True)
-        target = await channel.get_exchange(exchange)  # passive: the topology declared it
-        await target.publish(aio_pika.Message(body, message_id=message_id,
-                                              delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                             routing_key=routing_key, mandatory=True, timeout=DEADLINE)
-    return message_id
-
-
-async def take(stack: ConnectionSettings, user: str, vhost: str, queue_name: str,
-               wanted: Callable[[AbstractIncomingMessage], bool],
-               settle: str = "ack") -> AbstractIncomingMessage:
-    """Consume `queue_name` as `user` until a wanted message comes; ack (or reject without
-    requeue) it, and requeue the others at the end."""
-    others: list[AbstractIncomingMessage] = []
-    async with await connect(stack, user, vhost) as connection:
-        channel = await connection.channel()
-        source = await channel.get_queue(queue_name)  # passive
-        try:
-            async with asyncio.timeout(DEADLINE), source.iterator() as messages:
-                async for message in messages:
-                    if wanted(message):
-                        if settle == "ack":
-                            await message.ack()
-                        else:
-                            await message.reject(requeue=False)
-                        return message
-                    others.append(message)
-        finally:
-            for other in others:
-                await other.nack(requeue=True)
-    raise AssertionError("unreachable")
-
-
-def with_id(message_id: str) -> Callable[[AbstractIncomingMessage], bool]:
-    return lambda m: m.message_id == message_id
-
-
-def with_body(body: bytes) -> Callable[[AbstractIncomingMessage], bool]:
-    return lambda m: m.body == body
-
-
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-# --------------------------------------------------------------------------- MQTT devices
-
-
-@dataclass
-class Device:
-    object_id: str
-    password: str
-
-
-@pytest.fixture
-def device(stack: ConnectionSettings) -> Iterator[Device]:
-    """A fresh device user, removed afterwards."""
-    made = Device(f"t-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex)
-    done = geofence("device", "add", made.object_id, "--password-stdin", stdin=made.password + "\n")
-    assert done.returncode == 0, done.stderr
-    assert made.password not in done.stdout + done.stderr
-    try:
-        yield made
-    finally:
-        if api(stack, f"api/users/{q(made.object_id)}") is not None:
-            removed = geofence("device", "remove", made.object_id)
-            assert removed.returncode == 0, removed.stderr
-
-
-class MqttDevice:
-    """A paho client logged in as a device (no automatic reconnect: a refusal shows)."""
-
-    def __init__(self, stack: ConnectionSettings, dev: Device, clean_session: bool = True) -> None:
-        cfg = stack["mqtt"]
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=dev.object_id,
-                                  clean_session=clean_session, protocol=mqtt.MQTTv311,
-                                  reconnect_on_failure=False)
-        self.client.username_pw_set(f"{cfg['ingress_vhost']}:{dev.object_id}", dev.password)
-        self.client.on_connect = lambda c, u, f, reason, p: self.events.put(("connack", reason))
-        self.client.on_disconnect = lambda c, u, f, reason, p: self.events.put(("disconnect", reason))
-        self.client.on_subscribe = lambda c, u, mid, codes, p: self.events.put(("suback", codes))
-        self.client.on_publish = lambda c, u, mid, reason, p: self.events.put(("puback", mid))
-        self.client.on_message = lambda c, u, msg: self.events.put(
-            ("message", (msg.topic, bytes(msg.payload))))
-        self.client.connect(cfg["host"], cfg["port"], keepalive=30)
-        self.client.loop_start()
-        kind, reason = self.next_event()
-        assert kind == "connack" and not reason.is_failure, f"MQTT login refused: {reason}"
-
-    def next_event(self) -> tuple[str, Any]:
-        try:
-            return self.events.get(timeout=DEADLINE)
-        except queue.Empty:
-            raise AssertionError(f"no MQTT event within {DEADLINE:g}s") from None
-
-    def expect(self, kind: str) -> Any:
-        event, value = self.next_event()
-        assert event == kind, f"expected {kind}, got {event} {value}"
-        return value
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
-@pytest.fixture
-def mqtt_device(stack: ConnectionSettings, device: Device) -> Iterator[MqttDevice]:
-    client = MqttDevice(stack, device)
-    try:
-        yield client
-    finally:
-        client.close()
-
+from tests.integration.clients import (
+    DEADLINE,
+    Device,
+    MqttDevice,
+    api,
+    connect,
+    geofence,
+    poll,
+    publish,
+    q,
+    take,
+    text,
+    with_body,
+    with_id,
+)
 
 # --------------------------------------------------------------------------- the topology is there
 
@@ -304,6 +131,20 @@ async def test_other_queues_get_the_dead_letter_policy(stack: ConnectionSettings
 # --------------------------------------------------------------------------- the pipeline's paths
 
 
+# The sidecars consume their input queues (exclusively): a message that is not what they
+# expect comes back as a dead letter, with the reason and the queue it came from. That proves
+# the path and the sidecar's dead-lettering at once.
+
+
+async def dead_letter_of(stack: ConnectionSettings, vhost: str, message_id: str,
+                         source: str) -> AbstractIncomingMessage:
+    dead = await take(stack, t.ADMIN_USER, vhost, t.DEAD_LETTER_QUEUE, with_id(message_id))
+    headers = dead.headers or {}
+    assert text(headers["x-geofence-source"]) == source
+    assert text(headers[t.REASON_HEADER])
+    return dead
+
+
 async def test_x_geo_output_reaches_x_fence_through_federation(stack: ConnectionSettings,
                                                                topology: Topology) -> None:
     await test_federation_links_are_running(stack, topology)
@@ -319,33 +160,32 @@ async def test_x_geo_output_reaches_x_fence_through_federation(stack: Connection
         await poll(key_propagated, f"binding key {worker} on x-fence.in in {upstream_vhost}")
         message_id = await publish(stack, t.GEO_USER, upstream_vhost, t.FENCE_IN_EXCHANGE, worker,
                                    json.dumps({"region": region}).encode())
-        got = await take(stack, t.FENCE_USER, t.FENCES_VHOST, t.fence_queue(worker),
-                         with_id(message_id))
+        got = await dead_letter_of(stack, t.FENCES_VHOST, message_id, t.fence_queue(worker))
         assert json.loads(got.body) == {"region": region}
-        assert got.routing_key == worker
+        assert "msgpack" in text((got.headers or {})[t.REASON_HEADER])
 
 
 async def test_x_ingress_output_reaches_x_geo(stack: ConnectionSettings, topology: Topology) -> None:
     vhost = t.region_vhost(topology.regions[-1])
     message_id = await publish(stack, t.INGRESS_USER, vhost, t.GEO_IN_EXCHANGE, "anything")
-    await take(stack, t.GEO_USER, vhost, t.GEO_POSITIONS_QUEUE, with_id(message_id))
+    await dead_letter_of(stack, vhost, message_id, t.GEO_POSITIONS_QUEUE)
 
 
 async def test_fence_manager_reaches_x_geo_and_x_fence_control(stack: ConnectionSettings,
                                                                topology: Topology) -> None:
     vhost, worker = t.region_vhost(topology.regions[0]), topology.workers[-1]
     message_id = await publish(stack, t.MANAGER_USER, vhost, t.GEO_CONTROL_EXCHANGE, "")
-    await take(stack, t.GEO_USER, vhost, t.GEO_CONTROL_QUEUE, with_id(message_id))
+    await dead_letter_of(stack, vhost, message_id, t.GEO_CONTROL_QUEUE)
     message_id = await publish(stack, t.MANAGER_USER, t.FENCES_VHOST, t.FENCE_CONTROL_EXCHANGE,
                                worker)
-    await take(stack, t.FENCE_USER, t.FENCES_VHOST, t.fence_control_queue(worker),
-               with_id(message_id))
+    await dead_letter_of(stack, t.FENCES_VHOST, message_id, t.fence_control_queue(worker))
 
 
 async def test_gateway_batches_reach_x_ingress(stack: ConnectionSettings) -> None:
     message_id = await publish(stack, t.GATEWAY_USER, t.INGRESS_VHOST, t.BATCHES_EXCHANGE, "",
-                               b'{"positions": []}')
-    await take(stack, t.INGRESS_USER, t.INGRESS_VHOST, t.BATCHES_QUEUE, with_id(message_id))
+                               b'{"positions": "not a list"}')
+    dead = await dead_letter_of(stack, t.INGRESS_VHOST, message_id, t.BATCHES_QUEUE)
+    assert text((dead.headers or {})[t.REASON_HEADER]) == 'the body is not {"positions": [...]}'
 
 
 async def test_gateway_cannot_reach_x_geo_in(stack: ConnectionSettings, topology: Topology) -> None:
@@ -385,29 +225,27 @@ async def test_sidecars_cannot_declare(stack: ConnectionSettings) -> None:
 async def test_rejected_position_is_dead_lettered(stack: ConnectionSettings) -> None:
     body = json.dumps({"lon": "not a number", "token": uuid.uuid4().hex}).encode()
     # As devices' positions arrive: amq.topic, "positions.<id>".
-    await publish(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
-                  "positions.t-dead-letter", body)
-    await take(stack, t.INGRESS_USER, t.INGRESS_VHOST, t.POSITIONS_QUEUE, with_body(body),
-               settle="reject")
-    dead = await take(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.DEAD_LETTER_QUEUE, with_body(body))
-    death = (dead.headers or {})["x-death"]
-    assert isinstance(death, list) and isinstance(death[0], dict)
-    assert text(death[0]["reason"]) == "rejected"
-    assert text(death[0]["queue"]) == t.POSITIONS_QUEUE
+    message_id = await publish(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
+                               "positions.t-dead-letter", body)
+    dead = await dead_letter_of(stack, t.INGRESS_VHOST, message_id, t.POSITIONS_QUEUE)
+    assert dead.body == body
+    headers = dead.headers or {}
+    assert text(headers[t.REASON_HEADER]) == "missing fields 'lat', 'ts'"
+    assert text(headers["x-geofence-routing-key"]) == "positions.t-dead-letter"
 
 
 # --------------------------------------------------------------------------- devices over MQTT
 
 
-async def test_device_position_lands_in_x_ingress_positions(stack: ConnectionSettings,
-                                                            device: Device,
-                                                            mqtt_device: MqttDevice) -> None:
-    payload = json.dumps({"lon": 9.52, "lat": 47.14, "ts": time.time(),
-                          "token": uuid.uuid4().hex}).encode()
+async def test_device_position_reaches_x_ingress(stack: ConnectionSettings, device: Device,
+                                                mqtt_device: MqttDevice) -> None:
+    payload = json.dumps({"lon": 9.52, "lat": 91, "ts": time.time(), "token": uuid.uuid4().hex}).encode()
     mqtt_device.client.publish(f"positions/{device.object_id}", payload, qos=1)
     mqtt_device.expect("puback")
-    got = await take(stack, t.INGRESS_USER, t.INGRESS_VHOST, t.POSITIONS_QUEUE, with_body(payload))
-    assert got.routing_key == f"positions.{device.object_id}"
+    got = await take(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.DEAD_LETTER_QUEUE, with_body(payload))
+    headers = got.headers or {}
+    assert text(headers["x-geofence-routing-key"]) == f"positions.{device.object_id}"
+    assert text(headers[t.REASON_HEADER]) == "lat 91 is outside [-90, 90]"
 
 
 async def test_device_cannot_publish_for_another(stack: ConnectionSettings, device: Device) -> None:
@@ -419,7 +257,8 @@ async def test_device_cannot_publish_for_another(stack: ConnectionSettings, devi
         assert event == "disconnect"  # RabbitMQ 3.10 closes the connection, no PUBACK
     finally:
         client.close()
-    # Anything the broker had accepted before closing would sit ahead of this sentinel.
+    # Anything the broker had accepted before closing would sit ahead of this sentinel (both
+    # are invalid positions, so x-ingress dead-letters them in order).
     sentinel = json.dumps({"sentinel": uuid.uuid4().hex}).encode()
     again = MqttDevice(stack, device)
     try:
@@ -433,7 +272,7 @@ async def test_device_cannot_publish_for_another(stack: ConnectionSettings, devi
         seen.append(message.body)
         return message.body == sentinel
 
-    await take(stack, t.INGRESS_USER, t.INGRESS_VHOST, t.POSITIONS_QUEUE, sentinel_or_record)
+    await take(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.DEAD_LETTER_QUEUE, sentinel_or_record)
     assert forged not in seen
 
 

@@ -1,0 +1,169 @@
+"""Clients and helpers the integration tests share: aio-pika publish / take with
+deadlines, the management API, the `geofence` command, MQTT devices (paho)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import queue
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aio_pika
+import paho.mqtt.client as mqtt
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from paho.mqtt.enums import CallbackAPIVersion
+
+from deploy.local_stack import ConnectionSettings
+from exchanges import topology as t
+
+DEADLINE = 20.0  # seconds, for any single wait
+POLL = 0.1
+
+
+
+def geofence(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).with_name("geofence")
+    argv = [str(script)] if script.exists() else [sys.executable, "-m", "deploy.cli"]
+    return subprocess.run([*argv, *args], input=stdin, capture_output=True, text=True,
+                          timeout=300)
+
+
+def api(stack: ConnectionSettings, path: str) -> Any:
+    """GET on the management API as the administrator; None for a 404."""
+    auth = base64.b64encode(f"{t.ADMIN_USER}:{stack['mqtt']['password']}".encode()).decode()
+    request = urllib.request.Request(stack["management"]["url"] + path,
+                                     headers={"Authorization": f"Basic {auth}"})
+    try:
+        with urllib.request.urlopen(request, timeout=DEADLINE) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def q(name: str) -> str:
+    return quote(name, safe="")
+
+
+async def poll(check: Callable[[], bool], what: str, deadline: float = DEADLINE) -> None:
+    end = time.monotonic() + deadline
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
+        await asyncio.sleep(POLL)
+
+
+def url(stack: ConnectionSettings, user: str, vhost: str) -> str:
+    return stack["amqp"][vhost] if user == t.ADMIN_USER else stack["users"][user][vhost]
+
+
+async def connect(stack: ConnectionSettings, user: str, vhost: str) -> AbstractRobustConnection:
+    return await aio_pika.connect_robust(url(stack, user, vhost), timeout=DEADLINE)
+
+
+async def publish(stack: ConnectionSettings, user: str, vhost: str, exchange: str,
+                  routing_key: str, body: bytes = b"{}") -> str:
+    """Publish one persistent message with confirms and mandatory; returns its message id."""
+    message_id = uuid.uuid4().hex
+    async with await connect(stack, user, vhost) as connection:
+        channel = await connection.channel(publisher_confirms=True)
+        target = await channel.get_exchange(exchange)  # passive: the topology declared it
+        await target.publish(aio_pika.Message(body, message_id=message_id,
+                                              delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                             routing_key=routing_key, mandatory=True, timeout=DEADLINE)
+    return message_id
+
+
+async def take(stack: ConnectionSettings, user: str, vhost: str, queue_name: str,
+               wanted: Callable[[AbstractIncomingMessage], bool],
+               settle: str = "ack") -> AbstractIncomingMessage:
+    """Consume `queue_name` as `user` until a wanted message comes; ack (or reject without
+    requeue) it, and requeue the others at the end."""
+    others: list[AbstractIncomingMessage] = []
+    async with await connect(stack, user, vhost) as connection:
+        channel = await connection.channel()
+        source = await channel.get_queue(queue_name)  # passive
+        try:
+            async with asyncio.timeout(DEADLINE), source.iterator() as messages:
+                async for message in messages:
+                    if wanted(message):
+                        if settle == "ack":
+                            await message.ack()
+                        else:
+                            await message.reject(requeue=False)
+                        return message
+                    others.append(message)
+        finally:
+            for other in others:
+                await other.nack(requeue=True)
+    raise AssertionError("unreachable")
+
+
+def with_id(message_id: str) -> Callable[[AbstractIncomingMessage], bool]:
+    return lambda m: m.message_id == message_id
+
+
+def with_body(body: bytes) -> Callable[[AbstractIncomingMessage], bool]:
+    return lambda m: m.body == body
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --------------------------------------------------------------------------- MQTT devices
+
+
+@dataclass
+class Device:
+    object_id: str
+    password: str
+
+
+class MqttDevice:
+    """A paho client logged in as a device (no automatic reconnect: a refusal shows)."""
+
+    def __init__(self, stack: ConnectionSettings, dev: Device, clean_session: bool = True) -> None:
+        cfg = stack["mqtt"]
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=dev.object_id,
+                                  clean_session=clean_session, protocol=mqtt.MQTTv311,
+                                  reconnect_on_failure=False)
+        self.client.username_pw_set(f"{cfg['ingress_vhost']}:{dev.object_id}", dev.password)
+        self.client.on_connect = lambda c, u, f, reason, p: self.events.put(("connack", reason))
+        self.client.on_disconnect = lambda c, u, f, reason, p: self.events.put(("disconnect", reason))
+        self.client.on_subscribe = lambda c, u, mid, codes, p: self.events.put(("suback", codes))
+        self.client.on_publish = lambda c, u, mid, reason, p: self.events.put(("puback", mid))
+        self.client.on_message = lambda c, u, msg: self.events.put(
+            ("message", (msg.topic, bytes(msg.payload))))
+        self.client.connect(cfg["host"], cfg["port"], keepalive=30)
+        self.client.loop_start()
+        kind, reason = self.next_event()
+        assert kind == "connack" and not reason.is_failure, f"MQTT login refused: {reason}"
+
+    def next_event(self) -> tuple[str, Any]:
+        try:
+            return self.events.get(timeout=DEADLINE)
+        except queue.Empty:
+            raise AssertionError(f"no MQTT event within {DEADLINE:g}s") from None
+
+    def expect(self, kind: str) -> Any:
+        event, value = self.next_event()
+        assert event == kind, f"expected {kind}, got {event} {value}"
+        return value
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
