@@ -355,7 +355,7 @@ async def _publish(o: Out) -> None:
                                headers=dict(o.headers) if o.headers else None,
                                correlation_id=o.correlation_id, message_id=o.message_id)
     try:
-        confirm = await o.exchange.publish(message, o.routing_key, mandatory=o.mandatory, timeout=30)
+        confirm = await o.exchange.publish(message, o.routing_key, mandatory=o.mandatory)
     except aio_pika.exceptions.DeliveryError as exc:  # returned (no route) or nacked
         raise PublishRefused(str(exc)) from None
     if confirm is not None and not isinstance(confirm, aiormq.spec.Basic.Ack):

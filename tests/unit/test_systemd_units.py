@@ -1,0 +1,39 @@
+"""The systemd units in deploy/systemd: one per sidecar kind, restarted on failure, given
+more time to stop than the sidecars take to drain."""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+import pytest
+
+from exchanges.shell import SidecarConfig
+
+UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+EXPECTED = {"geofence-x-ingress.service": "geofence x-ingress",
+            "geofence-x-geo@.service": "geofence x-geo %i",
+            "geofence-x-fence@.service": "geofence x-fence %i"}
+
+
+def unit(name: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(UNITS / name)
+    return parser
+
+
+def test_every_sidecar_has_a_unit() -> None:
+    assert {p.name for p in UNITS.glob("*.service")} >= set(EXPECTED)
+
+
+@pytest.mark.parametrize(("name", "command"), sorted(EXPECTED.items()))
+def test_unit_runs_the_sidecar_and_restarts_it(name: str, command: str) -> None:
+    service = unit(name)["Service"]
+    assert service["ExecStart"].endswith(command)
+    assert service["Restart"] == "on-failure"
+    assert service["KillSignal"] == "SIGTERM"
+    drain = SidecarConfig("r", "i", "amqp://h/", "postgresql://h/").drain_s
+    assert float(service["TimeoutStopSec"]) > drain
+    assert service["User"] != "root"
+    assert service["EnvironmentFile"].startswith("/etc/geofence/")
