@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter, deque
@@ -66,11 +67,11 @@ class PublishRefused(RuntimeError):
 
 
 def mask_url(url: str) -> str:
+    """The URL with its password hidden, in the userinfo and in a ?password= parameter."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":****@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    if parts.password is not None:
+        url = url.replace(f":{parts.password}@", ":****@", 1)
+    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1****", url)
 
 
 def _positive(key: str, raw: str, kind: type[int] | type[float]) -> Any:
@@ -205,8 +206,16 @@ class Counters:
 
 
 def reason_key(reason: str) -> str:
-    """A reason without its variable part, to count by ("lat 91 is outside" -> "lat ...")."""
-    return reason.split(":")[0][:60] if ":" in reason else reason[:60]
+    """A reason without its variable parts, to count by: the text before a ':' if any, with
+    numbers and quoted values blanked ("lat 91 is outside [-90, 90]" -> "lat N is outside
+    [N, N]"), so the counters stay small whatever the input."""
+    head = reason.split(":")[0] if ":" in reason else reason
+    head = _QUOTED.sub("'…'", head)
+    return _NUMBER.sub("N", head)[:60]
+
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_NUMBER = re.compile(r"[-+]?(?:\d[\d_,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|\b(?:nan|inf)\b")
 
 
 # --------------------------------------------------------------------------- connections

@@ -142,6 +142,13 @@ def choose_bits(geometry: Polygon | MultiPolygon) -> int:
 
 
 def bindings(geometry: Polygon | MultiPolygon, worldmap: Worldmap) -> Bindings:
+    """Within MAX_RANGES in all: clipping at region boundaries can add a range per boundary
+    crossed, so the covering is redone with that much less budget when it does."""
     bits = choose_bits(geometry)
-    cov = hk.cover(geometry, bits, max_ranges=MAX_RANGES).to_bits(INDEX_BITS)
-    return Bindings(bits, worldmap.clip(cov.ranges, cov.interior))
+    budget = MAX_RANGES
+    while True:
+        cov = hk.cover(geometry, bits, max_ranges=budget).to_bits(INDEX_BITS)
+        b = Bindings(bits, worldmap.clip(cov.ranges, cov.interior))
+        if b.ranges <= MAX_RANGES or budget <= 1:
+            return b
+        budget -= b.ranges - MAX_RANGES
