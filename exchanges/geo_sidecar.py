@@ -19,7 +19,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
 from exchanges import shell
@@ -44,22 +43,14 @@ class GeoSidecar:
         self.lock = asyncio.Lock()
 
     async def recover(self, stop: asyncio.Event) -> bool:
-        backoff = shell.Backoff()
-        while not stop.is_set():
-            try:
-                conn = await store.connect(self.config.postgres_url)
-                try:
-                    bindings = await store.region_bindings(conn, self.region)
-                finally:
-                    await conn.close()
-                self.core.recover(bindings)
-                log.info("recovered %d fence bindings of region %s", len(bindings), self.region)
-                return True
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("cannot read the bindings: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff.next())
-        return False
+        bindings = await store.read_until_stopped(
+            self.config.postgres_url, lambda conn: store.region_bindings(conn, self.region),
+            "fence bindings", stop)
+        if bindings is None:
+            return False
+        self.core.recover(bindings)
+        log.info("recovered %d fence bindings of region %s", len(bindings), self.region)
+        return True
 
     # -- session -----------------------------------------------------------------------------
 
@@ -79,14 +70,9 @@ class GeoSidecar:
                      t.GEO_CONTROL_QUEUE)
             await shell.run_session(
                 stop, [conn], [positions, controls],
-                [self.loop(positions, self.handle_positions), self.loop(controls, self.handle_controls)],
+                [shell.run_batches(positions, self.handle_positions, self.counters),
+                 shell.run_batches(controls, self.handle_controls, self.counters)],
                 [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
-
-    async def loop(self, intake: shell.Intake, handle: Any) -> None:
-        async for messages in intake.batches():
-            self.counters.batch(len(messages))
-            async with shell.settle(messages):
-                await handle(messages)
 
     # -- positions ---------------------------------------------------------------------------
 
@@ -101,8 +87,8 @@ class GeoSidecar:
                 batch = PositionBatch.from_wire(msg["batch"])
                 self.core.validate(batch)
             except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
-                reason = exc.reason if isinstance(exc, InvalidMessage) else f"malformed batch: {exc}"
-                outs.append(shell.dead_letter(self.dlx, m, reason, t.GEO_POSITIONS_QUEUE, self.counters))
+                outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "batch"),
+                                              t.GEO_POSITIONS_QUEUE, self.counters))
                 continue
             if segments and segments[-1][0] == msg["kind"]:
                 segments[-1][1].append(batch)
@@ -139,8 +125,8 @@ class GeoSidecar:
                     else:
                         outs += self.apply(control.parse(msg))
                 except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
-                    reason = exc.reason if isinstance(exc, InvalidMessage) else f"malformed control: {exc}"
-                    outs.append(shell.dead_letter(self.dlx, m, reason, t.GEO_CONTROL_QUEUE, self.counters))
+                    outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "control"),
+                                                  t.GEO_CONTROL_QUEUE, self.counters))
                 await shell.publish_all(outs, self.counters)
 
     def apply(self, change: control.Define | control.Drop) -> list[shell.Out]:

@@ -46,6 +46,7 @@ from aio_pika.abc import (
 )
 
 from exchanges import topology as t
+from exchanges.contract import InvalidMessage
 
 log = logging.getLogger("geofence")
 
@@ -305,6 +306,20 @@ class Intake:
             await asyncio.sleep(0)  # let deliveries already read from the socket land
             n = min(len(self._buf), self.max_batch)
             yield [self._buf.popleft() for _ in range(n)]
+
+
+def reason_of(exc: Exception, what: str) -> str:
+    """The dead-letter reason for an input a role could not decode."""
+    return exc.reason if isinstance(exc, InvalidMessage) else f"malformed {what}: {exc}"
+
+
+async def run_batches(intake: Intake, handle: Callable[[list[AbstractIncomingMessage]], Awaitable[None]],
+                      counters: Counters) -> None:
+    """The loop of one input queue: each batch handled, then settled."""
+    async for messages in intake.batches():
+        counters.batch(len(messages))
+        async with settle(messages):
+            await handle(messages)
 
 
 @contextlib.asynccontextmanager

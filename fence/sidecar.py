@@ -22,7 +22,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
 import numpy as np
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
@@ -69,25 +68,14 @@ class FenceSidecar:
         self.lock = asyncio.Lock()  # the core and the order of what it emits
 
     async def recover(self, stop: asyncio.Event) -> bool:
-        backoff = shell.Backoff()
-        while not stop.is_set():
-            try:
-                conn = await store.connect(self.config.postgres_url)
-                try:
-                    records = await store.live_fences(conn)
-                finally:
-                    await conn.close()
-                mine = [r for r in records if self.ring.node_for(r.fence.fence_id) == self.worker]
-                for r in mine:
-                    self.core.define(r.fence, r.updated_at.timestamp())
-                log.info("recovered %d of %d fences (the ones on worker %s)", len(mine), len(records),
-                         self.worker)
-                return True
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("cannot read the fences: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff.next())
-        return False
+        records = await store.read_until_stopped(self.config.postgres_url, store.live_fences, "fences", stop)
+        if records is None:
+            return False
+        mine = [r for r in records if self.ring.node_for(r.fence.fence_id) == self.worker]
+        for r in mine:
+            self.core.define(r.fence, r.updated_at.timestamp())
+        log.info("recovered %d of %d fences (the ones on worker %s)", len(mine), len(records), self.worker)
+        return True
 
     # -- session -----------------------------------------------------------------------------
 
@@ -107,15 +95,10 @@ class FenceSidecar:
                      t.fence_control_queue(self.worker))
             await shell.run_session(
                 stop, [conn], [inputs, controls],
-                [self.loop(inputs, self.handle_inputs), self.loop(controls, self.handle_controls)],
+                [shell.run_batches(inputs, self.handle_inputs, self.counters),
+                 shell.run_batches(controls, self.handle_controls, self.counters)],
                 [shell.periodic(stop, EXPIRE_EVERY_S, self.expire),
                  shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
-
-    async def loop(self, intake: shell.Intake, handle: Any) -> None:
-        async for messages in intake.batches():
-            self.counters.batch(len(messages))
-            async with shell.settle(messages):
-                await handle(messages)
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -138,8 +121,8 @@ class FenceSidecar:
                 else:
                     steps.append(control.parse(msg))
             except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
-                reason = exc.reason if isinstance(exc, InvalidMessage) else f"malformed message: {exc}"
-                outs.append(shell.dead_letter(self.dlx, m, reason, t.fence_queue(self.worker), self.counters))
+                outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "message"),
+                                              t.fence_queue(self.worker), self.counters))
         async with self.lock:
             events: list[Event] = []
             for step in steps:
@@ -201,9 +184,8 @@ class FenceSidecar:
                 if out is not None:
                     outs.append(out)
             except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
-                reason = exc.reason if isinstance(exc, InvalidMessage) else f"malformed control: {exc}"
-                outs.append(shell.dead_letter(self.dlx, m, reason, t.fence_control_queue(self.worker),
-                                              self.counters))
+                outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "control"),
+                                              t.fence_control_queue(self.worker), self.counters))
         await shell.publish_all(outs, self.counters)
 
     def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -9,10 +9,14 @@ the store ahead of the sidecars, and re-applying the change (any later version) 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import numpy as np
@@ -21,6 +25,9 @@ from exchanges.x_geo import FenceBinding
 from fence.spec import Bindings, FenceSpec, check_geometry
 from fence.state import FenceDef
 from ingress.worldmap import Worldmap
+
+log = logging.getLogger("geofence")
+T = TypeVar("T")
 
 
 class VersionConflict(RuntimeError):
@@ -56,6 +63,30 @@ async def connect(dsn: str) -> asyncpg.Connection:
     conn = await asyncpg.connect(dsn)
     await init_connection(conn)
     return conn
+
+
+async def read_until_stopped(dsn: str, read: Callable[[asyncpg.Connection], Awaitable[T | None]],
+                             what: str, stop: asyncio.Event) -> T | None:
+    """What `read` returns, retried with backoff while PostgreSQL is away or `read` finds
+    nothing yet (None); None once `stop` is set. A sidecar starts with this."""
+    from exchanges.shell import Backoff
+
+    backoff = Backoff()
+    while not stop.is_set():
+        try:
+            conn = await connect(dsn)
+            try:
+                found = await read(conn)
+            finally:
+                await conn.close()
+            if found is not None:
+                return found
+            log.warning("no %s stored yet", what)
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("cannot read the %s: %s", what, exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), backoff.next())
+    return None
 
 
 async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindings,

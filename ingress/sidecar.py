@@ -59,16 +59,12 @@ class IngressSidecar:
                      ", ".join(cfg.regions))
             await shell.run_session(
                 stop, [ingress, *regions.values()], [mqtt, gateway],
-                [self.loop(mqtt, self.decode_mqtt, t.POSITIONS_QUEUE),
-                 self.loop(gateway, self.decode_gateway, t.BATCHES_QUEUE)],
+                [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, t.POSITIONS_QUEUE),
+                                   self.counters),
+                 shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE),
+                                   self.counters)],
                 [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
                 cfg.drain_s)
-
-    async def loop(self, intake: shell.Intake, decode: Any, source: str) -> None:
-        async for messages in intake.batches():
-            self.counters.batch(len(messages))
-            async with shell.settle(messages):
-                await self.handle(messages, decode, source)
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -139,30 +135,11 @@ async def watch_worldmap(pg_url: str, core: XIngress, regions: Sequence[str], st
             log.warning("worldmap check failed (%s); keeping version %d", exc, core.worldmap.version)
 
 
-async def load_worldmap(pg_url: str, stop: asyncio.Event) -> Any:
-    backoff = shell.Backoff()
-    while not stop.is_set():
-        try:
-            conn = await store.connect(pg_url)
-            try:
-                wm = await store.latest_worldmap(conn)
-            finally:
-                await conn.close()
-            if wm is not None:
-                return wm
-            log.warning("no worldmap stored yet (`geofence up` stores the default one)")
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("cannot read the worldmap: %s", exc)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), backoff.next())
-    return None
-
-
 async def main(config: shell.SidecarConfig) -> int:
     stop = asyncio.Event()
     shell.install_signal_handlers(stop)
     log.info("%s", config.describe())
-    wm = await load_worldmap(config.postgres_url, stop)
+    wm = await store.read_until_stopped(config.postgres_url, store.latest_worldmap, "worldmap", stop)
     if wm is None:
         return 0
     missing = sorted(set(wm.regions) - set(config.regions))
