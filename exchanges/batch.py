@@ -57,8 +57,11 @@ class PositionBatch:
         if not batches:
             return PositionBatch.empty()
         any_extra = any(b.extra for b in batches)
+        ids: list[str] = []
+        for b in batches:
+            ids += b.ids
         return PositionBatch(
-            [i for b in batches for i in b.ids],
+            ids,
             np.concatenate([b.lon for b in batches]), np.concatenate([b.lat for b in batches]),
             np.concatenate([b.ts for b in batches]), np.concatenate([b.h for b in batches]),
             [e for b in batches for e in (b.extra or [None] * len(b))] if any_extra else [],

@@ -8,6 +8,7 @@ object in a batch in order, without a Python loop per position.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -30,16 +31,19 @@ class ObjectCodes:
         return self.table.get(object_id)
 
     def codes(self, ids: list[str]) -> I64:
+        """The code of each id, new ids numbered on first sight. One dict lookup per id:
+        a batch nearly always has a few ids new to this core (objects entering a region
+        or reaching a worker), so only those take a second pass."""
         table = self.table
-        try:  # the common case: every object seen before
-            return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
-        except KeyError:
-            pass
-        for o in ids:
-            if o not in table:
-                table[o] = len(self.ids)
-                self.ids.append(o)
-        return np.fromiter(map(table.__getitem__, ids), np.int64, len(ids))
+        codes = np.fromiter(map(table.get, ids, repeat(-1)), np.int64, len(ids))
+        new = np.flatnonzero(codes < 0)
+        if new.size:
+            fresh = [ids[i] for i in new.tolist()]
+            first_seen = list(dict.fromkeys(fresh))  # an id may repeat within the batch
+            table.update(zip(first_seen, range(len(self.ids), len(self.ids) + len(first_seen)), strict=True))
+            self.ids += first_seen
+            codes[new] = np.fromiter(map(table.__getitem__, fresh), np.int64, len(fresh))
+        return codes
 
 
 def grow(a: npt.NDArray[Any], n: int, fill: Any) -> npt.NDArray[Any]:
@@ -55,7 +59,11 @@ def carry(codes: I64, values: I64, memory: I64) -> I64:
     """For each position, the value its object had just before it: that of the object's
     previous position in this batch, else memory[code]. Then memory takes each object's
     value at its last position in the batch."""
-    order = np.lexsort((np.arange(codes.size), codes))
+    if distinct(codes, memory.size):  # the common case: one position per object
+        prev = memory[codes]
+        memory[codes] = values
+        return prev
+    order = np.argsort(codes, kind="stable")
     c = codes[order]
     first = np.r_[True, c[1:] != c[:-1]]
     prev_sorted = np.empty(c.size, dtype=memory.dtype)
@@ -66,3 +74,12 @@ def carry(codes: I64, values: I64, memory: I64) -> I64:
     last = np.r_[first[1:], True]
     memory[c[last]] = values[order[last]]
     return prev
+
+
+def distinct(codes: I64, bound: int) -> bool:
+    """Are the codes (all < bound) pairwise distinct? O(n) with a scratch array."""
+    if codes.size < 2:
+        return True
+    seen = np.zeros(bound, dtype=bool)
+    seen[codes] = True
+    return int(np.count_nonzero(seen)) == codes.size

@@ -5,8 +5,12 @@ so a flat table of elementary segments with the set of fences over each one grow
 ranges x overlap. Here every fence's ranges are cut into aligned blocks of the curve
 (4**k consecutive indices = one quadtree cell, which is how the covering was built) and each
 block is stored once per fence under the composite key (k, index >> 2k). Storage is linear
-in the fences' blocks; a query is two vectorised `searchsorted` per occupied level for the
-whole batch, and a fence's blocks are disjoint, so a point meets each fence at most once.
+in the fences' blocks, and a fence's blocks are disjoint, so a point meets each fence at
+most once. A query is one search per occupied level of each run for the whole batch, among
+that level's distinct block indices (blocks of several fences on one cell share an entry),
+with the batch's indices sorted so that each search starts where the previous one ended
+(`kernel.match_sorted`): levels that hold a handful of blocks (pieces cut by a region's
+edge) cost next to nothing.
 
 Changes must be cheap (moving fences re-bind every second), so the table is a few sorted
 runs, like an LSM tree: a change only marks the fence's old slot dead and queues the new
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from hilbert_c import kernel
 from hilbert_c.covering import split_ranges
 
 U64 = npt.NDArray[np.uint64]
@@ -32,6 +37,7 @@ BOOL = npt.NDArray[np.bool_]
 
 INDEX_BITS = 26  # bits per axis of the indices routed (positions are encoded at 26 bits)
 LEVEL_SHIFT = np.uint64(2 * INDEX_BITS)  # composite key: level << 52 | (index >> 2 * level)
+BLOCK_MASK = (np.uint64(1) << LEVEL_SHIFT) - np.uint64(1)
 FANOUT = 8
 
 
@@ -46,23 +52,62 @@ class Matches:
     def __len__(self) -> int:
         return int(self.point.size)
 
+    def take(self, idx: I64) -> Matches:
+        return Matches(self.point[idx], self.slot[idx], self.interior[idx])
+
+
+@dataclass(frozen=True)
+class _Level:
+    """The blocks of one level of a run: distinct block indices, each with its entries."""
+
+    level: int
+    shift: np.uint64  # 2 * level: a point's block index is h >> shift
+    blocks: U64  # sorted, distinct
+    first: I64  # entries of blocks[i] are the run's [first[i], first[i + 1])
+
+    def lookup(self, h: U64) -> tuple[I64, I64, I64]:
+        """For sorted indices h: (which h hit a block, first entry, number of entries)."""
+        q = h >> self.shift
+        if not h.size or q[0] > self.blocks[-1] or q[-1] < self.blocks[0]:
+            return (np.empty(0, np.int64),) * 3
+        hit, b = kernel.match_sorted(self.blocks, q)
+        lo = self.first[b]
+        return hit, lo, self.first[b + 1] - lo
+
 
 @dataclass(frozen=True)
 class _Run:
     keys: U64  # sorted composite keys
     slots: I32
     interior: BOOL
-    levels: tuple[int, ...]
+    levels: tuple[_Level, ...]
 
     @staticmethod
-    def of(keys: U64, slots: I32, interior: BOOL) -> _Run:
-        order = np.argsort(keys, kind="stable")
-        keys, slots, interior = keys[order], slots[order], interior[order]
-        lv = np.unique(keys >> LEVEL_SHIFT) if keys.size else np.empty(0, np.uint64)
-        return _Run(keys, slots, interior, tuple(int(v) for v in lv))
+    def of(keys: U64, slots: I32, interior: BOOL, presorted: bool = False) -> _Run:
+        if not presorted:
+            order = np.argsort(keys, kind="stable")
+            keys, slots, interior = keys[order], slots[order], interior[order]
+        return _Run(keys, slots, interior, _levels(keys))
 
     def __len__(self) -> int:
         return int(self.keys.size)
+
+
+def _levels(keys: U64) -> tuple[_Level, ...]:
+    """Per level of sorted composite keys: its distinct blocks and where their entries are."""
+    if not keys.size:
+        return ()
+    lv = keys >> LEVEL_SHIFT
+    starts = np.flatnonzero(np.r_[True, lv[1:] != lv[:-1]])
+    ends = np.r_[starts[1:], keys.size]
+    out = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        blocks = keys[a:b] & BLOCK_MASK
+        new = np.r_[True, blocks[1:] != blocks[:-1]]
+        level = int(lv[a])
+        out.append(_Level(level, np.uint64(2 * level), blocks[new],
+                          np.r_[np.flatnonzero(new) + a, b].astype(np.int64)))
+    return tuple(out)
 
 
 def _blocks(ranges: U64, interior: BOOL) -> tuple[U64, BOOL]:
@@ -129,7 +174,7 @@ class RangeIndex:
         h_in = np.asarray(hs, dtype=np.uint64).reshape(-1)
         # sorted needles: numpy's search then starts from the previous answer (and the cache
         # stays warm); results are mapped back to batch positions at the end
-        by_h = np.argsort(h_in, kind="stable")
+        by_h = np.argsort(h_in)
         h = h_in[by_h]
         self._flush()
         pts: list[I64] = []
@@ -137,33 +182,38 @@ class RangeIndex:
         ins: list[BOOL] = []
         for run in self._runs:
             for level in run.levels:
-                q = (np.uint64(level) << LEVEL_SHIFT) | (h >> np.uint64(2 * level))
-                lo = np.searchsorted(run.keys, q, side="left")
-                hi = np.searchsorted(run.keys, q, side="right")
-                counts = hi - lo
-                hit = np.flatnonzero(counts)
-                if not hit.size:
+                point, idx, count = level.lookup(h)
+                if not point.size:
                     continue
-                c = counts[hit]
-                point = np.repeat(hit, c)
-                idx = np.repeat(lo[hit] - (np.cumsum(c) - c), c) + np.arange(point.size)
+                if count.size and count.max() > 1:  # blocks shared by several fences
+                    point = np.repeat(point, count)
+                    idx = np.repeat(idx - (np.cumsum(count) - count), count) + np.arange(point.size)
                 slot = run.slots[idx]
                 live = self._alive[slot]
-                pts.append(point[live])
-                sls.append(slot[live])
-                ins.append(run.interior[idx][live])
+                if live.all():
+                    pts.append(point)
+                    sls.append(slot)
+                    ins.append(run.interior[idx])
+                else:
+                    pts.append(point[live])
+                    sls.append(slot[live])
+                    ins.append(run.interior[idx[live]])
         if not pts:
             return Matches(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, bool))
         point, slot, inner = by_h[np.concatenate(pts)], np.concatenate(sls), np.concatenate(ins)
-        order = np.argsort(point, kind="stable")
+        order = group_order(point, h.size)
         return Matches(point[order], slot[order], inner[order])
 
     def fence_of_slot(self, slots: npt.ArrayLike) -> list[str]:
         names = self._fence_of_slot
-        return [names[int(s)] or "" for s in np.asarray(slots).reshape(-1)]
+        return [names[s] or "" for s in np.asarray(slots).reshape(-1).tolist()]
 
     def fences(self) -> list[str]:
         return sorted(self._slot_of)
+
+    def slot_count(self) -> int:
+        """Slots ever taken (live or dead): every slot is below it."""
+        return len(self._fence_of_slot)
 
     def slot_of(self, fence_id: str) -> int:
         return self._slot_of[fence_id]
@@ -184,7 +234,7 @@ class RangeIndex:
             "ranges": sum(len(r) for r, _ in self._ranges.values()),
             "blocks": sum(len(k) for k, _ in self._blocks.values()),
             "runs": [len(r) for r in self._runs],
-            "levels": sorted({lv for r in self._runs for lv in r.levels}),
+            "levels": sorted({lv.level for r in self._runs for lv in r.levels}),
         }
 
     # -- maintenance --------------------------------------------------------------------
@@ -208,7 +258,8 @@ class RangeIndex:
         slots = np.concatenate([b.slots, a.slots])
         flags = np.concatenate([b.interior, a.interior])
         live = self._alive[slots]
-        return _Run.of(keys[live], slots[live], flags[live])
+        order = np.argsort(keys[live], kind="stable")  # two sorted runs: a linear merge
+        return _Run.of(keys[live][order], slots[live][order], flags[live][order], presorted=True)
 
     def compact(self) -> None:
         """Merge everything into one run without dead slots."""
@@ -216,5 +267,18 @@ class RangeIndex:
         while len(self._runs) >= 2:
             self._runs[0:2] = [self._merge(self._runs[0], self._runs[1])]
         if self._runs:
-            self._runs[0] = self._merge(self._runs[0], _Run.of(*(np.empty(0, t) for t in
-                                                               (np.uint64, np.int32, bool))))
+            empty = _Run.of(np.empty(0, np.uint64), np.empty(0, np.int32), np.empty(0, bool))
+            self._runs[0] = self._merge(self._runs[0], empty)
+
+
+def group_order(values: I64, bound: int) -> I64:
+    """A stable order sorting non-negative ints (< bound). numpy's stable sort is a radix
+    sort for 16-bit keys and a timsort (~5x slower on random data) for wider ones, so wider
+    values are sorted as two 16-bit digits, least significant first."""
+    if bound <= 1 << 16:
+        out: I64 = np.argsort(values.astype(np.uint16), kind="stable")
+        return out
+    if bound <= 1 << 32:
+        low = np.argsort((values & 0xFFFF).astype(np.uint16), kind="stable")
+        return low[np.argsort((values[low] >> 16).astype(np.uint16), kind="stable")]
+    return np.argsort(values, kind="stable")

@@ -7,12 +7,19 @@ The seed keeps per fence `Objects` (who is inside, since when), `Inserts` / `Del
 - per object: last position time, lon, lat (Times, and what a moved fence is re-checked on).
 
 Trade-off: a batch is applied with array operations, not a loop per (object, fence): the
-positions of each object in the batch are numbered 1..k after its stored state (number 0),
-the (object, fence, number) triples of "inside" are sorted, and a run of consecutive numbers
-is a stay: a run starting after 0 is an ENTER, a run ending before k is a LEAVE. That makes
-the cost of a batch O(pairs log pairs) in numpy, and the order of an object's positions
-inside a batch exact. The exact polygon test runs only on candidates whose covering block is
-not interior, for every fence at once (shapely's elementwise contains_xy).
+observations of each object in the batch (its positions, those with one ts counting as one)
+are numbered 1..k after its stored state (number 0), the (object, fence, number) triples of
+"inside" are sorted, and a run of consecutive numbers is a stay: a run starting after 0 is
+an ENTER, a run ending before k is a LEAVE. That keeps the order of an object's positions
+inside a batch exact. The common batch, one new observation per object, skips the
+numbering: its ENTERs and LEAVEs are the set differences between the stored pairs and the
+new ones (one sort of the new pairs, one search in the stored ones).
+
+The exact polygon test runs only on candidates whose covering block is not interior, for
+all fences at once, in C (`kernel.points_in_polygons`: GEOS's crossing rule and orientation
+filter, so its answers are shapely's contains_xy), and by shapely itself for the rare point
+C cannot decide (on or within rounding of an edge) and for fences that are not valid
+polygons.
 
 Time comes from the positions (ts), never from this process's clock: a restarted worker
 makes the same decisions, and the same inputs give the same event ids (a consumer can drop
@@ -28,16 +35,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import shapely
+from shapely.geometry import MultiPolygon, Polygon
 from shapely.geometry.base import BaseGeometry
 
-from exchanges.object_codes import ObjectCodes, grow
+from exchanges.object_codes import ObjectCodes, distinct, grow
 from exchanges.x_geo import WorkerBatch
+from hilbert_c import kernel
 
 ENTER, LEAVE = "enter", "leave"
 ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED = (
     "entered", "exited", "timeout", "fence_changed", "fence_deleted")
 _LOW = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
+_KINDS = (ENTER, LEAVE)  # event kind codes 0, 1 (also their order among equal ts, object, fence)
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,7 +61,7 @@ class FenceDef:
     name: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     event: str  # enter | leave
     fence_id: str
@@ -63,10 +75,142 @@ class Event:
                 "ts": self.ts, "reason": self.reason, "event_id": self.event_id}
 
 
+# Events are made by the thousand per batch. Slots (no __dict__) halve the objects the
+# garbage collector tracks, and setting the slots directly skips the frozen __init__'s
+# object.__setattr__ per field.
+_EVENT_SLOTS = tuple(getattr(Event, f).__set__
+                     for f in ("event", "fence_id", "object_id", "ts", "reason", "event_id"))
+
+
 def event_id(fence_id: str, version: int, object_id: str, event: str, reason: str, ts: float) -> str:
     """Stable id: the same decision on the same input always gets the same id."""
     text = f"{fence_id}\x1f{version}\x1f{object_id}\x1f{event}\x1f{reason}\x1f{ts!r}"
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class _Observations:
+    """The fresh observations of one batch, per object (a "group", by ascending code)."""
+
+    objs: I64  # object code of each group
+    k: I64  # number of the group's last observation (0: only its stored state's ts)
+    base: I64  # index in obs_ts of the group's observation number 0
+    obs_ts: F64
+    last: I64  # batch index of the group's last position
+    pos_group: I64  # per position: its group, -1 if stale
+    pos_seq: I64  # per position: its observation number, -1 if stale
+
+    single: bool = False  # every object has one observation (number 1), newer than stored
+
+    @staticmethod
+    def single_of(obj: I64, ts: F64, order: I64) -> _Observations:
+        """Distinct objects, each with one position newer than stored (order sorts obj)."""
+        n = obj.size
+        pos_group = np.empty(n, np.int64)
+        pos_group[order] = np.arange(n)
+        return _Observations(obj[order], np.ones(n, np.int64), np.arange(n) - 1, ts[order], order,
+                             pos_group, np.ones(n, np.int64), single=True)
+
+    def ts_of(self, group: I64, seq: I64) -> F64:
+        out: F64 = self.obs_ts[self.base[group] + seq]
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class _Pairs:
+    """(group, fence, observation number) entries sorted in that order; a run of
+    consecutive numbers of one (group, fence) is a stay inside the fence."""
+
+    group: I64
+    fence: I64
+    seq: I64
+    stored: npt.NDArray[np.bool_]  # the entry is the stored state (number 0, with its since)
+    since: F64  # meaningful where stored
+    run_start: npt.NDArray[np.bool_]
+    run_end: npt.NDArray[np.bool_]
+
+
+class _Edges:
+    """Every fence's polygon edges in flat columns, for the exact test in C
+    (`kernel.points_in_polygons`): the answers it gives are GEOS's, and it leaves the few
+    points it cannot decide (on or within rounding of an edge) to shapely. A fence whose
+    geometry is not a valid polygon has no edges here: shapely decides for it."""
+
+    def __init__(self) -> None:
+        self.columns = tuple(np.empty(0) for _ in range(4))  # ax, ay, bx, by
+        self.used = 0  # rows in use (live or dead)
+        self.lo = np.zeros(0, np.int64)  # per fence code: its rows, or -1
+        self.hi = np.zeros(0, np.int64)
+
+    def put(self, code: int, geometry: BaseGeometry) -> None:
+        self.lo, self.hi = grow(self.lo, code + 1, -1), grow(self.hi, code + 1, -1)
+        self.lo[code] = self.hi[code] = -1
+        edges = _polygon_edges(geometry)
+        if edges is None:
+            return
+        if self.used + len(edges[0]) > self.columns[0].size and self._dead() > self.used // 2:
+            self._compact()
+        n, at = len(edges[0]), self.used
+        self.columns = tuple(grow(c, at + n, 0.0) for c in self.columns)
+        for column, values in zip(self.columns, edges, strict=True):
+            column[at:at + n] = values
+        self.lo[code], self.hi[code], self.used = at, at + n, at + n
+
+    def drop(self, code: int) -> None:
+        if code < self.lo.size:
+            self.lo[code] = self.hi[code] = -1
+
+    def locate(self, codes: I64, x: F64, y: F64) -> npt.NDArray[np.uint8]:
+        cols = tuple(c[: self.used] for c in self.columns)
+        return kernel.points_in_polygons(cols, self.lo[codes], self.hi[codes], x, y)  # type: ignore[arg-type]
+
+    def _dead(self) -> int:
+        live = self.lo >= 0
+        return self.used - int((self.hi[live] - self.lo[live]).sum())
+
+    def _compact(self) -> None:
+        live = np.flatnonzero(self.lo >= 0)
+        rows = np.concatenate([np.arange(self.lo[c], self.hi[c]) for c in live]) if live.size \
+            else np.empty(0, np.int64)
+        self.columns = tuple(c[rows] for c in self.columns)
+        sizes = self.hi[live] - self.lo[live]
+        self.lo[live] = np.cumsum(sizes) - sizes
+        self.hi[live] = np.cumsum(sizes)
+        self.used = int(rows.size)
+
+
+def _polygon_edges(geometry: BaseGeometry) -> tuple[F64, F64, F64, F64] | None:
+    """(ax, ay, bx, by) of every ring's edges, or None unless a valid (Multi)Polygon."""
+    if not isinstance(geometry, Polygon | MultiPolygon) or geometry.is_empty or not geometry.is_valid:
+        return None
+    polys = list(geometry.geoms) if isinstance(geometry, MultiPolygon) else [geometry]
+    rings = [np.asarray(r.coords, dtype=np.float64)[:, :2] for p in polys for r in (p.exterior, *p.interiors)]
+    a = np.concatenate([r[:-1] for r in rings])  # rings are closed: last == first
+    b = np.concatenate([r[1:] for r in rings])
+    return a[:, 0].copy(), a[:, 1].copy(), b[:, 0].copy(), b[:, 1].copy()
+
+
+def _pair_order(group: I64, fence: I64, seq: I64, n_sorted: int, n_groups: int, n_fences: int,
+                n_seq: int) -> I64:
+    """Stable order by (group, fence, seq) when the first n_sorted entries are already in
+    that order. One int64 key when it fits: sorting the rest and merging the two runs
+    (timsort finds them) is ~10x cheaper than a three-key lexsort."""
+    if n_groups * max(n_fences, 1) * n_seq >= 1 << 62:
+        return np.lexsort((seq, fence, group))
+    key = (group * n_fences + fence) * n_seq + seq
+    order = np.r_[np.arange(n_sorted), np.argsort(key[n_sorted:]) + n_sorted]
+    merged: I64 = order[np.argsort(key[order], kind="stable")]
+    return merged
+
+
+def _name_rank(codes: I64, names: list[str]) -> I64:
+    """For each code, the rank of its name among the names of the distinct codes given."""
+    uniq, inv = np.unique(codes, return_inverse=True)
+    strs = [names[c] for c in uniq.tolist()]
+    rank = np.empty(uniq.size, np.int64)
+    rank[sorted(range(len(strs)), key=strs.__getitem__)] = np.arange(uniq.size)
+    out: I64 = rank[inv]
+    return out
 
 
 class XFence:
@@ -80,9 +224,12 @@ class XFence:
         self._last_lat = np.zeros(0, np.float64)
         self._fence_code: dict[str, int] = {}
         self._fences: list[FenceDef | None] = []
+        self._fence_names: list[str] = []  # by code, kept after a drop (codes are not reused)
+        self._id_prefix: list[str] = []  # by code: "fence_id \x1f version \x1f" of event ids
         self._versions: dict[str, int] = {}  # also remembers deleted fences' last version
         self._timeout = np.zeros(0, np.float64)
         self._geoms = np.empty(0, dtype=object)
+        self._edges = _Edges()
         self._keys = np.empty(0, np.uint64)  # sorted (object << 32 | fence)
         self._since = np.empty(0, np.float64)
         self.unknown_fence_candidates = 0
@@ -107,11 +254,15 @@ class XFence:
             code = len(self._fences)
             self._fence_code[fence.fence_id] = code
             self._fences.append(None)
+            self._fence_names.append(fence.fence_id)
+            self._id_prefix.append("")
             self._timeout = grow(self._timeout, code + 1, 0.0)
             self._geoms = grow(self._geoms, code + 1, None)
         self._fences[code] = fence
+        self._id_prefix[code] = f"{fence.fence_id}\x1f{fence.version}\x1f"
         self._timeout[code] = fence.timeout_s
         self._geoms[code] = fence.geometry
+        self._edges.put(code, fence.geometry)
 
         old_mask = (self._keys & _LOW) == np.uint64(code)
         old_objs = (self._keys[old_mask] >> _SHIFT).astype(np.int64)
@@ -121,9 +272,10 @@ class XFence:
         inside = recent[shapely.contains_xy(fence.geometry, self._last_lon[recent], self._last_lat[recent])]
         leaving = np.setdiff1d(old_objs, inside)
         entering = np.setdiff1d(inside, old_objs)
-        reason = FENCE_CHANGED if replacing else ENTERED
-        events = [self._event(LEAVE, code, int(o), ts, FENCE_CHANGED) for o in leaving]
-        events += [self._event(ENTER, code, int(o), ts, reason) for o in entering]
+        events = self._events(np.r_[np.ones(leaving.size, np.int8), np.zeros(entering.size, np.int8)],
+                              np.full(leaving.size + entering.size, code, np.int64),
+                              np.r_[leaving, entering], np.full(leaving.size + entering.size, ts),
+                              (FENCE_CHANGED if replacing else ENTERED, FENCE_CHANGED))
         # new pairs of this fence: stayers keep their since
         stay_since = dict(zip(old_objs.tolist(), old_since.tolist(), strict=True))
         since = np.array([stay_since.get(int(o), ts) for o in inside], dtype=np.float64)
@@ -140,107 +292,198 @@ class XFence:
         if code is None:
             return []
         mask = (self._keys & _LOW) == np.uint64(code)
-        events = [self._event(LEAVE, code, int(o), ts, FENCE_DELETED)
-                  for o in (self._keys[mask] >> _SHIFT).astype(np.int64)]
+        objs = (self._keys[mask] >> _SHIFT).astype(np.int64)
+        events = self._events(np.ones(objs.size, np.int8), np.full(objs.size, code, np.int64), objs,
+                              np.full(objs.size, ts), (ENTERED, FENCE_DELETED))
         self._keys, self._since = self._keys[~mask], self._since[~mask]
         self._fences[code] = None
         self._geoms[code] = None
+        self._edges.drop(code)
         return events
 
     # -- positions --------------------------------------------------------------------------
 
     def route(self, wb: WorkerBatch) -> list[Event]:
-        """Apply a batch routed by x-geo: ENTER / LEAVE (exited) events, in time order."""
+        """Apply a batch routed by x-geo: ENTER / LEAVE (exited) events, in time order.
+
+        A position older than the object's last known one is dropped (stale). Positions of
+        one object with the same ts are one observation, and what they say is united: that
+        is how a handover notice (no candidates, from the region the object left) and the
+        position routed by the region it entered (its candidates there) combine. So an
+        observation at the object's last known ts can add fences, never remove one.
+        """
         pos = wb.positions
-        n = len(pos)
-        if n == 0:
+        if len(pos) == 0:
             return []
-        obj = self._codes(pos.ids)
-        # candidate pairs, exact test on boundary blocks, unknown fences dropped
-        counts = np.diff(wb.ptr)
-        c_pos = np.repeat(np.arange(n), counts)
-        fmap = np.array([self._fence_code.get(f, -1) for f in wb.fences], dtype=np.int64)
-        c_fence = fmap[wb.cand] if wb.cand.size else np.empty(0, np.int64)
-        known = c_fence >= 0
-        self.unknown_fence_candidates += int((~known).sum())
-        c_pos, c_fence, c_in = c_pos[known], c_fence[known], wb.interior[known]
-        check = np.flatnonzero(~c_in)
-        if check.size:
-            ok = shapely.contains_xy(self._geoms[c_fence[check]], pos.lon[c_pos[check]],
-                                     pos.lat[c_pos[check]])
-            keep = np.ones(c_pos.size, bool)
-            keep[check] = ok
-            c_pos, c_fence = c_pos[keep], c_fence[keep]
-
-        # order each object's positions by time; drop positions older than what is known
-        order = np.lexsort((np.arange(n), pos.ts, obj))
-        fresh = pos.ts[order] >= self._last_ts[obj[order]]
-        self.stale_positions += int((~fresh).sum())
-        order = order[fresh]
-        if not order.size:
+        obs = self._observations(self._codes(pos.ids), pos.ts)
+        c_pos, c_fence = self._inside(wb, obs)
+        if obs.objs.size == 0:
             return []
-        o_sorted = obj[order]
-        first = np.r_[True, o_sorted[1:] != o_sorted[:-1]]
-        group_start = np.flatnonzero(first)
-        sizes = np.diff(np.r_[group_start, order.size])
-        seq_sorted = np.arange(order.size) - np.repeat(group_start, sizes) + 1
-        seq = np.zeros(n, np.int64)  # 0 = dropped
-        seq[order] = seq_sorted
-        objs = o_sorted[group_start]  # objects of this batch
-        group_of = np.full(len(self._objects.ids), -1, dtype=np.int64)
-        group_of[objs] = np.arange(objs.size)
+        stored_at = self._stored_pairs(obs.objs)
+        if obs.single and self.single_observation_path:
+            events = self._apply_single(obs, stored_at, c_pos, c_fence)
+        else:
+            events = self._apply_runs(obs, stored_at, c_pos, c_fence)
+        self._last_ts[obs.objs] = pos.ts[obs.last]
+        self._last_lon[obs.objs] = pos.lon[obs.last]
+        self._last_lat[obs.objs] = pos.lat[obs.last]
+        return events
 
-        def position(o: npt.NDArray[np.int64], s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-            """Batch index of object o's s-th position (s >= 1)."""
-            at: npt.NDArray[np.int64] = order[group_start[group_of[o]] + s - 1]
-            return at
+    # The common batch (each object once, newer than what is stored) is a set difference
+    # per object; any other is numbered observations and runs. Both give the same result:
+    # the flag lets the tests run the general path on every batch.
+    single_observation_path = True
 
-        # stored pairs of these objects are "number 0"
+    def _apply_single(self, obs: _Observations, stored_at: I64, c_pos: I64, c_fence: I64) -> list[Event]:
+        """One new observation per object: ENTER what it is in and was not, LEAVE the reverse."""
+        new = (obs.objs[obs.pos_group[c_pos]].astype(np.uint64) << _SHIFT) | c_fence.astype(np.uint64)
+        new.sort()
+        if new.size > 1 and (new[1:] == new[:-1]).any():  # said twice (e.g. two regions)
+            new = np.unique(new)
+        old = self._keys[stored_at]
+        j = np.minimum(np.searchsorted(old, new), max(old.size - 1, 0))
+        stays = old[j] == new if old.size else np.zeros(new.size, bool)
+        kept = np.zeros(old.size, bool)
+        kept[j[stays]] = True
+        entering, leaving = new[~stays], old[~kept]
+        group_in = np.searchsorted(obs.objs, (entering >> _SHIFT).astype(np.int64))
+        group_out = np.searchsorted(obs.objs, (leaving >> _SHIFT).astype(np.int64))
+        events = self._events(
+            np.r_[np.zeros(entering.size, np.int8), np.ones(leaving.size, np.int8)],
+            np.r_[entering & _LOW, leaving & _LOW].astype(np.int64),
+            obs.objs[np.r_[group_in, group_out]],
+            obs.obs_ts[np.r_[group_in, group_out]],  # the one observation of each object
+            (ENTERED, EXITED),
+        )
+        since = np.empty(new.size)
+        since[stays] = self._since[stored_at[j[stays]]]
+        since[~stays] = obs.obs_ts[group_in]
+        self._replace_sorted(stored_at, new, since)
+        return events
+
+    def _apply_runs(self, obs: _Observations, stored_at: I64, c_pos: I64, c_fence: I64) -> list[Event]:
+        """Any batch: a run of consecutive observation numbers of one (object, fence) is a
+        stay inside; a run starting after number 0 is an ENTER, one ending before the
+        object's last observation a LEAVE."""
+        pairs = self._pairs(obs, stored_at, c_pos, c_fence)
+        enter = pairs.run_start & ((pairs.seq > 0) | ~pairs.stored)
+        leave = pairs.run_end & (pairs.seq < obs.k[pairs.group])
+        final = pairs.run_end & (pairs.seq == obs.k[pairs.group])
+        g_in, g_out = pairs.group[enter], pairs.group[leave]
+        events = self._events(
+            np.r_[np.zeros(g_in.size, np.int8), np.ones(g_out.size, np.int8)],
+            np.r_[pairs.fence[enter], pairs.fence[leave]],
+            obs.objs[np.r_[g_in, g_out]],
+            np.r_[obs.ts_of(g_in, pairs.seq[enter]), obs.ts_of(g_out, pairs.seq[leave] + 1)],
+            (ENTERED, EXITED),
+        )
+        # final state: the runs reaching the object's last observation, since their first
+        run_of = np.cumsum(pairs.run_start) - 1
+        first = np.flatnonzero(pairs.run_start)[run_of[final]]
+        since = pairs.since[first]
+        fresh = ~pairs.stored[first]
+        since[fresh] = obs.ts_of(pairs.group[first[fresh]], pairs.seq[first[fresh]])
+        new_keys = (obs.objs[pairs.group[final]].astype(np.uint64) << _SHIFT) | \
+            pairs.fence[final].astype(np.uint64)
+        self._replace_sorted(stored_at, new_keys, since)
+        return events
+
+    def _observations(self, obj: I64, ts: F64) -> _Observations:
+        """Number each object's fresh observations 1..k after its stored state (number 0);
+        an observation at the last known ts is number 0 itself."""
+        n = obj.size
+        if distinct(obj, len(self._objects)):
+            order = np.argsort(obj)
+            if (ts[order] > self._last_ts[obj[order]]).all():
+                return _Observations.single_of(obj, ts, order)
+        else:
+            order = np.lexsort((ts, obj))
+        fresh = ts[order] >= self._last_ts[obj[order]]
+        if not fresh.all():
+            self.stale_positions += int(n - np.count_nonzero(fresh))
+            order = order[fresh]
+        o, t = obj[order], ts[order]
+        m = o.size
+        if m == 0:
+            none = np.full(n, -1, np.int64)
+            return _Observations(*(np.empty(0, np.int64),) * 3, np.empty(0), np.empty(0, np.int64),
+                                 none, none)
+        new_obj = np.ones(m, bool)
+        new_obj[1:] = o[1:] != o[:-1]
+        new_obs = new_obj.copy()
+        new_obs[1:] |= t[1:] != t[:-1]
+        group = np.cumsum(new_obj) - 1
+        obs_idx = np.cumsum(new_obs) - 1
+        starts = np.flatnonzero(new_obj)
+        ends = np.r_[starts[1:] - 1, m - 1]
+        objs = o[starts]
+        base = obs_idx[starts] - (t[starts] > self._last_ts[objs])
+        seq = obs_idx - base[group]
+        pos_group = np.full(n, -1, np.int64)
+        pos_seq = np.full(n, -1, np.int64)
+        pos_group[order] = group
+        pos_seq[order] = seq
+        return _Observations(objs, seq[ends], base, t[new_obs], order[ends], pos_group, pos_seq,
+                             single=bool((seq == 1).all()))
+
+    def _inside(self, wb: WorkerBatch, obs: _Observations) -> tuple[I64, I64]:
+        """Candidate (position, fence code) pairs of fresh positions that pass the exact
+        test (skipped on interior blocks); candidates of unknown fences are counted, dropped."""
+        n = len(wb.positions)
+        c_pos = np.repeat(np.arange(n), np.diff(wb.ptr))
+        if not wb.fences:
+            return c_pos, np.empty(0, np.int64)
+        code = self._fence_code.get
+        fmap = np.fromiter((code(f, -1) for f in wb.fences), np.int64, len(wb.fences))
+        c_fence = fmap[wb.cand]
+        keep = c_fence >= 0
+        self.unknown_fence_candidates += c_fence.size - int(np.count_nonzero(keep))
+        keep &= obs.pos_seq[c_pos] >= 0  # stale positions have no observation
+        at = np.flatnonzero(keep & ~wb.interior)
+        if at.size:
+            keep[at] = self._contains(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
+        return c_pos[keep], c_fence[keep]
+
+    def _contains(self, fences: I64, x: F64, y: F64) -> npt.NDArray[np.bool_]:
+        """shapely.contains_xy(fence, x, y) elementwise: in C, and by shapely where C is unsure."""
+        verdict = self._edges.locate(fences, x, y)
+        unsure = np.flatnonzero(verdict == kernel.PIP_UNSURE)
+        if unsure.size:
+            verdict[unsure] = shapely.contains_xy(self._geoms[fences[unsure]], x[unsure], y[unsure])
+        out: npt.NDArray[np.bool_] = verdict == kernel.PIP_IN
+        return out
+
+    def _stored_pairs(self, objs: I64) -> I64:
+        """Indices in the pair table of the pairs of these objects (sorted codes)."""
         lo = np.searchsorted(self._keys, objs.astype(np.uint64) << _SHIFT)
         hi = np.searchsorted(self._keys, (objs.astype(np.uint64) + np.uint64(1)) << _SHIFT)
-        n_st = (hi - lo).astype(np.int64)
-        stored = np.repeat(lo.astype(np.int64) - (np.cumsum(n_st) - n_st), n_st) + np.arange(int(n_st.sum()))
-        s_obj = (self._keys[stored] >> _SHIFT).astype(np.int64)
-        s_fence = (self._keys[stored] & _LOW).astype(np.int64)
-        s_since = self._since[stored]
+        n_st = hi - lo
+        at: I64 = np.repeat(lo - (np.cumsum(n_st) - n_st), n_st) + np.arange(int(n_st.sum()))
+        return at
 
-        live = seq[c_pos] > 0
-        e_obj = np.concatenate([s_obj, obj[c_pos[live]]])
-        e_fence = np.concatenate([s_fence, c_fence[live]])
-        e_seq = np.concatenate([np.zeros(s_obj.size, np.int64), seq[c_pos[live]]])
-        e_since = np.concatenate([s_since, pos.ts[c_pos[live]]])
-        srt = np.lexsort((e_seq, e_fence, e_obj))
-        e_obj, e_fence, e_seq, e_since = e_obj[srt], e_fence[srt], e_seq[srt], e_since[srt]
-        same = (e_obj[1:] == e_obj[:-1]) & (e_fence[1:] == e_fence[:-1])
-        cont = same & (e_seq[1:] == e_seq[:-1] + 1)
-        run_start = np.r_[True, ~cont]
-        run_end = np.r_[~cont, True]
-        k = sizes[group_of[e_obj]]
-
-        events: list[Event] = []
-        ent = np.flatnonzero(run_start & (e_seq > 0))
-        for f, o, t in zip(e_fence[ent], e_obj[ent], pos.ts[position(e_obj[ent], e_seq[ent])],
-                           strict=True):
-            events.append(self._event(ENTER, int(f), int(o), float(t), ENTERED))
-        lev = np.flatnonzero(run_end & (e_seq < k))
-        for f, o, t in zip(e_fence[lev], e_obj[lev], pos.ts[position(e_obj[lev], e_seq[lev] + 1)],
-                           strict=True):
-            events.append(self._event(LEAVE, int(f), int(o), float(t), EXITED))
-
-        # final state: runs that reach the object's last position; since = the run's first
-        start_idx = np.maximum.accumulate(np.where(run_start, np.arange(e_obj.size), 0))
-        final = run_end & (e_seq == k)
-        f_since = e_since[start_idx[final]]
-        keep_mask = np.ones(self._keys.size, bool)
-        keep_mask[stored] = False
-        self._replace_pairs(keep_mask, e_obj[final], e_fence[final], f_since)
-
-        last = order[np.r_[group_start[1:] - 1, order.size - 1]]  # each object's last position
-        self._last_ts[objs] = pos.ts[last]
-        self._last_lon[objs] = pos.lon[last]
-        self._last_lat[objs] = pos.lat[last]
-        events.sort(key=lambda e: (e.ts, e.object_id, e.fence_id, e.event))
-        return events
+    def _pairs(self, obs: _Observations, stored_at: I64, c_pos: I64, c_fence: I64) -> _Pairs:
+        """The stored pairs of the batch's objects (number 0) and the inside candidates,
+        sorted by (object, fence, number), one entry per (object, fence, observation)."""
+        objs = obs.objs
+        n_stored = stored_at.size
+        s_keys = self._keys[stored_at]
+        s_group = np.searchsorted(objs, (s_keys >> _SHIFT).astype(np.int64))
+        group = np.r_[s_group, obs.pos_group[c_pos]]
+        fence = np.r_[(s_keys & _LOW).astype(np.int64), c_fence]
+        seq = np.r_[np.zeros(n_stored, np.int64), obs.pos_seq[c_pos]]
+        order = _pair_order(group, fence, seq, n_stored, objs.size, len(self._fences),
+                            int(obs.k.max()) + 1)
+        group, fence, seq = group[order], fence[order], seq[order]
+        stored = order < n_stored
+        since = self._since[stored_at[np.minimum(order, n_stored - 1)]] if n_stored else np.zeros(order.size)
+        same_pair = (group[1:] == group[:-1]) & (fence[1:] == fence[:-1])
+        dup = same_pair & (seq[1:] == seq[:-1])
+        if dup.any():  # one observation said twice (or at the stored ts): keep the first
+            keep = np.r_[True, ~dup]
+            group, fence, seq, stored, since = group[keep], fence[keep], seq[keep], stored[keep], since[keep]
+            same_pair = (group[1:] == group[:-1]) & (fence[1:] == fence[:-1])
+        cont = same_pair & (seq[1:] == seq[:-1] + 1)
+        return _Pairs(group, fence, seq, stored, since, np.r_[True, ~cont], np.r_[~cont, True])
 
     def expire(self, now: float) -> list[Event]:
         """LEAVE (timeout) for every pair whose object was silent longer than the fence's
@@ -253,10 +496,9 @@ class XFence:
         due = due_at < now
         if not due.any():
             return []
-        events = [self._event(LEAVE, int(f), int(o), float(t), TIMEOUT)
-                  for o, f, t in zip(objs[due], fences[due], due_at[due], strict=True)]
+        events = self._events(np.ones(int(due.sum()), np.int8), fences[due], objs[due], due_at[due],
+                              (ENTERED, TIMEOUT))
         self._keys, self._since = self._keys[~due], self._since[~due]
-        events.sort(key=lambda e: (e.ts, e.object_id, e.fence_id))
         return events
 
     # -- state for `geofence inspect fence` -------------------------------------------------
@@ -308,19 +550,53 @@ class XFence:
         self._last_lat = grow(self._last_lat, m, np.nan)
         return codes
 
-    def _replace_pairs(self, keep: npt.NDArray[np.bool_], objs: npt.NDArray[np.int64],
-                       fences: npt.NDArray[np.int64], since: npt.NDArray[np.float64]) -> None:
+    def _replace_pairs(self, keep: npt.NDArray[np.bool_], objs: I64, fences: I64, since: F64) -> None:
         new = (objs.astype(np.uint64) << _SHIFT) | fences.astype(np.uint64)
         order = np.argsort(new)
-        new, since = new[order], since[order]
-        kept, kept_since = self._keys[keep], self._since[keep]
-        at = np.searchsorted(kept, new)
-        self._keys = np.insert(kept, at, new)
-        self._since = np.insert(kept_since, at, since)
+        self._merge_pairs(self._keys[keep], self._since[keep], new[order], since[order])
 
-    def _event(self, kind: str, fence: int, obj: int, ts: float, reason: str) -> Event:
-        d = self._fences[fence]
-        assert d is not None
-        oid = self._objects.ids[obj]
-        eid = event_id(d.fence_id, d.version, oid, kind, reason, ts)
-        return Event(kind, d.fence_id, oid, ts, reason, eid)
+    def _replace_sorted(self, drop: I64, new: npt.NDArray[np.uint64], since: F64) -> None:
+        """Drop the pairs at indices `drop`, add `new` (sorted keys)."""
+        if drop.size == self._keys.size:  # every stored pair was replaced
+            self._keys, self._since = new, since
+            return
+        keep = np.ones(self._keys.size, bool)
+        keep[drop] = False
+        self._merge_pairs(self._keys[keep], self._since[keep], new, since)
+
+    def _merge_pairs(self, kept: npt.NDArray[np.uint64], kept_since: F64,
+                     new: npt.NDArray[np.uint64], since: F64) -> None:
+        keys = np.concatenate([kept, new])
+        order = np.argsort(keys, kind="stable")  # two sorted runs: a linear merge
+        self._keys, self._since = keys[order], np.concatenate([kept_since, since])[order]
+
+    def _events(self, kind: npt.NDArray[np.int8], fence: I64, obj: I64, ts: F64,
+                reasons: tuple[str, str]) -> list[Event]:
+        """Events (kind 0 = ENTER with reasons[0], 1 = LEAVE with reasons[1]) ordered by
+        (ts, object_id, fence_id, event), with their stable ids."""
+        if not kind.size:
+            return []
+        order = np.lexsort((kind, _name_rank(fence, self._fence_names),
+                            _name_rank(obj, self._objects.ids), ts))
+        kind, ts = kind[order], ts[order]
+        f_codes, names, oids = fence[order].tolist(), self._fence_names, self._objects.ids
+        object_ids = [oids[o] for o in obj[order].tolist()]
+        # event_id()'s text is fence prefix + object id + a tail per (kind, ts): the events
+        # of a batch share a few instants, so each tail (and its float repr) is made once
+        instants, at = np.unique(ts, return_inverse=True)
+        tails = [f"\x1f{_KINDS[k]}\x1f{reasons[k]}\x1f{t!r}" for k in (0, 1) for t in instants.tolist()]
+        prefix, blake2b = self._id_prefix, hashlib.blake2b
+        ids = [blake2b((prefix[f] + o + tails[i]).encode(), digest_size=16).hexdigest()
+               for f, o, i in zip(f_codes, object_ids, (kind * instants.size + at).tolist(), strict=True)]
+        new, out = object.__new__, []
+        s_event, s_fence, s_object, s_ts, s_reason, s_id = _EVENT_SLOTS
+        for k, f, o, t, i in zip(kind.tolist(), f_codes, object_ids, ts.tolist(), ids, strict=True):
+            e = new(Event)
+            s_event(e, _KINDS[k])
+            s_fence(e, names[f])
+            s_object(e, o)
+            s_ts(e, t)
+            s_reason(e, reasons[k])
+            s_id(e, i)
+            out.append(e)
+        return out

@@ -69,4 +69,21 @@ int hk_cover(const double *lon, const double *lat, const int64_t *ring_ends, int
              int bits, int max_level, int64_t max_nodes, hk_covering *out);
 void hk_covering_free(hk_covering *c);
 
+/* Strictly inside (GEOS contains_xy), point i against the polygon whose edges are
+ * (ax, ay) -> (bx, by) for e in [edge_lo[i], edge_hi[i]) (every ring, even-odd rule):
+ * HK_PIP_OUT, HK_PIP_IN, or HK_PIP_UNSURE when only exact arithmetic could tell (the
+ * point may be on an edge), when edge_lo[i] < 0 or the point is not finite. */
+#define HK_PIP_OUT 0
+#define HK_PIP_IN 1
+#define HK_PIP_UNSURE 2
+void hk_points_in_polygons(const double *ax, const double *ay, const double *bx, const double *by,
+                           const int64_t *edge_lo, const int64_t *edge_hi,
+                           const double *px, const double *py, size_t n, uint8_t *out);
+
+/* For keys sorted ascending and distinct: the needles equal to some key, as (needle
+ * index, key index) pairs in needle order; returns how many. Fastest with needles
+ * sorted ascending (each search starts from the previous answer). */
+int64_t hk_match_sorted(const uint64_t *keys, size_t n_keys, const uint64_t *needles, size_t n,
+                        int64_t *hit, int64_t *at);
+
 #endif

@@ -248,3 +248,50 @@ def cover_rings(
         return ranges, interior, int(out.nodes), int(out.boundary_cells)
     finally:
         lib.hk_covering_free(out)
+
+
+PIP_OUT: int = lib.HK_PIP_OUT
+PIP_IN: int = lib.HK_PIP_IN
+PIP_UNSURE: int = lib.HK_PIP_UNSURE
+
+
+def points_in_polygons(
+    edges: tuple[F64, F64, F64, F64], edge_lo: npt.NDArray[np.int64], edge_hi: npt.NDArray[np.int64],
+    x: F64, y: F64,
+) -> npt.NDArray[np.uint8]:
+    """Per point i: PIP_IN if strictly inside the polygon whose edges (ax, ay, bx, by) are
+    rows [edge_lo[i], edge_hi[i]), PIP_OUT if not, PIP_UNSURE where only GEOS's exact
+    arithmetic could tell (or edge_lo[i] < 0): see contains.c."""
+    ax, ay, bx, by = (np.ascontiguousarray(a, dtype=np.float64) for a in edges)
+    lo = np.ascontiguousarray(edge_lo, dtype=np.int64)
+    hi = np.ascontiguousarray(edge_hi, dtype=np.int64)
+    px, py = _as_f64_pair(x, y)
+    n = px.size
+    if not (lo.size == hi.size == py.size == n):
+        raise ValueError("edge_lo, edge_hi, x and y must have one entry per point")
+    if n and ax.size and int(hi.max()) > ax.size:
+        raise ValueError("an edge span is beyond the edge arrays")
+    out = np.empty(n, dtype=np.uint8)
+    lib.hk_points_in_polygons(
+        *(ffi.from_buffer("double[]", a) for a in (ax, ay, bx, by)),
+        ffi.from_buffer("int64_t[]", lo), ffi.from_buffer("int64_t[]", hi),
+        ffi.from_buffer("double[]", px), ffi.from_buffer("double[]", py), n,
+        ffi.from_buffer("uint8_t[]", out, require_writable=True),
+    )
+    return out
+
+
+def match_sorted(keys: U64, needles: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(i, j) for every needles[i] == keys[j], in needle order; keys sorted and distinct.
+    np.searchsorted's answer, faster when the needles are sorted too (see search.c)."""
+    k = np.ascontiguousarray(keys, dtype=np.uint64)
+    q = np.ascontiguousarray(needles, dtype=np.uint64)
+    hit = np.empty(q.size, dtype=np.int64)
+    at = np.empty(q.size, dtype=np.int64)
+    m = lib.hk_match_sorted(
+        ffi.from_buffer("uint64_t[]", k), k.size, ffi.from_buffer("uint64_t[]", q), q.size,
+        ffi.from_buffer("int64_t[]", hit, require_writable=True),
+        ffi.from_buffer("int64_t[]", at, require_writable=True),
+    )
+    return hit[:m], at[:m]
+

@@ -1,0 +1,358 @@
+"""The fleet-over-fences workload, its shapely ground truth and the in-process core pipeline.
+
+The anchor benchmark of the platform: F circular fences (32-gons, radius 200-800 m, centres
+uniform in a 20 km box at 47 N) and N objects random-walking in the same box with ~20 m steps,
+U position updates in rounds (every object moves once per round). Everything is seeded: the
+same (seed, sizes) give the same fences, the same stream and so the same events, whichever
+intake (core-only, AMQP batches, MQTT messages) carries the stream. Fences and the walk draw
+from independent generators, so runs at F=1,000 and F=10,000 with one seed share the stream.
+
+Used by `bench/e2e.py` (every mode) and by the unit tests (a small workload against the
+reference). Nothing here is timed: callers time what they measure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import shapely
+from shapely.geometry import Polygon
+
+import hilbert_c as hk
+from exchanges.batch import PositionBatch
+from exchanges.range_index import INDEX_BITS
+from exchanges.x_geo import FenceBinding, WorkerBatch, XGeo
+from fence.hash_ring import HashRing
+from fence.state import ENTER, ENTERED, EXITED, LEAVE, Event, FenceDef, XFence
+from hilbert_c.covering import EARTH_RADIUS_M
+from ingress.core import XIngress
+from ingress.worldmap import Worldmap
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+CENTRE = (9.55, 47.15)  # inside ingress.worldmap.AREA, so the default worldmap splits it
+BOX_SIDE_M = 20_000.0
+RADIUS_M = (200.0, 800.0)
+VERTICES = 32
+STEP_M = 20.0
+STEP_S = 1.0
+T0 = 1_700_000_000.0
+REGIONS = ("a", "b")
+WORKERS = ("w0", "w1")
+# Covering resolution: cells of ~1/20 of the radius keep the boundary ranges (exact test
+# needed) at ~10-15% of a fence's covered area, with ~100-200 ranges per fence.
+CELLS_PER_RADIUS = 20.0
+# Above the natural range count at CELLS_PER_RADIUS: coarsening to fewer ranges also merges
+# interior ranges into their boundary neighbours (a zero gap is the cheapest to fill), which
+# turns most of a fence into "needs the exact test".
+MAX_RANGES = 512
+NO_TIMEOUT_S = 1e9  # the bench measures routing, not timeouts
+
+EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
+
+
+# -- geometry of the box ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Box:
+    """A square of side_m metres around (lon, lat), mapped linearly (plenty at 20 km)."""
+
+    lon: float
+    lat: float
+    side_m: float
+
+    @property
+    def m_per_deg_lon(self) -> float:
+        return math.radians(1.0) * EARTH_RADIUS_M * math.cos(math.radians(self.lat))
+
+    @property
+    def m_per_deg_lat(self) -> float:
+        return math.radians(1.0) * EARTH_RADIUS_M
+
+    def to_lonlat(self, x_m: F64, y_m: F64) -> tuple[F64, F64]:
+        """Metres from the box's lower-left corner to lon/lat degrees."""
+        half = self.side_m / 2.0
+        return (self.lon + (x_m - half) / self.m_per_deg_lon,
+                self.lat + (y_m - half) / self.m_per_deg_lat)
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        lon0, lat0 = self.to_lonlat(np.array([0.0]), np.array([0.0]))
+        lon1, lat1 = self.to_lonlat(np.array([self.side_m]), np.array([self.side_m]))
+        return float(lon0[0]), float(lat0[0]), float(lon1[0]), float(lat1[0])
+
+
+DEFAULT_BOX = Box(*CENTRE, BOX_SIDE_M)
+
+
+def _rng(seed: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, stream])
+
+
+def _names(prefix: str, n: int) -> list[str]:
+    width = max(5, len(str(max(n - 1, 0))))
+    return [f"{prefix}{i:0{width}d}" for i in range(n)]
+
+
+# -- fences ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Fence:
+    fence_id: str
+    lon: float
+    lat: float
+    radius_m: float
+    geometry: Polygon
+
+
+def make_fences(n: int, seed: int, box: Box = DEFAULT_BOX,
+                radius_m: tuple[float, float] = RADIUS_M) -> list[Fence]:
+    """n circles (VERTICES-gons), centres uniform in the box, radius uniform in radius_m."""
+    rng = _rng(seed, 1)
+    x = rng.uniform(0.0, box.side_m, n)
+    y = rng.uniform(0.0, box.side_m, n)
+    r = rng.uniform(*radius_m, n)
+    lon, lat = box.to_lonlat(x, y)
+    return [Fence(fid, float(lo), float(la), float(rr), hk.circle(float(lo), float(la), float(rr), VERTICES))
+            for fid, lo, la, rr in zip(_names("f", n), lon, lat, r, strict=True)]
+
+
+def covering_bits(radius_m: float, lat: float, cells_per_radius: float = CELLS_PER_RADIUS) -> int:
+    """The resolution whose cell side (geometric mean of width and height) is nearest to
+    radius / cells_per_radius."""
+    target = math.log(radius_m / cells_per_radius)
+
+    def miss(bits: int) -> float:
+        w, h = hk.cell_size_m(bits, lat)
+        return abs(0.5 * math.log(w * h) - target)
+
+    return min(range(hk.MIN_BITS, INDEX_BITS + 1), key=miss)
+
+
+def fence_bindings(fence: Fence, worldmap: Worldmap, version: int = 1,
+                   max_ranges: int | None = MAX_RANGES,
+                   cells_per_radius: float = CELLS_PER_RADIUS) -> dict[str, FenceBinding]:
+    """The fence's covering at INDEX_BITS, clipped to each region that owns part of it."""
+    bits = covering_bits(fence.radius_m, fence.lat, cells_per_radius)
+    cov = hk.cover(fence.geometry, bits, max_ranges=max_ranges).to_bits(INDEX_BITS)
+    return {region: FenceBinding(fence.fence_id, version, r, f)
+            for region, (r, f) in worldmap.clip(cov.ranges, cov.interior).items()}
+
+
+def fence_def(fence: Fence, version: int = 1, timeout_s: float = NO_TIMEOUT_S) -> FenceDef:
+    return FenceDef(fence.fence_id, version, fence.geometry, timeout_s)
+
+
+# -- the stream ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Chunk:
+    """Consecutive updates of the stream (start = index of the first one)."""
+
+    start: int
+    ids: list[str]
+    lon: F64
+    lat: F64
+    ts: F64
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self) -> PositionBatch:
+        """As x-ingress receives it: no Hilbert index yet."""
+        return PositionBatch(self.ids, self.lon, self.lat, self.ts, np.zeros(len(self.ids), np.uint64))
+
+
+@dataclass(frozen=True, eq=False)
+class Stream:
+    """U updates in publish order: object (index into object_ids), lon, lat, ts."""
+
+    object_ids: list[str]
+    obj: npt.NDArray[np.int32]
+    lon: F64
+    lat: F64
+    ts: F64
+
+    def __len__(self) -> int:
+        return int(self.obj.size)
+
+    def ids(self, lo: int = 0, hi: int | None = None) -> list[str]:
+        names = self.object_ids
+        return [names[i] for i in self.obj[lo:hi].tolist()]
+
+    def chunks(self, size: int) -> Iterator[Chunk]:
+        if size < 1:
+            raise ValueError(f"chunk size must be >= 1, got {size}")
+        for lo in range(0, len(self), size):
+            hi = min(lo + size, len(self))
+            yield Chunk(lo, self.ids(lo, hi), self.lon[lo:hi], self.lat[lo:hi], self.ts[lo:hi])
+
+
+def random_walk(n_objects: int, n_updates: int, seed: int, box: Box = DEFAULT_BOX,
+                step_m: float = STEP_M, step_s: float = STEP_S, t0: float = T0) -> Stream:
+    """Objects start uniform in the box; each round every object (in a fresh random order)
+    takes one step of step_m in a random direction, reflected at the box's edges, stamped
+    t0 + round * step_s. The last round is cut short when n_updates is not a multiple."""
+    if n_objects < 1 or n_updates < 0:
+        raise ValueError("need at least one object and a non-negative number of updates")
+    rng = _rng(seed, 2)
+    x = rng.uniform(0.0, box.side_m, n_objects)
+    y = rng.uniform(0.0, box.side_m, n_objects)
+    rounds = -(-n_updates // n_objects)
+    obj = np.empty(rounds * n_objects, np.int32)
+    xs = np.empty(rounds * n_objects)
+    ys = np.empty(rounds * n_objects)
+    ts = np.empty(rounds * n_objects)
+    for r in range(rounds):
+        heading = rng.uniform(0.0, 2.0 * math.pi, n_objects)
+        x = _reflect(x + step_m * np.cos(heading), box.side_m)
+        y = _reflect(y + step_m * np.sin(heading), box.side_m)
+        order = rng.permutation(n_objects)
+        at = slice(r * n_objects, (r + 1) * n_objects)
+        obj[at], xs[at], ys[at], ts[at] = order, x[order], y[order], t0 + r * step_s
+    lon, lat = box.to_lonlat(xs[:n_updates], ys[:n_updates])
+    return Stream(_names("o", n_objects), obj[:n_updates], lon, lat, ts[:n_updates].copy())
+
+
+def _reflect(v: F64, side: float) -> F64:
+    v = np.where(v < 0.0, -v, v)
+    return np.where(v > side, 2.0 * side - v, v)
+
+
+# -- the ground truth ------------------------------------------------------------------------
+
+def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_000) -> list[EventTuple]:
+    """ENTER / LEAVE from shapely alone, update by update in stream order.
+
+    Independent of the Hilbert path: an STRtree over the fences gives bounding-box
+    candidates, then the very predicate x-fence applies (`shapely.contains_xy`: strictly
+    inside, a point on the edge is out) decides.
+    """
+    geoms = np.array([f.geometry for f in fences], dtype=object)
+    names = [f.fence_id for f in fences]
+    tree = shapely.STRtree(geoms)
+    inside: list[frozenset[int]] = [frozenset()] * len(stream.object_ids)
+    events: list[EventTuple] = []
+    for lo in range(0, len(stream), chunk):
+        hi = min(lo + chunk, len(stream))
+        lon, lat = stream.lon[lo:hi], stream.lat[lo:hi]
+        pt, fi = tree.query(shapely.points(lon, lat))
+        ok = shapely.contains_xy(geoms[fi], lon[pt], lat[pt])
+        pt, fi = pt[ok], fi[ok]
+        order = np.lexsort((fi, pt))
+        pt, fi = pt[order], fi[order]
+        ptr = np.searchsorted(pt, np.arange(hi - lo + 1))
+        fence_lists = fi.tolist()
+        for i, o in enumerate(stream.obj[lo:hi].tolist()):
+            now = frozenset(fence_lists[ptr[i]:ptr[i + 1]])
+            before = inside[o]
+            if now != before:
+                oid, t = stream.object_ids[o], float(stream.ts[lo + i])
+                events += [(ENTER, names[f], oid, t, ENTERED) for f in now - before]
+                events += [(LEAVE, names[f], oid, t, EXITED) for f in before - now]
+                inside[o] = now
+    return events
+
+
+def as_tuples(events: Sequence[Event]) -> list[EventTuple]:
+    return [(e.event, e.fence_id, e.object_id, e.ts, e.reason) for e in events]
+
+
+def compare(got: Sequence[EventTuple], want: Sequence[EventTuple], show: int = 10) -> list[str]:
+    """Empty if both are the same multiset; else the first differences, described."""
+    g, w = sorted(got), sorted(want)
+    if g == w:
+        return []
+    from collections import Counter
+
+    extra = Counter(g) - Counter(w)
+    missing = Counter(w) - Counter(g)
+    lines = [f"{len(g)} events, the reference has {len(w)}: "
+             f"{sum(extra.values())} unexpected, {sum(missing.values())} missing"]
+    lines += [f"  unexpected {e}" for e in sorted(extra)[:show]]
+    lines += [f"  missing    {e}" for e in sorted(missing)[:show]]
+    return lines
+
+
+# -- the core pipeline -----------------------------------------------------------------------
+
+@dataclass
+class StageTimes:
+    """Seconds spent per stage (perf_counter)."""
+
+    ingress: float = 0.0
+    geo: float = 0.0
+    fence: float = 0.0
+    batches: int = 0
+    updates: int = 0
+    per_worker: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.ingress + self.geo + self.fence
+
+
+class CorePipeline:
+    """x-ingress -> x-geo (one per region) -> x-fence (one per worker), in one process.
+
+    The ceiling of the platform: the routing cores with no broker, no serialisation and no
+    network. Per batch, each region's x-geo gets its positions together with the handover
+    notices of objects that left it (so an object crossing the border and back within one
+    batch is told in time order), and each worker gets one WorkerBatch: what every region
+    routed to it, merged, so it sees the batch's positions in time order whatever region they
+    came through (a notice and the position it accompanies, one update, are one observation).
+    """
+
+    def __init__(self, regions: Sequence[str] = REGIONS, workers: Sequence[str] = WORKERS,
+                 worldmap: Worldmap | None = None) -> None:
+        self.worldmap = worldmap or Worldmap.over_area(list(regions))
+        self.ring = HashRing(list(workers))
+        self.ingress = XIngress(self.worldmap)
+        self.geo = {r: XGeo(r, list(workers), self.ring) for r in self.worldmap.regions}
+        self.fence = {w: XFence(w) for w in workers}
+        self.times = StageTimes(per_worker={w: 0.0 for w in workers})
+
+    def define(self, fences: Sequence[Fence], ts: float = T0 - 1.0,
+               max_ranges: int | None = MAX_RANGES, cells_per_radius: float = CELLS_PER_RADIUS,
+               timeout_s: float = NO_TIMEOUT_S) -> list[Event]:
+        """Bind every fence in the regions it touches and define it on its worker."""
+        events: list[Event] = []
+        for f in fences:
+            for region, b in fence_bindings(f, self.worldmap, 1, max_ranges, cells_per_radius).items():
+                self.geo[region].add_binding(b)
+            events += self.fence[self.ring.node_for(f.fence_id)].define(fence_def(f, 1, timeout_s), ts)
+        for geo in self.geo.values():
+            geo.compact()
+        return events
+
+    def feed(self, batch: PositionBatch) -> list[Event]:
+        t0 = time.perf_counter()
+        routed = self.ingress.route(batch)
+        t1 = time.perf_counter()
+        to_worker: dict[str, list[WorkerBatch]] = {}
+        for region in self.worldmap.regions:
+            positions, left = routed.positions.get(region), routed.handovers.get(region)
+            if positions is None and left is None:
+                continue
+            for w, wb in self.geo[region].route(positions or PositionBatch.empty(), left).items():
+                to_worker.setdefault(w, []).append(wb)
+        t2 = time.perf_counter()
+        events: list[Event] = []
+        for w, wbs in to_worker.items():
+            tw = time.perf_counter()
+            events += self.fence[w].route(WorkerBatch.concat(wbs))
+            self.times.per_worker[w] += time.perf_counter() - tw
+        t3 = time.perf_counter()
+        t = self.times
+        t.ingress, t.geo, t.fence = t.ingress + t1 - t0, t.geo + t2 - t1, t.fence + t3 - t2
+        t.batches, t.updates = t.batches + 1, t.updates + len(batch)
+        return events
+
+    def inside_pairs(self) -> int:
+        return sum(int(x.stats()["inside_pairs"]) for x in self.fence.values())
