@@ -336,11 +336,8 @@ class CorePipeline:
         routed = self.ingress.route(batch)
         t1 = time.perf_counter()
         to_worker: dict[str, list[WorkerBatch]] = {}
-        for region in self.worldmap.regions:
-            positions, left = routed.positions.get(region), routed.handovers.get(region)
-            if positions is None and left is None:
-                continue
-            for w, wb in self.geo[region].route(positions or PositionBatch.empty(), left).items():
+        for region, rb in routed.regions.items():
+            for w, wb in self.geo[region].route(rb.batch, notice=rb.notice, entered=rb.entered).items():
                 to_worker.setdefault(w, []).append(wb)
         t2 = time.perf_counter()
         events: list[Event] = []

@@ -94,6 +94,40 @@ class PositionBatch:
         )
 
 
+@dataclass(frozen=True, eq=False)
+class RegionBatch:
+    """What one region's x-geo gets from an x-ingress batch, in the batch's order: its positions and
+    the handover notices of objects that left it (flagged `notice`; the position is the one
+    in the region they went to); `entered` flags positions of objects that came in from
+    another region. One message, so the x-geo sees an object's notices and positions in
+    the order they happened."""
+
+    batch: PositionBatch
+    notice: npt.NDArray[np.bool_]
+    entered: npt.NDArray[np.bool_]
+
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"batch": self.batch.to_wire()}
+        if self.notice.any():
+            d["notice"] = self.notice.astype(np.uint8).tobytes()
+        if self.entered.any():
+            d["entered"] = self.entered.astype(np.uint8).tobytes()
+        return d
+
+    @staticmethod
+    def from_wire(d: dict[str, Any]) -> RegionBatch:
+        """ValueError if the flags do not fit the batch."""
+        batch = PositionBatch.from_wire(d["batch"])
+        n = len(batch)
+        flags = []
+        for name in ("notice", "entered"):
+            f = np.frombuffer(d[name], np.uint8).astype(bool) if d.get(name) else np.zeros(n, bool)
+            if f.size != n:
+                raise ValueError(f"{name} flags for {f.size} positions in a batch of {n}")
+            flags.append(f)
+        return RegionBatch(batch, flags[0], flags[1])
+
+
 def pack(kind: str, **payload: Any) -> bytes:
     """One message body: {"v", "kind", ...payload} as msgpack."""
     out: bytes = msgpack.packb({"v": WIRE_VERSION, "kind": kind, **payload}, use_bin_type=True)

@@ -8,7 +8,9 @@ version order makes replays harmless.
 
 One lock orders "change the index + forward the definition" against "route + publish": a
 position routed by a new binding can never overtake that fence's definition on x-fence.in.
-Per worker, the parts of one batch go out as one message, in queue order.
+Per worker, what one batch routed goes out as one message, in queue order; handover
+notices travel in line with the positions (x-ingress puts them in the same message), so an
+object's exit from this region reaches its workers between the right positions.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
 from exchanges import shell
 from exchanges import topology as t
-from exchanges.batch import CONTENT_TYPE, PositionBatch, pack, unpack
+from exchanges.batch import CONTENT_TYPE, PositionBatch, RegionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
 from exchanges.x_geo import XGeo
 from fence import control, store
@@ -78,37 +81,31 @@ class GeoSidecar:
 
     async def handle_positions(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         outs: list[shell.Out] = []
-        segments: list[tuple[str, list[PositionBatch]]] = []  # consecutive runs of one kind
+        batches: list[RegionBatch] = []
         for m in messages:
             try:
                 msg = unpack(m.body)
-                if msg["kind"] not in (POSITIONS, HANDOVER):
+                if msg["kind"] == POSITIONS:
+                    rb = RegionBatch.from_wire(msg)
+                elif msg["kind"] == HANDOVER:  # notices apart (wire of the first pipeline version)
+                    b = PositionBatch.from_wire(msg["batch"])
+                    rb = RegionBatch(b, np.ones(len(b), bool), np.zeros(len(b), bool))
+                else:
                     raise InvalidMessage(f"unknown message kind {msg['kind']!r} on {t.GEO_POSITIONS_QUEUE}")
-                batch = PositionBatch.from_wire(msg["batch"])
-                self.core.validate(batch)
+                self.core.validate(rb.batch)
             except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
                 outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "batch"),
                                               t.GEO_POSITIONS_QUEUE, self.counters))
                 continue
-            if segments and segments[-1][0] == msg["kind"]:
-                segments[-1][1].append(batch)
-            else:
-                segments.append((msg["kind"], [batch]))
+            batches.append(rb)
         async with self.lock:
-            parts: dict[str, list[dict[str, Any]]] = {}
-            for kind, batches in segments:
-                b = PositionBatch.concat(batches)
-                self.counters.positions += len(b)
-                if kind == POSITIONS:
-                    routed = self.core.route(b)
-                else:
-                    routed = self.core.objects_left(b.ids, b.ts, b.lon, b.lat, b.h)
-                for worker, wb in routed.items():
-                    # a handover part has no candidates: x-fence re-checks the object's
-                    # current fences itself (another region routes the position for real)
-                    parts.setdefault(worker, []).append({**wb.to_wire(), "handover": kind == HANDOVER})
-            outs += [shell.Out(self.fence_in, worker, pack(POSITIONS, parts=p), CONTENT_TYPE)
-                     for worker, p in parts.items()]
+            if batches:  # the whole intake in queue order: one route, one message per worker
+                batch = PositionBatch.concat([rb.batch for rb in batches])
+                self.counters.positions += len(batch)
+                routed = self.core.route(batch, notice=np.concatenate([rb.notice for rb in batches]),
+                                         entered=np.concatenate([rb.entered for rb in batches]))
+                outs += [shell.Out(self.fence_in, worker, pack(POSITIONS, parts=[wb.to_wire()]), CONTENT_TYPE)
+                         for worker, wb in routed.items()]
             await shell.publish_all(outs, self.counters)
 
     # -- control -----------------------------------------------------------------------------

@@ -9,10 +9,15 @@ Trade-off: x-geo remembers, per object, the workers it routed the object to last
 (a bitmask, one int per object). A position whose candidates no longer include a worker
 that had the object is still sent there, with no candidates: that is the seed's *control*
 message, and it lets the worker emit LEAVE at once instead of after a timeout. The memory
-costs O(objects) here, and lets the workers stay free of any global view. A handover notice
-(the object went to another region) is the same: a position with no candidates here. Given
-to `route` with the batch it came from, it is taken in time order with the positions; told
-afterwards (`objects_left`), it can only follow them.
+costs O(objects) here, and lets the workers stay free of any global view.
+
+A handover notice (x-ingress: the object went to another region, here is its new position)
+goes to *every* worker, flagged `notice`, and x-geo forgets the object. Every position it
+routes carries a `gate`: the ts at which its object entered this region (0 if unknown). A
+worker holds a position until it has seen the notice of the region the object came from
+(notice ts >= gate), so the positions of one object reach its fences in time order even
+though each region's stream to a worker is ordered only within itself; the notice itself
+is gated on its own region's entry, which chains the regions an object went through.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy.typing as npt
 
 from exchanges.batch import PositionBatch
 from exchanges.contract import InvalidMessage
-from exchanges.object_codes import ObjectCodes, carry, grow
+from exchanges.object_codes import ObjectCodes, carry, distinct, grow
 from exchanges.range_index import INDEX_BITS, RangeIndex
 
 MAX_WORKERS = 63  # worker sets are bitmasks in an int64
@@ -82,6 +87,26 @@ class WorkerBatch:
     fences: list[str]  # the fence ids this message mentions
     cand: npt.NDArray[np.int32]  # index into `fences`
     interior: npt.NDArray[np.bool_]
+    notice: npt.NDArray[np.bool_] | None = None  # per position: a handover notice (None: none is)
+    gate: npt.NDArray[np.float64] | None = None  # per position: hold until a notice this recent
+
+    def notices(self) -> npt.NDArray[np.bool_]:
+        return self.notice if self.notice is not None else np.zeros(len(self.positions), bool)
+
+    def gates(self) -> npt.NDArray[np.float64]:
+        return self.gate if self.gate is not None else np.zeros(len(self.positions), np.float64)
+
+    def take(self, rows: npt.ArrayLike) -> WorkerBatch:
+        """The positions at `rows` (in that order) with their candidates."""
+        r = np.asarray(rows, np.int64)
+        lo, hi = self.ptr[r], self.ptr[r + 1]
+        counts = hi - lo
+        ptr = np.zeros(r.size + 1, np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        at = np.repeat(lo - ptr[:-1], counts) + np.arange(int(ptr[-1]))
+        return WorkerBatch(self.worker, self.positions.take(r), ptr, self.fences, self.cand[at],
+                           self.interior[at], None if self.notice is None else self.notice[r],
+                           None if self.gate is None else self.gate[r])
 
     def candidates(self, i: int) -> list[tuple[str, bool]]:
         lo, hi = int(self.ptr[i]), int(self.ptr[i + 1])
@@ -91,9 +116,7 @@ class WorkerBatch:
     @staticmethod
     def concat(batches: Sequence[WorkerBatch]) -> WorkerBatch:
         """One batch holding the positions of several for the same worker (e.g. what several
-        regions routed, and their handover notices). The fence lists are appended, not
-        merged: a fence named by two of the batches is named twice (in-process use; a
-        message for the wire is better built by one x-geo)."""
+        regions routed), fence lists merged and candidates renumbered."""
         if not batches:
             raise ValueError("nothing to concatenate")
         if len(batches) == 1:
@@ -101,20 +124,26 @@ class WorkerBatch:
         worker = batches[0].worker
         if any(b.worker != worker for b in batches):
             raise ValueError(f"batches for different workers: {sorted({b.worker for b in batches})}")
-        fences: list[str] = []
+        number: dict[str, int] = {}
         cands, ptrs, offset = [], [np.zeros(1, np.int64)], 0
         for b in batches:
-            cands.append(b.cand.astype(np.int32) + np.int32(len(fences)))
-            fences += b.fences
+            remap = np.fromiter((number.setdefault(f, len(number)) for f in b.fences), np.int32,
+                                len(b.fences))
+            cands.append(remap[b.cand] if b.cand.size else np.empty(0, np.int32))
             ptrs.append(b.ptr[1:] + offset)
             offset += int(b.ptr[-1])
+        fences = list(number)
+        noticed = any(b.notice is not None for b in batches)
+        gated = any(b.gate is not None for b in batches)
         return WorkerBatch(
             worker, PositionBatch.concat([b.positions for b in batches]), np.concatenate(ptrs),
             fences, np.concatenate(cands), np.concatenate([b.interior for b in batches]),
+            np.concatenate([b.notices() for b in batches]) if noticed else None,
+            np.concatenate([b.gates() for b in batches]) if gated else None,
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "worker": self.worker,
             "positions": self.positions.to_wire(),
             "ptr": self.ptr.astype("<i8").tobytes(),
@@ -122,15 +151,32 @@ class WorkerBatch:
             "cand": self.cand.astype("<i4").tobytes(),
             "interior": self.interior.astype(np.uint8).tobytes(),
         }
+        if self.notice is not None and self.notice.any():
+            d["notice"] = self.notice.astype(np.uint8).tobytes()
+        if self.gate is not None and self.gate.any():
+            d["gate"] = self.gate.astype("<f8").tobytes()
+        return d
 
     @staticmethod
     def from_wire(d: dict[str, Any]) -> WorkerBatch:
-        return WorkerBatch(
-            d["worker"], PositionBatch.from_wire(d["positions"]),
-            np.frombuffer(d["ptr"], "<i8").astype(np.int64), list(d["fences"]),
-            np.frombuffer(d["cand"], "<i4").astype(np.int32),
-            np.frombuffer(d["interior"], np.uint8).astype(bool),
-        )
+        """A batch from the wire; ValueError if its columns do not fit together."""
+        pos = PositionBatch.from_wire(d["positions"])
+        n = len(pos)
+        ptr = np.frombuffer(d["ptr"], "<i8").astype(np.int64)
+        cand = np.frombuffer(d["cand"], "<i4").astype(np.int32)
+        interior = np.frombuffer(d["interior"], np.uint8).astype(bool)
+        fences = list(d["fences"])
+        notice = np.frombuffer(d["notice"], np.uint8).astype(bool) if d.get("notice") else None
+        gate = np.frombuffer(d["gate"], "<f8").astype(np.float64) if d.get("gate") else None
+        if d.get("handover"):  # a whole part of notices (wire of the first pipeline version)
+            notice = np.ones(n, bool)
+        if (ptr.size != n + 1 or (ptr.size and (ptr[0] != 0 or (np.diff(ptr) < 0).any()))
+                or int(ptr[-1]) != cand.size or interior.size != cand.size
+                or (cand.size and (cand.min() < 0 or cand.max() >= len(fences)))
+                or (notice is not None and notice.size != n) or (gate is not None and gate.size != n)
+                or (gate is not None and not np.isfinite(gate).all())):
+            raise ValueError("a worker batch whose columns do not fit together")
+        return WorkerBatch(d["worker"], pos, ptr, fences, cand, interior, notice, gate)
 
 
 class XGeo:
@@ -153,6 +199,7 @@ class XGeo:
         self._worker_of_slot = np.zeros(0, dtype=np.int64)
         self._objects = ObjectCodes()
         self._last_mask = np.zeros(0, dtype=np.int64)  # object code -> workers routed to last
+        self._entered = np.zeros(0, dtype=np.float64)  # object code -> ts it entered this region
 
     def delete(self) -> None:
         self.create()
@@ -199,43 +246,60 @@ class XGeo:
             self.add_binding(b)
         self._index.compact()
 
-    def route(self, batch: PositionBatch, left: PositionBatch | None = None) -> dict[str, WorkerBatch]:
-        """Per worker: the positions it must see and their candidate fences on it.
+    def route(self, batch: PositionBatch, left: PositionBatch | None = None, *,
+              notice: npt.NDArray[np.bool_] | None = None,
+              entered: npt.NDArray[np.bool_] | None = None) -> dict[str, WorkerBatch]:
+        """Per worker: the positions it must see, their candidate fences on it, and gates.
 
-        `left` are the handover notices x-ingress computed from the same batch (positions,
-        in the region they went to, of objects that left this one): as `objects_left`, but
-        taken in time order with the positions, which matters only for an object that is
-        both here and gone within the batch (it crossed back and forth): its worker must
-        hear of the exit between its positions, not after them.
+        As x-ingress sends them, in the batch's order (each object's time order): `notice`
+        flags handover notices (an object left this region; the position is the one in the
+        region it went to), `entered` the positions of objects that just came in from
+        another region. `left` are notices given apart (in-process callers): they are
+        merged into the batch by time, so an object that crossed back and forth within the
+        batch is told of in order.
         """
-        codes = self._objects.codes(batch.ids)
-        if left is None or not len(left):
-            return self._route(batch, codes)
-        if self._crossed_back(codes, left.ids):
-            merged = PositionBatch.concat([batch, left])
-            order = np.argsort(merged.ts, kind="stable")  # an object's own updates are in time order
-            notice = np.r_[np.zeros(len(batch), bool), np.ones(len(left), bool)][order]
-            merged = merged.take(order)
-            return self._route(merged, self._objects.codes(merged.ids), no_match=notice)
-        out = self._route(batch, codes)
-        for worker, wb in self.objects_left(left.ids, left.ts, left.lon, left.lat, left.h).items():
-            out[worker] = WorkerBatch.concat([out[worker], wb]) if worker in out else wb
-        return out
+        if left is not None and len(left):
+            if notice is not None:
+                raise ValueError("notices given twice (left= and notice=)")
+            entered = np.zeros(len(batch), bool) if entered is None else entered
+            notice = np.r_[np.zeros(len(batch), bool), np.ones(len(left), bool)]
+            entered = np.r_[entered, np.zeros(len(left), bool)]
+            batch = PositionBatch.concat([batch, left])
+            codes = self._objects.codes(batch.ids)
+            if not distinct(codes, len(self._objects)):  # crossed back: time order matters
+                order = np.argsort(batch.ts, kind="stable")
+                batch, codes, notice, entered = batch.take(order), codes[order], notice[order], entered[order]
+            return self._route(batch, codes, notice, entered)
+        return self._route(batch, self._objects.codes(batch.ids), notice, entered)
+
+    def objects_left(self, ids: Sequence[str], ts: npt.ArrayLike, lon: npt.ArrayLike,
+                     lat: npt.ArrayLike, h: npt.ArrayLike) -> dict[str, WorkerBatch]:
+        """Only handover notices (see route)."""
+        pos = PositionBatch(list(ids), np.asarray(lon, np.float64), np.asarray(lat, np.float64),
+                            np.asarray(ts, np.float64), np.asarray(h, np.uint64))
+        return self.route(pos, notice=np.ones(len(pos), bool))
 
     def _route(self, batch: PositionBatch, codes: npt.NDArray[np.int64],
-               no_match: npt.NDArray[np.bool_] | None = None) -> dict[str, WorkerBatch]:
-        """route() for positions whose object codes are known; positions flagged no_match
-        (handover notices) get no candidates here."""
+               notice: npt.NDArray[np.bool_] | None, entered: npt.NDArray[np.bool_] | None
+               ) -> dict[str, WorkerBatch]:
         n = len(batch)
         if n == 0:
             return {}
+        if notice is not None and not notice.any():
+            notice = None
+        if entered is not None and not entered.any():
+            entered = None
         m = self._index.route(batch.h)
-        if no_match is not None:
-            m = m.take(np.flatnonzero(~no_match[m.point]))
+        if notice is not None:  # a notice's position is in another region: no candidates here
+            m = m.take(np.flatnonzero(~notice[m.point]))
         w_of_match = self._worker_of_slot[m.slot]
         now = worker_sets(m.point, w_of_match, n)
         self._last_mask = grow(self._last_mask, len(self._objects), 0)
-        targets = now | carry(codes, now, self._last_mask)
+        self._entered = grow(self._entered, len(self._objects), 0.0)
+        targets = now | carry(codes, now, self._last_mask)  # a notice's `now` is 0: forgotten
+        if notice is not None:
+            targets[notice] = (1 << len(self.workers)) - 1
+        gate = self._gates(codes, batch.ts, notice, entered)
         out = {}
         local = np.empty(n, np.int64)
         for wi, worker in enumerate(self.workers):
@@ -249,39 +313,34 @@ class XGeo:
             slots, cand = dense_numbers(m.slot[sel], self._index.slot_count())
             out[worker] = WorkerBatch(
                 worker, batch.take(pts), ptr, self._index.fence_of_slot(slots), cand, m.interior[sel],
+                None if notice is None else notice[pts], None if gate is None else gate[pts],
             )
         return out
 
-    def _crossed_back(self, codes: npt.NDArray[np.int64], left_ids: Sequence[str]) -> bool:
-        """Has an object of these notices also a position (codes) in the batch?"""
-        table = self._objects.table
-        gone = [c for c in map(table.get, left_ids) if c is not None]
-        if not gone or not codes.size:
-            return False
-        here = np.zeros(len(self._objects), bool)
-        here[codes] = True
-        return bool(here[np.array(gone, np.int64)].any())
-
-    def objects_left(self, ids: Sequence[str], ts: npt.ArrayLike, lon: npt.ArrayLike,
-                     lat: npt.ArrayLike, h: npt.ArrayLike) -> dict[str, WorkerBatch]:
-        """Objects handed over to another region (told by x-ingress): the workers that had
-        them get their new position with no candidates from this region, and we forget them."""
-        table = self._objects.table
-        keep = [i for i, o in enumerate(ids) if o in table and self._last_mask[table[o]]]
-        if not keep:
-            return {}
-        pos = PositionBatch(list(ids), np.asarray(lon, np.float64), np.asarray(lat, np.float64),
-                            np.asarray(ts, np.float64), np.asarray(h, np.uint64)).take(keep)
-        codes = np.array([table[o] for o in pos.ids], dtype=np.int64)
-        masks = self._last_mask[codes]
-        self._last_mask[codes] = 0
-        out = {}
-        for wi, worker in enumerate(self.workers):
-            pts = np.flatnonzero(masks & (1 << wi))
-            if pts.size:
-                out[worker] = WorkerBatch(worker, pos.take(pts), np.zeros(pts.size + 1, np.int64),
-                                          [], np.empty(0, np.int32), np.empty(0, bool))
-        return out
+    def _gates(self, codes: npt.NDArray[np.int64], ts: npt.NDArray[np.float64],
+               notice: npt.NDArray[np.bool_] | None, entered: npt.NDArray[np.bool_] | None
+               ) -> npt.NDArray[np.float64] | None:
+        """Per position, the ts its object entered this region (0: unknown, no gate); an
+        `entered` position sets it (to its own ts), a notice ends it (after itself)."""
+        gate: npt.NDArray[np.float64] = self._entered[codes]
+        if notice is None and entered is None:
+            return gate if gate.any() else None
+        special = np.zeros(codes.size, bool)
+        for flags in (notice, entered):
+            if flags is not None:
+                special |= flags
+        objs = np.unique(codes[special])
+        value = dict(zip(objs.tolist(), self._entered[objs].tolist(), strict=True))
+        for r in np.flatnonzero(np.isin(codes, objs)).tolist():  # rare: objects crossing
+            o = int(codes[r])
+            if entered is not None and entered[r]:
+                value[o] = float(ts[r])
+            gate[r] = value[o]
+            if notice is not None and notice[r]:
+                value[o] = 0.0
+        for o, v in value.items():
+            self._entered[o] = v
+        return gate if gate.any() else None
 
     # -- state for `geofence inspect geo` ---------------------------------------------------
 

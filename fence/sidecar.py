@@ -22,13 +22,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
 from exchanges import shell
 from exchanges import topology as t
-from exchanges.batch import PositionBatch, unpack
+from exchanges.batch import unpack
 from exchanges.contract import InvalidMessage
 from exchanges.x_geo import WorkerBatch
 from fence import control, store
@@ -38,24 +37,6 @@ from fence.state import Event, XFence
 log = logging.getLogger("geofence")
 EXPIRE_EVERY_S = 1.0
 POSITIONS = "positions"
-
-
-def concat(parts: Sequence[WorkerBatch]) -> WorkerBatch:
-    """One batch from consecutive parts (fence lists merged, candidates renumbered)."""
-    if len(parts) == 1:
-        return parts[0]
-    fences: dict[str, int] = {}
-    cands, ptrs, interiors = [], [np.zeros(1, np.int64)], []
-    offset = 0
-    for p in parts:
-        remap = np.array([fences.setdefault(f, len(fences)) for f in p.fences], dtype=np.int32)
-        cands.append(remap[p.cand] if p.cand.size else np.empty(0, np.int32))
-        ptrs.append(p.ptr[1:] + offset)
-        offset += int(p.ptr[-1])
-        interiors.append(p.interior)
-    return WorkerBatch(parts[0].worker, PositionBatch.concat([p.positions for p in parts]),
-                       np.concatenate(ptrs), list(fences), np.concatenate(cands).astype(np.int32),
-                       np.concatenate(interiors).astype(bool))
 
 
 class FenceSidecar:
@@ -105,19 +86,16 @@ class FenceSidecar:
     async def handle_inputs(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         """Runs of position parts are routed together; definitions apply between them."""
         outs: list[shell.Out] = []
-        # steps in queue order: runs of routed parts, runs of handover parts, fence changes
-        steps: list[tuple[bool, list[WorkerBatch]] | control.Define | control.Drop] = []
+        steps: list[list[WorkerBatch] | control.Define | control.Drop] = []  # in queue order
         for m in messages:
             try:
                 msg = unpack(m.body)
                 if msg["kind"] == POSITIONS:
-                    for p in msg["parts"]:
-                        handover, wb = bool(p.get("handover")), WorkerBatch.from_wire(p)
-                        last = steps[-1] if steps else None
-                        if isinstance(last, tuple) and last[0] == handover:
-                            last[1].append(wb)
-                        else:
-                            steps.append((handover, [wb]))
+                    parts = [WorkerBatch.from_wire(p) for p in msg["parts"]]
+                    if steps and isinstance(steps[-1], list):
+                        steps[-1] += parts
+                    else:
+                        steps.append(parts)
                 else:
                     steps.append(control.parse(msg))
             except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
@@ -125,12 +103,12 @@ class FenceSidecar:
                                               t.fence_queue(self.worker), self.counters))
         async with self.lock:
             events: list[Event] = []
+            received_at = time.time()
             for step in steps:
-                if isinstance(step, tuple):
-                    handover, parts = step
-                    wb = concat(parts)
+                if isinstance(step, list):
+                    wb = WorkerBatch.concat(step)
                     self.counters.positions += len(wb.positions)
-                    events += self.core.route(self.handover(wb) if handover else wb)
+                    events += self.core.route(wb, received_at)
                 elif isinstance(step, control.Define):
                     events += self.core.define(step.fence, step.ts)
                     log.info("fence %s v%d defined", step.fence.fence_id, step.fence.version)
@@ -138,21 +116,6 @@ class FenceSidecar:
                     events += self.core.drop(step.fence_id, step.version, step.ts)
                     log.info("fence %s v%d deleted", step.fence_id, step.version)
             await shell.publish_all(outs + self.event_outs(events), self.counters)
-
-    def handover(self, wb: WorkerBatch) -> WorkerBatch:
-        """Objects that moved to another region, as told by the region they left: their new
-        position is checked against the fences they are in now, exactly (no interior
-        shortcut), so they LEAVE those they left and stay in those they did not; ENTERs come
-        from the region that owns the position. Either order of the two messages gives the
-        same events."""
-        fences: dict[str, int] = {}
-        cand: list[int] = []
-        ptr = [0]
-        for oid in wb.positions.ids:
-            cand += [fences.setdefault(f, len(fences)) for f in self.core.fences_of(oid)]
-            ptr.append(len(cand))
-        return WorkerBatch(wb.worker, wb.positions, np.array(ptr, np.int64), list(fences),
-                           np.array(cand, np.int32), np.zeros(len(cand), bool))
 
     async def expire(self) -> None:
         async with self.lock:

@@ -232,8 +232,12 @@ class XFence:
         self._edges = _Edges()
         self._keys = np.empty(0, np.uint64)  # sorted (object << 32 | fence)
         self._since = np.empty(0, np.float64)
+        self._ho_ts = np.zeros(0, np.float64)  # per object: the latest handover notice applied
+        self._held: dict[int, list[tuple[WorkerBatch, float]]] = {}  # object -> (position, received_at)
         self.unknown_fence_candidates = 0
         self.stale_positions = 0
+        self.held_positions = 0
+        self.holds_expired = 0
 
     # -- fences ---------------------------------------------------------------------------
 
@@ -303,20 +307,84 @@ class XFence:
 
     # -- positions --------------------------------------------------------------------------
 
-    def route(self, wb: WorkerBatch) -> list[Event]:
+    def route(self, wb: WorkerBatch, received_at: float = 0.0) -> list[Event]:
         """Apply a batch routed by x-geo: ENTER / LEAVE (exited) events, in time order.
 
         A position older than the object's last known one is dropped (stale). Positions of
-        one object with the same ts are one observation, and what they say is united: that
-        is how a handover notice (no candidates, from the region the object left) and the
-        position routed by the region it entered (its candidates there) combine. So an
+        one object with the same ts are one observation, and what they say is united: so an
         observation at the object's last known ts can add fences, never remove one.
+
+        A handover notice (the object left a region; its position is in another one) is
+        checked exactly against every fence the object may be in (its stored fences and
+        the candidates of its other positions in the batch): it LEAVEs those it left; the
+        region it went to routes the same position, and that observation adds the fences
+        there. A gated position waits (held here) until the notice of the region its object
+        came from was applied (see exchanges.x_geo), then is applied with the others of its
+        object in time order. `received_at` (the caller's clock) bounds that wait: `expire`
+        applies a position held HOLD_S anyway.
         """
+        if len(wb.positions) == 0:
+            return []
+        codes = self._codes(wb.positions.ids)
+        if wb.gate is not None:
+            blocked = self._blocked(wb, codes)
+            if blocked.any():
+                for r in np.flatnonzero(blocked).tolist():
+                    self._held.setdefault(int(codes[r]), []).append((wb.take([r]), received_at))
+                    self.held_positions += 1
+                keep = np.flatnonzero(~blocked)
+                wb, codes = wb.take(keep), codes[keep]
+        events = self._route(wb, codes)
+        if self._held and wb.notice is not None and wb.notice.any():
+            events += self._release(None)
+        return events
+
+    HOLD_S = 10.0  # longest wait for a handover notice (a region down, or its notice lost)
+
+    def _blocked(self, wb: WorkerBatch, codes: I64) -> npt.NDArray[np.bool_]:
+        """Positions whose gate is not open yet. The gate alone keeps an object's order:
+        the positions of one stay in a region share their gate, so they wait together, and
+        nothing later can pass them: a later stay's gate (or notice's) is a later entry,
+        which needs a later notice than the one they wait for."""
+        blocked: npt.NDArray[np.bool_] = wb.gates() > self._ho_ts[codes]
+        return blocked
+
+    def _release(self, now: float | None) -> list[Event]:
+        """Apply the held positions whose gate opened (with `now`: also those held HOLD_S),
+        all in one batch, so each object's are taken in time order."""
+        ready: list[WorkerBatch] = []
+        codes: list[int] = []
+        for c in list(self._held):
+            items = self._held[c]
+            keep = []
+            for wb, at in items:
+                open_ = wb.gates()[0] <= self._ho_ts[c]
+                if open_ or (now is not None and now - at >= self.HOLD_S):
+                    ready.append(wb)
+                    codes.append(c)
+                    self.holds_expired += not open_
+                else:
+                    keep.append((wb, at))
+            if keep:
+                self._held[c] = keep
+            else:
+                del self._held[c]
+        if not ready:
+            return []
+        wb = WorkerBatch.concat(ready)
+        events = self._route(wb, np.array(codes, np.int64))
+        if self._held and wb.notice is not None and wb.notice.any():  # a released notice opens more
+            events += self._release(None)
+        return events
+
+    def _route(self, wb: WorkerBatch, codes: I64) -> list[Event]:
         pos = wb.positions
         if len(pos) == 0:
             return []
-        obs = self._observations(self._codes(pos.ids), pos.ts)
-        c_pos, c_fence = self._inside(wb, obs)
+        if wb.notice is not None and wb.notice.any():  # the region it came from is done with it
+            np.maximum.at(self._ho_ts, codes[wb.notice], pos.ts[wb.notice])
+        obs = self._observations(codes, pos.ts)
+        c_pos, c_fence = self._inside(wb, obs, codes)
         if obs.objs.size == 0:
             return []
         stored_at = self._stored_pairs(obs.objs)
@@ -426,23 +494,53 @@ class XFence:
         return _Observations(objs, seq[ends], base, t[new_obs], order[ends], pos_group, pos_seq,
                              single=bool((seq == 1).all()))
 
-    def _inside(self, wb: WorkerBatch, obs: _Observations) -> tuple[I64, I64]:
+    def _inside(self, wb: WorkerBatch, obs: _Observations, codes: I64) -> tuple[I64, I64]:
         """Candidate (position, fence code) pairs of fresh positions that pass the exact
-        test (skipped on interior blocks); candidates of unknown fences are counted, dropped."""
+        test (skipped on interior blocks); candidates of unknown fences are counted, dropped.
+        A notice's candidates are the fences its object may be in (see route), all exact."""
         n = len(wb.positions)
         c_pos = np.repeat(np.arange(n), np.diff(wb.ptr))
-        if not wb.fences:
-            return c_pos, np.empty(0, np.int64)
-        code = self._fence_code.get
-        fmap = np.fromiter((code(f, -1) for f in wb.fences), np.int64, len(wb.fences))
-        c_fence = fmap[wb.cand]
+        if wb.fences:
+            code = self._fence_code.get
+            fmap = np.fromiter((code(f, -1) for f in wb.fences), np.int64, len(wb.fences))
+            c_fence = fmap[wb.cand]
+        else:
+            c_fence = np.empty(0, np.int64)
         keep = c_fence >= 0
         self.unknown_fence_candidates += c_fence.size - int(np.count_nonzero(keep))
+        interior = wb.interior
+        if wb.notice is not None and wb.notice.any():
+            n_pos, n_fence = self._notice_candidates(wb.notice, codes, c_pos[keep], c_fence[keep])
+            c_pos, c_fence = np.r_[c_pos, n_pos], np.r_[c_fence, n_fence]
+            keep = np.r_[keep, np.ones(n_pos.size, bool)]
+            interior = np.r_[interior, np.zeros(n_pos.size, bool)]
+        if not c_fence.size:
+            return c_pos, c_fence
         keep &= obs.pos_seq[c_pos] >= 0  # stale positions have no observation
-        at = np.flatnonzero(keep & ~wb.interior)
+        at = np.flatnonzero(keep & ~interior)
         if at.size:
             keep[at] = self._contains(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
         return c_pos[keep], c_fence[keep]
+
+    def _notice_candidates(self, notice: npt.NDArray[np.bool_], codes: I64, c_pos: I64, c_fence: I64
+                           ) -> tuple[I64, I64]:
+        """(notice position, fence) for every fence its object is in (stored) or is a
+        candidate for in this batch; few: notices come with objects crossing regions."""
+        rows = np.flatnonzero(notice)
+        objs = np.unique(codes[rows])
+        fences: dict[int, set[int]] = {int(o): set() for o in objs.tolist()}
+        for k in self._keys[self._stored_pairs(objs)].tolist():
+            fences[k >> 32].add(k & 0xFFFFFFFF)
+        mine = np.isin(codes[c_pos], objs)
+        for o, f in zip(codes[c_pos[mine]].tolist(), c_fence[mine].tolist(), strict=True):
+            fences[o].add(f)
+        out_pos: list[int] = []
+        out_fence: list[int] = []
+        for r, o in zip(rows.tolist(), codes[rows].tolist(), strict=True):
+            fs = sorted(f for f in fences[o] if self._fences[f] is not None)
+            out_pos += [r] * len(fs)
+            out_fence += fs
+        return np.array(out_pos, np.int64), np.array(out_fence, np.int64)
 
     def _contains(self, fences: I64, x: F64, y: F64) -> npt.NDArray[np.bool_]:
         """shapely.contains_xy(fence, x, y) elementwise: in C, and by shapely where C is unsure."""
@@ -487,19 +585,21 @@ class XFence:
 
     def expire(self, now: float) -> list[Event]:
         """LEAVE (timeout) for every pair whose object was silent longer than the fence's
-        timeout; the event's ts is last seen + timeout, so it does not depend on when we look."""
+        timeout; the event's ts is last seen + timeout, so it does not depend on when we look.
+        Positions held longer than HOLD_S for a handover notice are applied first."""
+        held = self._release(now) if self._held else []
         if not self._keys.size:
-            return []
+            return held
         objs = (self._keys >> _SHIFT).astype(np.int64)
         fences = (self._keys & _LOW).astype(np.int64)
         due_at = self._last_ts[objs] + self._timeout[fences]
         due = due_at < now
         if not due.any():
-            return []
+            return held
         events = self._events(np.ones(int(due.sum()), np.int8), fences[due], objs[due], due_at[due],
                               (ENTERED, TIMEOUT))
         self._keys, self._since = self._keys[~due], self._since[~due]
-        return events
+        return held + events
 
     # -- state for `geofence inspect fence` -------------------------------------------------
 
@@ -530,7 +630,8 @@ class XFence:
         return {"fences": len(self._fence_code), "objects": len(self._objects.ids),
                 "inside_pairs": int(self._keys.size),
                 "unknown_fence_candidates": self.unknown_fence_candidates,
-                "stale_positions": self.stale_positions}
+                "stale_positions": self.stale_positions, "held_positions": self.held_positions,
+                "held_now": sum(map(len, self._held.values())), "holds_expired": self.holds_expired}
 
     # -- internals ------------------------------------------------------------------------
 
@@ -548,6 +649,7 @@ class XFence:
         self._last_ts = grow(self._last_ts, m, -np.inf)
         self._last_lon = grow(self._last_lon, m, np.nan)
         self._last_lat = grow(self._last_lat, m, np.nan)
+        self._ho_ts = grow(self._ho_ts, m, 0.0)
         return codes
 
     def _replace_pairs(self, keep: npt.NDArray[np.bool_], objs: I64, fences: I64, since: F64) -> None:

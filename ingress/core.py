@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import hilbert_c as hk
-from exchanges.batch import PositionBatch
+from exchanges.batch import PositionBatch, RegionBatch
 from exchanges.object_codes import ObjectCodes, carry, grow
 from exchanges.range_index import INDEX_BITS
 from ingress.worldmap import Worldmap
@@ -27,11 +27,18 @@ from ingress.worldmap import Worldmap
 
 @dataclass(frozen=True, eq=False)
 class Routed:
-    """Per region: the positions for its x-geo, and the handover notices for objects that
-    left it (their new position, in the region they went to)."""
+    regions: dict[str, RegionBatch]
 
-    positions: dict[str, PositionBatch]
-    handovers: dict[str, PositionBatch]
+    @property
+    def positions(self) -> dict[str, PositionBatch]:
+        """Per region, its positions (without the notices)."""
+        return {r: b.batch.take(np.flatnonzero(~b.notice))
+                for r, b in self.regions.items() if not b.notice.all()}
+
+    @property
+    def handovers(self) -> dict[str, PositionBatch]:
+        """Per region, the notices of objects that left it."""
+        return {r: b.batch.take(np.flatnonzero(b.notice)) for r, b in self.regions.items() if b.notice.any()}
 
 
 class XIngress:
@@ -54,7 +61,7 @@ class XIngress:
 
     def route(self, batch: PositionBatch) -> Routed:
         if len(batch) == 0:
-            return Routed({}, {})
+            return Routed({})
         x, y = hk.lonlat_to_grid(batch.lon, batch.lat, INDEX_BITS)
         h = hk.encode_many(x, y, INDEX_BITS)
         batch = PositionBatch(batch.ids, batch.lon, batch.lat, batch.ts, h, batch.extra)
@@ -63,15 +70,15 @@ class XIngress:
         self._last_region = grow(self._last_region, len(self._objects), -1)
         prev = carry(codes, region, self._last_region)  # region of each object just before
 
-        positions, handovers = {}, {}
+        crossed = (prev >= 0) & (prev != region)
+        out = {}
         for ri, name in enumerate(self.worldmap.regions):
-            mine = np.flatnonzero(region == ri)
-            if mine.size:
-                positions[name] = batch.take(mine)
-            left = np.flatnonzero((prev == ri) & (region != ri))
-            if left.size:
-                handovers[name] = batch.take(left)
-        return Routed(positions, handovers)
+            here = region == ri
+            notice = crossed & (prev == ri)
+            rows = np.flatnonzero(here | notice)
+            if rows.size:
+                out[name] = RegionBatch(batch.take(rows), notice[rows], (crossed & here)[rows])
+        return Routed(out)
 
     def region_of_object(self, object_id: str) -> str | None:
         c = self._objects.get(object_id)

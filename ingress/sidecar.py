@@ -29,7 +29,7 @@ from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many
 log = logging.getLogger("geofence")
 WORLDMAP_POLL_S = 2.0
 GATEWAY_BATCH_MESSAGES = 64  # gateway messages hold up to 50,000 positions each
-POSITIONS, HANDOVER = "positions", "handover"
+POSITIONS = "positions"
 
 
 class IngressSidecar:
@@ -101,10 +101,8 @@ class IngressSidecar:
             return
         outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
                 for i, reason in refused]
-        for region, b in routed.positions.items():
-            outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, batch=b.to_wire()), CONTENT_TYPE))
-        for region, b in routed.handovers.items():
-            outs.append(shell.Out(self.geo_in[region], "", pack(HANDOVER, batch=b.to_wire()), CONTENT_TYPE))
+        for region, rb in routed.regions.items():  # notices in line with positions: one message
+            outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, **rb.to_wire()), CONTENT_TYPE))
         await shell.publish_all(outs, self.counters)
         self.counters.positions += len(batch)
 

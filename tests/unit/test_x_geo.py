@@ -83,9 +83,42 @@ def test_positions_of_one_object_in_one_batch_are_handled_in_order(geo: XGeo) ->
 def test_objects_handed_over_to_another_region(geo: XGeo) -> None:
     geo.route(batch([("o1", 9.515, 47.115, 1), ("o2", 9.60, 47.20, 1)]))  # o1 in A and C
     out = geo.objects_left(["o1", "o2"], [5.0, 5.0], [10.0, 10.0], [48.0, 48.0], [0, 0])
-    assert routed(out) == {"w0": [("o1", [])], "w1": [("o1", [])]}
-    assert out["w0"].positions.ts.tolist() == [5.0]
+    # every worker hears of every notice (a worker may hold a position until it does)
+    assert routed(out) == {"w0": [("o1", []), ("o2", [])], "w1": [("o1", []), ("o2", [])]}
+    assert out["w0"].positions.ts.tolist() == [5.0, 5.0]
+    assert out["w0"].notices().tolist() == [True, True] and out["w0"].gate is None
     assert geo.objects() == {}
+
+
+def test_positions_carry_the_time_their_object_entered_the_region(geo: XGeo) -> None:
+    # o1 comes in at ts 2 (entered), is routed at 3, leaves at 4 (notice), comes back at 6
+    b = batch([("o1", 9.515, 47.115, 2), ("o2", 9.60, 47.20, 2), ("o1", 9.515, 47.115, 3),
+               ("o1", 10.0, 48.0, 4), ("o1", 9.515, 47.115, 6)])
+    out = geo.route(b, notice=np.array([False, False, False, True, False]),
+                    entered=np.array([True, False, False, False, True]))
+    w0 = out["w0"]
+    assert w0.positions.ids == ["o1", "o1", "o1", "o1"]
+    assert w0.notices().tolist() == [False, False, True, False]
+    assert w0.gates().tolist() == [2.0, 2.0, 2.0, 6.0]  # the notice is gated on its own stay
+    assert [[f for f, _ in w0.candidates(i)] for i in range(4)] == [["A"], ["A"], [], ["A"]]
+    # the next batch: o1 still gated on 6 (no new entry), o2 never crossed
+    nxt = geo.route(batch([("o1", 9.515, 47.115, 7), ("o2", 9.515, 47.115, 7)]))
+    assert nxt["w0"].gates().tolist() == [6.0, 0.0]
+    # a notice of o1: gated on 6, then o1 is forgotten and has no gate any more
+    gone = geo.route(batch([("o1", 10.0, 48.0, 8)]), notice=np.array([True]))
+    assert gone["w0"].gates().tolist() == [6.0]
+    assert geo.route(batch([("o1", 9.515, 47.115, 9)]))["w0"].gate is None
+
+
+def test_worker_batch_wire_keeps_notices_and_gates(geo: XGeo) -> None:
+    out = geo.route(batch([("o1", 9.515, 47.115, 2), ("o1", 10.0, 48.0, 3)]),
+                    notice=np.array([False, True]), entered=np.array([True, False]))
+    wb = WorkerBatch.from_wire(out["w0"].to_wire())
+    assert wb.notices().tolist() == [False, True] and wb.gates().tolist() == [2.0, 2.0]
+    bad = out["w0"].to_wire()
+    bad["gate"] = bad["gate"][:8]
+    with pytest.raises(ValueError, match="do not fit"):
+        WorkerBatch.from_wire(bad)
 
 
 def test_versions_make_bind_and_unbind_idempotent(geo: XGeo) -> None:
