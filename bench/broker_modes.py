@@ -120,7 +120,9 @@ class EventSink:
 
     async def _on_event(self, m: aio_pika.abc.AbstractIncomingMessage) -> None:
         e = orjson.loads(m.body)
-        if e["fence_id"].startswith(self.prefix):
+        # this run's fences and objects: a fence defined here also sees objects of earlier
+        # runs still inside it (not timed out), and says so (ENTER at its definition)
+        if e["fence_id"].startswith(self.prefix) and e["object_id"].startswith(self.prefix):
             self.got.append(((e["event"], e["fence_id"], e["object_id"], e["ts"], e["reason"]), time.time()))
             if self.want and len(self.got) >= self.want:
                 self.arrived.set()

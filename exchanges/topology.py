@@ -10,9 +10,10 @@
     fence management --> gf-fences: exchange x-fence.control (key = worker) --> x-fence.<worker>.control
     x-fence --> gf-fences: exchange fence.events (topic, "<fence_id>.<enter|leave>")
             --> gf-fences: exchange fence.events.mqtt (topic,
-                "fence-events.<fence_id>.<enter|leave>", "object-events.<object_id>.<fence_id>.<enter|leave>")
+                "fence-events.<fence_id>.<enter|leave>.<object_id>": one message per event)
         ==federation==> gf-ingress: amq.topic, so MQTT clients of gf-ingress subscribe to
-                        fence-events/<fence_id>/<enter|leave> and object-events/<object_id>/#
+                        fence-events/<fence_id>/<enter|leave>/+ (a fence's events) and
+                        fence-events/+/+/<object_id> (an object's; a device only its own)
 
 Every vhost has a fanout exchange `dead-letters` and a queue `dead-letters`; a policy makes
 it the dead-letter exchange of the vhost's queues. Sidecars publish what they cannot process
@@ -83,9 +84,11 @@ def event_routing_key(fence_id: str, kind: str) -> str:
     return f"{fence_id}.{kind}"
 
 
-def mqtt_event_routing_keys(fence_id: str, object_id: str, kind: str) -> tuple[str, str]:
-    """Routing keys on fence.events.mqtt: per fence and per object (MQTT '/' is AMQP '.')."""
-    return f"fence-events.{fence_id}.{kind}", f"object-events.{object_id}.{fence_id}.{kind}"
+def mqtt_event_routing_key(fence_id: str, object_id: str, kind: str) -> str:
+    """The routing key of an event on fence.events.mqtt (MQTT topic with '/' for '.'): one
+    key serves the fence's subscribers (fence-events/<fence_id>/<kind>/+) and the object's
+    (fence-events/+/+/<object_id>), so an event is one message, not one per audience."""
+    return f"{EVENTS_TOPIC_PREFIX}.{fence_id}.{kind}.{object_id}"
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ REGIONS_UPSTREAM_SET = "gf-regions"  # in gf-fences: one upstream per region vho
 DEVICE_TAG = "gf-device"
 MQTT_SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"  # + <client_id> + "qos0" / "qos1"
 POSITIONS_TOPIC_PREFIX = "positions"  # MQTT positions/<object_id>
-OBJECT_EVENTS_TOPIC_PREFIX = "object-events"  # MQTT object-events/<object_id>/<fence_id>/<kind>
+EVENTS_TOPIC_PREFIX = "fence-events"  # MQTT fence-events/<fence_id>/<kind>/<object_id>
 
 
 def upstream_name(vhost: str) -> str:

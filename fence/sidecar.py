@@ -1,8 +1,8 @@
 """The x-fence sidecar of one worker: x-fence.<worker> (positions routed by every x-geo
 region, and fence definitions they forward, in one ordered queue) in, ENTER / LEAVE events
 out on fence.events (`<fence_id>.<enter|leave>`) and fence.events.mqtt (federated to the
-ingress vhost's amq.topic for MQTT subscribers: `fence-events/<fence_id>/<kind>` and
-`object-events/<object_id>/<fence_id>/<kind>`).
+ingress vhost's amq.topic for MQTT subscribers: `fence-events/<fence_id>/<kind>/<object_id>`,
+one message per event for the fence's subscribers and the object's).
 
 Recovery: at start the fences this worker owns on the hash ring are read from PostgreSQL.
 Who is inside which fence is not persisted yet (the persistence issue adds the journal): a
@@ -130,8 +130,8 @@ class FenceSidecar:
             body = orjson.dumps(e.to_json())
             outs.append(shell.Out(self.events, t.event_routing_key(e.fence_id, e.event), body,
                                   "application/json", mandatory=False))
-            for key in t.mqtt_event_routing_keys(e.fence_id, e.object_id, e.event):
-                outs.append(shell.Out(self.events_mqtt, key, body, "application/json", mandatory=False))
+            key = t.mqtt_event_routing_key(e.fence_id, e.object_id, e.event)
+            outs.append(shell.Out(self.events_mqtt, key, body, "application/json", mandatory=False))
         return outs
 
     # -- control (inspect) ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from deploy.rabbitmq.plan import (
     mask,
     plan,
     render,
+    set_topic_permissions,
     wrapper_safe,
 )
 from exchanges import topology as t
@@ -178,8 +179,33 @@ def ensure(settings: ls.Settings, pw: ls.Secrets, say: ls.Say) -> None:
     if read_stamp(settings) == defs.digest(passwords(pw)) and quick_check(management(settings, pw),
                                                                           defs):
         say("rabbitmq topology: up to date")
-        return
-    say("rabbitmq topology: applying")
-    steps = apply(settings, pw, say)
-    say(f"rabbitmq topology: {len(steps)} change(s)" if steps else "rabbitmq topology: no change")
+    else:
+        say("rabbitmq topology: applying")
+        steps = apply(settings, pw, say)
+        say(f"rabbitmq topology: {len(steps)} change(s)" if steps else "rabbitmq topology: no change")
+    stale = device_permission_steps(management(settings, pw))
+    if stale:
+        say(f"rabbitmq devices: {len(stale)} topic permission(s) brought up to date")
+        run_steps(stale, management(settings, pw), tuple(passwords(pw).values()), say)
+
+
+def device_permission_steps(mgmt: Management) -> list[Step]:
+    """Devices (users tagged gf-device) whose topic permission is not the current one (an
+    older release's topic layout): one set_topic_permissions each."""
+    users = mgmt.get("api/users")
+    current = {(p["user"], p["vhost"], p["exchange"]): (p["write"], p["read"])
+               for p in mgmt.get("api/topic-permissions")}
+    steps: list[Step] = []
+    for u in users:
+        tags = u.get("tags")
+        tags = tags.split(",") if isinstance(tags, str) else list(tags or [])
+        if t.DEVICE_TAG not in tags:
+            continue
+        try:
+            want = d.device_topic_permission(str(u["name"]))
+        except ValueError:  # not an object id: not ours to fix
+            continue
+        if current.get((want.user, want.vhost, want.exchange)) != (want.write, want.read):
+            steps.append(set_topic_permissions(want))
+    return steps
 

@@ -395,9 +395,10 @@ def device_permission(object_id: str) -> Permission:
 
 
 def device_topic_permission(object_id: str) -> TopicPermission:
-    """Publish only positions.<itself>, subscribe only under object-events.<itself>.
+    """Publish only positions.<itself>, subscribe only to its own events
+    (fence-events.<fence>.<kind>.<itself>, the fence and kind possibly wildcards).
     RabbitMQ expands {username} when it checks (the MQTT login's user part)."""
     check_object_id(object_id)
     return TopicPermission(object_id, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
                            f"^{regex_escape(t.POSITIONS_TOPIC_PREFIX)}\\.{{username}}$",
-                           f"^{regex_escape(t.OBJECT_EVENTS_TOPIC_PREFIX)}\\.{{username}}\\.")
+                           f"^{regex_escape(t.EVENTS_TOPIC_PREFIX)}\\.[^.#]+\\.[^.#]+\\.{{username}}$")

@@ -2,10 +2,11 @@
 
 A device is a RabbitMQ user named after its object id, tagged `gf-device`, with rights in
 gf-ingress only: it logs in over MQTT as `gf-ingress:<object_id>` with client id
-`<object_id>`, may publish `positions/<object_id>` and subscribe under
-`object-events/<object_id>/`, nothing else (see `definitions.device_permission` and
-`device_topic_permission`). RabbitMQ is the credentials store: the password is shown once by
-`add` (or read from stdin) and kept nowhere else.
+`<object_id>`, may publish `positions/<object_id>` and subscribe to its own events
+`fence-events/+/+/<object_id>` (or a given fence or kind in place of a `+`), nothing else
+(see `definitions.device_permission` and `device_topic_permission`). RabbitMQ is the
+credentials store: the password is shown once by `add` (or read from stdin) and kept nowhere
+else.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The whole pipeline on the local stack: a paho device (or AMQP) publishes positions, the
 sidecars started by `geofence up` route them, and the ENTER / LEAVE events received over AMQP
-(fence.events) and MQTT (fence-events/..., object-events/...) are compared with a ground
-truth computed here with shapely, independently of the pipeline's code.
+(fence.events) and MQTT (fence-events/<fence>/<kind>/<object>, per fence and per device) are
+compared with a ground truth computed here with shapely, independently of the pipeline's code.
 
 Fences and objects get fresh uuid ids, so runs and tests never see each other's events;
 fences are removed at the end. Every wait has a deadline. Events of one fence come from one
@@ -289,13 +289,13 @@ async def test_device_crosses_two_adjacent_fences(pipeline: ConnectionSettings, 
     assert [e[:2] for e in sorted(expected, key=lambda e: e[3])] == [
         (a, "enter"), (a, "leave"), (b, "enter"), (b, "leave"), (b, "enter"), (a, "enter"), (b, "leave")]
 
-    mqtt_device.client.subscribe(f"object-events/{device.object_id}/#", qos=1)
+    mqtt_device.client.subscribe(f"fence-events/+/+/{device.object_id}", qos=1)
     assert [c.value for c in mqtt_device.expect("suback")] == [1]
-    await wait_binding_federated(pipeline, f"object-events.{device.object_id}.#")
+    await wait_binding_federated(pipeline, f"fence-events.*.*.{device.object_id}")
     async with AmqpEvents(pipeline) as amqp:
         for fid in geoms:
             await amqp.watch(fid)
-            await watcher.watch(f"fence-events/{fid}/+")
+            await watcher.watch(f"fence-events/{fid}/+/+")
         early = await asyncio.to_thread(publish_steps, mqtt_device, device.object_id, steps)
         await amqp.until(last_per_fence(expected))
     assert amqp.events(device.object_id) == expected
@@ -305,12 +305,13 @@ async def test_device_crosses_two_adjacent_fences(pipeline: ConnectionSettings, 
 
     over_mqtt = await watcher.until(len(expected), device.object_id)
     assert sorted(as_tuple(body) for _, body in over_mqtt) == expected
-    assert all(topic == f"fence-events/{b['fence_id']}/{b['event']}" for topic, b in over_mqtt)
+    assert all(topic == f"fence-events/{b['fence_id']}/{b['event']}/{b['object_id']}"
+               for topic, b in over_mqtt)
     assert sorted(b["event_id"] for _, b in over_mqtt) == sorted(ids)
     own: list[tuple[str, dict[str, Any]]] = []  # the device's own topic (other fences ignored)
     while len(own) < len(expected):
         topic, body = early.pop(0) if early else mqtt_device.expect("message")
-        assert topic.startswith(f"object-events/{device.object_id}/")
+        assert topic.endswith(f"/{device.object_id}") and topic.startswith("fence-events/")
         if json.loads(body)["fence_id"] in geoms:
             own.append((topic, json.loads(body)))
     assert sorted(as_tuple(body) for _, body in own) == expected

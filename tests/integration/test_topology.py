@@ -280,7 +280,7 @@ def test_device_cannot_subscribe_to_another_devices_events(stack: ConnectionSett
                                                            device: Device) -> None:
     client = MqttDevice(stack, device)
     try:
-        client.client.subscribe(f"object-events/t-other-{uuid.uuid4().hex[:8]}/#", qos=1)
+        client.client.subscribe(f"fence-events/+/+/t-other-{uuid.uuid4().hex[:8]}", qos=1)
         event, _ = client.next_event()
         assert event == "disconnect"  # RabbitMQ 3.10 closes the connection, no SUBACK
     finally:
@@ -298,10 +298,10 @@ async def test_fence_event_reaches_the_device_over_mqtt(stack: ConnectionSetting
                                                         mqtt_device: MqttDevice,
                                                         topology: Topology) -> None:
     await test_federation_links_are_running(stack, topology)
-    mqtt_device.client.subscribe(f"object-events/{device.object_id}/#", qos=1)
+    mqtt_device.client.subscribe(f"fence-events/+/+/{device.object_id}", qos=1)
     codes = mqtt_device.expect("suback")
     assert [c.value for c in codes] == [1]
-    binding_key = f"object-events.{device.object_id}.#"
+    binding_key = f"fence-events.*.*.{device.object_id}"
 
     def propagated() -> bool:  # the federation link copies the new binding to gf-fences
         found = api(stack, f"api/exchanges/{q(t.FENCES_VHOST)}/{q(t.EVENTS_MQTT_EXCHANGE)}"
@@ -310,13 +310,13 @@ async def test_fence_event_reaches_the_device_over_mqtt(stack: ConnectionSetting
 
     await poll(propagated, f"binding {binding_key} on fence.events.mqtt in gf-fences")
     fence_id = f"f-{uuid.uuid4().hex[:8]}"
-    _, per_object = t.mqtt_event_routing_keys(fence_id, device.object_id, "enter")
+    per_object = t.mqtt_event_routing_key(fence_id, device.object_id, "enter")
     event = {"event": "enter", "fence_id": fence_id, "object_id": device.object_id,
              "ts": time.time(), "reason": "entered", "event_id": uuid.uuid4().hex}
     await publish(stack, t.FENCE_USER, t.FENCES_VHOST, t.EVENTS_MQTT_EXCHANGE, per_object,
                   json.dumps(event).encode())
     topic, payload = mqtt_device.expect("message")
-    assert topic == f"object-events/{device.object_id}/{fence_id}/enter"
+    assert topic == f"fence-events/{fence_id}/enter/{device.object_id}"
     assert json.loads(payload) == event
 
 
@@ -324,7 +324,7 @@ def test_device_list_and_remove(stack: ConnectionSettings, device: Device) -> No
     listed = geofence("device", "list")
     assert listed.returncode == 0 and device.object_id in listed.stdout.split()
     client = MqttDevice(stack, device, clean_session=False)  # a durable subscription queue
-    client.client.subscribe(f"object-events/{device.object_id}/#", qos=1)
+    client.client.subscribe(f"fence-events/+/+/{device.object_id}", qos=1)
     client.expect("suback")
     qos1 = f"{t.MQTT_SUBSCRIPTION_QUEUE_PREFIX}{device.object_id}qos1"
     assert api(stack, f"api/queues/{q(t.INGRESS_VHOST)}/{q(qos1)}") is not None

@@ -248,7 +248,7 @@ def expand(pattern: str, username: str) -> str:
     ("positions.dev-1.extra", False),
     ("positions.dev-10", False),
     ("xpositions.dev-1", False),
-    ("object-events.dev-1.f1.enter", False),
+    ("fence-events.f1.enter.dev-1", False),
 ])
 def test_device_may_publish_only_its_positions(routing_key: str, allowed: bool) -> None:
     tp = d.device_topic_permission("dev-1")
@@ -257,13 +257,17 @@ def test_device_may_publish_only_its_positions(routing_key: str, allowed: bool) 
 
 
 @pytest.mark.parametrize(("binding_key", "allowed"), [
-    ("object-events.dev-1.#", True),
-    ("object-events.dev-1.f1.enter", True),
-    ("object-events.dev-1.*.leave", True),
-    ("object-events.dev-10.#", False),
-    ("object-events.#", False),
-    ("object-events.*.#", False),
+    ("fence-events.*.*.dev-1", True),
+    ("fence-events.f1.enter.dev-1", True),
+    ("fence-events.*.leave.dev-1", True),
+    ("fence-events.*.*.dev-10", False),
+    ("fence-events.*.*.dev", False),
+    ("fence-events.*.*.*", False),
     ("fence-events.#", False),
+    ("fence-events.*.#", False),
+    ("fence-events.#.dev-1", False),
+    ("fence-events.f1.enter.x.dev-1", False),
+    ("object-events.dev-1.#", False),
     ("#", False),
 ])
 def test_device_may_subscribe_only_to_its_events(binding_key: str, allowed: bool) -> None:
