@@ -44,6 +44,7 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
+from pamqp.commands import Basic
 
 from exchanges import topology as t
 from exchanges.contract import InvalidMessage
@@ -375,15 +376,32 @@ async def publish_all(outs: Sequence[Out], counters: Counters, deadline: float |
 
 
 async def _publish(o: Out) -> None:
-    message = aio_pika.Message(o.body, delivery_mode=PERSISTENT, content_type=o.content_type,
-                               headers=dict(o.headers) if o.headers else None,
-                               correlation_id=o.correlation_id, message_id=o.message_id)
+    # Straight to the aiormq channel under aio-pika's exchange, with the message properties
+    # built once per content type: aio_pika.Message (and its properties) per message was
+    # half of a sidecar's publishing cost (bench: 1.9k -> 4.6k confirmed msgs/s).
+    channel = await o.exchange.channel.get_underlay_channel()  # type: ignore[attr-defined]
     try:
-        confirm = await o.exchange.publish(message, o.routing_key, mandatory=o.mandatory)
-    except aio_pika.exceptions.DeliveryError as exc:  # returned (no route) or nacked
+        confirm = await channel.basic_publish(o.body, exchange=o.exchange.name, routing_key=o.routing_key,
+                                              properties=_properties(o), mandatory=o.mandatory)
+    except aiormq.exceptions.DeliveryError as exc:  # returned (no route) or nacked
         raise PublishRefused(str(exc)) from None
-    if confirm is not None and not isinstance(confirm, aiormq.spec.Basic.Ack):
+    if confirm is not None and not isinstance(confirm, Basic.Ack):
         raise PublishRefused(f"broker answered {type(confirm).__name__}")
+
+
+_PLAIN_PROPERTIES: dict[str, Basic.Properties] = {}  # content type -> persistent, nothing else
+
+
+def _properties(o: Out) -> Basic.Properties:
+    if o.headers is None and o.correlation_id is None and o.message_id is None:
+        p = _PLAIN_PROPERTIES.get(o.content_type)
+        if p is None:
+            p = _PLAIN_PROPERTIES[o.content_type] = Basic.Properties(delivery_mode=int(PERSISTENT),
+                                                                     content_type=o.content_type)
+        return p
+    return Basic.Properties(delivery_mode=int(PERSISTENT), content_type=o.content_type,
+                            headers=dict(o.headers) if o.headers else None,
+                            correlation_id=o.correlation_id, message_id=o.message_id)
 
 
 def dead_letter(exchange: AbstractExchange, message: AbstractIncomingMessage, reason: str,
