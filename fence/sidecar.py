@@ -6,7 +6,8 @@ one message per event for the fence's subscribers and the object's).
 
 Recovery: at start the fences this worker owns on the hash ring are read from PostgreSQL.
 Who is inside which fence is not persisted yet (the persistence issue adds the journal): a
-restarted worker re-learns it from the next positions (an object inside gets a new ENTER).
+restarted worker re-learns it from the next positions (an object inside gets a new ENTER),
+and positions held for a handover notice (see fence.state.XFence.route) are lost with it.
 
 Timeouts: every second, pairs whose object has been silent for the fence's timeout_s (by
 the wall clock against the object's last position time) LEAVE with reason `timeout` and

@@ -339,7 +339,10 @@ class XFence:
             events += self._release(None)
         return events
 
-    HOLD_S = 10.0  # longest wait for a handover notice (a region down, or its notice lost)
+    # Longest wait for a handover notice. The notice always comes (x-ingress sends it with the
+    # position it gates); only a backlog delays it, and a saturated pipeline runs a backlog of
+    # tens of seconds: giving up sooner would apply positions out of order.
+    HOLD_S = 300.0
 
     def _blocked(self, wb: WorkerBatch, codes: I64) -> npt.NDArray[np.bool_]:
         """Positions whose gate is not open yet. The gate alone keeps an object's order:

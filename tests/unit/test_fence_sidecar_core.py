@@ -315,7 +315,8 @@ def test_a_gate_not_after_the_last_notice_is_open(inside_a: XFence) -> None:
 
 def test_expire_applies_positions_held_hold_s(inside_a: XFence) -> None:
     x = inside_a
-    assert XFence.HOLD_S == 10.0
+    assert XFence.HOLD_S >= 60.0  # waits out a backlog of a minute or more
+    x.HOLD_S = 10.0  # this test's worker gives up sooner
     for wb, received_at in [(at("o1", IN_B, 110.0, ["B"], gate=110.0), 50.0),
                             (at("o1", IN_C, 120.0, notice=True, gate=110.0), 50.0),
                             (at("o1", IN_C, 120.0, ["C"], gate=120.0), 58.0),
