@@ -7,17 +7,28 @@ Fences go in through the production path (fence.manager: covering, PostgreSQL, c
 messages) with ids unique to the run, and are removed at the end; objects get run-unique ids
 too, so runs never see each other's state. Timestamps are the workload's rounds shifted to
 now (the fences' timeout is a week, so nothing times out during a run).
+
+Two things keep runs from measuring each other (or anyone's earlier runs):
+- before publishing, `wait_idle` waits (at most IDLE_TIMEOUT_S) until the pipeline's queues
+  have been empty for IDLE_SETTLE_S: a backlog left by an earlier run, or the ENTER events of
+  this run's fence definitions, is not timed as this run's;
+- after the run (untimed, events no longer read), `park` moves every object of the run to a
+  spot outside the workload's box, once into every region, so each crossing's handover notice
+  tells every x-fence worker: objects stay known to x-fence (recent for a week), and without
+  this every later run's fences, defined over the same box, ENTER (and at their removal
+  LEAVE) all of them: tens of thousands of events per run that the later run would time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aio_pika
@@ -26,13 +37,40 @@ import numpy as np
 import orjson
 import workload as wl
 
-from deploy.local_stack import ConnectionSettings, Settings, load_connection_settings
+import hilbert_c as hk
+from deploy.local_stack import ConnectionSettings, Settings, load_connection_settings, load_secrets
+from deploy.rabbitmq import apply as rabbit
 from exchanges import topology as t
+from exchanges.range_index import INDEX_BITS
+from fence import store
 from fence.manager import FenceManager
 from fence.spec import FenceSpec
+from ingress.worldmap import AREA
 
 TIMEOUT_S = 7 * 86400.0
 DRAIN_DEADLINE_S = 180.0
+GRACE_S = 1.0  # listening on after the last expected event
+TICK_S = 0.5
+IDLE_TIMEOUT_S = 300.0  # longest wait for the pipeline to drain before a run
+IDLE_SETTLE_S = 6.0  # empty queues for this long: the management figures lag up to 5 s
+PARK_MARGIN_M = 2_000.0  # parking spots are this far outside the workload's box
+
+ProgressFn = Callable[[str, int, int], None]  # (phase, done, total): fences, publish, events
+
+
+@dataclass
+class Status:
+    """Where a run is, for a progress display: `count()` of `total` in `phase`."""
+
+    phase: str = "fences"
+    total: int = 0
+    count: Callable[[], int] = lambda: 0
+
+
+async def tick(status: Status, progress: ProgressFn) -> None:
+    while True:
+        progress(status.phase, status.count(), status.total)
+        await asyncio.sleep(TICK_S)
 
 
 @dataclass
@@ -48,6 +86,9 @@ class BrokerRun:
     events: list[wl.EventTuple] = field(default_factory=list)
     latency_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
     reference: list[wl.EventTuple] = field(default_factory=list)  # renamed, shifted to now
+    idle_wait_s: float = 0.0  # waiting for the pipeline to drain before publishing
+    backlog: int = 0  # the largest pipeline backlog seen then (messages; -1: unknown)
+    parked: int = 0  # parking updates sent after the run
 
     @property
     def updates_per_s(self) -> float:
@@ -73,14 +114,18 @@ def update_index(stream: wl.Stream) -> dict[tuple[str, float], int]:
 # --------------------------------------------------------------------------- fences
 
 
-async def put_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], parallel: int = 4) -> None:
+async def put_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], parallel: int = 4,
+                     done: list[int] | None = None) -> None:
+    """done[0] counts the fences stored (for a progress display)."""
     settings = Settings.from_env()
     amqp = conn["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
+    done = done if done is not None else [0]
 
     async def worker(part: Sequence[wl.Fence]) -> None:
         async with FenceManager(amqp, conn["postgres"]["dsn"], settings.regions, settings.workers) as m:
             for f in part:
                 await m.put(FenceSpec(f.fence_id, f.geometry, timeout_s=TIMEOUT_S), create=True)
+                done[0] += 1
             await m.applied(timeout=300)
 
     await asyncio.gather(*(worker(fences[i::parallel]) for i in range(parallel)))
@@ -93,7 +138,8 @@ async def remove_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], pa
     async def worker(part: Sequence[wl.Fence]) -> None:
         async with FenceManager(amqp, conn["postgres"]["dsn"], settings.regions, settings.workers) as m:
             for f in part:
-                await m.remove(f.fence_id)
+                with contextlib.suppress(store.UnknownFence):  # never stored: the run failed early
+                    await m.remove(f.fence_id)
 
     await asyncio.gather(*(worker(fences[i::parallel]) for i in range(parallel)))
 
@@ -109,6 +155,7 @@ class EventSink:
         self.got: list[tuple[wl.EventTuple, float]] = []
         self.arrived = asyncio.Event()
         self.want = 0
+        self.conn: aio_pika.abc.AbstractRobustConnection | None = None
 
     async def start(self) -> None:
         self.conn = await aio_pika.connect(self.url)
@@ -138,7 +185,8 @@ class EventSink:
         return True
 
     async def close(self) -> None:
-        await self.conn.close()
+        if self.conn is not None:
+            await self.conn.close()
 
 
 # --------------------------------------------------------------------------- intakes
@@ -155,8 +203,11 @@ def gateway_bodies(stream: wl.Stream, batch: int) -> list[tuple[int, int, bytes]
 
 
 async def publish_gateway(conn: ConnectionSettings, bodies: Sequence[tuple[int, int, bytes]],
-                          sent_at: np.ndarray, rate: float | None, window: int = 16) -> None:
-    """Gateway batches with confirms, `window` in flight; paced to `rate` updates/s if given."""
+                          sent_at: np.ndarray, rate: float | None, window: int = 16,
+                          confirmed: list[int] | None = None) -> None:
+    """Gateway batches with confirms, `window` in flight; paced to `rate` updates/s if given.
+    confirmed[0] counts the updates confirmed (for a progress display)."""
+    confirmed = confirmed if confirmed is not None else [0]
     url = conn["users"][t.GATEWAY_USER][t.INGRESS_VHOST]
     async with await aio_pika.connect(url) as c:
         ch = await c.channel(publisher_confirms=True, on_return_raises=True)
@@ -169,6 +220,7 @@ async def publish_gateway(conn: ConnectionSettings, bodies: Sequence[tuple[int, 
                 sent_at[lo:hi] = time.time()
                 await ex.publish(aio_pika.Message(body, content_type="application/msgpack",
                                                   delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "")
+                confirmed[0] += hi - lo
             finally:
                 sem.release()
 
@@ -184,12 +236,13 @@ async def publish_gateway(conn: ConnectionSettings, bodies: Sequence[tuple[int, 
 
 
 def _mqtt_publisher(args: tuple[dict[str, object], list[int], list[str], list[bytes], float | None,
-                                float, mp.Queue]) -> None:  # type: ignore[type-arg]
-    """One paho client (a process): its objects' updates in stream order, QoS 1."""
+                                float, mp.Queue, object]) -> None:  # type: ignore[type-arg]
+    """One paho client (a process): its objects' updates in stream order, QoS 1; adds what it
+    has handed to paho to the shared counter `sent_count` every 256 messages."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    cfg, index, topics, payloads, rate, t_start, out = args
+    cfg, index, topics, payloads, rate, t_start, out, sent_count = args
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{uuid.uuid4().hex[:8]}",
                          protocol=mqtt.MQTTv311)
     client.username_pw_set(str(cfg["username"]), str(cfg["password"]))
@@ -209,6 +262,11 @@ def _mqtt_publisher(args: tuple[dict[str, object], list[int], list[str], list[by
                 time.sleep(ahead)
         sent[k] = time.time()
         infos.append(client.publish(topic, payload, qos=1))
+        if k % 256 == 255:
+            with sent_count.get_lock():  # type: ignore[attr-defined]
+                sent_count.value += 256  # type: ignore[attr-defined]
+    with sent_count.get_lock():  # type: ignore[attr-defined]
+        sent_count.value += len(index) % 256  # type: ignore[attr-defined]
     for info in infos:
         info.wait_for_publish(timeout=120)
     client.disconnect()
@@ -217,12 +275,15 @@ def _mqtt_publisher(args: tuple[dict[str, object], list[int], list[str], list[by
 
 
 def publish_mqtt(conn: ConnectionSettings, stream: wl.Stream, sent_at: np.ndarray, rate: float | None,
-                 clients: int) -> None:
+                 clients: int, sent_count: object | None = None) -> None:
+    """sent_count: a multiprocessing Value("q") of the fork context counting the updates
+    handed to the clients (for a progress display), or None."""
     cfg = {"host": conn["mqtt"]["host"], "port": conn["mqtt"]["port"],
            "username": f"{t.INGRESS_VHOST}:{t.ADMIN_USER}", "password": conn["mqtt"]["password"]}
     names = stream.object_ids
     part = stream.obj % clients  # an object always goes through the same client (its order)
     ctx = mp.get_context("fork")
+    sent_count = sent_count if sent_count is not None else ctx.Value("q", 0)
     out = ctx.Queue()
     t_start = time.time() + 1.0
     jobs = []
@@ -232,7 +293,7 @@ def publish_mqtt(conn: ConnectionSettings, stream: wl.Stream, sent_at: np.ndarra
         payloads = [orjson.dumps({"lon": float(stream.lon[i]), "lat": float(stream.lat[i]),
                                   "ts": float(stream.ts[i])}) for i in idx]
         jobs.append(ctx.Process(target=_mqtt_publisher,
-                                args=((cfg, idx, topics, payloads, rate, t_start, out),)))
+                                args=((cfg, idx, topics, payloads, rate, t_start, out, sent_count),)))
     for j in jobs:
         j.start()
     for _ in jobs:
@@ -242,11 +303,102 @@ def publish_mqtt(conn: ConnectionSettings, stream: wl.Stream, sent_at: np.ndarra
         j.join(timeout=60)
 
 
+# --------------------------------------------------------------------------- between runs
+
+
+PIPELINE_QUEUES = ("x-", "federation:")  # the sidecars' queues and the federation links'
+
+
+def pipeline_backlog() -> int:
+    """Messages (ready and unacknowledged) in the pipeline's queues, from the management API."""
+    settings = Settings.from_env()
+    mgmt = rabbit.management(settings, load_secrets(settings))
+    queues = mgmt.get("api/queues?columns=vhost,name,messages")
+    return sum(int(q.get("messages") or 0) for q in queues
+               if str(q.get("name", "")).startswith(PIPELINE_QUEUES))
+
+
+async def wait_idle(timeout: float = IDLE_TIMEOUT_S, settle: float = IDLE_SETTLE_S,
+                    backlog: list[int] | None = None) -> tuple[float, int]:
+    """Until the pipeline's queues were empty for `settle` seconds, at most `timeout`:
+    (seconds waited, the largest backlog seen; -1 without the management API).
+    backlog[0] is the last figure (for a progress display)."""
+    backlog = backlog if backlog is not None else [0]
+    t0 = time.perf_counter()
+    quiet_since: float | None = None
+    most = 0
+    while True:
+        try:
+            n = await asyncio.to_thread(pipeline_backlog)
+        except Exception as exc:  # no management API: go on without waiting
+            print(f"\n  ! pipeline backlog unknown ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return time.perf_counter() - t0, -1
+        backlog[0], most = n, max(most, n)
+        now = time.perf_counter()
+        if n:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        if (quiet_since is not None and now - quiet_since >= settle) or now - t0 >= timeout:
+            return now - t0, most
+        await asyncio.sleep(0.5)
+
+
+async def parking_spots(conn: ConnectionSettings, box: wl.Box = wl.DEFAULT_BOX,
+                        margin_m: float = PARK_MARGIN_M) -> list[tuple[float, float]]:
+    """One point per region of the stored worldmap, in the local stack's AREA and margin_m
+    outside the box (so outside every fence of the workload), the farthest from the box."""
+    pg = await store.connect(conn["postgres"]["dsn"])
+    try:
+        wm = await store.latest_worldmap(pg)
+    finally:
+        await pg.close()
+    if wm is None:
+        return []
+    x0, y0, x1, y1 = AREA
+    lon, lat = (a.ravel() for a in np.meshgrid(np.linspace(x0, x1, 61), np.linspace(y0, y1, 61)))
+    b0, c0, b1, c1 = box.bounds
+    dx = np.maximum(np.maximum(b0 - lon, lon - b1), 0.0) * box.m_per_deg_lon
+    dy = np.maximum(np.maximum(c0 - lat, lat - c1), 0.0) * box.m_per_deg_lat
+    away = np.hypot(dx, dy)
+    gx, gy = hk.lonlat_to_grid(lon, lat, INDEX_BITS)
+    region = wm.region_index(hk.encode_many(gx, gy, INDEX_BITS))
+    spots = []
+    for r in range(len(wm.regions)):
+        ok = np.flatnonzero((region == r) & (away >= margin_m))
+        if ok.size:
+            best = ok[np.argmax(away[ok])]
+            spots.append((float(lon[best]), float(lat[best])))
+    return spots
+
+
+async def park(conn: ConnectionSettings, st: wl.Stream, batch: int) -> int:
+    """Every object of the run to every parking spot in turn (gateway batches, after its last
+    update): the last move crosses a region border, so its notice reaches every worker.
+    Returns the updates sent."""
+    spots = await parking_spots(conn)
+    if not spots:
+        return 0
+    n = len(st.object_ids)
+    after = float(st.ts.max())
+    lon = np.repeat([s[0] for s in spots], n)
+    lat = np.repeat([s[1] for s in spots], n)
+    ts = np.repeat(after + 1.0 + np.arange(len(spots)), n)
+    moves = wl.Stream(st.object_ids, np.tile(np.arange(n, dtype=np.int32), len(spots)), lon, lat, ts)
+    await publish_gateway(conn, gateway_bodies(moves, batch), np.zeros(len(moves)), None)
+    return len(moves)
+
+
 # --------------------------------------------------------------------------- a run
 
 
 async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, reference: Sequence[wl.EventTuple],
-              batch: int, rate: float | None, clients: int = 2, say: object = print) -> BrokerRun:
+              batch: int, rate: float | None, clients: int = 2, say: object = print,
+              progress: ProgressFn | None = None, idle: bool = True, parking: bool = True) -> BrokerRun:
+    """One run: fences in, (idle: the pipeline drained,) the stream through `mode` ("amqp" or
+    "mqtt") at `rate` updates/s (None: as fast as possible), events read back and timed,
+    (parking: the objects parked,) the fences removed, also when the run fails. progress, if
+    given, is called every TICK_S with (phase, done, total)."""
     conn = load_connection_settings()
     run_id = uuid.uuid4().hex[:6]
     fs, st = renamed(fences, stream, run_id)
@@ -257,29 +409,54 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
     ref = sorted((e, rename_f[f], rename_o[o], ts + shift, r) for e, f, o, ts, r in reference)
     result = BrokerRun(mode, len(fs), len(st.object_ids), len(st), rate)
 
-    t0 = time.perf_counter()
-    await put_fences(conn, fs)
-    result.setup_s = time.perf_counter() - t0
+    stored, confirmed = [0], [0]
+    status = Status("fences", len(fs), lambda: stored[0])
+    ticker = asyncio.create_task(tick(status, progress)) if progress else None
     sink = EventSink(conn, f"b{run_id}-")
-    await sink.start()
     sent_at = np.zeros(len(st))
     try:
+        t0 = time.perf_counter()
+        await put_fences(conn, fs, done=stored)
+        result.setup_s = time.perf_counter() - t0
+        await sink.start()
         bodies = gateway_bodies(st, batch) if mode == "amqp" else []
+        if idle:
+            backlog = [0]
+            status.phase, status.total, status.count = "drain", 0, lambda: backlog[0]
+            result.idle_wait_s, result.backlog = await wait_idle(backlog=backlog)
+        status.phase, status.total = "publish", len(st)
         t0 = time.perf_counter()
         if mode == "amqp":
-            await publish_gateway(conn, bodies, sent_at, rate)
+            status.count = lambda: confirmed[0]
+            await publish_gateway(conn, bodies, sent_at, rate, confirmed=confirmed)
         else:
-            await asyncio.to_thread(publish_mqtt, conn, st, sent_at, rate, clients)
+            sent_count = mp.get_context("fork").Value("q", 0)
+            status.count = lambda: int(sent_count.value)
+            await asyncio.to_thread(publish_mqtt, conn, st, sent_at, rate, clients, sent_count)
             t0 = float(sent_at.min()) - time.time() + time.perf_counter()
         result.publish_s = time.perf_counter() - t0
+        status.phase, status.total, status.count = "events", len(ref), lambda: len(sink.got)
         complete = await sink.wait(len(ref), DRAIN_DEADLINE_S)
         last = max((r for _, r in sink.got), default=time.time())
         result.total_s = max(last - (time.time() - (time.perf_counter() - t0)), result.publish_s)
         if not complete:
-            print(f"  ! {len(sink.got)} of {len(ref)} events within {DRAIN_DEADLINE_S:g}s", file=sys.stderr)
+            print(f"\n  ! {len(sink.got)} of {len(ref)} events within {DRAIN_DEADLINE_S:g}s", file=sys.stderr)
+        else:
+            await asyncio.sleep(GRACE_S)  # an unexpected event (a duplicate) arriving late is seen
     finally:
         await sink.close()
-        await remove_fences(conn, fs)
+        try:
+            if parking and sink.conn is not None:  # the fences are still there: parking LEAVEs
+                status.phase, status.total, status.count = "parking", 0, lambda: 0
+                try:
+                    result.parked = await park(conn, st, 1000)
+                except Exception as exc:  # the fences go anyway
+                    print(f"\n  ! parking failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+            status.phase = "cleanup"
+            await remove_fences(conn, fs)
+        finally:
+            if ticker:
+                ticker.cancel()
     result.events = [e for e, _ in sink.got]
     where = update_index(st)
     lat = [(recv - sent_at[where[(e[2], e[3])]]) * 1000.0 for e, recv in sink.got if (e[2], e[3]) in where]

@@ -2,21 +2,49 @@
 
     .venv/bin/python bench/e2e.py --mode core [--fences 1000,10000] [--objects 10000]
         [--updates 200000] [--batch 10000] [--seed 1] [--profile]
+    .venv/bin/python bench/e2e.py --mode amqp [--fences 1000,10000] [--objects 10000]
+        [--updates 100000] [--batch 1000]
+    .venv/bin/python bench/e2e.py --mode mqtt [--fences 100] [--objects 1000] [--updates 20000]
+        [--clients 2]
+    .venv/bin/python bench/e2e.py --mode half [--fences 1000] [--objects 10000]
+        [--updates 100000] [--batch 1000] [--rate UPDATES_PER_S]
+    .venv/bin/python bench/e2e.py --mode all     # core, amqp, mqtt, half, each with its defaults
 
-Modes (one function each, `MODES`):
+Modes (`MODES`; the defaults in brackets are per mode, an option given applies to every mode
+run, so `--mode all --updates 20000` runs them all at U=20,000):
 - core: the routing cores in one process, no broker (x-ingress -> x-geo per region -> x-fence
-  per worker): the ceiling of the platform.
+  per worker): the ceiling of the platform. Target 500,000 updates/s (the issue's figure, at
+  F=1,000).
+- amqp: gateway batches (msgpack, `--batch` positions each, 16 in flight with confirms) into
+  the running stack (`geofence up`), events read back from `fence.events`
+  (bench/broker_modes.py). Target 50,000 updates/s at F=1,000, 40,000 above.
+- mqtt: one MQTT message per update (QoS 1, `--clients` publishing processes). Target 10,000
+  updates/s; ~1-2k/s today, hence the small defaults.
+- half: latency at half the max rate: an amqp run as fast as possible (or `--rate`, taken as
+  the max rate), then the same workload paced at half that rate; reports the paced run's
+  latency. Target p99 <= 50 ms. In `--mode all` the amqp run of the same sizes is the max.
 
-Every mode prints updates/s, events/s and where the time went, then checks the events
-against the shapely STRtree reference on the same stream (identical multisets, or exit 1).
-Figures, not tests: the machine is shared, run twice before believing a difference.
+Broker modes put the fences through the production path (fence.manager) with ids unique to the
+run, wait until the pipeline's queues are empty (`--no-idle-wait`: don't), and after the run
+park its objects outside the box (`--no-park`: don't; see bench/broker_modes.py) and remove
+the fences; updates/s is the updates over first publish -> last expected event, latency is per
+event from the publish of the update that caused it to the event's receipt, "drain wait" the
+time the pipeline needed to become idle first. Every run prints updates/s, events/s and where
+the time went, then checks its events against the shapely STRtree reference on the same stream
+(identical multisets). The figures go side by side, then a summary table (ratio = figure /
+target, >= 1 meets it; for half, 50 ms / p99) and one SUMMARY line. Exit 1 if any run's events
+differ from the reference or a run failed; the figures never fail it. Figures, not tests: the
+machine is shared, run twice before believing a difference. Run one broker benchmark at a
+time.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import io
+import math
 import pstats
 import sys
 import time
@@ -28,43 +56,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workload as wl
 
-TARGETS = {"core": 500_000}  # updates/s, core-only at F=1,000 (the issue's figure)
+ALL = ("core", "amqp", "mqtt", "half")
 
 
-@dataclass
-class Result:
-    mode: str
-    fences: int
+@dataclass(frozen=True)
+class Defaults:
+    fences: tuple[int, ...]
+    objects: int
     updates: int
-    setup_s: float
-    stream_s: float
-    events: list[wl.EventTuple]
-    steady_s: float = 0.0  # stream time after the first round (every object seen once)
-    cpu_s: float = 0.0  # this process's CPU time over the stream: well below stream_s = contention
-    steady_updates: int = 0
-    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
-    notes: list[str] = field(default_factory=list)
-    profile: str = ""
+    batch: int  # updates per intake batch (core) or gateway message (amqp, half); unused by mqtt
 
-    @property
-    def updates_per_s(self) -> float:
-        return self.updates / self.stream_s if self.stream_s else 0.0
 
-    @property
-    def steady_per_s(self) -> float:
-        return self.steady_updates / self.steady_s if self.steady_s else 0.0
+DEFAULTS = {
+    "core": Defaults((1_000, 10_000), 10_000, 200_000, 10_000),
+    "amqp": Defaults((1_000, 10_000), 10_000, 100_000, 1_000),  # 1,000 positions ~ 60 KiB < 256 KiB
+    "mqtt": Defaults((100,), 1_000, 20_000, 1),
+    "half": Defaults((1_000,), 10_000, 100_000, 1_000),
+}
+HALF_P99_MS = 50.0
 
-    @property
-    def events_per_s(self) -> float:
-        return len(self.events) / self.stream_s if self.stream_s else 0.0
+
+def rate_target(mode: str, fences: int) -> float | None:
+    """updates/s the issue asks for."""
+    if mode == "core":
+        return 500_000.0  # the issue's figure at F=1,000
+    if mode == "amqp":
+        return 50_000.0 if fences <= 1_000 else 40_000.0
+    if mode == "mqtt":
+        return 10_000.0
+    return None
+
+
+# --------------------------------------------------------------------------- progress
 
 
 class Progress:
     """One stderr line, rewritten at most every half second."""
 
-    def __init__(self, label: str, total: int) -> None:
+    def __init__(self, label: str, total: int = 0) -> None:
         self.label, self.total = label, total
         self.t0 = self.shown = time.perf_counter()
+        self.phase, self.phase_t0 = "", self.t0
 
     def update(self, done: int) -> None:
         now = time.perf_counter()
@@ -72,19 +104,113 @@ class Progress:
             return
         self.shown = now
         rate = done / (now - self.t0) if now > self.t0 else 0.0
-        print(f"\r  {self.label}: {done:,}/{self.total:,} updates, {rate:,.0f}/s   ",
-              end="", file=sys.stderr, flush=True)
+        self.show(f"{done:,}/{self.total:,} updates, {rate:,.0f}/s")
+
+    def phase_update(self, phase: str, done: int, total: int) -> None:
+        """For broker_modes.run: (phase, done, total) every half second."""
+        now = time.perf_counter()
+        if phase != self.phase:
+            self.phase, self.phase_t0 = phase, now
+        dt = now - self.phase_t0
+        rate = f", {done / dt:,.0f}/s" if dt > 0 and total else ""
+        count = f" {done:,}/{total:,}{rate}" if total else ""
+        if phase == "drain":  # done: the pipeline's backlog (messages)
+            phase, count = "waiting for an idle pipeline", f" (backlog {done:,})" if done else ""
+        self.show(f"{phase}{count}, {dt:.0f} s (run {now - self.t0:.0f} s)")
+
+    def show(self, text: str) -> None:
+        print(f"\r  {self.label}: {text}".ljust(79)[:119], end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        print("\r" + " " * 79 + "\r", end="", file=sys.stderr, flush=True)
+        print("\r" + " " * 119 + "\r", end="", file=sys.stderr, flush=True)
 
 
-def run_core(args: argparse.Namespace, fences: list[wl.Fence], stream: wl.Stream) -> Result:
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class Outcome:
+    """A run of any mode, as the report shows it."""
+
+    mode: str
+    fences: int
+    objects: int
+    updates: int
+    batch: int
+    updates_per_s: float = 0.0
+    events: list[wl.EventTuple] = field(default_factory=list)
+    diff: list[str] = field(default_factory=list)  # wl.compare against the reference; [] = same
+    figures: dict[str, str] = field(default_factory=dict)  # row -> value, in order
+    p50: float = math.nan
+    p95: float = math.nan
+    p99: float = math.nan
+    rate: float | None = None  # updates/s asked for (half's paced run)
+    error: str = ""
+    notes: list[str] = field(default_factory=list)
+    profile: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode} F={self.fences:,}"
+
+    @property
+    def ok(self) -> bool:
+        return not self.diff and not self.error
+
+    def target(self) -> tuple[str, float | None]:
+        """(what is asked, ratio: >= 1 meets it)."""
+        if self.mode == "half":
+            ratio = HALF_P99_MS / self.p99 if self.p99 > 0 else None
+            return f"p99<={HALF_P99_MS:g}ms", ratio
+        want = rate_target(self.mode, self.fences)
+        if want is None:
+            return "-", None
+        return f"{want:,.0f}/s", (self.updates_per_s / want if self.updates_per_s else None)
+
+
+@dataclass
+class Workloads:
+    """Fences, streams and references, made once per size."""
+
+    seed: int
+    fences: dict[int, list[wl.Fence]] = field(default_factory=dict)
+    streams: dict[tuple[int, int], wl.Stream] = field(default_factory=dict)
+    refs: dict[tuple[int, int, int], tuple[list[wl.EventTuple], float]] = field(default_factory=dict)
+
+    def fence_set(self, f: int) -> list[wl.Fence]:
+        if f not in self.fences:
+            self.fences[f] = wl.make_fences(f, self.seed)
+        return self.fences[f]
+
+    def stream(self, n: int, u: int) -> wl.Stream:
+        if (n, u) not in self.streams:
+            self.streams[(n, u)] = wl.random_walk(n, u, self.seed)
+        return self.streams[(n, u)]
+
+    def reference(self, f: int, n: int, u: int) -> tuple[list[wl.EventTuple], float]:
+        """The shapely events and the seconds they took."""
+        if (f, n, u) not in self.refs:
+            t = time.perf_counter()
+            events = wl.reference_events(self.fence_set(f), self.stream(n, u))
+            self.refs[(f, n, u)] = (events, time.perf_counter() - t)
+        return self.refs[(f, n, u)]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    fences: int
+    objects: int
+    updates: int
+    batch: int
+
+
+def run_core(args: argparse.Namespace, w: Workloads, z: Sizes) -> Outcome:
     """x-ingress -> x-geo per region -> x-fence per worker, in this process."""
+    fences, stream = w.fence_set(z.fences), w.stream(z.objects, z.updates)
     t = time.perf_counter()
     pipe = wl.CorePipeline()
     pipe.define(fences, max_ranges=args.max_ranges, cells_per_radius=args.cells_per_radius)
-    batches = [c.batch() for c in stream.chunks(args.batch)]  # the source is not measured
+    batches = [c.batch() for c in stream.chunks(z.batch)]  # the source is not measured
     setup_s = time.perf_counter() - t
 
     progress = Progress(f"core F={len(fences):,}", len(stream))
@@ -108,21 +234,123 @@ def run_core(args: argparse.Namespace, fences: list[wl.Fence], stream: wl.Stream
     stream_s, cpu_s = time.perf_counter() - t, time.process_time() - cpu
     progress.close()
 
+    reference, ref_s = w.reference(z.fences, z.objects, z.updates)
     times = pipe.times
-    workers = ", ".join(f"{w} {s / max(len(stream), 1) * 1e6:.2f}" for w, s in times.per_worker.items())
-    return Result(
-        "core", len(fences), len(stream), setup_s, stream_s, received,
-        steady_s=steady_s, steady_updates=steady_updates, cpu_s=cpu_s,
-        stages={"ingress": times.ingress, "geo": times.geo, "fence": times.fence},
-        notes=[f"x-fence per worker (us/update): {workers}",
-               f"inside pairs at the end: {pipe.inside_pairs():,}",
-               f"regions {list(pipe.worldmap.regions)}, workers {list(pipe.fence)}, batch {args.batch:,}"],
-        profile=top_functions(profiler) if profiler else "",
-    )
+    n = max(len(stream), 1)
+    out = Outcome("core", z.fences, z.objects, z.updates, z.batch, events=received,
+                  updates_per_s=len(stream) / stream_s if stream_s else 0.0,
+                  diff=wl.compare(received, reference))
+    out.figures = {
+        "setup (s)": f"{setup_s:.1f}",
+        "stream (s)": f"{stream_s:.2f}",
+        "  cpu (s)": f"{cpu_s:.2f}",
+        "updates/s": f"{out.updates_per_s:,.0f}",
+        "  after round 1": f"{steady_updates / steady_s:,.0f}" if steady_s else "-",
+        "events": f"{len(received):,}",
+        "events/s": f"{len(received) / stream_s if stream_s else 0.0:,.0f}",
+        "ingress (us/update)": f"{times.ingress / n * 1e6:.2f}",
+        "geo (us/update)": f"{times.geo / n * 1e6:.2f}",
+        "fence (us/update)": f"{times.fence / n * 1e6:.2f}",
+        "reference (s)": f"{ref_s:.1f}",
+    }
+    workers = ", ".join(f"{w} {s / n * 1e6:.2f}" for w, s in times.per_worker.items())
+    out.notes = [f"x-fence per worker (us/update): {workers}",
+                 f"inside pairs at the end: {pipe.inside_pairs():,}",
+                 f"regions {list(pipe.worldmap.regions)}, workers {list(pipe.fence)}, batch {z.batch:,}"]
+    out.profile = top_functions(profiler) if profiler else ""
+    return out
 
 
-MODES: dict[str, Callable[[argparse.Namespace, list[wl.Fence], wl.Stream], Result]] = {
-    "core": run_core,
+def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, label: str,
+               rate: float | None = None) -> Outcome:
+    """One broker_modes.run ("amqp" or "mqtt") against the running stack, shown as `label`."""
+    import broker_modes as bm  # the stack's clients (aio_pika, paho), only when asked for
+
+    fences, stream = w.fence_set(z.fences), w.stream(z.objects, z.updates)
+    reference, ref_s = w.reference(z.fences, z.objects, z.updates)
+    out = Outcome(label, z.fences, z.objects, z.updates, z.batch if intake == "amqp" else 1, rate=rate)
+    progress = Progress(f"{out.label}" + (f" at {rate:,.0f}/s" if rate else ""))
+    try:
+        r = asyncio.run(bm.run(intake, fences, stream, reference, z.batch, rate, clients=args.clients,
+                               progress=progress.phase_update, idle=not args.no_idle_wait,
+                               parking=not args.no_park))
+    except Exception as exc:  # a sidecar restarted, the stack is down...: the other runs go on
+        progress.close()
+        out.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        out.figures = {"reference (s)": f"{ref_s:.1f}"}
+        return out
+    progress.close()
+    out.updates_per_s, out.events = r.updates_per_s, r.events
+    out.diff = wl.compare(r.events, r.reference)
+    out.p50, out.p95, out.p99 = r.pct(50), r.pct(95), r.pct(99)
+    out.figures = {
+        "rate asked (/s)": f"{rate:,.0f}" if rate else "max",
+        "setup (s)": f"{r.setup_s:.1f}",
+        "  drain wait (s)": f"{r.idle_wait_s:.1f}",
+        "stream (s)": f"{r.total_s:.2f}",
+        "  publish (s)": f"{r.publish_s:.2f}",
+        "updates/s": f"{r.updates_per_s:,.0f}",
+        "events": f"{len(r.events):,}",
+        "events/s": f"{len(r.events) / r.total_s if r.total_s else 0.0:,.0f}",
+        "latency p50 (ms)": f"{out.p50:.1f}",
+        "latency p95 (ms)": f"{out.p95:.1f}",
+        "latency p99 (ms)": f"{out.p99:.1f}",
+        "  max (ms)": f"{float(r.latency_ms.max()):.1f}" if r.latency_ms.size else "-",
+        "reference (s)": f"{ref_s:.1f}",
+    }
+    what = (f"gateway batches of {z.batch:,}" if intake == "amqp"
+            else f"one message per update, {args.clients} clients")
+    backlog = "unknown" if r.backlog < 0 else f"{r.backlog:,} messages at most"
+    out.notes = [f"{intake}: {what}; {r.latency_ms.size:,} latencies; fences in and applied "
+                 f"{r.setup_s:.1f} s (production path); then {r.idle_wait_s:.1f} s until the pipeline "
+                 f"was idle (backlog {backlog}); {r.parked:,} parking updates after"]
+    return out
+
+
+def sizes(args: argparse.Namespace, mode: str) -> list[Sizes]:
+    d = DEFAULTS[mode]
+    counts = args.fence_counts or list(d.fences)
+    return [Sizes(f, args.objects or d.objects, args.updates or d.updates, args.batch or d.batch)
+            for f in counts]
+
+
+def mode_core(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes, float]) -> list[Outcome]:
+    return [run_core(args, w, z)]
+
+
+def mode_amqp(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes, float]) -> list[Outcome]:
+    out = run_broker(args, w, z, "amqp", "amqp")
+    if out.ok:
+        ctx[z] = out.updates_per_s  # the max rate, for half
+    return [out]
+
+
+def mode_mqtt(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes, float]) -> list[Outcome]:
+    return [run_broker(args, w, z, "mqtt", "mqtt")]
+
+
+def mode_half(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes, float]) -> list[Outcome]:
+    """The max rate (--rate, an amqp run of these sizes earlier, or one now), then half of it."""
+    runs: list[Outcome] = []
+    top = args.rate or ctx.get(z)
+    if not top:
+        runs += mode_amqp(args, w, z, ctx)
+        top = ctx.get(z)
+    if not top:
+        failed = Outcome("half", z.fences, z.objects, z.updates, z.batch,
+                         error="no max rate: the amqp run as fast as possible failed")
+        return [*runs, failed]
+    half = run_broker(args, w, z, "amqp", "half", rate=top / 2.0)
+    half.notes.append(f"paced at {top / 2.0:,.0f}/s = half of {top:,.0f}/s "
+                      f"({'--rate' if args.rate else 'the amqp run as fast as possible'})")
+    return [*runs, half]
+
+
+MODES: dict[str, Callable[[argparse.Namespace, Workloads, Sizes, dict[Sizes, float]], list[Outcome]]] = {
+    "core": mode_core,
+    "amqp": mode_amqp,
+    "mqtt": mode_mqtt,
+    "half": mode_half,
 }
 
 
@@ -132,94 +360,156 @@ def top_functions(profiler: cProfile.Profile, n: int = 20) -> str:
     return out.getvalue()
 
 
-def check(result: Result, reference: list[wl.EventTuple]) -> list[str]:
-    return wl.compare(result.events, reference)
+# --------------------------------------------------------------------------- the report
 
 
-def report(results: list[Result], checks: list[list[str]], ref_s: list[float]) -> None:
-    """The figures side by side, one column per fence count."""
-    cols = [f"F={r.fences:,}" for r in results]
-    rows: list[tuple[str, list[str]]] = [
-        ("updates", [f"{r.updates:,}" for r in results]),
-        ("setup (s)", [f"{r.setup_s:.1f}" for r in results]),
-        ("stream (s)", [f"{r.stream_s:.2f}" for r in results]),
-        ("  cpu (s)", [f"{r.cpu_s:.2f}" for r in results]),
-        ("updates/s", [f"{r.updates_per_s:,.0f}" for r in results]),
-        ("  after round 1", [f"{r.steady_per_s:,.0f}" for r in results]),
-        ("events", [f"{len(r.events):,}" for r in results]),
-        ("events/s", [f"{r.events_per_s:,.0f}" for r in results]),
-    ]
-    for stage in results[0].stages:
-        rows.append((f"{stage} (us/update)",
-                     [f"{r.stages[stage] / max(r.updates, 1) * 1e6:.2f}" for r in results]))
-    rows.append(("reference (s)", [f"{s:.1f}" for s in ref_s]))
-    rows.append(("events match", ["yes" if not c else "NO" for c in checks]))
-    width = max(len(name) for name, _ in rows)
-    print(f"{'':{width}}  " + "  ".join(f"{c:>14}" for c in cols))
-    for name, values in rows:
-        print(f"{name:{width}}  " + "  ".join(f"{v:>14}" for v in values))
+def table(header: list[str], rows: list[list[str]], first_left: bool = True) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(wd) if i == 0 and first_left else c.rjust(wd)
+                         for i, (c, wd) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    return "\n".join([line(header), *(line(r) for r in rows)])
+
+
+ROWS = ("objects", "updates", "batch", "rate asked (/s)", "setup (s)", "  drain wait (s)", "stream (s)",
+        "  publish (s)", "  cpu (s)", "updates/s", "  after round 1", "events", "events/s",
+        "ingress (us/update)", "geo (us/update)", "fence (us/update)", "latency p50 (ms)",
+        "latency p95 (ms)", "latency p99 (ms)", "  max (ms)", "reference (s)", "events match", "target",
+        "ratio")
+FIXED = ("objects", "updates", "batch", "events match", "target", "ratio")
+
+
+def report(results: list[Outcome]) -> None:
+    """The figures side by side, one column per run."""
+    names = [n for n in ROWS if n in FIXED or any(n in r.figures for r in results)]
+    names += [k for r in results for k in r.figures if k not in names]
+    rows = []
+    for name in names:
+        values = []
+        for r in results:
+            target, ratio = r.target()
+            fixed = {"objects": f"{r.objects:,}", "updates": f"{r.updates:,}",
+                     "batch": f"{r.batch:,}" if r.mode != "mqtt" else "1 (msg)",
+                     "events match": "ERROR" if r.error else ("yes" if not r.diff else "NO"),
+                     "target": target, "ratio": f"{ratio:.2f}" if ratio else "-"}
+            values.append(fixed.get(name, r.figures.get(name, "-")))
+        rows.append([name, *values])
+    print(table(["", *(r.label for r in results)], rows))
     for r in results:
         for note in r.notes:
-            print(f"  F={r.fences:,}: {note}")
+            print(f"  {r.label}: {note}")
+
+
+def summary(results: list[Outcome]) -> str:
+    rows = []
+    for r in results:
+        target, ratio = r.target()
+        rows.append([r.mode, f"{r.fences:,}", f"{r.objects:,}", f"{r.updates:,}",
+                     f"{r.updates_per_s:,.0f}" if not r.error else "-", target,
+                     f"{ratio:.2f}" if ratio else "-",
+                     "ERROR" if r.error else ("yes" if not r.diff else "NO"),
+                     f"{r.p99:.1f}" if not math.isnan(r.p99) else "-"])
+    return table(["mode", "F", "N", "U", "updates/s", "target", "ratio", "events ok", "p99 ms"], rows)
+
+
+def summary_line(results: list[Outcome]) -> str:
+    parts = []
+    for r in results:
+        target, ratio = r.target()
+        if r.error:
+            parts.append(f"{r.label} ERROR")
+        elif r.mode == "half":
+            parts.append(f"{r.label} p99 {r.p99:.1f} ms at {r.updates_per_s:,.0f}/s "
+                         f"(target {target}: {'met' if ratio and ratio >= 1 else 'missed'})")
+        else:
+            parts.append(f"{r.label} {r.updates_per_s:,.0f} updates/s"
+                         + (f" ({ratio:.2f}x {target})" if ratio else ""))
+    bad = [r.label for r in results if not r.ok]
+    events = ("events match the reference in every run" if not bad
+              else f"events DIFFER or failed in {len(bad)} of {len(results)} runs: {', '.join(bad)}")
+    return "SUMMARY: " + "; ".join(parts) + f"; {events}"
+
+
+# --------------------------------------------------------------------------- main
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=sorted(MODES), default="core")
-    p.add_argument("--fences", default="1000,10000",
-                   help="fence counts, comma-separated: each is a run on the same stream")
-    p.add_argument("--objects", type=int, default=10_000)
-    p.add_argument("--updates", type=int, default=200_000)
-    p.add_argument("--batch", type=int, default=10_000, help="updates per intake batch")
+    p.add_argument("--mode", choices=[*MODES, "all"], default="core")
+    p.add_argument("--fences", default=None,
+                   help="fence counts, comma-separated: a run each (default per mode: core and amqp "
+                        "1000,10000; mqtt 100; half 1000)")
+    p.add_argument("--objects", type=int, default=None, help="N (default 10,000; mqtt 1,000)")
+    p.add_argument("--updates", type=int, default=None,
+                   help="U (default core 200,000; amqp and half 100,000; mqtt 20,000)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="updates per intake batch (core, default 10,000) or gateway message (amqp, half: "
+                        "default 1,000, at most 50,000 positions and 256 KiB)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="half: the max rate (updates/s) instead of an amqp run as fast as possible")
+    p.add_argument("--clients", type=int, default=2, help="mqtt: publishing processes")
+    p.add_argument("--no-idle-wait", action="store_true",
+                   help="broker modes: publish without waiting for the pipeline's queues to be empty")
+    p.add_argument("--no-park", action="store_true",
+                   help="broker modes: leave the run's objects where they are (see bench/broker_modes.py)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-ranges", type=int, default=wl.MAX_RANGES, help="per fence covering")
+    p.add_argument("--max-ranges", type=int, default=wl.MAX_RANGES, help="core: per fence covering")
     p.add_argument("--cells-per-radius", type=float, default=wl.CELLS_PER_RADIUS,
-                   help="covering resolution: the cell side is about radius / this")
-    p.add_argument("--profile", action="store_true", help="cProfile the stream: top 20 functions")
+                   help="core: covering resolution: the cell side is about radius / this")
+    p.add_argument("--profile", action="store_true", help="core: cProfile the stream: top 20 functions")
     args = p.parse_args(argv)
-    try:
-        args.fence_counts = [int(f) for f in args.fences.split(",") if f.strip()]
-    except ValueError:
-        p.error(f"--fences takes comma-separated integers, got {args.fences!r}")
-    if not args.fence_counts or min(args.fence_counts) < 1:
-        p.error("--fences needs at least one positive count")
-    if args.objects < 1 or args.updates < 1 or args.batch < 1:
-        p.error("--objects, --updates and --batch must be positive")
+    args.fence_counts = []
+    if args.fences is not None:
+        try:
+            args.fence_counts = [int(f) for f in args.fences.split(",") if f.strip()]
+        except ValueError:
+            p.error(f"--fences takes comma-separated integers, got {args.fences!r}")
+        if not args.fence_counts or min(args.fence_counts) < 1:
+            p.error("--fences needs at least one positive count")
+    for name in ("objects", "updates", "batch", "rate", "clients"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            p.error(f"--{name} must be positive")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run = MODES[args.mode]
-    stream = wl.random_walk(args.objects, args.updates, args.seed)
-    print(f"mode {args.mode}: N={args.objects:,} objects, U={args.updates:,} updates, "
-          f"batch {args.batch:,}, seed {args.seed}; fences {args.fences}")
-    results, checks, ref_s = [], [], []
-    for n in args.fence_counts:
-        fences = wl.make_fences(n, args.seed)
-        result = run(args, fences, stream)
-        t = time.perf_counter()
-        reference = wl.reference_events(fences, stream)
-        ref_s.append(time.perf_counter() - t)
-        results.append(result)
-        checks.append(check(result, reference))
-        if result.profile:
-            print(f"-- profile F={n:,} (top 20 by own time) --\n{result.profile}")
-    report(results, checks, ref_s)
-    ok = True
-    for r, diff in zip(results, checks, strict=True):
-        if diff:
-            ok = False
-            print(f"F={r.fences:,}: events DIFFER from the shapely reference:")
-            print("\n".join(diff))
+    modes = list(ALL) if args.mode == "all" else [args.mode]
+    w = Workloads(args.seed)
+    max_rates: dict[Sizes, float] = {}
+    results: list[Outcome] = []
+    for mode in modes:
+        for z in sizes(args, mode):
+            print(f"-- {mode}: F={z.fences:,} fences, N={z.objects:,} objects, U={z.updates:,} updates"
+                  + (f", batch {z.batch:,}" if mode != "mqtt" else f", {args.clients} clients")
+                  + f", seed {args.seed}", flush=True)
+            for r in MODES[mode](args, w, z, max_rates):
+                results.append(r)
+                target, ratio = r.target()
+                print(f"   {r.label}: " + (f"ERROR {r.error}" if r.error else
+                      f"{r.updates_per_s:,.0f} updates/s, events {'match' if r.ok else 'DIFFER'}"
+                      + (f", p99 {r.p99:.1f} ms" if not math.isnan(r.p99) else "")
+                      + (f", {ratio:.2f}x {target}" if ratio else "")), flush=True)
+                if r.profile:
+                    print(f"-- profile {r.label} (top 20 by own time) --\n{r.profile}")
+    print()
+    report(results)
+    print()
+    for r in results:
+        if r.error:
+            print(f"{r.label}: run FAILED: {r.error}")
+        elif r.diff:
+            print(f"{r.label}: events DIFFER from the shapely reference:")
+            print("\n".join(r.diff))
         else:
-            print(f"F={r.fences:,}: events match the shapely reference: {len(r.events):,} events")
-    summary = "; ".join(f"F={r.fences:,} {r.updates_per_s:,.0f} updates/s ({r.events_per_s:,.0f} events/s)"
-                        for r in results)
-    target = TARGETS.get(args.mode)
-    print(f"{args.mode}: {summary}; reference {'match' if ok else 'MISMATCH'}"
-          + (f"; target {target:,} updates/s at F=1,000" if target else ""))
-    return 0 if ok else 1
+            print(f"{r.label}: events match the shapely reference: {len(r.events):,} events")
+    print()
+    print(summary(results))
+    print(summary_line(results))
+    return 0 if all(r.ok for r in results) else 1
 
 
 if __name__ == "__main__":
