@@ -348,11 +348,7 @@ async def parking_spots(conn: ConnectionSettings, box: wl.Box = wl.DEFAULT_BOX,
                         margin_m: float = PARK_MARGIN_M) -> list[tuple[float, float]]:
     """One point per region of the stored worldmap, in the local stack's AREA and margin_m
     outside the box (so outside every fence of the workload), the farthest from the box."""
-    pg = await store.connect(conn["postgres"]["dsn"])
-    try:
-        wm = await store.latest_worldmap(pg)
-    finally:
-        await pg.close()
+    wm = await store.read_worldmap(conn["postgres"]["dsn"])
     if wm is None:
         return []
     x0, y0, x1, y1 = AREA

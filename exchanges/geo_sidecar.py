@@ -160,15 +160,4 @@ class GeoSidecar:
 
 
 async def main(config: shell.SidecarConfig) -> int:
-    if config.instance not in config.regions:
-        log.error("region %r is not one of GEOFENCE_REGIONS %s", config.instance, config.regions)
-        return 2
-    stop = asyncio.Event()
-    shell.install_signal_handlers(stop)
-    log.info("%s", config.describe())
-    sidecar = GeoSidecar(config)
-    if not await sidecar.recover(stop):
-        return 0
-    await shell.serve(config, sidecar.session, stop)
-    log.info("stopped: %s", sidecar.counters.line())
-    return 0
+    return await shell.run_sidecar(config, config.regions, "region (GEOFENCE_REGIONS)", GeoSidecar)

@@ -419,6 +419,24 @@ def dead_letter(exchange: AbstractExchange, message: AbstractIncomingMessage, re
 Session = Callable[[asyncio.Event], Awaitable[None]]
 
 
+async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str,
+                      make: Callable[[SidecarConfig], Any]) -> int:
+    """`main` of a sidecar that recovers its state, then serves: `make(config)` gives an
+    object with `recover(stop) -> bool`, `session(stop)` and `counters`."""
+    if config.instance not in instances:
+        log.error("%s %r is not one of %s", role, config.instance, list(instances))
+        return 2
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    log.info("%s", config.describe())
+    sidecar = make(config)
+    if not await sidecar.recover(stop):
+        return 0
+    await serve(config, sidecar.session, stop)
+    log.info("stopped: %s", sidecar.counters.line())
+    return 0
+
+
 async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event) -> None:
     """Run sessions until `stop`; a session ends by raising when the broker goes away."""
     backoff = Backoff()

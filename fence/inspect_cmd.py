@@ -79,11 +79,7 @@ async def _run(args: argparse.Namespace) -> Any:
     if target == "worldmap":
         from fence import store
 
-        pg = await store.connect(conn["postgres"]["dsn"])
-        try:
-            wm = await store.latest_worldmap(pg)
-        finally:
-            await pg.close()
+        wm = await store.read_worldmap(conn["postgres"]["dsn"])
         if wm is None:
             raise RuntimeError("no worldmap stored: run `geofence up`")
         return wm.to_json()

@@ -170,15 +170,4 @@ class FenceSidecar:
 
 
 async def main(config: shell.SidecarConfig) -> int:
-    if config.instance not in config.workers:
-        log.error("worker %r is not one of GEOFENCE_WORKERS %s", config.instance, config.workers)
-        return 2
-    stop = asyncio.Event()
-    shell.install_signal_handlers(stop)
-    log.info("%s", config.describe())
-    sidecar = FenceSidecar(config)
-    if not await sidecar.recover(stop):
-        return 0
-    await shell.serve(config, sidecar.session, stop)
-    log.info("stopped: %s", sidecar.counters.line())
-    return 0
+    return await shell.run_sidecar(config, config.workers, "worker (GEOFENCE_WORKERS)", FenceSidecar)

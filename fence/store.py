@@ -191,6 +191,15 @@ async def latest_worldmap(conn: asyncpg.Connection) -> Worldmap | None:
     return None if row is None else Worldmap.from_json(row["body"])
 
 
+async def read_worldmap(dsn: str) -> Worldmap | None:
+    """The worldmap in force, on a connection of its own (tools, tests, benchmarks)."""
+    conn = await connect(dsn)
+    try:
+        return await latest_worldmap(conn)
+    finally:
+        await conn.close()
+
+
 async def latest_worldmap_version(conn: asyncpg.Connection) -> int:
     v = await conn.fetchval("SELECT max(version) FROM worldmap")
     return int(v or 0)

@@ -258,11 +258,7 @@ def watcher(pipeline: ConnectionSettings) -> Iterator[MqttWatcher]:
 
 
 async def worldmap(stack: ConnectionSettings) -> Worldmap:
-    conn = await store.connect(stack["postgres"]["dsn"])
-    try:
-        wm = await store.latest_worldmap(conn)
-    finally:
-        await conn.close()
+    wm = await store.read_worldmap(stack["postgres"]["dsn"])
     assert wm is not None
     return wm
 
