@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "x-ingress": ("deploy.sidecar_cmd", "run the x-ingress sidecar (MQTT / AMQP positions in)"),
     "x-geo": ("deploy.sidecar_cmd", "run the x-geo sidecar of one region"),
     "x-fence": ("deploy.sidecar_cmd", "run one x-fence worker (ENTER / LEAVE events out)"),
+    "fence-archiver": ("deploy.sidecar_cmd", "run the events archiver (fence.events -> PostgreSQL)"),
+    "api": ("deploy.sidecar_cmd", "run the fence service: HTTP and AMQP fence API, moving fences"),
     "fence": ("fence.manage", "add, replace, remove, list fences (GeoJSON)"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
     "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),

@@ -134,6 +134,8 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_MANAGEMENT_PORT": ("management_port", _port),
     "GEOFENCE_PG_PORT": ("pg_port", _port),
     "GEOFENCE_MEMCACHED_PORT": ("memcached_port", _port),
+    "GEOFENCE_API_PORT": ("api_port", _port),
+    "GEOFENCE_FIREBASE_AUTH_PORT": ("firebase_auth_port", _port),
     "GEOFENCE_PG_BINDIR": ("pg_bindir", _abs_path),
     "GEOFENCE_START_TIMEOUT": ("start_timeout", _seconds),
     "GEOFENCE_REGIONS": ("regions", _names),
@@ -153,6 +155,8 @@ class Settings:
     management_port: int = 15672
     pg_port: int = 55432
     memcached_port: int = 11211
+    api_port: int = 8080  # the fence API (HTTP), `geofence api`
+    firebase_auth_port: int = 9099  # the Firebase Auth emulator
     pg_bindir: Path | None = None  # None: the newest /usr/lib/postgresql/*/bin
     start_timeout: float = 120.0
     regions: tuple[str, ...] = topo.Topology.regions  # x-geo regions (vhosts gf-region-<r>)
@@ -187,7 +191,8 @@ class Settings:
     def ports(self) -> dict[str, int]:
         return {"amqp": self.amqp_port, "mqtt": self.mqtt_port,
                 "management": self.management_port, "postgres": self.pg_port,
-                "memcached": self.memcached_port}
+                "memcached": self.memcached_port, "api": self.api_port,
+                "firebase-auth": self.firebase_auth_port}
 
     @property
     def state_file(self) -> Path:
@@ -327,6 +332,11 @@ class ManagementSettings(TypedDict):
     url: str
 
 
+class FirebaseSettings(TypedDict):
+    project: str
+    auth_emulator_host: str  # FIREBASE_AUTH_EMULATOR_HOST
+
+
 class ConnectionSettings(TypedDict):
     """What `geofence status --json` prints. `amqp` maps a vhost to the administrator's URL
     ("/" and every vhost of the topology); `users` maps a sidecar user to its URL per vhost."""
@@ -338,6 +348,7 @@ class ConnectionSettings(TypedDict):
     memcached: MemcachedSettings
     management: ManagementSettings
     api: str | None
+    firebase: FirebaseSettings
     state_dir: str
 
 
@@ -373,7 +384,9 @@ def connection_settings(settings: Settings, pw: Secrets) -> ConnectionSettings:
         "postgres": {"dsn": postgres_dsn(settings, pw.postgres_password)},
         "memcached": {"host": settings.host, "port": settings.memcached_port},
         "management": {"url": management_url(settings)},
-        "api": None,
+        "api": f"http://{settings.host}:{settings.api_port}",
+        "firebase": {"project": FIREBASE_PROJECT,
+                     "auth_emulator_host": f"{settings.host}:{settings.firebase_auth_port}"},
         "state_dir": str(settings.state_dir),
     }
 
@@ -853,6 +866,45 @@ def memcached_stop(settings: Settings, proc: ProcessId) -> None:
     terminate(proc, settings.start_timeout, "memcached")
 
 
+# --------------------------------------------------------------------------- Firebase Auth emulator
+# (npm firebase-tools, installed under the state dir on first `up`: see deploy/firebase_emulator.py)
+
+FIREBASE_PROJECT = "demo-geofence"  # demo-*: no Google project, no login, offline
+
+
+def firebase_running(settings: Settings) -> bool:
+    return port_open(settings.host, settings.firebase_auth_port)
+
+
+def firebase_launch(settings: Settings) -> None:
+    from deploy import firebase_emulator as fe
+
+    binary = fe.ensure_installed(settings.state_dir / "firebase-tools")
+    run_dir = settings.state_dir / "firebase"
+    fe.write_config(run_dir, settings.host, settings.firebase_auth_port)
+    fe.launch(binary, run_dir, FIREBASE_PROJECT, settings.log_dir / "firebase-auth.log")
+
+
+def firebase_await(settings: Settings) -> ProcessId:
+    from deploy import firebase_emulator as fe
+
+    fe.await_started(settings.host, settings.firebase_auth_port, settings.start_timeout,
+                     log_path=settings.log_dir / "firebase-auth.log")
+    pid = fe.find_pid(settings.host, settings.firebase_auth_port)
+    if pid is None:
+        raise StackError(f"something answers on {settings.host}:{settings.firebase_auth_port}, "
+                         "but not the Auth emulator we started")
+    return identify(pid)
+
+
+def firebase_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
+    return None
+
+
+def firebase_stop(settings: Settings, proc: ProcessId) -> None:
+    terminate(proc, settings.start_timeout, "the Firebase Auth emulator")
+
+
 # --------------------------------------------------------------------------- the stack
 
 
@@ -872,6 +924,8 @@ SERVICES: tuple[Service, ...] = (
     Service("postgres", pg_running, pg_launch, pg_await, pg_configure, pg_stop),
     Service("memcached", memcached_running, memcached_launch, memcached_await,
             memcached_configure, memcached_stop),
+    Service("firebase-auth", firebase_running, firebase_launch, firebase_await, firebase_configure,
+            firebase_stop),
 )
 
 
@@ -979,6 +1033,8 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
         StatusRow("postgres", port_open(h, settings.pg_port), ours["postgres"], pg),
         StatusRow("memcached", port_open(h, settings.memcached_port), ours["memcached"],
                   f"{h}:{settings.memcached_port}"),
+        StatusRow("firebase-auth", port_open(h, settings.firebase_auth_port), ours["firebase-auth"],
+                  f"http://{h}:{settings.firebase_auth_port} (Auth emulator, project {FIREBASE_PROJECT})"),
     )
     from deploy import sidecars
 

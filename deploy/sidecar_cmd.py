@@ -1,4 +1,5 @@
-"""`geofence x-ingress | x-geo REGION | x-fence WORKER`: run one sidecar in the foreground.
+"""`geofence x-ingress | x-geo REGION | x-fence WORKER | fence-archiver | api`: run one sidecar
+(or the fence service) in the foreground.
 
 Settings come from GEOFENCE_AMQP_URL, GEOFENCE_POSTGRES_URL and the other GEOFENCE_*
 variables (exchanges.shell.SidecarConfig); `--local` takes the URLs of the local stack
@@ -11,10 +12,12 @@ import argparse
 import asyncio
 import os
 import sys
+from typing import Any
 
 from exchanges import shell
 
-ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.geo_sidecar", "x-fence": "fence.sidecar"}
+ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.geo_sidecar", "x-fence": "fence.sidecar",
+         "fence-archiver": "fence.archive", "api": "fence.api_server"}
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -40,14 +43,22 @@ def run(args: argparse.Namespace) -> int:
     role: str = args.command
     instance: str = getattr(args, "instance", "")
     env = dict(os.environ)
+    main_config: Any  # the role's main takes its own config (ApiConfig for the api)
     try:
         if args.local:
             env.update(local_environment(role, instance))
-        config = shell.SidecarConfig.from_env(role, instance, env, also_known=STACK_KEYS)
+        if role == "api":
+            from fence.api_server import ApiConfig
+
+            api = ApiConfig.from_env(env, also_known=STACK_KEYS)
+            config, main_config = api.sidecar, api
+        else:
+            config = shell.SidecarConfig.from_env(role, instance, env, also_known=STACK_KEYS)
+            main_config = config
     except (shell.ConfigError, ValueError, OSError) as exc:
         print(f"geofence {role}: error: {exc}", file=sys.stderr)
         return 2
     shell.setup_logging(config)
     module = __import__(ROLES[role], fromlist=["main"])
-    rc: int = asyncio.run(module.main(config))
+    rc: int = asyncio.run(module.main(main_config))
     return rc

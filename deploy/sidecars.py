@@ -1,6 +1,7 @@
 """The pipeline on the local stack: schema, default worldmap and the sidecar processes that
 `geofence up` starts after the broker topology (x-ingress, one x-geo per region, one
-x-fence per worker), and that `geofence down` stops first.
+x-fence per worker, the events archiver and the fence service `geofence api`), and that
+`geofence down` stops first.
 
 Each sidecar runs `python -m deploy.cli <role> [instance]` detached, logging to
 <state dir>/log/<name>.log, with its own RabbitMQ user's URL. `sidecars.json` records each
@@ -32,12 +33,13 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE_DIRS = ("exchanges", "ingress", "fence", "hilbert_c", "deploy")
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0  # above the sidecars' drain time (GEOFENCE_DRAIN_S, 10 s)
-USERS = {"x-ingress": t.INGRESS_USER, "x-geo": t.GEO_USER, "x-fence": t.FENCE_USER}
+USERS = {"x-ingress": t.INGRESS_USER, "x-geo": t.GEO_USER, "x-fence": t.FENCE_USER,
+         "fence-archiver": t.ARCHIVER_USER, "api": t.MANAGER_USER}
 
 
 @dataclass(frozen=True)
 class Sidecar:
-    role: str  # x-ingress | x-geo | x-fence
+    role: str  # x-ingress | x-geo | x-fence | fence-archiver | api
     instance: str = ""
 
     @property
@@ -50,7 +52,7 @@ class Sidecar:
 
 def sidecars(topology: t.Topology) -> list[Sidecar]:
     return [Sidecar("x-ingress"), *(Sidecar("x-geo", r) for r in topology.regions),
-            *(Sidecar("x-fence", w) for w in topology.workers)]
+            *(Sidecar("x-fence", w) for w in topology.workers), Sidecar("fence-archiver"), Sidecar("api")]
 
 
 def input_queues(topology: t.Topology) -> list[tuple[str, str]]:
@@ -62,10 +64,19 @@ def environment(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar) -> dict[str,
     user = USERS[sc.role]
     amqp = (f"amqp://{quote(user, safe='')}:{quote(pw.users[user], safe='')}@{settings.host}:"
             f"{settings.amqp_port}/?name={quote(sc.name, safe='')}")
-    return {"GEOFENCE_AMQP_URL": amqp,
-            "GEOFENCE_POSTGRES_URL": ls.postgres_dsn(settings, pw.postgres_password),
-            "GEOFENCE_REGIONS": ",".join(settings.regions),
-            "GEOFENCE_WORKERS": ",".join(settings.workers)}
+    env = {"GEOFENCE_AMQP_URL": amqp,
+           "GEOFENCE_POSTGRES_URL": ls.postgres_dsn(settings, pw.postgres_password),
+           "GEOFENCE_REGIONS": ",".join(settings.regions),
+           "GEOFENCE_WORKERS": ",".join(settings.workers)}
+    if sc.role == "api":
+        env.update({"GEOFENCE_API_HOST": settings.host, "GEOFENCE_API_PORT": str(settings.api_port),
+                    "GEOFENCE_FIREBASE_PROJECT": ls.FIREBASE_PROJECT,
+                    "FIREBASE_AUTH_EMULATOR_HOST": f"{settings.host}:{settings.firebase_auth_port}"})
+    return env
+
+
+def api_url(settings: ls.Settings) -> str:
+    return f"http://{settings.host}:{settings.api_port}"
 
 
 def code_digest() -> str:
@@ -204,6 +215,8 @@ def wait_ready(settings: ls.Settings, pw: ls.Secrets, timeout: float = READY_TIM
             raise ls.StackError(f"sidecar {', '.join(dead)} exited; see {_log(settings, dead[0])}")
         missing = [f"{v}/{q}" for v, q in input_queues(settings.topology)
                    if not mgmt.get(api_path("queues", v, q)).get("consumers")]
+        if not ls.port_open(settings.host, settings.api_port):
+            missing.append(f"the fence API on {api_url(settings)}")
         if not missing:
             return
         time.sleep(0.3)

@@ -28,8 +28,9 @@ from exchanges import shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, RegionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
-from exchanges.x_geo import XGeo
-from fence import control, store
+from exchanges.x_geo import FenceBinding, XGeo
+from fence import binding_diff, control, store
+from fence.binding_diff import DiffMismatch
 from fence.hash_ring import HashRing
 
 log = logging.getLogger("geofence")
@@ -120,13 +121,13 @@ class GeoSidecar:
                         out = shell.reply(self.out_ch, m, self.inspect(msg))
                         outs += [out] if out else []
                     else:
-                        outs += self.apply(control.parse(msg))
+                        outs += await self.apply(control.parse(msg))
                 except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
                     outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "control"),
                                                   t.GEO_CONTROL_QUEUE, self.counters))
                 await shell.publish_all(outs, self.counters)
 
-    def apply(self, change: control.Define | control.Drop) -> list[shell.Out]:
+    async def apply(self, change: control.Define | control.Drop) -> list[shell.Out]:
         if isinstance(change, control.Drop):
             was_bound = change.fence_id in self.core.fences()
             self.core.remove_bindings([(change.fence_id, change.version)])
@@ -135,8 +136,11 @@ class GeoSidecar:
                 return []
             worker = self.ring.node_for(change.fence_id)
             return [shell.Out(self.fence_in, worker, control.drop_message(change), CONTENT_TYPE)]
-        binding = change.binding()
         fid, version = change.fence.fence_id, change.fence.version
+        known = self.core.known_version(fid)
+        if known is not None and version <= known:
+            return []  # stale: a newer version is applied already
+        binding = change.binding() if change.diff is None else await self.rebound(change)
         if binding is None:  # the fence does not (or no longer) touch this region
             self.core.remove_bindings([(fid, version)])
             return []
@@ -144,6 +148,30 @@ class GeoSidecar:
         log.info("fence %s v%d bound: %d ranges", fid, version, len(binding.ranges))
         worker = self.core.worker_of(fid)
         return [shell.Out(self.fence_in, worker, control.define_for_worker(change), CONTENT_TYPE)]
+
+    async def rebound(self, change: control.Define) -> FenceBinding | None:
+        """The new binding from a rebind's diff, or from the store when the diff does not fit
+        what this region has (a missed or reordered change): then bound with the message's
+        version, so that the next diff (based on it) is not mistaken for a stale one."""
+        assert change.diff is not None
+        fid, version = change.fence.fence_id, change.fence.version
+        have = self.core.binding(fid)
+        try:
+            if have is None or have.version != change.base_version:
+                raise DiffMismatch(f"region has version {have.version if have else None}, the diff "
+                                   f"is against {change.base_version}")
+            ranges, interior = binding_diff.apply(have.ranges, have.interior, change.diff)
+            self.counters.bump("rebinds")
+            return FenceBinding(fid, version, ranges, interior)
+        except DiffMismatch as exc:
+            self.counters.bump("rebinds_from_store")
+            log.warning("fence %s v%d: %s; reading its bindings from the store", fid, version, exc)
+            conn = await store.connect(self.config.postgres_url)
+            try:
+                stored = await store.region_binding(conn, self.region, fid)
+            finally:
+                await conn.close()
+            return None if stored is None else FenceBinding(fid, version, stored.ranges, stored.interior)
 
     def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
         fences = self.core.fences()

@@ -186,6 +186,10 @@ class Counters:
     largest_batch: int = 0
     dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason (shortened)
     retries: int = 0
+    other: Counter[str] = field(default_factory=Counter)  # a role's own counts (bump)
+
+    def bump(self, name: str, n: int = 1) -> None:
+        self.other[name] += n
 
     def batch(self, size: int) -> None:
         self.batches += 1
@@ -197,7 +201,7 @@ class Counters:
                 "events": self.events, "batches": self.batches, "largest_batch": self.largest_batch,
                 "dead_lettered": sum(self.dead_lettered.values()),
                 "dead_letter_reasons": dict(self.dead_lettered.most_common(20)),
-                "publish_retries": self.retries}
+                "publish_retries": self.retries, **self.other}
 
     def line(self) -> str:
         mean = self.received / self.batches if self.batches else 0.0
@@ -273,17 +277,19 @@ class Intake:
     `max_batch`. Under low load that is one message (no added latency); under load the
     messages that arrived while the previous batch was processed (throughput)."""
 
-    def __init__(self, queue: AbstractQueue, max_batch: int) -> None:
+    def __init__(self, queue: AbstractQueue, max_batch: int, exclusive: bool = True) -> None:
         self.queue = queue
         self.max_batch = max_batch
+        self.exclusive = exclusive
         self._buf: deque[AbstractIncomingMessage] = deque()
         self._ready = asyncio.Event()
         self._tag: str | None = None
         self._stopping = False
 
     async def start(self) -> None:
-        # exclusive: a second instance of this role would break per-object ordering
-        self._tag = await self.queue.consume(self._on_message, exclusive=True)
+        # exclusive (the default): a second instance of a routing role would break per-object
+        # ordering; services whose requests are independent (the fence API) share their queue
+        self._tag = await self.queue.consume(self._on_message, exclusive=self.exclusive)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         self._buf.append(message)

@@ -8,6 +8,11 @@
     x-geo <r> --> gf-region-<r>: exchange x-fence.in (routing key = x-fence worker)
         ==federation==> vhost gf-fences: exchange x-fence.in --> queue x-fence.<worker>
     fence management --> gf-fences: exchange x-fence.control (key = worker) --> x-fence.<worker>.control
+    applications --> gf-fences: exchange fence.api --> queue fence.api (the fence API, request /
+                     reply with reply-to and correlation id) --> the fence service
+    x-ingress (positions of followed objects) --> gf-ingress: fence.follow --> queue fence.follow
+                     --> the fence service moves the fences that follow them
+    gf-fences fence.events --"#"--> queue fence.archive --> the events archiver (PostgreSQL)
     x-fence --> gf-fences: exchange fence.events (topic, "<fence_id>.<enter|leave>")
             --> gf-fences: exchange fence.events.mqtt (topic,
                 "fence-events.<fence_id>.<enter|leave>.<object_id>": one message per event)
@@ -47,6 +52,13 @@ FENCE_IN_EXCHANGE = "x-fence.in"  # exists in every region vhost and in gf-fence
 FENCE_CONTROL_EXCHANGE = "x-fence.control"
 EVENTS_EXCHANGE = "fence.events"
 EVENTS_MQTT_EXCHANGE = "fence.events.mqtt"
+ARCHIVE_QUEUE = "fence.archive"  # every event (fence.events "#"), for the events archiver
+API_EXCHANGE = "fence.api"  # the fence API over AMQP (request / reply)
+API_QUEUE = "fence.api"
+
+# gf-ingress: positions of objects that fences follow, tapped by x-ingress for the follower
+FOLLOW_EXCHANGE = "fence.follow"
+FOLLOW_QUEUE = "fence.follow"
 
 # every vhost
 DEAD_LETTER_EXCHANGE = "dead-letters"
@@ -57,7 +69,9 @@ REASON_HEADER = "x-geofence-reason"
 INGRESS_USER = "x-ingress"
 GEO_USER = "x-geo"
 FENCE_USER = "x-fence"
-MANAGER_USER = "fence-manager"
+MANAGER_USER = "fence-manager"  # the fence API (HTTP and AMQP) and the follower
+ARCHIVER_USER = "fence-archiver"
+CLIENT_USER = "fence-client"  # applications: the AMQP fence API, their own event queues
 FEDERATION_USER = "federation"
 GATEWAY_USER = "gateway"
 
@@ -122,6 +136,8 @@ EXCHANGE_TYPES: dict[str, str] = {
     GEO_CONTROL_EXCHANGE: "fanout",
     FENCE_IN_EXCHANGE: "direct",  # routing key = x-fence worker
     FENCE_CONTROL_EXCHANGE: "direct",  # routing key = x-fence worker
+    API_EXCHANGE: "direct",  # routing key "" (one service; replicas share the queue)
+    FOLLOW_EXCHANGE: "fanout",
     EVENTS_EXCHANGE: "topic",
     EVENTS_MQTT_EXCHANGE: "topic",
     DEAD_LETTER_EXCHANGE: "fanout",

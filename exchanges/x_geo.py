@@ -233,6 +233,18 @@ class XGeo:
             self._versions[fence_id] = version
             self._index.remove(fence_id, missing_ok=True)
 
+    def binding(self, fence_id: str) -> FenceBinding | None:
+        """What is bound for `fence_id` (at the version last applied), or None."""
+        version = self._versions.get(fence_id)
+        if version is None or fence_id not in self._index:
+            return None
+        ranges, interior = self._index.ranges_of(fence_id)
+        return FenceBinding(fence_id, version, ranges, interior)
+
+    def known_version(self, fence_id: str) -> int | None:
+        """The latest version of `fence_id` applied (bound, unbound or dropped)."""
+        return self._versions.get(fence_id)
+
     def compact(self) -> None:
         """Fold pending binding changes into the routing table now (after a bulk of
         add_binding), instead of in the next route."""

@@ -1,11 +1,16 @@
 """Control messages: how a fence change travels manager -> x-geo -> x-fence (pure codecs).
 
-    manager --x-geo.control (every region)--> x-geo: "define" {fence, ts, bits, ranges, interior}
-                                                     "drop" {fence_id, version, ts}
+    manager --x-geo.control--> x-geo: "define" {fence, ts, bits, ranges, interior}
+                                      "rebind" {fence, ts, bits, base_version, add, add_interior,
+                                                remove, digest}   (fence/binding_diff.py)
+                                      "drop" {fence_id, version, ts}
     x-geo --x-fence.in (key = the fence's worker)--> x-fence: "define" {fence, ts} / "drop"
 
-Every region gets every change: a region the fence does not touch (empty ranges) unbinds
-it, so a fence that moves from one region to another leaves the first. Only the regions
+A change goes to the regions the fence touched before or touches now (a delete to every
+region). A region that keeps the fence gets a "rebind": only the ranges that changed, against
+the version it has (it reads the fence's bindings from the store when that does not fit); a
+region the fence enters gets a whole "define"; a region it leaves a "define" with no ranges,
+which unbinds it. Only the regions
 that bind the fence forward its definition to x-fence, on the very path its positions take
 (x-fence.in, federated): so x-fence always has the definition before the first position
 routed by that binding. Several regions forward the same version; x-fence keeps the first
@@ -27,10 +32,11 @@ import shapely.geometry
 from exchanges.batch import pack
 from exchanges.contract import InvalidMessage
 from exchanges.x_geo import FenceBinding
+from fence.binding_diff import Diff
 from fence.spec import FenceSpec, InvalidFence, check_fence_id, check_geometry, check_timeout
 from fence.state import FenceDef
 
-DEFINE, DROP, INSPECT = "define", "drop", "inspect"
+DEFINE, REBIND, DROP, INSPECT = "define", "rebind", "drop", "inspect"
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,6 +46,8 @@ class Define:
     bits: int = 0
     ranges: npt.NDArray[np.uint64] | None = None  # only on x-geo.control
     interior: npt.NDArray[np.bool_] | None = None
+    diff: Diff | None = None  # a rebind: the ranges that changed since base_version
+    base_version: int = 0
 
     def binding(self) -> FenceBinding | None:
         """The x-geo binding, or None when the fence does not touch the region."""
@@ -71,6 +79,13 @@ def define_for_region(fence: FenceDef, ts: float, bits: int, ranges: npt.NDArray
                 interior=np.ascontiguousarray(interior, np.uint8).tobytes())
 
 
+def rebind_for_region(fence: FenceDef, ts: float, bits: int, base_version: int, d: Diff) -> bytes:
+    return pack(REBIND, fence=fence_json(fence), ts=ts, bits=bits, base_version=base_version,
+                add=np.ascontiguousarray(d.add, "<u8").tobytes(),
+                add_interior=np.ascontiguousarray(d.add_interior, np.uint8).tobytes(),
+                remove=np.ascontiguousarray(d.remove, "<u8").tobytes(), digest=d.digest)
+
+
 def define_for_worker(d: Define) -> bytes:
     return pack(DEFINE, fence=fence_json(d.fence), ts=d.ts)
 
@@ -85,6 +100,8 @@ def parse(msg: dict[str, Any]) -> Define | Drop:
         kind = msg["kind"]
         if kind == DEFINE:
             return _define(msg)
+        if kind == REBIND:
+            return _rebind(msg)
         if kind == DROP:
             return Drop(check_fence_id(msg["fence_id"]), _version(msg["version"]), _ts(msg["ts"]))
     except InvalidFence as exc:
@@ -94,19 +111,50 @@ def parse(msg: dict[str, Any]) -> Define | Drop:
     raise InvalidMessage(f"unknown control message kind {kind!r}")
 
 
+def _fence(f: dict[str, Any]) -> FenceDef:
+    return FenceDef(check_fence_id(f["id"]), _version(f["version"]), check_geometry(f["geometry"]),
+                    check_timeout(f["timeout_s"]), str(f.get("name", "")))
+
+
+def _flags(raw: Any, n: int, what: str) -> npt.NDArray[np.bool_]:
+    flags = np.frombuffer(raw, np.uint8).astype(bool)
+    if flags.size != n:
+        raise ValueError(f"{n} {what} but {flags.size} interior flags")
+    return flags
+
+
 def _define(msg: dict[str, Any]) -> Define:
-    f = msg["fence"]
-    fence = FenceDef(check_fence_id(f["id"]), _version(f["version"]), check_geometry(f["geometry"]),
-                     check_timeout(f["timeout_s"]), str(f.get("name", "")))
+    fence = _fence(msg["fence"])
     if "ranges" not in msg:
         return Define(fence, _ts(msg["ts"]))
-    ranges = np.frombuffer(msg["ranges"], "<u8").astype(np.uint64).reshape(-1, 2)
-    interior = np.frombuffer(msg["interior"], np.uint8).astype(bool)
-    if interior.size != len(ranges):
-        raise ValueError(f"{len(ranges)} ranges but {interior.size} interior flags")
-    if len(ranges) and (ranges[:, 1] < ranges[:, 0]).any():
-        raise ValueError("a range ends before it starts")
-    return Define(fence, _ts(msg["ts"]), int(msg["bits"]), ranges, interior)
+    ranges = _ranges(msg["ranges"], "ranges")
+    return Define(fence, _ts(msg["ts"]), int(msg["bits"]), ranges,
+                  _flags(msg["interior"], len(ranges), "ranges"))
+
+
+def _ranges(raw: Any, what: str) -> npt.NDArray[np.uint64]:
+    if not isinstance(raw, bytes):
+        raise TypeError(f"{what}: bytes expected, got {type(raw).__name__}")
+    if len(raw) % 16:
+        raise ValueError(f"{what}: not a whole number of [first, last] uint64 pairs")
+    r = np.frombuffer(raw, "<u8").astype(np.uint64).reshape(-1, 2)
+    if len(r) and (r[:, 1] < r[:, 0]).any():
+        raise ValueError(f"{what}: a range ends before it starts")
+    return r
+
+
+def _rebind(msg: dict[str, Any]) -> Define:
+    fence = _fence(msg["fence"])
+    add = _ranges(msg["add"], "add")
+    add_interior = _flags(msg["add_interior"], len(add), "ranges to add")
+    digest = msg["digest"]
+    if not isinstance(digest, bytes) or len(digest) != 16:
+        raise ValueError("digest: 16 bytes expected")
+    base = _version(msg["base_version"])
+    if base >= fence.version:
+        raise ValueError(f"base_version {base} is not older than version {fence.version}")
+    d = Diff(add, add_interior, _ranges(msg["remove"], "remove"), digest)
+    return Define(fence, _ts(msg["ts"]), int(msg["bits"]), diff=d, base_version=base)
 
 
 def _version(v: Any) -> int:

@@ -1,8 +1,9 @@
 """Fence changes, end to end: validate, cover, store (one transaction), tell every x-geo.
 
-Used by `geofence fence` now and by the HTTP / AMQP fence API later. The store is written
+Used by `geofence fence`, the HTTP and AMQP fence API and the follower. The store is written
 first and the control messages are sent after the commit, confirmed: see fence/store.py for
-what a crash in between means. Every region gets every change (see fence/control.py).
+what a crash in between means. A change reaches the regions the fence touched or touches, as
+a diff where a region keeps it (see fence/control.py); a delete reaches every region.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
+import orjson
 from aio_pika.abc import AbstractConnection, AbstractExchange, AbstractIncomingMessage
 
 from exchanges import shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
-from fence import control, store
+from fence import binding_diff, control, store
 from fence.hash_ring import HashRing
 from fence.spec import FenceSpec, bindings
 
@@ -35,6 +37,8 @@ class Change:
     ranges: int
     bits: int
     worker: str
+    sent_ranges: int = 0  # ranges on the wire to x-geo (a diff sends only what changed)
+    record: store.FenceRecord | None = None
 
     def line(self) -> str:
         where = ", ".join(self.regions) if self.regions else "no region"
@@ -43,31 +47,44 @@ class Change:
 
 
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"  # RabbitMQ's pseudo-queue: no queue to declare
+POOL_SIZE = 4
 
 
 class FenceManager:
-    """Holds a PostgreSQL connection and one AMQP connection per region vhost."""
+    """Holds a PostgreSQL pool and one AMQP connection per region vhost plus one to gf-fences
+    (x-fence's control queues: occupants). Safe for concurrent use by the API's requests."""
 
     def __init__(self, amqp_url: str, postgres_url: str, regions: tuple[str, ...],
                  workers: tuple[str, ...]) -> None:
         self.amqp_url, self.postgres_url = amqp_url, postgres_url
-        self.regions, self.ring = regions, HashRing(list(workers))
+        self.regions, self.workers, self.ring = regions, workers, HashRing(list(workers))
         self.counters = shell.Counters()
         self._stack = contextlib.AsyncExitStack()
         self._control: dict[str, AbstractExchange] = {}
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
 
     async def __aenter__(self) -> FenceManager:
-        self.pg: asyncpg.Connection = await store.connect(self.postgres_url)
-        self._stack.push_async_callback(self.pg.close)
-        for region in self.regions:
-            url = _vhost_url(self.amqp_url, t.region_vhost(region))
-            conn: AbstractConnection = await aio_pika.connect(url, timeout=10)
-            self._stack.push_async_callback(conn.close)
-            ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
-            self._control[region] = await ch.get_exchange(t.GEO_CONTROL_EXCHANGE, ensure=False)
-            replies = await ch.get_queue(DIRECT_REPLY_TO, ensure=False)
-            await replies.consume(self._on_reply, no_ack=True)
+        try:
+            self.pool: asyncpg.Pool = await asyncpg.create_pool(
+                self.postgres_url, min_size=1, max_size=POOL_SIZE, init=store.init_connection)
+            self._stack.push_async_callback(self.pool.close)
+            for vhost in (*(t.region_vhost(r) for r in self.regions), t.FENCES_VHOST):
+                # robust: a long-lived API process outlives broker restarts (channels and the
+                # reply consumer come back by themselves)
+                conn: AbstractConnection = await aio_pika.connect_robust(_vhost_url(self.amqp_url, vhost),
+                                                                         timeout=10)
+                self._stack.push_async_callback(conn.close)
+                ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
+                replies = await ch.get_queue(DIRECT_REPLY_TO, ensure=False)
+                await replies.consume(self._on_reply, no_ack=True)
+                if vhost == t.FENCES_VHOST:
+                    self._fence_control = await ch.get_exchange(t.FENCE_CONTROL_EXCHANGE, ensure=False)
+                else:
+                    region = vhost.removeprefix(t.REGION_VHOST_PREFIX)
+                    self._control[region] = await ch.get_exchange(t.GEO_CONTROL_EXCHANGE, ensure=False)
+        except BaseException:
+            await self._stack.aclose()
+            raise
         return self
 
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
@@ -75,48 +92,91 @@ class FenceManager:
         if waiter is not None and not waiter.done():
             waiter.set_result(message.body)
 
+    async def _ask(self, exchange: AbstractExchange, routing_key: str, request: dict[str, Any]
+                   ) -> asyncio.Future[bytes]:
+        cid = uuid.uuid4().hex
+        self._waiting[cid] = fut = asyncio.get_running_loop().create_future()
+        try:
+            message = aio_pika.Message(pack(control.INSPECT, **request), content_type=CONTENT_TYPE,
+                                       reply_to=DIRECT_REPLY_TO, correlation_id=cid)
+            await exchange.publish(message, routing_key)
+        except BaseException:
+            self._waiting.pop(cid, None)
+            raise
+        return fut
+
     async def applied(self, timeout: float = 30.0) -> None:
         """Returns once every x-geo has applied every change sent before: each one answers a
         request queued behind them on its control queue. Positions routed after that reach
         x-fence behind the fences' definitions (same federated path)."""
-        loop = asyncio.get_running_loop()
-        waiters = []
-        for region, exchange in self._control.items():
-            cid = f"{region}-{uuid.uuid4().hex}"
-            self._waiting[cid] = fut = loop.create_future()
-            waiters.append(fut)
-            await exchange.publish(aio_pika.Message(pack(control.INSPECT, limit=0), content_type=CONTENT_TYPE,
-                                                    reply_to=DIRECT_REPLY_TO, correlation_id=cid), "")
-        async with asyncio.timeout(timeout):
-            await asyncio.gather(*waiters)
+        waiters = [await self._ask(ex, "", {"limit": 0}) for ex in self._control.values()]
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*waiters)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def ask_worker(self, worker: str, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+        """One x-fence worker's answer to an inspect request (occupants, an object's fences)."""
+        fut = await self._ask(self._fence_control, worker, request)
+        try:
+            async with asyncio.timeout(timeout):
+                answer: dict[str, Any] = orjson.loads(await fut)
+                return answer
+        except TimeoutError:
+            raise WorkerUnavailable(f"x-fence worker {worker} did not answer within {timeout:g}s") from None
+        finally:
+            fut.cancel()
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self._stack.aclose()
 
     async def put(self, spec: FenceSpec, expected_version: int | None = None,
-                  create: bool | None = None) -> Change:
-        """Create or replace a fence (create=True: must be new; False: must exist)."""
-        wm = await store.latest_worldmap(self.pg)
-        if wm is None:
-            raise RuntimeError("no worldmap stored: run `geofence up`")
-        b = bindings(spec.geometry, wm)
-        record = await store.save_fence(self.pg, spec, b, expected_version, create)
+                  create: bool | None = None, owner: str | None = None,
+                  follow_ts: float | None = None) -> Change:
+        """Create or replace a fence (create=True: must be new; False: must exist); `owner`
+        refuses another user's fence, `follow_ts` a follow move older than the fence's."""
+        async with self.pool.acquire() as conn:
+            wm = await store.latest_worldmap(conn)
+            if wm is None:
+                raise RuntimeError("no worldmap stored: run `geofence up`")
+            b = bindings(spec.geometry, wm)
+            saved = await store.save_fence(conn, spec, b, expected_version, create, owner, follow_ts)
+        record = saved.record
         ts = record.updated_at.timestamp()
-        empty = (_EMPTY_RANGES, _EMPTY_FLAGS)
-        outs = [shell.Out(self._control[region], "", control.define_for_region(
-                    record.fence, ts, b.bits, *b.per_region.get(region, empty)), CONTENT_TYPE)
-                for region in self.regions]
+        outs, sent = [], 0
+        for region in self.regions:  # the regions the fence touched or touches, diffs where both
+            old, new = saved.previous.get(region), b.per_region.get(region)
+            if new is not None and old is not None:
+                d = binding_diff.diff(old.ranges, old.interior, *new)
+                body = control.rebind_for_region(record.fence, ts, b.bits, old.version, d)
+                sent += d.size
+            elif new is not None:
+                body = control.define_for_region(record.fence, ts, b.bits, *new)
+                sent += len(new[0])
+            elif old is not None:
+                body = control.define_for_region(record.fence, ts, b.bits, _EMPTY_RANGES, _EMPTY_FLAGS)
+            else:
+                continue
+            outs.append(shell.Out(self._control[region], "", body, CONTENT_TYPE))
         await shell.publish_all(outs, self.counters)
         return Change(spec.fence_id, record.fence.version, tuple(sorted(b.per_region)), b.ranges, b.bits,
-                      self.ring.node_for(spec.fence_id))
+                      self.ring.node_for(spec.fence_id), sent, record)
 
-    async def remove(self, fence_id: str, expected_version: int | None = None) -> Change:
-        version, when = await store.delete_fence(self.pg, fence_id, expected_version)
+    async def remove(self, fence_id: str, expected_version: int | None = None,
+                     owner: str | None = None) -> Change:
+        async with self.pool.acquire() as conn:
+            version, when = await store.delete_fence(conn, fence_id, expected_version, owner)
         drop = control.drop_message(control.Drop(fence_id, version, when.timestamp()))
         outs = [shell.Out(self._control[r], "", drop, CONTENT_TYPE) for r in self.regions]
         await shell.publish_all(outs, self.counters)
         return Change(fence_id, version, (), 0, 0, self.ring.node_for(fence_id))
+
+
+class WorkerUnavailable(RuntimeError):
+    pass
 
 
 def _vhost_url(url: str, vhost: str) -> str:

@@ -37,6 +37,17 @@ class InvalidFence(ValueError):
     """What is wrong with a fence, in words a user can act on."""
 
 
+@dataclass(frozen=True)
+class Follow:
+    """The fence is a circle of radius_m around object_id's latest position (fence/follow.py)."""
+
+    object_id: str
+    radius_m: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"object_id": self.object_id, "radius_m": self.radius_m}
+
+
 @dataclass(frozen=True, eq=False)
 class FenceSpec:
     fence_id: str
@@ -44,6 +55,7 @@ class FenceSpec:
     name: str = ""
     timeout_s: float = DEFAULT_TIMEOUT_S
     owner: str = ""
+    follow: Follow | None = None
 
     def geojson(self) -> dict[str, Any]:
         return dict(mapping(self.geometry))

@@ -45,6 +45,7 @@ from hilbert_c import kernel
 ENTER, LEAVE = "enter", "leave"
 ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED = (
     "entered", "exited", "timeout", "fence_changed", "fence_deleted")
+REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED)
 _LOW = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
 _KINDS = (ENTER, LEAVE)  # event kind codes 0, 1 (also their order among equal ts, object, fence)

@@ -22,7 +22,7 @@ import asyncpg
 import numpy as np
 
 from exchanges.x_geo import FenceBinding
-from fence.spec import Bindings, FenceSpec, check_geometry
+from fence.spec import Bindings, FenceSpec, Follow, check_geometry
 from fence.state import FenceDef
 from ingress.worldmap import Worldmap
 
@@ -38,6 +38,14 @@ class UnknownFence(KeyError):
     pass
 
 
+class NotOwner(PermissionError):
+    """The fence belongs to another user."""
+
+
+class StaleMove(RuntimeError):
+    """A follow move built from a position older than the one the fence stands on."""
+
+
 @dataclass(frozen=True, eq=False)
 class FenceRecord:
     fence: FenceDef
@@ -45,13 +53,24 @@ class FenceRecord:
     created_at: datetime
     updated_at: datetime
     regions: tuple[str, ...] = ()
+    follow: Follow | None = None
+    follow_ts: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         from fence.control import fence_json
 
         return {**fence_json(self.fence), "owner": self.owner,
                 "created_at": self.created_at.isoformat(), "updated_at": self.updated_at.isoformat(),
-                "regions": list(self.regions)}
+                "regions": list(self.regions),
+                "follow": None if self.follow is None else {**self.follow.to_json(), "ts": self.follow_ts}}
+
+
+@dataclass(frozen=True, eq=False)
+class Saved:
+    """A stored change: the new record, and what each region had bound before it."""
+
+    record: FenceRecord
+    previous: dict[str, FenceBinding]
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
@@ -90,16 +109,28 @@ async def read_until_stopped(dsn: str, read: Callable[[asyncpg.Connection], Awai
 
 
 async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindings,
-                     expected_version: int | None = None, create: bool | None = None) -> FenceRecord:
-    """Create or replace a fence and its bindings; returns the stored record (new version).
+                     expected_version: int | None = None, create: bool | None = None,
+                     owner: str | None = None, follow_ts: float | None = None) -> Saved:
+    """Create or replace a fence and its bindings; returns the stored record (new version)
+    and the bindings it replaced.
 
     `create=True` refuses an existing live fence, `create=False` an absent one;
-    `expected_version` refuses a concurrent change (VersionConflict)."""
+    `expected_version` refuses a concurrent change (VersionConflict); `owner` refuses a live
+    fence of another owner (NotOwner); `follow_ts` (a follow move) refuses a position older
+    than the fence's (StaleMove)."""
     x0, y0, x1, y1 = spec.bbox()
     async with conn.transaction():
-        row = await conn.fetchrow("SELECT version, deleted_at FROM fence WHERE id = $1 FOR UPDATE",
-                                  spec.fence_id)
+        row = await conn.fetchrow("SELECT version, deleted_at, owner, follow_object, follow_ts FROM fence "
+                                  "WHERE id = $1 FOR UPDATE", spec.fence_id)
         live = row is not None and row["deleted_at"] is None
+        # an id stays its first owner's, deleted or not: its archived events are theirs
+        if row is not None and owner is not None and row["owner"] != owner:
+            raise NotOwner(spec.fence_id)
+        if follow_ts is not None and live:
+            if spec.follow is None or row["follow_object"] != spec.follow.object_id:
+                raise StaleMove(f"fence {spec.fence_id!r} no longer follows that object")
+            if row["follow_ts"] is not None and follow_ts <= row["follow_ts"]:
+                raise StaleMove(f"fence {spec.fence_id!r} stands on a position of {row['follow_ts']}")
         if create is True and live:
             raise VersionConflict(f"fence {spec.fence_id!r} exists (version {row['version']})")
         if create is False and not live:
@@ -110,19 +141,27 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
                                   f"not {expected_version}")
         stored = await conn.fetchrow(
             """INSERT INTO fence (id, name, owner, geometry, timeout_s, version,
-                                  min_lon, min_lat, max_lon, max_lat)
-               VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9)
+                                  min_lon, min_lat, max_lon, max_lat, follow_object, follow_radius_m,
+                                  follow_ts)
+               VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11, $12)
                ON CONFLICT (id) DO UPDATE SET
                    name = EXCLUDED.name, owner = EXCLUDED.owner, geometry = EXCLUDED.geometry,
                    timeout_s = EXCLUDED.timeout_s, version = fence.version + 1,
                    min_lon = EXCLUDED.min_lon, min_lat = EXCLUDED.min_lat,
                    max_lon = EXCLUDED.max_lon, max_lat = EXCLUDED.max_lat,
+                   follow_object = EXCLUDED.follow_object, follow_radius_m = EXCLUDED.follow_radius_m,
+                   follow_ts = EXCLUDED.follow_ts,
                    created_at = CASE WHEN fence.deleted_at IS NULL THEN fence.created_at ELSE now() END,
                    updated_at = now(), deleted_at = NULL
                RETURNING version, created_at, updated_at""",
-            spec.fence_id, spec.name, spec.owner, spec.geojson(), spec.timeout_s, x0, y0, x1, y1)
+            spec.fence_id, spec.name, spec.owner, spec.geojson(), spec.timeout_s, x0, y0, x1, y1,
+            spec.follow.object_id if spec.follow else None, spec.follow.radius_m if spec.follow else None,
+            follow_ts if spec.follow else None)
         version = stored["version"]
-        await conn.execute("DELETE FROM fence_range WHERE fence_id = $1", spec.fence_id)
+        previous = {r["region"]: _binding(r) for r in await conn.fetch(
+            "DELETE FROM fence_range WHERE fence_id = $1 "
+            "RETURNING fence_id, region, version, ranges, interior",
+            spec.fence_id)}
         await conn.executemany(
             "INSERT INTO fence_range (fence_id, region, version, bits, ranges, interior) "
             "VALUES ($1, $2, $3, $4, $5, $6)",
@@ -130,18 +169,22 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
               np.ascontiguousarray(r, "<u8").tobytes(), np.ascontiguousarray(f, np.uint8).tobytes())
              for region, (r, f) in sorted(bindings.per_region.items())])
     fence = FenceDef(spec.fence_id, version, spec.geometry, spec.timeout_s, spec.name)
-    return FenceRecord(fence, spec.owner, stored["created_at"], stored["updated_at"],
-                       tuple(sorted(bindings.per_region)))
+    record = FenceRecord(fence, spec.owner, stored["created_at"], stored["updated_at"],
+                         tuple(sorted(bindings.per_region)), spec.follow,
+                         follow_ts if spec.follow else None)
+    return Saved(record, previous)
 
 
-async def delete_fence(conn: asyncpg.Connection, fence_id: str,
-                       expected_version: int | None = None) -> tuple[int, datetime]:
+async def delete_fence(conn: asyncpg.Connection, fence_id: str, expected_version: int | None = None,
+                       owner: str | None = None) -> tuple[int, datetime]:
     """Mark the fence deleted (version bumped) and drop its bindings: (version, when)."""
     async with conn.transaction():
-        row = await conn.fetchrow("SELECT version FROM fence WHERE id = $1 AND deleted_at IS NULL "
+        row = await conn.fetchrow("SELECT version, owner FROM fence WHERE id = $1 AND deleted_at IS NULL "
                                   "FOR UPDATE", fence_id)
         if row is None:
             raise UnknownFence(fence_id)
+        if owner is not None and row["owner"] != owner:
+            raise NotOwner(fence_id)
         if expected_version is not None and row["version"] != expected_version:
             raise VersionConflict(f"fence {fence_id!r} is at version {row['version']}, "
                                   f"not {expected_version}")
@@ -155,12 +198,20 @@ async def delete_fence(conn: asyncpg.Connection, fence_id: str,
 def _record(row: asyncpg.Record) -> FenceRecord:
     fence = FenceDef(row["id"], int(row["version"]), check_geometry(row["geometry"]),
                      float(row["timeout_s"]), row["name"])
+    follow = (None if row["follow_object"] is None
+              else Follow(row["follow_object"], float(row["follow_radius_m"])))
     return FenceRecord(fence, row["owner"], row["created_at"], row["updated_at"],
-                       tuple(row["regions"] or ()))
+                       tuple(row["regions"] or ()), follow, row["follow_ts"])
+
+
+def _binding(row: asyncpg.Record) -> FenceBinding:
+    return FenceBinding(row["fence_id"], int(row["version"]),
+                        np.frombuffer(row["ranges"], "<u8").astype(np.uint64).reshape(-1, 2),
+                        np.frombuffer(row["interior"], np.uint8).astype(bool))
 
 
 _SELECT = """SELECT f.id, f.name, f.owner, f.geometry, f.timeout_s, f.version, f.created_at,
-                    f.updated_at,
+                    f.updated_at, f.follow_object, f.follow_radius_m, f.follow_ts,
                     ARRAY(SELECT region FROM fence_range r WHERE r.fence_id = f.id
                           ORDER BY region) AS regions
              FROM fence f WHERE f.deleted_at IS NULL"""
@@ -177,13 +228,78 @@ async def live_fences(conn: asyncpg.Connection) -> list[FenceRecord]:
     return [_record(r) for r in await conn.fetch(_SELECT + " ORDER BY f.id")]
 
 
+async def find_fences(conn: asyncpg.Connection, owner: str | None = None,
+                      bbox: tuple[float, float, float, float] | None = None, limit: int = 1000,
+                      after: str = "") -> list[FenceRecord]:
+    """Live fences of `owner` (None: everyone's) whose bbox meets `bbox`, by id, after `after`."""
+    x0, y0, x1, y1 = bbox if bbox is not None else (-180.0, -90.0, 180.0, 90.0)
+    rows = await conn.fetch(
+        _SELECT + " AND ($1::text IS NULL OR f.owner = $1) AND f.id > $2 AND f.max_lon >= $3 "
+        "AND f.min_lon <= $5 AND f.max_lat >= $4 AND f.min_lat <= $6 ORDER BY f.id LIMIT $7",
+        owner, after, x0, y0, x1, y1, limit)
+    return [_record(r) for r in rows]
+
+
+async def following(conn: asyncpg.Connection, object_ids: list[str] | None = None) -> list[FenceRecord]:
+    """Live fences that follow an object (one of `object_ids`, or any)."""
+    rows = await conn.fetch(_SELECT + " AND f.follow_object IS NOT NULL AND "
+                            "($1::text[] IS NULL OR f.follow_object = ANY($1)) ORDER BY f.id", object_ids)
+    return [_record(r) for r in rows]
+
+
+async def followed_objects(conn: asyncpg.Connection) -> set[str]:
+    rows = await conn.fetch("SELECT DISTINCT follow_object FROM fence WHERE deleted_at IS NULL "
+                            "AND follow_object IS NOT NULL")
+    return {r["follow_object"] for r in rows}
+
+
 async def region_bindings(conn: asyncpg.Connection, region: str) -> list[FenceBinding]:
     """What x-geo `region` must have bound (its `recover` source)."""
     rows = await conn.fetch("SELECT fence_id, version, ranges, interior FROM fence_range "
                             "WHERE region = $1 ORDER BY fence_id", region)
-    return [FenceBinding(r["fence_id"], int(r["version"]),
-                         np.frombuffer(r["ranges"], "<u8").astype(np.uint64).reshape(-1, 2),
-                         np.frombuffer(r["interior"], np.uint8).astype(bool)) for r in rows]
+    return [_binding(r) for r in rows]
+
+
+async def region_binding(conn: asyncpg.Connection, region: str, fence_id: str) -> FenceBinding | None:
+    row = await conn.fetchrow("SELECT fence_id, version, ranges, interior FROM fence_range "
+                              "WHERE region = $1 AND fence_id = $2", region, fence_id)
+    return None if row is None else _binding(row)
+
+
+# --------------------------------------------------------------------------- events archive
+
+EVENT_COLUMNS = ("event_id", "fence_id", "object_id", "event", "reason", "ts")
+
+
+async def archive_events(conn: asyncpg.Connection, rows: list[tuple[str, str, str, str, str, float]]
+                         ) -> int:
+    """Store events (EVENT_COLUMNS tuples), each event_id once: COPY into a session-private
+    staging table, then one INSERT .. ON CONFLICT DO NOTHING. Returns how many were new."""
+    async with conn.transaction():
+        await conn.execute("CREATE TEMP TABLE IF NOT EXISTS fence_event_in (event_id text, fence_id text, "
+                           "object_id text, event text, reason text, ts double precision) "
+                           "ON COMMIT DELETE ROWS")
+        await conn.copy_records_to_table("fence_event_in", records=rows, columns=list(EVENT_COLUMNS))
+        done = await conn.execute(
+            "INSERT INTO fence_event (event_id, fence_id, object_id, event, reason, ts) "
+            "SELECT DISTINCT ON (event_id) event_id, fence_id, object_id, event, reason, ts "
+            "FROM fence_event_in ORDER BY event_id ON CONFLICT (event_id) DO NOTHING")
+    return int(done.split()[-1])
+
+
+async def fence_events(conn: asyncpg.Connection, fence_id: str, since: float = 0.0,
+                       limit: int = 1000) -> list[dict[str, Any]]:
+    """A fence's archived events from `since` (epoch seconds, inclusive), oldest first."""
+    rows = await conn.fetch("SELECT event_id, fence_id, object_id, event, reason, ts FROM fence_event "
+                            "WHERE fence_id = $1 AND ts >= $2 ORDER BY ts, event_id LIMIT $3",
+                            fence_id, since, limit)
+    return [dict(r) for r in rows]
+
+
+async def fence_owner(conn: asyncpg.Connection, fence_id: str) -> str | None:
+    """The owner of a fence, live or deleted (its events stay readable by it); None if unknown."""
+    owner: str | None = await conn.fetchval("SELECT owner FROM fence WHERE id = $1", fence_id)
+    return owner
 
 
 async def latest_worldmap(conn: asyncpg.Connection) -> Worldmap | None:

@@ -6,6 +6,11 @@ Per batch: decode every message (refusals to dead-letters with the reason), one 
 (Hilbert indices and regions for the whole batch), one message per region and one handover
 notice per region objects left, all confirmed, then one ack for the batch. The worldmap is
 read from PostgreSQL at start and re-read when a newer version appears (no restart).
+
+Fences that follow an object (fence/follow.py) need that object's positions: the objects
+followed are re-read with the worldmap, and the positions of a batch that belong to them go,
+as one more confirmed message, to fence.follow (gf-ingress), where the fence service reads
+them. A set lookup per position, and only while some fence follows something.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ log = logging.getLogger("geofence")
 WORLDMAP_POLL_S = 2.0
 GATEWAY_BATCH_MESSAGES = 64  # gateway messages hold up to 50,000 positions each
 POSITIONS = "positions"
+FOLLOW = "follow"
 
 
 class IngressSidecar:
@@ -37,6 +43,7 @@ class IngressSidecar:
         self.config = config
         self.core = core
         self.counters = shell.Counters()
+        self.followed: frozenset[str] = frozenset()  # objects some fence follows
 
     # -- session -----------------------------------------------------------------------------
 
@@ -47,6 +54,7 @@ class IngressSidecar:
             regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack) for r in cfg.regions}
             out_ch = await shell.open_channel(ingress, stack)
             self.dlx = await out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            self.follow = await out_ch.get_exchange(t.FOLLOW_EXCHANGE, ensure=False)
             self.geo_in: dict[str, AbstractExchange] = {}
             for region, conn in regions.items():
                 ch = await shell.open_channel(conn, stack)
@@ -103,14 +111,21 @@ class IngressSidecar:
                 for i, reason in refused]
         for region, rb in routed.regions.items():  # notices in line with positions: one message
             outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, **rb.to_wire()), CONTENT_TYPE))
+        followed = self.followed
+        if followed:
+            tapped = [i for i, oid in enumerate(batch.ids) if oid in followed]
+            if tapped:
+                outs.append(shell.Out(self.follow, "", pack(FOLLOW, batch=batch.take(tapped).to_wire()),
+                                      CONTENT_TYPE))
         await shell.publish_all(outs, self.counters)
         self.counters.positions += len(batch)
 
 
-async def watch_worldmap(pg_url: str, core: XIngress, regions: Sequence[str], stop: asyncio.Event
-                         ) -> None:
-    """Re-read the worldmap when a newer version is stored; PostgreSQL being away only
-    delays that (routing goes on with the map in hand)."""
+async def watch_store(pg_url: str, sidecar: IngressSidecar, regions: Sequence[str], stop: asyncio.Event
+                      ) -> None:
+    """Re-read the worldmap when a newer version is stored, and the followed objects;
+    PostgreSQL being away only delays that (routing goes on with what is in hand)."""
+    core = sidecar.core
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), WORLDMAP_POLL_S)
@@ -127,10 +142,14 @@ async def watch_worldmap(pg_url: str, core: XIngress, regions: Sequence[str], st
                                   "have; keeping version %d", wm.version, unknown, core.worldmap.version)
                     elif wm is not None and core.set_worldmap(wm):
                         log.info("worldmap version %d loaded: regions %s", wm.version, ", ".join(wm.regions))
+                followed = frozenset(await store.followed_objects(conn))
+                if followed != sidecar.followed:
+                    log.info("%d objects followed by fences", len(followed))
+                    sidecar.followed = followed
             finally:
                 await conn.close()
         except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("worldmap check failed (%s); keeping version %d", exc, core.worldmap.version)
+            log.warning("store check failed (%s); keeping worldmap version %d", exc, core.worldmap.version)
 
 
 async def main(config: shell.SidecarConfig) -> int:
@@ -147,7 +166,7 @@ async def main(config: shell.SidecarConfig) -> int:
     core = XIngress(wm)
     sidecar = IngressSidecar(config, core)
     async with asyncio.TaskGroup() as tg:
-        tg.create_task(watch_worldmap(config.postgres_url, core, config.regions, stop))
+        tg.create_task(watch_store(config.postgres_url, sidecar, config.regions, stop))
         await shell.serve(config, sidecar.session, stop)
     log.info("stopped: %s", sidecar.counters.line())
     return 0

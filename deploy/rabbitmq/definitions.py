@@ -202,9 +202,10 @@ def region_vhosts(topology: Topology) -> tuple[str, ...]:
 def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
     """The queues sidecars consume in `vhost` (the gf-input-limits policy's group)."""
     if vhost == t.INGRESS_VHOST:
-        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE)
+        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE)
     if vhost == t.FENCES_VHOST:
-        return tuple(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w)))
+        return (*(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w))),
+                t.ARCHIVE_QUEUE, t.API_QUEUE)
     if vhost in region_vhosts(topology):
         return (t.GEO_POSITIONS_QUEUE, t.GEO_CONTROL_QUEUE)
     raise ValueError(f"{vhost!r} is not a vhost of this topology")
@@ -215,12 +216,13 @@ def _exchange(vhost: str, name: str) -> Exchange:
 
 
 def exchanges(topology: Topology) -> tuple[Exchange, ...]:
-    found = [_exchange(t.INGRESS_VHOST, t.BATCHES_EXCHANGE)]
+    found = [_exchange(t.INGRESS_VHOST, t.BATCHES_EXCHANGE), _exchange(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE)]
     for v in region_vhosts(topology):
         found += [_exchange(v, t.GEO_IN_EXCHANGE), _exchange(v, t.GEO_CONTROL_EXCHANGE),
                   _exchange(v, t.FENCE_IN_EXCHANGE)]
     found += [_exchange(t.FENCES_VHOST, name) for name in (
-        t.FENCE_IN_EXCHANGE, t.FENCE_CONTROL_EXCHANGE, t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE)]
+        t.FENCE_IN_EXCHANGE, t.FENCE_CONTROL_EXCHANGE, t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE,
+        t.API_EXCHANGE)]
     found += [_exchange(v, t.DEAD_LETTER_EXCHANGE) for v in topology.vhosts]
     return tuple(found)
 
@@ -233,7 +235,10 @@ def queues(topology: Topology) -> tuple[Queue, ...]:
 def bindings(topology: Topology) -> tuple[Binding, ...]:
     found = [Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.POSITIONS_QUEUE,
                      t.POSITIONS_TOPIC_PATTERN),
-             Binding(t.INGRESS_VHOST, t.BATCHES_EXCHANGE, t.BATCHES_QUEUE, "")]
+             Binding(t.INGRESS_VHOST, t.BATCHES_EXCHANGE, t.BATCHES_QUEUE, ""),
+             Binding(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE, t.FOLLOW_QUEUE, ""),
+             Binding(t.FENCES_VHOST, t.EVENTS_EXCHANGE, t.ARCHIVE_QUEUE, "#"),
+             Binding(t.FENCES_VHOST, t.API_EXCHANGE, t.API_QUEUE, "")]
     for v in region_vhosts(topology):
         found += [Binding(v, t.GEO_IN_EXCHANGE, t.GEO_POSITIONS_QUEUE, ""),
                   Binding(v, t.GEO_CONTROL_EXCHANGE, t.GEO_CONTROL_QUEUE, "")]
@@ -248,7 +253,7 @@ def bindings(topology: Topology) -> tuple[Binding, ...]:
 
 
 SIDECAR_USERS = (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.FEDERATION_USER,
-                 t.GATEWAY_USER)
+                 t.GATEWAY_USER, t.ARCHIVER_USER, t.CLIENT_USER)
 
 
 def users() -> tuple[User, ...]:
@@ -268,8 +273,8 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     fed = f"^{regex_escape(FEDERATION_PREFIX)}"
     found = [Permission(t.ADMIN_USER, v, EVERYTHING, EVERYTHING, EVERYTHING)
              for v in (DEFAULT_VHOST, *topology.vhosts)]
-    found.append(Permission(t.INGRESS_USER, ingress, NOTHING, exactly(dlx),
-                            exactly(*input_queues(topology, ingress))))
+    found.append(Permission(t.INGRESS_USER, ingress, NOTHING, exactly(dlx, t.FOLLOW_EXCHANGE),
+                            exactly(t.POSITIONS_QUEUE, t.BATCHES_QUEUE)))
     found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)
               for v in regions]
     # x-geo and x-fence answer `geofence inspect` requests on the default exchange (amq.default)
@@ -280,8 +285,16 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                             exactly(*input_queues(topology, fences))))
     found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)
               for v in regions]
-    found.append(Permission(t.MANAGER_USER, fences, NOTHING, exactly(t.FENCE_CONTROL_EXCHANGE),
-                            NOTHING))
+    # the fence service: control, its API queue (answers on the default exchange), the follow tap
+    found.append(Permission(t.MANAGER_USER, fences, NOTHING,
+                            exactly(t.FENCE_CONTROL_EXCHANGE, dlx, DEFAULT_EXCHANGE), exactly(t.API_QUEUE)))
+    found.append(Permission(t.MANAGER_USER, ingress, NOTHING, exactly(dlx), exactly(t.FOLLOW_QUEUE)))
+    found.append(Permission(t.ARCHIVER_USER, fences, NOTHING, exactly(dlx), exactly(t.ARCHIVE_QUEUE)))
+    # applications: requests to the fence API (answers come by direct reply-to), and their own
+    # event queues, named app.<anything>, bound to fence.events
+    found.append(Permission(t.CLIENT_USER, fences, r"^app\..*",
+                            rf"^({regex_escape(t.API_EXCHANGE)}|app\..*)$",
+                            rf"^({regex_escape(t.EVENTS_EXCHANGE)}|app\..*)$"))
     found += [Permission(t.FEDERATION_USER, v, fed, fed, federation_read(t.FENCE_IN_EXCHANGE))
               for v in regions]
     found.append(Permission(t.FEDERATION_USER, fences, fed, fed,

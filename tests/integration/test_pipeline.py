@@ -235,9 +235,10 @@ async def fences(pipeline: ConnectionSettings) -> AsyncIterator[FenceManager]:
         original_put = m.put
 
         async def put(spec: FenceSpec, expected_version: int | None = None,
-                      create: bool | None = None) -> Any:
+                      create: bool | None = None, owner: str | None = None,
+                      follow_ts: float | None = None) -> Any:
             made.append(spec.fence_id)
-            change = await original_put(spec, expected_version, create)
+            change = await original_put(spec, expected_version, create, owner, follow_ts)
             await m.applied()  # positions published from now on see the change
             return change
 

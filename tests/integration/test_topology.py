@@ -77,7 +77,7 @@ async def test_federation_links_are_running(stack: ConnectionSettings, topology:
 async def test_every_sidecar_user_logs_in_where_status_says(stack: ConnectionSettings,
                                                            topology: Topology) -> None:
     assert set(stack["users"]) == {t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER,
-                                   t.FEDERATION_USER, t.GATEWAY_USER}
+                                   t.FEDERATION_USER, t.GATEWAY_USER, t.ARCHIVER_USER, t.CLIENT_USER}
     assert set(stack["amqp"]) == {"/", *topology.vhosts}
     assert stack["mqtt"]["ingress_vhost"] == t.INGRESS_VHOST
     for user, vhosts in stack["users"].items():
@@ -91,9 +91,10 @@ async def test_every_sidecar_user_logs_in_where_status_says(stack: ConnectionSet
 
 async def test_input_queues_carry_the_length_limit_and_dead_letter_policy(
         stack: ConnectionSettings, topology: Topology) -> None:
-    groups = {t.INGRESS_VHOST: [t.POSITIONS_QUEUE, t.BATCHES_QUEUE],
-              t.FENCES_VHOST: [q for w in topology.workers
-                               for q in (t.fence_queue(w), t.fence_control_queue(w))],
+    groups = {t.INGRESS_VHOST: [t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE],
+              t.FENCES_VHOST: [*(q for w in topology.workers
+                                 for q in (t.fence_queue(w), t.fence_control_queue(w))),
+                               t.ARCHIVE_QUEUE, t.API_QUEUE],
               **{t.region_vhost(r): [t.GEO_POSITIONS_QUEUE, t.GEO_CONTROL_QUEUE]
                  for r in topology.regions}}
     for vhost, names in groups.items():

@@ -91,7 +91,8 @@ def test_connection_settings_shape() -> None:
         "postgres": {"dsn": "postgresql://geofence:pg-Secret_2@127.0.0.1:55432/geofence"},
         "memcached": {"host": "127.0.0.1", "port": 11211},
         "management": {"url": "http://127.0.0.1:15672/"},
-        "api": None,
+        "api": "http://127.0.0.1:8080",
+        "firebase": {"project": "demo-geofence", "auth_emulator_host": "127.0.0.1:9099"},
         "state_dir": "/var/lib/geofence",
     }
     assert json.loads(json.dumps(conn)) == conn

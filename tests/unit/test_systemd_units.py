@@ -13,7 +13,9 @@ from exchanges.shell import SidecarConfig
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 EXPECTED = {"geofence-x-ingress.service": "geofence x-ingress",
             "geofence-x-geo@.service": "geofence x-geo %i",
-            "geofence-x-fence@.service": "geofence x-fence %i"}
+            "geofence-x-fence@.service": "geofence x-fence %i",
+            "geofence-fence-archiver.service": "geofence fence-archiver",
+            "geofence-api.service": "geofence api"}
 
 
 def unit(name: str) -> configparser.ConfigParser:

@@ -38,14 +38,14 @@ def test_default_topology_names() -> None:
     assert DEFAULT.vhosts == ("gf-ingress", "gf-region-a", "gf-region-b", "gf-fences")
     assert {(q.vhost, q.name) for q in DEFAULT.queues} == {
         ("gf-ingress", "x-ingress.positions"), ("gf-ingress", "x-ingress.batches"),
-        ("gf-ingress", "dead-letters"),
+        ("gf-ingress", "fence.follow"), ("gf-ingress", "dead-letters"),
         ("gf-region-a", "x-geo.positions"), ("gf-region-a", "x-geo.control"),
         ("gf-region-a", "dead-letters"),
         ("gf-region-b", "x-geo.positions"), ("gf-region-b", "x-geo.control"),
         ("gf-region-b", "dead-letters"),
         ("gf-fences", "x-fence.w0"), ("gf-fences", "x-fence.w0.control"),
         ("gf-fences", "x-fence.w1"), ("gf-fences", "x-fence.w1.control"),
-        ("gf-fences", "dead-letters")}
+        ("gf-fences", "fence.archive"), ("gf-fences", "fence.api"), ("gf-fences", "dead-letters")}
     assert d.Exchange("gf-fences", "x-fence.in", "direct") in DEFAULT.exchanges
     assert d.Exchange("gf-region-b", "x-fence.in", "direct") in DEFAULT.exchanges
     assert all(d.Exchange(v, "dead-letters", "fanout") in DEFAULT.exchanges for v in DEFAULT.vhosts)
@@ -56,6 +56,9 @@ def test_bindings_route_what_the_names_say() -> None:
     assert d.Binding("gf-ingress", "amq.topic", "x-ingress.positions", "positions.*") in DEFAULT.bindings
     assert d.Binding("gf-fences", "x-fence.in", "x-fence.w1", "w1") in DEFAULT.bindings
     assert d.Binding("gf-fences", "x-fence.control", "x-fence.w0.control", "w0") in DEFAULT.bindings
+    assert d.Binding("gf-fences", "fence.events", "fence.archive", "#") in DEFAULT.bindings
+    assert d.Binding("gf-fences", "fence.api", "fence.api", "") in DEFAULT.bindings
+    assert d.Binding("gf-ingress", "fence.follow", "fence.follow", "") in DEFAULT.bindings
     declared = {(x.vhost, x.name) for x in DEFAULT.exchanges} | {(v, "amq.topic") for v in DEFAULT.vhosts}
     queues = {(q.vhost, q.name) for q in DEFAULT.queues}
     for b in DEFAULT.bindings:
@@ -219,10 +222,26 @@ def test_user_vhosts() -> None:
         t.INGRESS_USER: ("gf-ingress", "gf-region-a", "gf-region-b"),
         t.GEO_USER: ("gf-region-a", "gf-region-b"),
         t.FENCE_USER: ("gf-fences",),
-        t.MANAGER_USER: ("gf-region-a", "gf-region-b", "gf-fences"),
+        t.MANAGER_USER: ("gf-region-a", "gf-region-b", "gf-fences", "gf-ingress"),
         t.FEDERATION_USER: ("gf-region-a", "gf-region-b", "gf-fences"),
         t.GATEWAY_USER: ("gf-ingress",),
+        t.ARCHIVER_USER: ("gf-fences",),
+        t.CLIENT_USER: ("gf-fences",),
     }
+
+
+def test_the_fence_service_archiver_and_clients_touch_only_their_queues() -> None:
+    assert may(DEFAULT, t.MANAGER_USER, "gf-fences", "read", "fence.api")
+    assert may(DEFAULT, t.MANAGER_USER, "gf-ingress", "read", "fence.follow")
+    assert not may(DEFAULT, t.MANAGER_USER, "gf-ingress", "read", "x-ingress.positions")
+    assert may(DEFAULT, t.INGRESS_USER, "gf-ingress", "write", "fence.follow")
+    assert may(DEFAULT, t.ARCHIVER_USER, "gf-fences", "read", "fence.archive")
+    assert not may(DEFAULT, t.ARCHIVER_USER, "gf-fences", "read", "x-fence.w0")
+    assert may(DEFAULT, t.CLIENT_USER, "gf-fences", "write", "fence.api")
+    assert may(DEFAULT, t.CLIENT_USER, "gf-fences", "configure", "app.my-events")
+    assert may(DEFAULT, t.CLIENT_USER, "gf-fences", "read", "fence.events")  # to bind app queues
+    assert not may(DEFAULT, t.CLIENT_USER, "gf-fences", "read", "fence.api")
+    assert not may(DEFAULT, t.CLIENT_USER, "gf-fences", "write", "x-fence.control")
 
 
 def test_digest_follows_definitions_and_passwords() -> None:

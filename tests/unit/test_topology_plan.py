@@ -69,7 +69,7 @@ def test_empty_broker_gets_everything_in_order() -> None:
     assert {s.argv[2] for s in adds} == set(PASSWORDS)
     assert all(s.stdin == PASSWORDS[s.argv[2]] for s in adds)
     assert ("rabbitmqctl", "set_policy", "-p", "gf-ingress", "--priority", "10", "--apply-to",
-            "queues", "gf-input-limits", r"^(x-ingress\.positions|x-ingress\.batches)$",
+            "queues", "gf-input-limits", r"^(x-ingress\.positions|x-ingress\.batches|fence\.follow)$",
             '{"dead-letter-exchange":"dead-letters","max-length":1000000,'
             '"overflow":"reject-publish"}') in argvs(steps)
     assert p.Http("PUT", "api/exchanges/gf-fences/x-fence.in",
@@ -186,7 +186,7 @@ def test_render_masks_secrets_and_quotes_for_the_shell() -> None:
     text = "\n".join(lines)
     assert not any(pw in text for pw in PASSWORDS.values())
     assert "printf '%s\\n' '****' | rabbitmqctl add_user x-geo" in lines
-    assert ("rabbitmqctl set_permissions -p gf-ingress x-ingress '^$' '^dead-letters$' "
+    assert ("rabbitmqctl set_permissions -p gf-ingress x-ingress '^$' '^(dead-letters|fence\\.follow)$' "
             "'^(x-ingress\\.positions|x-ingress\\.batches)$'") in lines
     assert ("api PUT api/queues/gf-fences/x-fence.w0 "
             "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{}}'") in lines

@@ -1,0 +1,143 @@
+"""The fence API over HTTP (FastAPI; OpenAPI at /openapi.json, docs at /docs).
+
+A thin shell: authenticate (Firebase ID token, fence/auth.py), call fence/service.py, map
+its ApiError to the status. Every route but /health, /docs and /openapi.json needs
+`Authorization: Bearer <Firebase ID token>`; fences belong to the token's user.
+"""
+
+# No `from __future__ import annotations` here: FastAPI reads the route signatures at
+# definition time, and the dependency alias `Who` is local to create_app.
+from typing import Annotated, Any, Protocol
+
+from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from fence.auth import AuthUnavailable, Unauthenticated, User
+from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a 10,000-vertex polygon is ~400 kB of GeoJSON
+
+FEATURE_EXAMPLE = {
+    "type": "Feature",
+    "id": "vaduz-centre",
+    "properties": {"name": "Vaduz centre", "timeout_s": 300},
+    "geometry": {"type": "Polygon", "coordinates": [[[9.518, 47.137], [9.525, 47.137], [9.525, 47.143],
+                                                     [9.518, 47.143], [9.518, 47.137]]]},
+}
+FOLLOW_EXAMPLE = {"follow": "car-0042", "radius_m": 150}
+
+
+class Verifier(Protocol):
+    async def verify(self, authorization: str | None) -> User: ...
+
+
+def create_app(service: FenceService, verifier: Verifier, health: Any = None) -> FastAPI:
+    app = FastAPI(
+        title="geofence fence API",
+        version="1",
+        description="Create, move, delete and inspect fences; read their live occupants and "
+                    "archived events. Authenticate with a Firebase ID token (`Authorization: Bearer "
+                    "...`). Events stream on RabbitMQ (exchange `fence.events`, key "
+                    "`<fence_id>.<enter|leave>`); this API is the control side.",
+    )
+
+    async def caller(authorization: Annotated[str | None, Header()] = None) -> Caller:
+        try:
+            user = await verifier.verify(authorization)
+        except AuthUnavailable as exc:  # our side: the token service is unreachable
+            raise ApiError(503, str(exc)) from None
+        except Unauthenticated as exc:
+            raise ApiError(401, str(exc)) from None
+        return Caller(user.uid)
+
+    Who = Annotated[Caller, Depends(caller)]
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": 'Bearer realm="geofence"'} if exc.status == 401 else None
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid request')}",
+                             "detail": [{"loc": e.get("loc"), "msg": e.get("msg")} for e in errors]},
+                            status_code=422)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Any) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+            return JSONResponse({"error": f"body of {size} bytes; at most {MAX_BODY_BYTES}"}, status_code=413)
+        return await call_next(request)
+
+    def tagged(response: Response, result: dict[str, Any]) -> dict[str, Any]:
+        version = (result.get("properties") or {}).get("version")
+        if version is not None:
+            response.headers["ETag"] = f'"{version}"'
+        return result
+
+    @app.get("/health", tags=["service"], summary="Liveness (no authentication)")
+    async def get_health() -> dict[str, Any]:
+        return {"ok": True, **(health() if health else {})}
+
+    @app.post("/fences", status_code=201, tags=["fences"],
+              summary="Create a fence from a GeoJSON Feature (Polygon or MultiPolygon)")
+    async def post_fence(who: Who, response: Response,
+                         body: Annotated[dict[str, Any], Body(openapi_examples={
+                             "polygon": {"value": FEATURE_EXAMPLE}})]) -> dict[str, Any]:
+        result = await service.create(who, body)
+        response.headers["Location"] = f"/fences/{result['id']}"
+        return tagged(response, result)
+
+    @app.get("/fences", tags=["fences"], summary="Your fences, optionally those meeting a bbox")
+    async def list_fences(who: Who,
+                          bbox: Annotated[str | None,
+                                          Query(description="min_lon,min_lat,max_lon,max_lat")] = None,
+                          limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = MAX_LIST,
+                          after: Annotated[str, Query(description="page after this fence id")] = ""
+                          ) -> dict[str, Any]:
+        return await service.list(who, bbox, limit, after)
+
+    @app.get("/fences/{fence_id}", tags=["fences"], summary="One fence (ETag: its version)")
+    async def get_fence(who: Who, fence_id: str, response: Response) -> dict[str, Any]:
+        return tagged(response, await service.get(who, fence_id))
+
+    @app.put("/fences/{fence_id}", tags=["fences"],
+             summary="Replace / move a fence, or attach it to an object it then follows",
+             description="A GeoJSON Feature replaces the geometry (and stops following); "
+                         "`{\"follow\": object_id, \"radius_m\": metres}` makes the fence a circle that "
+                         "moves with the object. `If-Match: \"<version>\"` refuses the change (409) if "
+                         "the fence changed since that version.")
+    async def put_fence(who: Who, fence_id: str, response: Response,
+                        body: Annotated[dict[str, Any], Body(openapi_examples={
+                            "move": {"value": FEATURE_EXAMPLE}, "follow": {"value": FOLLOW_EXAMPLE}})],
+                        if_match: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        return tagged(response, await service.replace(who, fence_id, body, if_match))
+
+    @app.delete("/fences/{fence_id}", tags=["fences"],
+                summary="Delete a fence (objects inside get LEAVE fence_deleted)")
+    async def delete_fence(who: Who, fence_id: str,
+                           if_match: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        return await service.delete(who, fence_id, if_match)
+
+    @app.get("/fences/{fence_id}/objects", tags=["live state"],
+             summary="Who is inside the fence now (from its x-fence worker)")
+    async def fence_objects(who: Who, fence_id: str) -> dict[str, Any]:
+        return await service.objects(who, fence_id)
+
+    @app.get("/fences/{fence_id}/events", tags=["events"], summary="The fence's archived events")
+    async def fence_events(who: Who, fence_id: str,
+                           since: Annotated[float, Query(description="epoch seconds, inclusive")] = 0.0,
+                           limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 1000) -> dict[str, Any]:
+        return await service.events(who, fence_id, since, limit)
+
+    @app.get("/objects/{object_id}/fences", tags=["live state"],
+             summary="Which of your fences the object is in now (from every x-fence worker)")
+    async def object_fences(who: Who, object_id: str) -> dict[str, Any]:
+        return await service.object_fences(who, object_id)
+
+    return app

@@ -1,0 +1,146 @@
+"""`geofence api`: the fence service process. One FenceManager (PostgreSQL pool, control
+exchanges of every region, x-fence's control queues) serves three fronts:
+
+- the HTTP API (fence/api.py, uvicorn) on GEOFENCE_API_HOST:GEOFENCE_API_PORT;
+- the AMQP API (fence/rpc.py) on queue fence.api (replicas share it);
+- the follower (fence/follow_shell.py) on queue fence.follow: fences that follow objects.
+
+Settings: the sidecar ones (GEOFENCE_AMQP_URL as the fence-manager user, GEOFENCE_POSTGRES_URL,
+GEOFENCE_REGIONS, GEOFENCE_WORKERS, ...) plus GEOFENCE_API_HOST (127.0.0.1), GEOFENCE_API_PORT
+(8080) and GEOFENCE_FIREBASE_PROJECT (the Firebase project whose ID tokens are accepted);
+FIREBASE_AUTH_EMULATOR_HOST (host:port) points firebase-admin at the Auth emulator instead of
+Google. SIGTERM: the HTTP server stops taking requests, the AMQP fronts drain, then the
+manager closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from exchanges import shell
+from exchanges import topology as t
+from fence.api import create_app
+from fence.auth import FirebaseVerifier
+from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
+from fence.manager import FenceManager
+from fence.rpc import RpcServer
+from fence.service import FenceService
+
+log = logging.getLogger("geofence")
+API_KEYS = ("GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT")
+ROLE = "fence-api"
+RPC_BATCH = 64
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    sidecar: shell.SidecarConfig
+    host: str = "127.0.0.1"
+    port: int = 8080
+    firebase_project: str = "demo-geofence"
+    emulator_host: str | None = None
+    credentials_path: str | None = None  # a service account JSON (real Firebase; optional)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 also_known: tuple[str, ...] = ()) -> ApiConfig:
+        env = os.environ if environ is None else environ
+        sidecar = shell.SidecarConfig.from_env(ROLE, "", env, also_known=(*API_KEYS, *also_known))
+        kw: dict[str, Any] = {}
+        if env.get("GEOFENCE_API_HOST"):
+            kw["host"] = env["GEOFENCE_API_HOST"]
+        if env.get("GEOFENCE_API_PORT"):
+            port = shell._positive("GEOFENCE_API_PORT", env["GEOFENCE_API_PORT"], int)
+            if port > 65535:
+                raise shell.ConfigError(f"GEOFENCE_API_PORT={port}: not a TCP port")
+            kw["port"] = port
+        if env.get("GEOFENCE_FIREBASE_PROJECT"):
+            kw["firebase_project"] = env["GEOFENCE_FIREBASE_PROJECT"]
+        return cls(sidecar, emulator_host=env.get("FIREBASE_AUTH_EMULATOR_HOST") or None,
+                   credentials_path=env.get("GOOGLE_APPLICATION_CREDENTIALS") or None, **kw)
+
+    def describe(self) -> str:
+        auth = f"Auth emulator {self.emulator_host}" if self.emulator_host else "Firebase"
+        return (f"{self.sidecar.describe()}; HTTP on {self.host}:{self.port}; ID tokens of project "
+                f"{self.firebase_project} ({auth})")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the process's stop event ends it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+async def serve_amqp(config: ApiConfig, rpc: RpcServer, follower: Follower, counters: shell.Counters,
+                     stop: asyncio.Event) -> None:
+    cfg = config.sidecar
+
+    async def session(stop: asyncio.Event) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            fences = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
+            ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
+            out = await shell.open_channel(fences, stack)
+            rpc.bind(out, await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False))
+            in_out = await shell.open_channel(ingress, stack)
+            follower.bind(await in_out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False))
+            api_ch = await shell.open_channel(fences, stack, 4 * RPC_BATCH)
+            follow_ch = await shell.open_channel(ingress, stack, 1000)
+            requests = shell.Intake(await api_ch.get_queue(t.API_QUEUE), RPC_BATCH, exclusive=False)
+            follows = shell.Intake(await follow_ch.get_queue(t.FOLLOW_QUEUE), 1000, exclusive=False)
+            log.info("consuming %s (fence API) and %s (follower)", t.API_QUEUE, t.FOLLOW_QUEUE)
+            await shell.run_session(
+                stop, [fences, ingress], [requests, follows],
+                [shell.run_batches(requests, rpc.handle, counters),
+                 shell.run_batches(follows, follower.handle, counters)],
+                [shell.periodic(stop, REFRESH_S, follower.refresh),
+                 shell.periodic(stop, DUE_EVERY_S, follower.due),
+                 shell.periodic(stop, 30, lambda: log.info("%s", counters.line()))], cfg.drain_s)
+
+    await shell.serve(cfg, session, stop)
+
+
+async def main(config: ApiConfig) -> int:
+    stop = asyncio.Event()
+    shell.install_signal_handlers(stop)
+    log.info("%s", config.describe())
+    cfg = config.sidecar
+    verifier = FirebaseVerifier(config.firebase_project, config.emulator_host,
+                                credentials_path=Path(config.credentials_path) if config.credentials_path
+                                else None)
+    async with FenceManager(cfg.amqp_url, cfg.postgres_url, cfg.regions, cfg.workers) as manager:
+        counters = manager.counters
+        follower = Follower(manager, counters)
+        await follower.refresh()
+        service = FenceService(manager, follower.refresh)
+        rpc = RpcServer(service, verifier, counters)
+        app = create_app(service, verifier, lambda: {"counters": counters.to_json()})
+        server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                        access_log=False, lifespan="off"))
+
+        async def stop_http() -> None:
+            await stop.wait()
+            server.should_exit = True
+
+        async def http() -> None:
+            try:
+                await server.serve()
+            finally:
+                stop.set()  # the HTTP server ended (or never started): stop the rest too
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(http())
+            tg.create_task(stop_http())
+            tg.create_task(serve_amqp(config, rpc, follower, counters, stop))
+    log.info("stopped: %s", counters.line())
+    return 0

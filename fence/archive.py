@@ -1,0 +1,129 @@
+"""The events archiver: every event of fence.events (queue fence.archive) into PostgreSQL's
+fence_event table, for `GET /fences/{id}/events` and the nightly analytics.
+
+Per batch (up to GEOFENCE_BATCH_MAX messages): decode and check each event (a bad one goes
+to dead-letters with the reason), one COPY into a staging table and one INSERT .. ON CONFLICT
+(event_id) DO NOTHING, commit, then one ack for the batch. A redelivered event (a crash
+between commit and ack, or x-fence publishing it twice) meets its event_id and is stored once.
+PostgreSQL being away holds the batch unacked and retries with backoff; nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Sequence
+
+import asyncpg
+import orjson
+from aio_pika.abc import AbstractIncomingMessage
+
+from exchanges import shell
+from exchanges import topology as t
+from exchanges.contract import InvalidMessage
+from fence import store
+from fence.state import REASONS
+
+log = logging.getLogger("geofence")
+Row = tuple[str, str, str, str, str, float]
+
+
+def event_row(body: bytes) -> Row:
+    """One event body (fence/state.Event.to_json) as a fence_event row; InvalidMessage says why not."""
+    try:
+        e = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessage(f"event is not JSON: {exc}") from None
+    if not isinstance(e, dict):
+        raise InvalidMessage("event is not a JSON object")
+    missing = [k for k in store.EVENT_COLUMNS if k not in e]
+    if missing:
+        raise InvalidMessage(f"event lacks {', '.join(missing)}")
+    for k in ("event_id", "fence_id", "object_id"):
+        if not isinstance(e[k], str) or not 0 < len(e[k]) <= 200:
+            raise InvalidMessage(f"event {k} {e[k]!r}: a non-empty string expected")
+    if e["event"] not in ("enter", "leave"):
+        raise InvalidMessage(f"event kind {e['event']!r}: enter or leave expected")
+    if e["reason"] not in REASONS:
+        raise InvalidMessage(f"event reason {e['reason']!r}: one of {', '.join(REASONS)}")
+    ts = e["ts"]
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        raise InvalidMessage(f"event ts {ts!r}: epoch seconds expected")
+    return e["event_id"], e["fence_id"], e["object_id"], e["event"], e["reason"], float(ts)
+
+
+class Archiver:
+    def __init__(self, config: shell.SidecarConfig) -> None:
+        self.config = config
+        self.counters = shell.Counters()
+        self._pg: asyncpg.Connection | None = None
+        self._stop = asyncio.Event()
+
+    async def session(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        cfg = self.config
+        async with contextlib.AsyncExitStack() as stack:
+            conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
+            out = await shell.open_channel(conn, stack)
+            self.dlx = await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            ch = await shell.open_channel(conn, stack, cfg.prefetch)
+            intake = shell.Intake(await ch.get_queue(t.ARCHIVE_QUEUE), cfg.batch_max)
+            log.info("consuming %s", t.ARCHIVE_QUEUE)
+            await shell.run_session(stop, [conn], [intake],
+                                    [shell.run_batches(intake, self.handle, self.counters)],
+                                    [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
+                                    cfg.drain_s)
+
+    async def handle(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        rows: list[Row] = []
+        outs = []
+        for m in messages:
+            try:
+                rows.append(event_row(m.body))
+            except InvalidMessage as exc:
+                outs.append(shell.dead_letter(self.dlx, m, exc.reason, t.ARCHIVE_QUEUE, self.counters))
+        if rows:
+            new = await self.store(rows)
+            self.counters.events += new
+            self.counters.bump("duplicates", len(rows) - new)
+        await shell.publish_all(outs, self.counters)
+
+    async def store(self, rows: list[Row]) -> int:
+        """Rows stored, retried until PostgreSQL takes them; raises (batch left unacked, so
+        redelivered) only when the sidecar is stopping."""
+        backoff = shell.Backoff()
+        while True:
+            try:
+                if self._pg is None or self._pg.is_closed():
+                    self._pg = await store.connect(self.config.postgres_url)
+                return await store.archive_events(self._pg, rows)
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+                if self._pg is not None:
+                    with contextlib.suppress(Exception):
+                        await self._pg.close()
+                self._pg = None
+                if self._stop.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning("cannot archive %d events (%s); retrying in %.1fs", len(rows), exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+
+    async def close(self) -> None:
+        if self._pg is not None:
+            await self._pg.close()
+
+
+async def main(config: shell.SidecarConfig) -> int:
+    stop = asyncio.Event()
+    shell.install_signal_handlers(stop)
+    log.info("%s", config.describe())
+    archiver = Archiver(config)
+    try:
+        await shell.serve(config, archiver.session, stop)
+    finally:
+        await archiver.close()
+    log.info("stopped: %s", archiver.counters.line())
+    return 0

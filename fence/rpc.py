@@ -1,0 +1,96 @@
+"""The fence API over AMQP: request / reply on queue fence.api (vhost gf-fences).
+
+A request is a JSON body `{"op": ..., "token": "<Firebase ID token>", ...arguments}` with
+`reply_to` (RabbitMQ's direct reply-to, `amq.rabbitmq.reply-to`, needs no queue) and a
+`correlation_id`. The reply is `{"status": <HTTP-like status>, "result": ...}` or
+`{"status": 4xx/5xx, "error": "..."}` with the request's correlation id. The operations and
+their arguments are the HTTP API's (fence/service.py), so both APIs behave the same:
+
+    create {feature}                 get {fence_id}            list {bbox?, limit?, after?}
+    replace {fence_id, body, if_match?}   delete {fence_id, if_match?}
+    objects {fence_id}   object_fences {object_id}   events {fence_id, since?, limit?}
+
+A request that is not JSON or names no known op is answered with 400 (if it has reply_to)
+and dead-lettered with the reason; the queue's batch is acked once every reply is confirmed.
+Requests of one batch run concurrently: the service is safe for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import orjson
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+
+from exchanges import shell
+from exchanges import topology as t
+from fence.api import Verifier
+from fence.auth import AuthUnavailable, Unauthenticated
+from fence.service import ApiError, Caller, FenceService
+
+log = logging.getLogger("geofence")
+
+OPS: dict[str, Callable[[FenceService, Caller, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+    "create": lambda s, c, a: s.create(c, a.get("feature")),
+    "get": lambda s, c, a: s.get(c, str(a["fence_id"])),
+    "list": lambda s, c, a: s.list(c, a.get("bbox"), int(a.get("limit", 1000)), str(a.get("after", ""))),
+    "replace": lambda s, c, a: s.replace(c, str(a["fence_id"]), a.get("body"), a.get("if_match")),
+    "delete": lambda s, c, a: s.delete(c, str(a["fence_id"]), a.get("if_match")),
+    "objects": lambda s, c, a: s.objects(c, str(a["fence_id"])),
+    "object_fences": lambda s, c, a: s.object_fences(c, str(a["object_id"])),
+    "events": lambda s, c, a: s.events(c, str(a["fence_id"]), float(a.get("since", 0.0)),
+                                       int(a.get("limit", 1000))),
+}
+STATUS_OK = {"create": 201}
+
+
+class RpcServer:
+    def __init__(self, service: FenceService, verifier: Verifier, counters: shell.Counters) -> None:
+        self.service, self.verifier, self.counters = service, verifier, counters
+
+    def bind(self, channel: AbstractChannel, dlx: AbstractExchange) -> None:
+        self.channel, self.dlx = channel, dlx
+
+    async def handle(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        answers = await asyncio.gather(*(self.answer(m) for m in messages))
+        outs: list[shell.Out] = []
+        for m, (payload, bad) in zip(messages, answers, strict=True):
+            if bad is not None:
+                outs.append(shell.dead_letter(self.dlx, m, bad, t.API_QUEUE, self.counters))
+            out = shell.reply(self.channel, m, payload)
+            if out is not None:
+                outs.append(out)
+        await shell.publish_all(outs, self.counters)
+
+    async def answer(self, m: AbstractIncomingMessage) -> tuple[dict[str, Any], str | None]:
+        """(the reply, the dead-letter reason if the request itself is malformed)."""
+        try:
+            request = orjson.loads(m.body)
+            if not isinstance(request, dict):
+                raise ValueError("a JSON object expected")
+            op = request.get("op")
+            if op not in OPS:
+                raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+        except ValueError as exc:
+            reason = f"malformed fence API request: {exc}"
+            return {"status": 400, "error": reason}, reason
+        self.counters.bump(f"op_{op}")
+        try:
+            token = request.get("token")
+            user = await self.verifier.verify(f"Bearer {token}" if isinstance(token, str) else None)
+            result = await OPS[op](self.service, Caller(user.uid), request)
+            return {"status": STATUS_OK.get(op, 200), "result": result}, None
+        except AuthUnavailable as exc:
+            return {"status": 503, "error": str(exc)}, None
+        except Unauthenticated as exc:
+            return {"status": 401, "error": str(exc)}, None
+        except ApiError as exc:
+            return {"status": exc.status, "error": exc.message}, None
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"status": 400, "error": f"bad arguments for {op}: {type(exc).__name__}: {exc}"}, None
+        except Exception as exc:  # a bug or a backend down: the caller learns, the server lives
+            log.exception("fence API op %s failed", op)
+            return {"status": 500, "error": f"internal error: {type(exc).__name__}"}, None

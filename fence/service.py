@@ -1,0 +1,261 @@
+"""The fence API's operations, whatever the transport: HTTP (fence/api.py) and AMQP request /
+reply (fence/rpc.py) both call these, so the two APIs cannot drift apart.
+
+Input is plain data (a parsed JSON body, path values, the caller's uid), output is plain data
+(JSON-ready dicts) or an `ApiError` with the HTTP status and a message a user can act on. The
+caller is already authenticated (fence/auth.py); here is authorisation: a fence belongs to the
+user that created it, another user's fence is 403 (its existence is not a secret worth the
+confusion of a 404 for a fence the caller can see on a map of events).
+
+Concurrency: every change carries an optional expected version (HTTP If-Match); the store
+refuses it when the fence moved on (409). Without one, the last writer wins.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from fence import store
+from fence.follow import circle
+from fence.manager import Change, FenceManager, WorkerUnavailable
+from fence.spec import (
+    DEFAULT_TIMEOUT_S,
+    FenceSpec,
+    Follow,
+    InvalidFence,
+    check_fence_id,
+    check_timeout,
+    from_feature,
+)
+
+MAX_LIST = 1000
+MAX_EVENTS = 10_000
+MAX_RADIUS_M = 50_000.0
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: str
+
+
+def feature(record: store.FenceRecord) -> dict[str, Any]:
+    """A stored fence as a GeoJSON Feature (the API's representation)."""
+    j = record.to_json()
+    props = {k: v for k, v in j.items() if k not in ("id", "geometry")}
+    return {"type": "Feature", "id": j["id"], "geometry": j["geometry"], "properties": props}
+
+
+def parse_bbox(raw: str | None) -> tuple[float, float, float, float] | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        x0, y0, x1, y1 = (float(v) for v in raw.split(","))
+    except ValueError:
+        raise ApiError(422, f"bbox {raw!r}: four numbers min_lon,min_lat,max_lon,max_lat expected") from None
+    if not all(math.isfinite(v) for v in (x0, y0, x1, y1)) or not (-180 <= x0 <= x1 <= 180
+                                                                    and -90 <= y0 <= y1 <= 90):
+        raise ApiError(422, f"bbox {raw!r}: min <= max, lon in [-180, 180], lat in [-90, 90]")
+    return x0, y0, x1, y1
+
+
+def _version(raw: Any) -> int | None:
+    """An expected version from If-Match ("3" or W/"3") or a body's "version"."""
+    if raw is None:
+        return None
+    text = str(raw).strip().removeprefix("W/").strip('"')
+    if not text.isdigit() or int(text) < 1:
+        raise ApiError(422, f"expected version {raw!r}: a positive integer (the fence's version / ETag)")
+    return int(text)
+
+
+def _object_id(raw: Any) -> str:
+    from deploy.rabbitmq.definitions import OBJECT_ID_RE
+
+    if not isinstance(raw, str) or not OBJECT_ID_RE.fullmatch(raw):
+        raise ApiError(422, f"object id {raw!r}: 1-64 characters from A-Z a-z 0-9 _ -, starting with a "
+                            "letter or digit")
+    return raw
+
+
+class FenceService:
+    def __init__(self, manager: FenceManager,
+                 follow_changed: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`follow_changed` runs after a change that may start or stop a fence following
+        an object (the follower re-reads the following fences)."""
+        self.manager = manager
+        self.follow_changed = follow_changed
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def _owned(self, conn: asyncpg.Connection, caller: Caller, fence_id: str) -> store.FenceRecord:
+        try:
+            record = await store.get_fence(conn, check_fence_id(fence_id))
+        except InvalidFence as exc:
+            raise ApiError(422, str(exc)) from None
+        except store.UnknownFence:
+            raise ApiError(404, f"no fence {fence_id!r}") from None
+        if record.owner != caller.uid:
+            raise ApiError(403, f"fence {fence_id!r} belongs to another user")
+        return record
+
+    async def get(self, caller: Caller, fence_id: str) -> dict[str, Any]:
+        async with self.manager.pool.acquire() as conn:
+            return feature(await self._owned(conn, caller, fence_id))
+
+    async def list(self, caller: Caller, bbox: str | None = None, limit: int = MAX_LIST,
+                   after: str = "") -> dict[str, Any]:
+        if not 1 <= limit <= MAX_LIST:
+            raise ApiError(422, f"limit {limit}: between 1 and {MAX_LIST}")
+        async with self.manager.pool.acquire() as conn:
+            records = await store.find_fences(conn, caller.uid, parse_bbox(bbox), limit, after)
+        out: dict[str, Any] = {"type": "FeatureCollection", "features": [feature(r) for r in records]}
+        if len(records) == limit:
+            out["next_after"] = records[-1].fence.fence_id
+        return out
+
+    async def objects(self, caller: Caller, fence_id: str) -> dict[str, Any]:
+        """Who is inside, live from the fence's x-fence worker."""
+        async with self.manager.pool.acquire() as conn:
+            record = await self._owned(conn, caller, fence_id)
+        worker = self.manager.ring.node_for(fence_id)
+        answer = await self._ask(worker, {"fence_id": fence_id})
+        live = answer.get("fence")
+        occupants = [] if live is None else live["occupants"]
+        return {"fence_id": fence_id, "version": record.fence.version, "worker": worker,
+                "worker_version": None if live is None else live["version"], "objects": occupants}
+
+    async def object_fences(self, caller: Caller, object_id: str) -> dict[str, Any]:
+        """The caller's fences the object is in, live from every x-fence worker."""
+        _object_id(object_id)
+        answers = [await self._ask(w, {"object_id": object_id}) for w in self.manager.workers]
+        inside = sorted({f for a in answers for f in a["object"]["fences"]})
+        async with self.manager.pool.acquire() as conn:
+            owners = {f: await store.fence_owner(conn, f) for f in inside}
+        return {"object_id": object_id, "fences": [f for f in inside if owners[f] == caller.uid]}
+
+    async def events(self, caller: Caller, fence_id: str, since: float = 0.0,
+                     limit: int = MAX_EVENTS) -> dict[str, Any]:
+        if not 1 <= limit <= MAX_EVENTS:
+            raise ApiError(422, f"limit {limit}: between 1 and {MAX_EVENTS}")
+        if not math.isfinite(since):
+            raise ApiError(422, "since: epoch seconds")
+        async with self.manager.pool.acquire() as conn:
+            owner = await store.fence_owner(conn, fence_id)
+            if owner is None:
+                raise ApiError(404, f"no fence {fence_id!r}")
+            if owner != caller.uid:
+                raise ApiError(403, f"fence {fence_id!r} belongs to another user")
+            rows = await store.fence_events(conn, fence_id, since, limit)
+        return {"fence_id": fence_id, "since": since, "events": rows}
+
+    async def _ask(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self.manager.ask_worker(worker, request)
+        except WorkerUnavailable as exc:
+            raise ApiError(503, str(exc)) from None
+
+    # -- changes --------------------------------------------------------------------------
+
+    async def create(self, caller: Caller, body: Any) -> dict[str, Any]:
+        if not isinstance(body, Mapping):
+            raise ApiError(422, "expected a GeoJSON Feature object")
+        props = body.get("properties") or {}
+        given = body.get("id") or (props.get("id") if isinstance(props, Mapping) else None)
+        fence_id = str(given) if given is not None else f"f-{uuid.uuid4().hex[:16]}"
+        spec = self._spec(body, fence_id, caller)
+        return await self._put(spec, caller, create=True)
+
+    async def replace(self, caller: Caller, fence_id: str, body: Any, if_match: str | None = None
+                      ) -> dict[str, Any]:
+        """A new geometry (a Feature), or `{"follow": object_id, "radius_m": r}` to attach the
+        fence to an object (optionally "lon"/"lat" to place it now; else it keeps its geometry
+        until the object's next position)."""
+        if not isinstance(body, Mapping):
+            raise ApiError(422, "expected a GeoJSON Feature or {\"follow\": ..., \"radius_m\": ...}")
+        expected = _version(if_match if if_match is not None else
+                            (body.get("properties") or {}).get("version") if body.get("type") == "Feature"
+                            else body.get("version"))
+        if body.get("type") == "Feature":
+            spec = self._spec(body, fence_id, caller)
+        elif "follow" in body:
+            spec = await self._follow_spec(caller, fence_id, body)
+        else:
+            raise ApiError(422, "expected a GeoJSON Feature or {\"follow\": object_id, \"radius_m\": metres}")
+        return await self._put(spec, caller, create=False, expected=expected)
+
+    async def delete(self, caller: Caller, fence_id: str, if_match: str | None = None) -> dict[str, Any]:
+        try:
+            change = await self.manager.remove(check_fence_id(fence_id), _version(if_match), caller.uid)
+        except InvalidFence as exc:
+            raise ApiError(422, str(exc)) from None
+        except store.UnknownFence:
+            raise ApiError(404, f"no fence {fence_id!r}") from None
+        except store.NotOwner:
+            raise ApiError(403, f"fence {fence_id!r} belongs to another user") from None
+        except store.VersionConflict as exc:
+            raise ApiError(409, str(exc)) from None
+        if self.follow_changed is not None:
+            await self.follow_changed()
+        return {"id": fence_id, "version": change.version, "deleted": True}
+
+    def _spec(self, body: Mapping[str, Any], fence_id: str, caller: Caller) -> FenceSpec:
+        try:
+            spec = from_feature(body, fence_id, owner=caller.uid)
+        except InvalidFence as exc:
+            raise ApiError(422, str(exc)) from None
+        return spec
+
+    async def _follow_spec(self, caller: Caller, fence_id: str, body: Mapping[str, Any]) -> FenceSpec:
+        object_id = _object_id(body.get("follow"))
+        radius = body.get("radius_m")
+        if isinstance(radius, bool) or not isinstance(radius, int | float) or not math.isfinite(radius) \
+                or not 0 < radius <= MAX_RADIUS_M:
+            raise ApiError(422, f"radius_m {radius!r}: metres in (0, {MAX_RADIUS_M:g}]")
+        async with self.manager.pool.acquire() as conn:
+            current = await self._owned(conn, caller, fence_id)
+        f = current.fence
+        try:
+            timeout = check_timeout(body.get("timeout_s", f.timeout_s or DEFAULT_TIMEOUT_S))
+            geometry = f.geometry
+            if "lon" in body or "lat" in body:
+                geometry = circle(float(body["lon"]), float(body["lat"]), float(radius))
+        except InvalidFence as exc:
+            raise ApiError(422, str(exc)) from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ApiError(422, f"lon / lat: {exc}") from None
+        name = body.get("name", f.name)
+        if not isinstance(name, str) or len(name) > 200:
+            raise ApiError(422, "name must be a string of at most 200 characters")
+        return FenceSpec(fence_id, geometry, name, timeout, caller.uid, Follow(object_id, float(radius)))
+
+    async def _put(self, spec: FenceSpec, caller: Caller, create: bool, expected: int | None = None
+                   ) -> dict[str, Any]:
+        try:
+            change: Change = await self.manager.put(spec, expected, create=create, owner=caller.uid)
+        except InvalidFence as exc:
+            raise ApiError(422, str(exc)) from None
+        except store.UnknownFence:
+            raise ApiError(404, f"no fence {spec.fence_id!r}") from None
+        except store.NotOwner:
+            raise ApiError(403, f"fence {spec.fence_id!r} belongs to another user") from None
+        except store.VersionConflict as exc:
+            raise ApiError(409, str(exc)) from None
+        assert change.record is not None
+        if self.follow_changed is not None and (spec.follow is not None or not create):
+            await self.follow_changed()
+        out = feature(change.record)
+        out["properties"]["ranges"] = change.ranges
+        out["properties"]["bits"] = change.bits
+        return out
