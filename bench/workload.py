@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-import shapely
 from shapely.geometry import Polygon
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.range_index import INDEX_BITS
 from exchanges.x_geo import FenceBinding, WorkerBatch, XGeo
+from fence import reference
 from fence.hash_ring import HashRing
-from fence.state import ENTER, ENTERED, EXITED, LEAVE, Event, FenceDef, XFence
+from fence.state import Event, FenceDef, XFence
 from hilbert_c.covering import EARTH_RADIUS_M
 from ingress.core import XIngress
 from ingress.worldmap import Worldmap
@@ -54,7 +54,7 @@ CELLS_PER_RADIUS = 20.0
 MAX_RANGES = 512
 NO_TIMEOUT_S = 1e9  # the bench measures routing, not timeouts
 
-EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
+EventTuple = reference.EventTuple  # (event, fence_id, object_id, ts, reason)
 
 
 # -- geometry of the box ---------------------------------------------------------------------
@@ -228,56 +228,16 @@ def _reflect(v: F64, side: float) -> F64:
 # -- the ground truth ------------------------------------------------------------------------
 
 def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_000) -> list[EventTuple]:
-    """ENTER / LEAVE from shapely alone, update by update in stream order.
-
-    Independent of the Hilbert path: an STRtree over the fences gives bounding-box
-    candidates, then the very predicate x-fence applies (`shapely.contains_xy`: strictly
-    inside, a point on the edge is out) decides.
-    """
-    geoms = np.array([f.geometry for f in fences], dtype=object)
-    names = [f.fence_id for f in fences]
-    tree = shapely.STRtree(geoms)
-    inside: list[frozenset[int]] = [frozenset()] * len(stream.object_ids)
-    events: list[EventTuple] = []
-    for lo in range(0, len(stream), chunk):
-        hi = min(lo + chunk, len(stream))
-        lon, lat = stream.lon[lo:hi], stream.lat[lo:hi]
-        pt, fi = tree.query(shapely.points(lon, lat))
-        ok = shapely.contains_xy(geoms[fi], lon[pt], lat[pt])
-        pt, fi = pt[ok], fi[ok]
-        order = np.lexsort((fi, pt))
-        pt, fi = pt[order], fi[order]
-        ptr = np.searchsorted(pt, np.arange(hi - lo + 1))
-        fence_lists = fi.tolist()
-        for i, o in enumerate(stream.obj[lo:hi].tolist()):
-            now = frozenset(fence_lists[ptr[i]:ptr[i + 1]])
-            before = inside[o]
-            if now != before:
-                oid, t = stream.object_ids[o], float(stream.ts[lo + i])
-                events += [(ENTER, names[f], oid, t, ENTERED) for f in now - before]
-                events += [(LEAVE, names[f], oid, t, EXITED) for f in before - now]
-                inside[o] = now
-    return events
+    """ENTER / LEAVE from shapely alone, update by update in stream order (fence.reference)."""
+    return reference.reference_events([f.fence_id for f in fences], [f.geometry for f in fences],
+                                      stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, chunk)
 
 
 def as_tuples(events: Sequence[Event]) -> list[EventTuple]:
     return [(e.event, e.fence_id, e.object_id, e.ts, e.reason) for e in events]
 
 
-def compare(got: Sequence[EventTuple], want: Sequence[EventTuple], show: int = 10) -> list[str]:
-    """Empty if both are the same multiset; else the first differences, described."""
-    g, w = sorted(got), sorted(want)
-    if g == w:
-        return []
-    from collections import Counter
-
-    extra = Counter(g) - Counter(w)
-    missing = Counter(w) - Counter(g)
-    lines = [f"{len(g)} events, the reference has {len(w)}: "
-             f"{sum(extra.values())} unexpected, {sum(missing.values())} missing"]
-    lines += [f"  unexpected {e}" for e in sorted(extra)[:show]]
-    lines += [f"  missing    {e}" for e in sorted(missing)[:show]]
-    return lines
+compare = reference.compare
 
 
 # -- the core pipeline -----------------------------------------------------------------------
