@@ -8,7 +8,9 @@
 #    compiles the C kernel), again only when pyproject.toml, setup.py or hilbert_c's C
 #    sources changed (a hash kept in .venv);
 # 3. enables the RabbitMQ plugins (offline, before the node starts);
-# 4. `geofence up`: RabbitMQ, a private PostgreSQL cluster, memcached;
+# 4. `geofence up`: RabbitMQ, a private PostgreSQL cluster, memcached, the Firebase Auth
+#    emulator (npm firebase-tools, installed under the state dir the first time), the schema,
+#    the pipeline's sidecars, the events archiver and the fence API;
 # 5. demo: runs the demo; test: ruff, mypy, then pytest last; none: stops there.
 #
 # Idempotent: a second run skips what is done and takes a few seconds. Runs as root (apt,
@@ -52,6 +54,8 @@ missing_packages() {
         pkg_installed "$p" || echo "$p"
     done
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || echo postgresql
+    # npm installs the Firebase Auth emulator (firebase-tools, Node >= 20) on the first `up`
+    command -v npm >/dev/null || echo nodejs npm
     if ! command -v "$PYTHON" >/dev/null; then
         echo python3 python3-venv python3-dev
     elif [ "$(command -v "$PYTHON")" = /usr/bin/python3 ]; then
