@@ -132,16 +132,31 @@ class Stack:
         return {k: int(v) for k, v in counters.items() if isinstance(v, int)}
 
     def cpu_ticks(self) -> dict[str, int]:
-        """utime + stime (clock ticks) of every recorded sidecar process still alive."""
-        out = {}
-        for name, rec in sidecars.load_records(self.settings).items():
-            pid = int(rec["pid"])
-            if ls.process_identity(pid) != ls.ProcessId(pid, int(rec["start_ticks"])):
-                continue  # gone or restarted: its figure would mean nothing
+        """utime + stime (clock ticks) of every recorded sidecar still alive, of RabbitMQ and of
+        PostgreSQL (the postmaster and its backends), and "machine": the busy ticks of all
+        cores (/proc/stat)."""
+        records = dict(sidecars.load_records(self.settings))
+        with contextlib.suppress(OSError, ValueError, ls.StackError):
+            for name, svc in ls.load_state(self.settings.state_file).items():
+                if svc.process is not None and name in ("rabbitmq", "postgres"):
+                    records[name] = {"pid": svc.process.pid, "start_ticks": svc.process.start_ticks}
+        stats = {}
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
             with contextlib.suppress(OSError, ValueError, IndexError):
                 text = Path(f"/proc/{pid}/stat").read_text()
                 fields = text[text.rindex(")") + 2:].split()
-                out[name] = int(fields[11]) + int(fields[12])
+                stats[pid] = (int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12]))
+        out = {}
+        for name, rec in records.items():
+            pid = int(rec["pid"])
+            if pid not in stats or stats[pid][1] != int(rec["start_ticks"]):
+                continue  # gone or restarted: its figure would mean nothing
+            out[name] = stats[pid][2]
+            if name == "postgres":  # a backend per connection
+                out[name] += sum(ticks for ppid, _, ticks in stats.values() if ppid == pid)
+        with contextlib.suppress(OSError, ValueError):
+            cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            out["machine"] = sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait
         return out
 
 
@@ -304,12 +319,14 @@ class PartB:
     window_s: float = 0.0
     warmup_s: float = 0.0
     warmed: int = 0  # fences that moved during the warm-up
+    first_lag_ms: list[float] = field(default_factory=list)  # their first move: never held back
     moves: int = 0  # version increments in the window
     per_fence: list[int] = field(default_factory=list)
     published: int = 0  # positions confirmed, whole run
     published_window: int = 0
     publish_errors: list[str] = field(default_factory=list)
     lag_ms: list[float] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)  # follow_ts between a fence's consecutive moves
     settled: int = 0  # fences on their car's last position at the end
     settle_s: float = math.nan
     not_settled: list[str] = field(default_factory=list)
@@ -399,17 +416,22 @@ async def part_b(stack: Stack, m: FenceManager, pg: asyncpg.Connection, fleet: F
         # warm-up: x-ingress taps the cars (it re-reads the followed set every 2 s) and every
         # fence has moved once onto a position of this part
         t0 = time.perf_counter()
+        first: dict[str, float] = {}  # fence -> lag of its first move onto a position of this part
         while True:
             rows = await live_rows(pg, fleet.ids)
-            moved = sum(1 for i, fid in enumerate(fleet.ids)
-                        if fid in rows and rows[fid]["follow_ts"] is not None
-                        and not math.isnan(cars.first_ts[i]) and rows[fid]["follow_ts"] >= cars.first_ts[i])
+            for i, fid in enumerate(fleet.ids):
+                r = rows.get(fid)
+                if fid not in first and r is not None and r["follow_ts"] is not None \
+                        and not math.isnan(cars.first_ts[i]) and r["follow_ts"] >= cars.first_ts[i]:
+                    first[fid] = (r["updated"] - r["follow_ts"]) * 1000.0
+            moved = len(first)
             el = time.perf_counter() - t0
             status[0] = f"B warm-up: {moved}/{n} fences moved once, {cars.confirmed:,} positions, {el:.0f} s"
             if moved == n or el > WARMUP_DEADLINE_S or publisher.done():
                 break
             await asyncio.sleep(POLL_S)
         out.warmup_s, out.warmed = time.perf_counter() - t0, moved
+        out.first_lag_ms = list(first.values())
         if publisher.done():
             publisher.result()  # the publisher failed: say why
 
@@ -419,6 +441,7 @@ async def part_b(stack: Stack, m: FenceManager, pg: asyncpg.Connection, fleet: F
         rows0 = await live_rows(pg, fleet.ids)
         pub0, w0 = cars.confirmed, time.perf_counter()
         seen = {fid: r["version"] for fid, r in rows0.items()}
+        seen_ts = {fid: r["follow_ts"] for fid, r in rows0.items()}
         while (el := time.perf_counter() - w0) < duration:
             await asyncio.sleep(min(POLL_S, max(0.0, duration - el)))
             rows = await live_rows(pg, fleet.ids)
@@ -426,6 +449,9 @@ async def part_b(stack: Stack, m: FenceManager, pg: asyncpg.Connection, fleet: F
                 if r["version"] != seen.get(fid) and r["follow_ts"] is not None:
                     seen[fid] = r["version"]
                     out.lag_ms.append((r["updated"] - r["follow_ts"]) * 1000.0)
+                    if seen_ts.get(fid) is not None:
+                        out.steps.append(r["follow_ts"] - seen_ts[fid])
+                    seen_ts[fid] = r["follow_ts"]
             moves = sum(r["version"] - rows0[fid]["version"] for fid, r in rows.items() if fid in rows0)
             status[0] = (f"B window: {el:.0f}/{duration:g} s, {moves:,} moves "
                          f"({moves / el if el else 0:,.0f}/s), {cars.confirmed - pub0:,} positions")
@@ -477,7 +503,12 @@ async def part_b(stack: Stack, m: FenceManager, pg: asyncpg.Connection, fleet: F
 # --------------------------------------------------------------------------- the report
 
 
-def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, b_error: str) -> list[str]:
+def skipped(b: PartB) -> float:
+    """The share of B's moves whose position came more than one position after the previous."""
+    return float(np.mean(np.asarray(b.steps) > 1.5)) if b.steps else math.nan
+
+
+def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, b_error: str) -> None:
     want = float(fences)  # F fences x 1 move/s
     cols = [f"A {p.label}" for p in a] + ["B end to end"]
     rows: list[list[str]] = []
@@ -485,7 +516,7 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
     def row(name: str, values: list[str]) -> None:
         rows.append([name, *values])
 
-    bv = b if b is not None else None
+    bv = b
     row("moves", [f"{p.moves:,}" for p in a] + [f"{bv.moves:,}" if bv else "-"])
     row("time (s)", [f"{p.wall_s:.2f}" for p in a] + [f"{bv.window_s:.1f}" if bv else "-"])
     row("moves/s", [f"{p.rate:,.1f}" for p in a] + [f"{bv.rate:,.1f}" if bv else "-"])
@@ -493,10 +524,14 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
     row("per move p99 (ms)", [fmt(pct(p.latency_ms, 99)) for p in a] + ["-"])
     row("lag ts->stored p50 (ms)", ["-"] * len(a) + [fmt(pct(bv.lag_ms, 50)) if bv else "-"])
     row("lag ts->stored p99 (ms)", ["-"] * len(a) + [fmt(pct(bv.lag_ms, 99)) if bv else "-"])
+    row("  first move p50 (ms)", ["-"] * len(a) + [fmt(pct(bv.first_lag_ms, 50)) if bv else "-"])
+    row("  first move p99 (ms)", ["-"] * len(a) + [fmt(pct(bv.first_lag_ms, 99)) if bv else "-"])
+    row("moves skipping a position",
+        ["-"] * len(a) + [f"{skipped(bv) * 100:.0f}%" if bv and bv.steps else "-"])
     row("ranges sent / move", [fmt(float(np.mean(p.sent)) if p.sent else math.nan) for p in a] + ["-"])
     row("covering ranges / move", [fmt(float(np.mean(p.full)) if p.full else math.nan) for p in a] + ["-"])
-    row("wire saving", [fmt((1 - sum(p.sent) / sum(p.full)) * 100 if sum(p.full) else math.nan, ".1f") + "%"
-                        for p in a] + ["-"])
+    row("sent / covering", [fmt(sum(p.sent) / sum(p.full) if sum(p.full) else math.nan, ".2f") + "x"
+                            for p in a] + ["-"])
     row("applied() after (s)", [f"{p.applied_s:.2f}" for p in a] + [fmt(bv.applied_s, ".2f") if bv else "-"])
     row("x-geo rebinds", [f"{p.rebinds:,}" for p in a] + [f"{bv.rebinds:,}" if bv else "-"])
     row("x-geo rebinds_from_store", [f"{p.from_store:,}" for p in a] + [f"{bv.from_store:,}" if bv else "-"])
@@ -532,8 +567,16 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
               f"follow_refused +{api.get('follow_refused', 0):,}, "
               f"positions +{api.get('positions', 0):,}; over all of B: follow_moves "
               f"+{total.get('follow_moves', 0):,}, follow_stale +{total.get('follow_stale', 0):,}")
-        cpu = ", ".join(f"{k} {v:.0f}%" for k, v in sorted(bv.cpu.items(), key=lambda kv: -kv[1]))
-        print(f"  B: CPU over the window (% of one core; {os.cpu_count()} cores): {cpu or 'unknown'}")
+        cores = os.cpu_count() or 1
+        cpu = ", ".join(f"{k} {v:.0f}%" for k, v in sorted(bv.cpu.items(), key=lambda kv: -kv[1])
+                        if k != "machine")
+        machine = bv.cpu.get("machine", math.nan) / cores
+        print(f"  B: CPU over the window (% of one core): {cpu or 'unknown'}; the machine "
+              f"{fmt(machine, '.0f')}% busy ({cores} cores, whoever uses them)")
+        print(f"  B: lag of each fence's first move (warm-up, never held by the follower's 1 s interval) "
+              f"p50 {fmt(pct(bv.first_lag_ms, 50))} ms, p99 {fmt(pct(bv.first_lag_ms, 99))} ms; in the "
+              f"window {skipped(bv) * 100 if bv.steps else math.nan:.0f}% of the moves skipped at least one "
+              f"position (follow_ts step > 1.5 s; step p50 {fmt(pct(bv.steps, 50), '.2f')} s)")
         print(f"  B: x-geo over all of B: {total.get('rebinds_all_b', 0):,} rebinds, "
               f"{total.get('from_store_all_b', 0):,} from the store; applied() after {bv.applied_s:.2f} s")
         if bv.not_settled:
@@ -557,8 +600,9 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
     sent = sum(sum(p.sent) for p in a)
     full = sum(sum(p.full) for p in a)
     moves = sum(p.moves for p in a)
-    diff = (f"diff {sent / moves:.1f} of {full / moves:.1f} ranges per move ({(1 - sent / full) * 100:.0f}% "
-            f"saved), {sum(p.from_store for p in a)} rebinds from store" if moves and full else "no moves")
+    diff = (f"{sent / moves:.0f} ranges sent per move for a covering of {full / moves:.0f} "
+            f"({sent / full:.2f}x), {sum(p.from_store for p in a)} rebinds from store"
+            if moves and full else "no moves")
     if bv:
         bpart = (f"B sustained {bv.rate:,.1f} moves/s ({bv.rate / want:.2f}x), lag p50 "
                  f"{fmt(pct(bv.lag_ms, 50), '.0f')} ms p99 {fmt(pct(bv.lag_ms, 99), '.0f')} ms, "
@@ -566,9 +610,7 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
                  f"{bv.settled}/{bv.fences} on the last position")
     else:
         bpart = "B ERROR"
-    line = f"SUMMARY: F={fences:,} target {want:,.0f} moves/s: " + "; ".join([*parts, diff, bpart])
-    print(line)
-    return [line]
+    print(f"SUMMARY: F={fences:,} target {want:,.0f} moves/s: " + "; ".join([*parts, diff, bpart]))
 
 
 # --------------------------------------------------------------------------- main

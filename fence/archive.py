@@ -5,7 +5,9 @@ Per batch (up to GEOFENCE_BATCH_MAX messages): decode and check each event (a ba
 to dead-letters with the reason), one COPY into a staging table and one INSERT .. ON CONFLICT
 (event_id) DO NOTHING, commit, then one ack for the batch. A redelivered event (a crash
 between commit and ack, or x-fence publishing it twice) meets its event_id and is stored once.
-PostgreSQL being away holds the batch unacked and retries with backoff; nothing is lost.
+PostgreSQL being away holds the batch unacked and retries with backoff; nothing is lost. An
+event PostgreSQL refuses (a batch's COPY fails on one row) is found by storing the batch row by
+row, and dead-lettered with PostgreSQL's reason; the others are stored.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def event_row(body: bytes) -> Row:
     if missing:
         raise InvalidMessage(f"event lacks {', '.join(missing)}")
     for k in ("event_id", "fence_id", "object_id"):
-        if not isinstance(e[k], str) or not 0 < len(e[k]) <= 200:
-            raise InvalidMessage(f"event {k} {e[k]!r}: a non-empty string expected")
+        if not isinstance(e[k], str) or not 0 < len(e[k]) <= 200 or "\x00" in e[k]:
+            raise InvalidMessage(f"event {k} {e[k]!r}: a string of 1-200 characters, no NUL, expected")
     if e["event"] not in ("enter", "leave"):
         raise InvalidMessage(f"event kind {e['event']!r}: enter or leave expected")
     if e["reason"] not in REASONS:
@@ -78,14 +80,25 @@ class Archiver:
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         rows: list[Row] = []
+        kept: list[AbstractIncomingMessage] = []
         outs = []
         for m in messages:
             try:
                 rows.append(event_row(m.body))
+                kept.append(m)
             except InvalidMessage as exc:
                 outs.append(shell.dead_letter(self.dlx, m, exc.reason, t.ARCHIVE_QUEUE, self.counters))
+        new = 0
         if rows:
-            new = await self.store(rows)
+            try:
+                new = await self.store(rows)
+            except asyncpg.PostgresError:  # a row PostgreSQL refuses: find it, keep the others
+                for m, row in zip(kept, rows, strict=True):
+                    try:
+                        new += await self.store([row])
+                    except asyncpg.PostgresError as exc:
+                        outs.append(shell.dead_letter(self.dlx, m, f"refused by PostgreSQL: {exc}",
+                                                      t.ARCHIVE_QUEUE, self.counters))
             self.counters.events += new
             self.counters.bump("duplicates", len(rows) - new)
         await shell.publish_all(outs, self.counters)

@@ -62,6 +62,7 @@ class Move:
 @dataclass
 class _Following:
     fence_id: str
+    object_id: str
     radius_m: float
     at: tuple[float, float] | None = None  # where the fence stands (centre), if known
     ts: float = -math.inf  # the time of the position it stands on
@@ -85,10 +86,12 @@ class FollowCore:
         new: dict[str, dict[str, _Following]] = {}
         for fence_id, object_id, radius, centre, ts in fences:
             f = old.get(fence_id)
-            if f is None or f.radius_m != radius:
-                f = _Following(fence_id, radius, centre, -math.inf if ts is None else ts)
-            elif ts is not None and ts > f.ts:
+            if f is None or f.radius_m != radius or f.object_id != object_id:
+                f = _Following(fence_id, object_id, radius, centre, -math.inf if ts is None else ts)
+            elif ts is not None and ts > f.ts:  # moved elsewhere (another replica): stand there
                 f.at, f.ts = centre, ts
+                if f.pending is not None and f.pending.ts <= ts:
+                    f.pending = None
             new.setdefault(object_id, {})[fence_id] = f
         self._by_object = new
 

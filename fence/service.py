@@ -75,7 +75,7 @@ def _version(raw: Any) -> int | None:
     if raw is None:
         return None
     text = str(raw).strip().removeprefix("W/").strip('"')
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit() and len(text) <= 18) or int(text) < 1:
         raise ApiError(422, f"expected version {raw!r}: a positive integer (the fence's version / ETag)")
     return int(text)
 

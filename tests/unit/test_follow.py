@@ -172,6 +172,15 @@ def test_min_move_m_of_the_core() -> None:
     assert observe(c, north(10.5), TS + 2, 20.0) == [at(north(10.5), TS + 2)]
 
 
+def test_a_shift_of_exactly_the_min_move_moves() -> None:
+    far = (LON, LAT + 0.001)
+    d = distance_m(LON, LAT, *far)  # the min move, exactly as the core will measure it
+    c = core(("f1", "car", 10.0), min_move_m=d)
+    observe(c, (LON, LAT), TS, 0.0)
+    assert observe(c, (LON, LAT + 0.000999), TS + 1, 10.0) == []
+    assert observe(c, far, TS + 2, 20.0) == [at(far, TS + 2)]
+
+
 def test_min_move_is_measured_from_where_the_fence_stands() -> None:
     c = core(("f1", "car", 100.0))
     observe(c, (LON, LAT), TS, 0.0)
@@ -423,13 +432,9 @@ def test_moves_are_ordered_throttled_and_end_on_the_last_position(
         assert stands == last or distance_m(*stands, *last) < max(MIN_MOVE_M, r / 20)
 
 
-# --------------------------------------------------------------------------- known bugs
+# --------------------------------------------------------------------------- bugs found by these tests
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: set_fences adopts a newer stored position (another replica moved the fence) but keeps an "
-    "older pending move; due() releases it and the core believes the fence stands on the older "
-    "position (the store refuses that move as stale), so the object's next position near it moves nothing"))
 def test_a_newer_stored_position_drops_an_older_pending_move() -> None:
     c = core(("f1", "car", 100.0))
     observe(c, (LON, LAT), TS, 0.0)
@@ -438,10 +443,6 @@ def test_a_newer_stored_position_drops_an_older_pending_move() -> None:
     assert c.due(1.0) == []  # TS + 2 is older than where the fence stands
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a fence that follows another object with the same radius keeps its state: the old "
-    "object's pending move is released for it (and the shell stores it, the store's check being "
-    "against the new object), and the new object's positions older than the old object's are ignored"))
 def test_following_another_object_starts_afresh() -> None:
     c = core(("f1", "car", 100.0))
     observe(c, (LON, LAT), TS, 0.0)

@@ -104,9 +104,6 @@ def test_bad_versions(raw: Any) -> None:
     pytest.param("\u00b3", id="superscript-three"),
     pytest.param("9" * 5000, id="5000-digits"),
 ])
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "BUG: str.isdigit() accepts characters int() refuses (superscripts) and digit strings longer "
-    "than int()'s 4300-digit limit: _version raises ValueError (an HTTP 500), not ApiError 422"))
 def test_versions_int_cannot_read_are_422(raw: str) -> None:
     api_error(_version, raw)
 
