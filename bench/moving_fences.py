@@ -21,9 +21,13 @@ B. sustained, end to end through the pipeline and the follower (the api process)
    in which every fence moved once (PostgreSQL fence.follow_ts), a window of D seconds: moves
    applied per second (the fences' version increments in PostgreSQL / window), the lag from a
    position's ts to the stored move standing on it (fence.updated_at - follow_ts of every
-   version seen by a poll every 0.2 s, p50/p99), the api's counters (/health: follow_moves,
-   follow_stale) and CPU (from /proc) over the window; then, publishing stopped, every fence
-   must stand on its car's last position (follow_ts equal, within a deadline).
+   version seen by a poll every 0.2 s, p50/p99; next to it the lag of each fence's first move
+   of the warm-up, which the follower's 1 s interval never holds back, and the share of moves
+   that skipped a position), how far x-geo is behind the store (an `applied()` barrier once a
+   second), the api's counters (/health: follow_moves, follow_stale) and the CPU of the
+   sidecars, RabbitMQ, PostgreSQL and the machine (/proc) over the window; then, publishing
+   stopped, every fence must stand on its car's last position (follow_ts equal, within a
+   deadline).
 
 Target: F=100 fences moving once per second, i.e. F moves/s: the ratio is moves/s / F for A
 (capacity: what one manager can do) and B (sustained: what the pipeline does). The fences are
@@ -94,7 +98,7 @@ def pct(values: Sequence[float] | np.ndarray, q: float) -> float:
 
 
 def fmt(value: float, spec: str = ",.1f") -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+    return "-" if math.isnan(value) else format(value, spec)
 
 
 # --------------------------------------------------------------------------- the stack
@@ -324,6 +328,7 @@ class PartB:
     per_fence: list[int] = field(default_factory=list)
     published: int = 0  # positions confirmed, whole run
     published_window: int = 0
+    skipped_ticks: int = 0  # the publisher was late (this process starved): cars missed a second
     publish_errors: list[str] = field(default_factory=list)
     lag_ms: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)  # follow_ts between a fence's consecutive moves
@@ -336,6 +341,7 @@ class PartB:
     rebinds: int = 0
     from_store: int = 0
     applied_s: float = math.nan
+    behind_s: list[float] = field(default_factory=list)  # applied() barriers during the window
 
     @property
     def rate(self) -> float:
@@ -354,6 +360,7 @@ class Cars:
         self.last_ts = np.full(n, math.nan)  # of the last confirmed position
         self.confirmed = 0
         self.errors: list[str] = []
+        self.skipped_ticks = 0  # publishing ticks missed because this process was late
         self.stop = asyncio.Event()
 
     def where(self, i: int, elapsed: float) -> tuple[float, float]:
@@ -388,7 +395,11 @@ class Cars:
             k = 0
             while not self.stop.is_set():
                 ahead = start + k / TICKS_PER_S - time.perf_counter()
-                if ahead > 0:
+                if ahead < -1.0 / TICKS_PER_S:  # this process was late: skip, no burst
+                    late = int(-ahead * TICKS_PER_S)
+                    self.skipped_ticks += late
+                    k += late
+                elif ahead > 0:
                     with contextlib.suppress(TimeoutError):  # pacing the load, not synchronising
                         await asyncio.wait_for(self.stop.wait(), ahead)
                     if self.stop.is_set():
@@ -403,6 +414,16 @@ class Cars:
                 k += 1
             if pending:
                 await asyncio.gather(*pending)
+
+
+async def sample_barriers(m: FenceManager, out: list[float], until: float) -> None:
+    """How far x-geo is behind the store: the time an `applied()` barrier takes (queued behind
+    every change sent before it), one after another, once a second at most."""
+    while time.perf_counter() < until:
+        t0 = time.perf_counter()
+        await m.applied(timeout=APPLIED_TIMEOUT_S)
+        out.append(time.perf_counter() - t0)
+        await asyncio.sleep(max(0.0, min(1.0 - (time.perf_counter() - t0), until - time.perf_counter())))
 
 
 async def part_b(stack: Stack, m: FenceManager, pg: asyncpg.Connection, fleet: Fleet,
@@ -436,10 +457,10 @@ async def part_b(stack: Stack, m: FenceManager, pg: asyncpg.Connection, fleet: F
             publisher.result()  # the publisher failed: say why
 
         # the window
-        health1, cpu0 = await stack.health(), stack.cpu_ticks()
-        geo1 = await stack.geo_counters()
+        geo1, health1 = await stack.geo_counters(), await stack.health()
         rows0 = await live_rows(pg, fleet.ids)
-        pub0, w0 = cars.confirmed, time.perf_counter()
+        cpu0, own0, pub0, w0 = stack.cpu_ticks(), time.process_time(), cars.confirmed, time.perf_counter()
+        barriers = asyncio.create_task(sample_barriers(m, out.behind_s, w0 + duration))
         seen = {fid: r["version"] for fid, r in rows0.items()}
         seen_ts = {fid: r["follow_ts"] for fid, r in rows0.items()}
         while (el := time.perf_counter() - w0) < duration:
@@ -456,20 +477,23 @@ async def part_b(stack: Stack, m: FenceManager, pg: asyncpg.Connection, fleet: F
             status[0] = (f"B window: {el:.0f}/{duration:g} s, {moves:,} moves "
                          f"({moves / el if el else 0:,.0f}/s), {cars.confirmed - pub0:,} positions")
         rows1, w1 = await live_rows(pg, fleet.ids), time.perf_counter()
-        cpu1, health2 = stack.cpu_ticks(), await stack.health()
+        cpu1, own1 = stack.cpu_ticks(), time.process_time()
         out.window_s, out.published_window = w1 - w0, cars.confirmed - pub0
+        health2 = await stack.health()
+        await barriers  # the last one may end after the window; it was queued within it
         out.per_fence = [rows1[f]["version"] - rows0[f]["version"] for f in fleet.ids
                          if f in rows0 and f in rows1]
         out.moves = sum(out.per_fence)
         hz = os.sysconf("SC_CLK_TCK")
         out.cpu = {name: (cpu1[name] - cpu0[name]) / hz / out.window_s * 100.0
                    for name in cpu1 if name in cpu0}
+        out.cpu["this bench"] = (own1 - own0) / out.window_s * 100.0
         out.api = {k: delta(health2, health1, k) for k in ("follow_moves", "follow_stale", "follow_refused",
                                                             "positions")}
     finally:
         cars.stop.set()
         await asyncio.gather(publisher, return_exceptions=True)
-    out.published, out.publish_errors = cars.confirmed, cars.errors
+    out.published, out.publish_errors, out.skipped_ticks = cars.confirmed, cars.errors, cars.skipped_ticks
     if publisher.done() and not publisher.cancelled() and publisher.exception():
         raise publisher.exception()  # type: ignore[misc]
 
@@ -532,6 +556,9 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
     row("covering ranges / move", [fmt(float(np.mean(p.full)) if p.full else math.nan) for p in a] + ["-"])
     row("sent / covering", [fmt(sum(p.sent) / sum(p.full) if sum(p.full) else math.nan, ".2f") + "x"
                             for p in a] + ["-"])
+    row("x-geo behind p50 (ms)", ["-"] * len(a) + [fmt(pct(bv.behind_s, 50) * 1000) if bv else "-"])
+    row("x-geo behind max (ms)",
+        ["-"] * len(a) + [fmt(max(bv.behind_s) * 1000 if bv.behind_s else math.nan) if bv else "-"])
     row("applied() after (s)", [f"{p.applied_s:.2f}" for p in a] + [fmt(bv.applied_s, ".2f") if bv else "-"])
     row("x-geo rebinds", [f"{p.rebinds:,}" for p in a] + [f"{bv.rebinds:,}" if bv else "-"])
     row("x-geo rebinds_from_store", [f"{p.from_store:,}" for p in a] + [f"{bv.from_store:,}" if bv else "-"])
@@ -560,7 +587,9 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
         print(f"  B: warm-up {bv.warmup_s:.1f} s ({bv.warmed}/{bv.fences} fences moved once); window "
               f"{bv.window_s:.1f} s: {bv.published_window:,} positions published "
               f"({bv.published_window / bv.window_s if bv.window_s else 0:,.1f}/s), {bv.moves:,} moves "
-              f"(per fence {min(pf)}-{max(pf)}, mean {np.mean(pf):.1f}), {len(bv.lag_ms):,} lag samples")
+              f"(per fence {min(pf)}-{max(pf)}, mean {np.mean(pf):.1f}), {len(bv.lag_ms):,} lag samples"
+              + (f"; the publisher was late and skipped {bv.skipped_ticks} of its {TICKS_PER_S}/s ticks"
+                 if bv.skipped_ticks else ""))
         api, total = bv.api, bv.api_total
         print(f"  B: api /health over the window: follow_moves +{api.get('follow_moves', 0):,}, "
               f"follow_stale +{api.get('follow_stale', 0):,}, "

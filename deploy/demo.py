@@ -11,7 +11,8 @@ events are exactly those shapely computes from the very positions published. The
 up afterwards.
 
 Each run's vehicles have ids of their own (`d<run>-car-0001`...), so earlier runs' vehicles
-(still inside fences until their timeout) never mix into this run's comparison.
+(still inside fences until their timeout) never mix into this run's comparison; events of
+fences that are not the demo's (other users' fences in the area) are left out of it too.
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ async def run_demo(args: argparse.Namespace) -> int:
     async def on_event(message: aio_pika.abc.AbstractIncomingMessage) -> None:
         async with message.process():
             e = json.loads(message.body)
-            if not str(e.get("object_id", "")).startswith(prefix):
+            # this run's vehicles in the demo's fences (other users' fences may be around too)
+            if not str(e.get("object_id", "")).startswith(prefix) or e.get("fence_id") not in names:
                 return
             now = time.time()
             received.append((e["event"], e["fence_id"], e["object_id"], float(e["ts"]), e["reason"]))
