@@ -2,8 +2,11 @@
 
 A change of a fence sends each x-geo region it touched or touches only the ranges that
 changed: the ranges of the old covering that are gone and the ranges of the new one that
-are new, a range being (first, last, interior) at INDEX_BITS. A fence that moves a little
-keeps most of its interior ranges, so a move costs a few boundary ranges on the wire.
+are new, a range being (first, last, interior) at INDEX_BITS. A reshaped fence keeps the
+ranges of what did not change; a moved one keeps few (a range runs edge to edge of the
+fence, so a shift changes most of them): the manager sends whichever of the diff and the
+whole covering is smaller (bench/moving_fences.py measured diffs of ~2x the covering for
+follow moves, so those go whole).
 
 The receiver applies a diff only onto the very version it was computed from (`base_version`)
 and checks the result against the digest of the new ranges: anything else (a region that

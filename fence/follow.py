@@ -125,7 +125,13 @@ class FollowCore:
                 if f.pending is not None and now - f.moved_at >= self.min_interval_s]
 
     def _moved(self, f: _Following, move: Move, now: float) -> Move:
-        f.at, f.ts, f.moved_at, f.pending = (move.lon, move.lat), move.ts, now, None
+        # A fixed schedule (one slot per interval), not "interval after the last move": with
+        # positions once per interval, stamping `now` let every delay push the next move into
+        # waiting, and moves skipped positions (bench/moving_fences.py: 9% at 100 fences).
+        # Still at most one move per interval on average.
+        f.at, f.ts, f.pending = (move.lon, move.lat), move.ts, None
+        f.moved_at = now if now - f.moved_at >= 2 * self.min_interval_s else max(
+            f.moved_at + self.min_interval_s, now - self.min_interval_s / 2)
         return move
 
     def forget(self, fence_id: str) -> None:

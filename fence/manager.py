@@ -27,6 +27,7 @@ from exchanges.batch import CONTENT_TYPE, pack
 from fence import binding_diff, control, store
 from fence.hash_ring import HashRing
 from fence.spec import FenceSpec, bindings
+from ingress.worldmap import Worldmap
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class FenceManager:
         self._stack = contextlib.AsyncExitStack()
         self._control: dict[str, AbstractExchange] = {}
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
+        self._worldmap: Worldmap | None = None
 
     async def __aenter__(self) -> FenceManager:
         try:
@@ -139,7 +141,10 @@ class FenceManager:
         """Create or replace a fence (create=True: must be new; False: must exist); `owner`
         refuses another user's fence, `follow_ts` a follow move older than the fence's."""
         async with self.pool.acquire() as conn:
-            wm = await store.latest_worldmap(conn)
+            version = await store.latest_worldmap_version(conn)
+            if self._worldmap is None or self._worldmap.version != version:
+                self._worldmap = await store.latest_worldmap(conn)  # parsed once per version
+            wm = self._worldmap
             if wm is None:
                 raise RuntimeError("no worldmap stored: run `geofence up`")
             b = bindings(spec.geometry, wm)
@@ -149,11 +154,11 @@ class FenceManager:
         outs, sent = [], 0
         for region in self.regions:  # the regions the fence touched or touches, diffs where both
             old, new = saved.previous.get(region), b.per_region.get(region)
-            if new is not None and old is not None:
-                d = binding_diff.diff(old.ranges, old.interior, *new)
+            d = None if new is None or old is None else binding_diff.diff(old.ranges, old.interior, *new)
+            if d is not None and old is not None and new is not None and d.size < len(new[0]):  # smaller
                 body = control.rebind_for_region(record.fence, ts, b.bits, old.version, d)
                 sent += d.size
-            elif new is not None:
+            elif new is not None:  # new in the region, or a diff no smaller than the covering
                 body = control.define_for_region(record.fence, ts, b.bits, *new)
                 sent += len(new[0])
             elif old is not None:

@@ -424,9 +424,12 @@ def test_moves_are_ordered_throttled_and_end_on_the_last_position(
         made = moves[f]
         for _, m in made:
             assert observed[m.ts] == (m.lon, m.lat)  # a move is an observed position
-        for (when0, m0), (when1, m1) in itertools.pairwise(made):
+        for (_, m0), (_, m1) in itertools.pairwise(made):
             assert m1.ts > m0.ts
-            assert when1 - when0 >= min_interval
+        # a fixed schedule: k moves take at least (k - 1) intervals, less half an interval
+        for i, (when_i, _) in enumerate(made):
+            for j in range(i + 1, len(made)):
+                assert made[j][0] - when_i >= (j - i) * min_interval - min_interval / 2 - 1e-9
         stands = (made[-1][1].lon, made[-1][1].lat) if made else ((LON, LAT) if placed else None)
         assert stands is not None
         assert stands == last or distance_m(*stands, *last) < max(MIN_MOVE_M, r / 20)
@@ -449,3 +452,15 @@ def test_following_another_object_starts_afresh() -> None:
     assert observe(c, north(300.0), TS + 2, 0.5) == []  # car's move, pending
     c.set_fences([("f1", "bike", 100.0, None, None)])  # the store keeps no follow_ts on a re-target
     assert c.due(1.0) == []
+
+
+def test_positions_once_an_interval_with_jitter_all_move() -> None:
+    """The schedule does not drift: a position every interval, each handled a little late or
+    early, moves the fence every time (stamping the decision time skipped ~1 in 10)."""
+    c = FollowCore()
+    c.set_fences([("f1", "car", 100.0, None, None)])
+    jitter = [0.0, 0.3, 0.05, 0.25, 0.1, 0.29, 0.0, 0.2, 0.15, 0.3] * 3
+    moved = 0
+    for k, j in enumerate(jitter):
+        moved += len(c.observe("car", *north(50.0 * k), TS + k, 100.0 + k + j))
+    assert moved == len(jitter)
