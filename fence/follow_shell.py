@@ -41,7 +41,6 @@ class Follower:
         self.core = FollowCore()
         self.records: dict[str, store.FenceRecord] = {}
         self._slots = asyncio.Semaphore(MOVE_CONCURRENCY)
-        self._lock = asyncio.Lock()  # one refresh / move round at a time
 
     def bind(self, dlx: AbstractExchange) -> None:
         self.dlx = dlx

@@ -13,9 +13,10 @@ refuses it when the fence moved on (409). Without one, the last writer wins.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,21 @@ def _object_id(raw: Any) -> str:
         raise ApiError(422, f"object id {raw!r}: 1-64 characters from A-Z a-z 0-9 _ -, starting with a "
                             "letter or digit")
     return raw
+
+
+@contextlib.contextmanager
+def _as_api_errors(fence_id: str) -> Iterator[None]:
+    """What the store refuses, as the API's statuses."""
+    try:
+        yield
+    except InvalidFence as exc:
+        raise ApiError(422, str(exc)) from None
+    except store.UnknownFence:
+        raise ApiError(404, f"no fence {fence_id!r}") from None
+    except store.NotOwner:
+        raise ApiError(403, f"fence {fence_id!r} belongs to another user") from None
+    except store.VersionConflict as exc:
+        raise ApiError(409, str(exc)) from None
 
 
 class FenceService:
@@ -196,16 +212,8 @@ class FenceService:
         return await self._put(spec, caller, create=False, expected=expected)
 
     async def delete(self, caller: Caller, fence_id: str, if_match: str | None = None) -> dict[str, Any]:
-        try:
+        with _as_api_errors(fence_id):
             change = await self.manager.remove(check_fence_id(fence_id), _version(if_match), caller.uid)
-        except InvalidFence as exc:
-            raise ApiError(422, str(exc)) from None
-        except store.UnknownFence:
-            raise ApiError(404, f"no fence {fence_id!r}") from None
-        except store.NotOwner:
-            raise ApiError(403, f"fence {fence_id!r} belongs to another user") from None
-        except store.VersionConflict as exc:
-            raise ApiError(409, str(exc)) from None
         if self.follow_changed is not None:
             await self.follow_changed()
         return {"id": fence_id, "version": change.version, "deleted": True}
@@ -242,16 +250,8 @@ class FenceService:
 
     async def _put(self, spec: FenceSpec, caller: Caller, create: bool, expected: int | None = None
                    ) -> dict[str, Any]:
-        try:
+        with _as_api_errors(spec.fence_id):
             change: Change = await self.manager.put(spec, expected, create=create, owner=caller.uid)
-        except InvalidFence as exc:
-            raise ApiError(422, str(exc)) from None
-        except store.UnknownFence:
-            raise ApiError(404, f"no fence {spec.fence_id!r}") from None
-        except store.NotOwner:
-            raise ApiError(403, f"fence {spec.fence_id!r} belongs to another user") from None
-        except store.VersionConflict as exc:
-            raise ApiError(409, str(exc)) from None
         assert change.record is not None
         if self.follow_changed is not None and (spec.follow is not None or not create):
             await self.follow_changed()

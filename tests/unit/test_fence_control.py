@@ -36,9 +36,8 @@ def round_trip(body: bytes) -> Define | Drop:
     return control.parse(unpack(body))
 
 
-def define_msg(**change: Any) -> dict[str, Any]:
-    """A decoded define-for-region message with some fields changed (DELETE deletes)."""
-    msg = unpack(control.define_for_region(fence(), TS, 21, RANGES, INTERIOR))
+def edited(msg: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """`msg` with the fields of `change` set (DELETE deletes them), in place."""
     for k, v in change.items():
         if v is DELETE:
             del msg[k]
@@ -47,14 +46,15 @@ def define_msg(**change: Any) -> dict[str, Any]:
     return msg
 
 
+def define_msg(**change: Any) -> dict[str, Any]:
+    """A decoded define-for-region message with some fields changed (DELETE deletes)."""
+    return edited(unpack(control.define_for_region(fence(), TS, 21, RANGES, INTERIOR)), change)
+
+
 def fence_msg(**change: Any) -> dict[str, Any]:
     """A decoded define-for-worker message whose fence object has some fields changed."""
     msg = unpack(control.define_for_worker(Define(fence(), TS)))
-    for k, v in change.items():
-        if v is DELETE:
-            del msg["fence"][k]
-        else:
-            msg["fence"][k] = v
+    edited(msg["fence"], change)
     return msg
 
 

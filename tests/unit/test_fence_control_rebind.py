@@ -18,7 +18,7 @@ from fence import control
 from fence.control import REBIND, Define
 from fence.follow import circle
 from fence.state import FenceDef
-from tests.unit.test_fence_control import DELETE, TS, refusal
+from tests.unit.test_fence_control import DELETE, TS, edited, refusal
 
 U64 = npt.NDArray[np.uint64]
 BOOL = npt.NDArray[np.bool_]
@@ -40,13 +40,7 @@ def fence(version: int = 5, geometry: Any = NEW_C) -> FenceDef:
 
 def rebind_msg(**change: Any) -> dict[str, Any]:
     """A decoded rebind message (version 5 on base 4) with some fields changed (DELETE deletes)."""
-    msg = unpack(control.rebind_for_region(fence(), TS, INDEX_BITS, 4, DIFF))
-    for k, v in change.items():
-        if v is DELETE:
-            del msg[k]
-        else:
-            msg[k] = v
-    return msg
+    return edited(unpack(control.rebind_for_region(fence(), TS, INDEX_BITS, 4, DIFF)), change)
 
 
 def parsed(msg: dict[str, Any]) -> Define:
