@@ -48,12 +48,21 @@ pkg_installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'
 }
 
+java_ok() {
+    local v
+    command -v java >/dev/null || return 1
+    v="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)"
+    [ -n "$v" ] && [ "$v" -ge 17 ]
+}
+
 missing_packages() {
     local p
     for p in rabbitmq-server memcached libpostgresql-jdbc-java gcc libc6-dev; do
         pkg_installed "$p" || echo "$p"
     done
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || echo postgresql
+    # PySpark 4 (the nightly jobs, spark_jobs/) runs on Java 17 or newer
+    java_ok || echo openjdk-17-jre-headless
     # npm installs the Firebase Auth emulator (firebase-tools, Node >= 20) on the first `up`
     command -v npm >/dev/null || echo nodejs npm
     if ! command -v "$PYTHON" >/dev/null; then
