@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fence": ("fence.manage", "add, replace, remove, list fences (GeoJSON)"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
     "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),
+    "spark": ("", "the nightly PySpark jobs (see `geofence spark -h`)"),
 }
 
 # `geofence inspect TARGET`: target -> (module, one-line help)
@@ -46,7 +47,14 @@ INSPECT_TARGETS: dict[str, tuple[str, str]] = {
     "ring": ("fence.inspect_cmd", "the consistent-hash ring: workers, shares, a fence's worker"),
     "worldmap": ("fence.inspect_cmd", "the worldmap: which Hilbert intervals each region owns"),
 }
-GROUPS: dict[str, dict[str, tuple[str, str]]] = {"inspect": INSPECT_TARGETS}
+# `geofence spark JOB`: the nightly jobs (each also a spark-submit entry point)
+SPARK_JOBS: dict[str, tuple[str, str]] = {
+    "rebuild-bindings": ("spark_jobs.rebuild_bindings",
+                         "recompute every fence's covering, repair live bindings, re-split the worldmap"),
+    "occupancy-analytics": ("spark_jobs.occupancy",
+                            "per fence and hour: entries, exits, occupancy, dwell; busiest hours; forecast"),
+}
+GROUPS: dict[str, dict[str, tuple[str, str]]] = {"inspect": INSPECT_TARGETS, "spark": SPARK_JOBS}
 
 
 def _first_word(argv: list[str]) -> str | None:

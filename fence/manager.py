@@ -141,14 +141,21 @@ class FenceManager:
         """Create or replace a fence (create=True: must be new; False: must exist); `owner`
         refuses another user's fence, `follow_ts` a follow move older than the fence's."""
         async with self.pool.acquire() as conn:
-            version = await store.latest_worldmap_version(conn)
-            if self._worldmap is None or self._worldmap.version != version:
-                self._worldmap = await store.latest_worldmap(conn)  # parsed once per version
-            wm = self._worldmap
-            if wm is None:
-                raise RuntimeError("no worldmap stored: run `geofence up`")
-            b = bindings(spec.geometry, wm)
-            saved = await store.save_fence(conn, spec, b, expected_version, create, owner, follow_ts)
+            for attempt in range(3):  # a worldmap change (nightly re-split) in between: cut again
+                version = await store.latest_worldmap_version(conn)
+                if self._worldmap is None or self._worldmap.version != version:
+                    self._worldmap = await store.latest_worldmap(conn)  # parsed once per version
+                wm = self._worldmap
+                if wm is None:
+                    raise RuntimeError("no worldmap stored: run `geofence up`")
+                b = bindings(spec.geometry, wm)
+                try:
+                    saved = await store.save_fence(conn, spec, b, expected_version, create, owner,
+                                                   follow_ts, worldmap_version=wm.version)
+                    break
+                except store.WorldmapChanged:
+                    if attempt == 2:
+                        raise
         record = saved.record
         ts = record.updated_at.timestamp()
         outs, sent = [], 0
@@ -169,6 +176,23 @@ class FenceManager:
         await shell.publish_all(outs, self.counters)
         return Change(spec.fence_id, record.fence.version, tuple(sorted(b.per_region)), b.ranges, b.bits,
                       self.ring.node_for(spec.fence_id), sent, record)
+
+    async def rebind(self, fence_id: str, version: int, bits: int,
+                     per_region: dict[str, tuple[Any, Any] | None]) -> bool:
+        """Set what some regions bind of an unchanged fence (the nightly rebuild's repairs and
+        re-splits): stored, then a whole "define" to each of those regions, as `put` sends.
+        False when the fence changed since `version` (nothing done: that change's bindings
+        stand)."""
+        async with self.pool.acquire() as conn:
+            record = await store.replace_region_bindings(conn, fence_id, version, bits, per_region)
+        if record is None:
+            return False
+        ts = record.updated_at.timestamp()  # the fence's own change time: x-fence sees no change
+        outs = [shell.Out(self._control[region], "", control.define_for_region(
+                    record.fence, ts, bits, *(b or (_EMPTY_RANGES, _EMPTY_FLAGS))), CONTENT_TYPE)
+                for region, b in sorted(per_region.items())]
+        await shell.publish_all(outs, self.counters)
+        return True
 
     async def remove(self, fence_id: str, expected_version: int | None = None,
                      owner: str | None = None) -> Change:

@@ -22,6 +22,7 @@ from shapely.geometry import MultiPolygon, Polygon, mapping
 
 import hilbert_c as hk
 from exchanges.range_index import INDEX_BITS
+from hilbert_c.covering import Covering, _flatten, cover_flat
 from ingress.worldmap import Worldmap
 
 FENCE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -147,20 +148,38 @@ class Bindings:
 
 def choose_bits(geometry: Polygon | MultiPolygon) -> int:
     """The level whose cells are about 1/CELLS_ACROSS of the fence's larger extent."""
-    x0, y0, x1, y1 = geometry.bounds
+    return choose_bits_bounds(*geometry.bounds)
+
+
+def choose_bits_bounds(x0: float, y0: float, x1: float, y1: float) -> int:
     extent = max((x1 - x0) / 360.0, (y1 - y0) / 180.0, 1e-12)  # as a share of the grid
     bits = math.ceil(math.log2(CELLS_ACROSS / extent))
     return max(MIN_BITS, min(MAX_BITS, bits))
 
 
+Flat = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64]]
+
+
+def covering(flat: Flat, budget: int = MAX_RANGES) -> tuple[int, Covering]:
+    """A fence's whole covering (no region cuts) at its level, expressed at INDEX_BITS."""
+    lon, lat, ends = flat
+    bits = choose_bits_bounds(float(lon.min()), float(lat.min()), float(lon.max()), float(lat.max()))
+    return bits, cover_flat(lon, lat, ends, bits, max_ranges=budget).to_bits(INDEX_BITS)
+
+
 def bindings(geometry: Polygon | MultiPolygon, worldmap: Worldmap) -> Bindings:
+    return bindings_flat(_flatten(geometry), worldmap)
+
+
+def bindings_flat(flat: Flat, worldmap: Worldmap, first: tuple[int, Covering] | None = None) -> Bindings:
     """Within MAX_RANGES in all: clipping at region boundaries can add a range per boundary
-    crossed, so the covering is redone with that much less budget when it does."""
-    bits = choose_bits(geometry)
+    crossed, so the covering is redone with that much less budget when it does. `first`: the
+    whole covering when already computed (the nightly rebuild computes it once per fence)."""
+    bits, cov = first if first is not None else covering(flat)
     budget = MAX_RANGES
     while True:
-        cov = hk.cover(geometry, bits, max_ranges=budget).to_bits(INDEX_BITS)
         b = Bindings(bits, worldmap.clip(cov.ranges, cov.interior))
         if b.ranges <= MAX_RANGES or budget <= 1:
             return b
-        budget -= b.ranges - MAX_RANGES
+        budget = max(1, budget - (b.ranges - MAX_RANGES))
+        bits, cov = covering(flat, budget)

@@ -46,6 +46,15 @@ class StaleMove(RuntimeError):
     """A follow move built from a position older than the one the fence stands on."""
 
 
+class WorldmapChanged(RuntimeError):
+    """The bindings were cut with a worldmap that is no longer the newest: cut them again."""
+
+
+# Held shared by every fence change (with its check of the worldmap version) and exclusively
+# by a worldmap change, so no change can store bindings cut with a map older than the newest.
+WORLDMAP_LOCK = 0x676D6170  # "gmap"
+
+
 @dataclass(frozen=True, eq=False)
 class FenceRecord:
     fence: FenceDef
@@ -110,16 +119,22 @@ async def read_until_stopped(dsn: str, read: Callable[[asyncpg.Connection], Awai
 
 async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindings,
                      expected_version: int | None = None, create: bool | None = None,
-                     owner: str | None = None, follow_ts: float | None = None) -> Saved:
+                     owner: str | None = None, follow_ts: float | None = None,
+                     worldmap_version: int | None = None) -> Saved:
     """Create or replace a fence and its bindings; returns the stored record (new version)
     and the bindings it replaced.
 
     `create=True` refuses an existing live fence, `create=False` an absent one;
     `expected_version` refuses a concurrent change (VersionConflict); `owner` refuses a live
     fence of another owner (NotOwner); `follow_ts` (a follow move) refuses a position older
-    than the fence's (StaleMove)."""
+    than the fence's (StaleMove); `worldmap_version`, the map the bindings were cut with, one
+    that is no longer the newest (WorldmapChanged)."""
     x0, y0, x1, y1 = spec.bbox()
     async with conn.transaction():
+        if worldmap_version is not None:
+            await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", WORLDMAP_LOCK)
+            if await latest_worldmap_version(conn) != worldmap_version:
+                raise WorldmapChanged(f"the worldmap is no longer version {worldmap_version}")
         row = await conn.fetchrow("SELECT version, deleted_at, owner, follow_object, follow_ts FROM fence "
                                   "WHERE id = $1 FOR UPDATE", spec.fence_id)
         live = row is not None and row["deleted_at"] is None
@@ -322,7 +337,47 @@ async def latest_worldmap_version(conn: asyncpg.Connection) -> int:
 
 
 async def save_worldmap(conn: asyncpg.Connection, worldmap: Worldmap) -> bool:
-    """Store a map; False if that version exists already."""
-    done = await conn.execute("INSERT INTO worldmap (version, body) VALUES ($1, $2) "
-                              "ON CONFLICT (version) DO NOTHING", worldmap.version, worldmap.to_json())
+    """Store a map; False if that version exists already. Waits for the fence changes in
+    flight (they hold WORLDMAP_LOCK shared) and makes later ones cut with this map."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", WORLDMAP_LOCK)
+        done = await conn.execute("INSERT INTO worldmap (version, body) VALUES ($1, $2) "
+                                  "ON CONFLICT (version) DO NOTHING", worldmap.version, worldmap.to_json())
     return bool(done.endswith(" 1"))
+
+
+async def record_worldmap_seen(conn: asyncpg.Connection, instance: str, version: int) -> None:
+    """An x-ingress routes with worldmap `version` now."""
+    await conn.execute("INSERT INTO worldmap_seen (instance, version) VALUES ($1, $2) "
+                       "ON CONFLICT (instance) DO UPDATE SET version = EXCLUDED.version, seen_at = now()",
+                       instance, version)
+
+
+async def routing_versions(conn: asyncpg.Connection, within_s: float) -> dict[str, int]:
+    """The worldmap version of every x-ingress that checked in within `within_s` seconds."""
+    rows = await conn.fetch("SELECT instance, version FROM worldmap_seen "
+                            "WHERE seen_at > now() - make_interval(secs => $1)", within_s)
+    return {r["instance"]: int(r["version"]) for r in rows}
+
+
+async def replace_region_bindings(
+    conn: asyncpg.Connection, fence_id: str, version: int, bits: int,
+    per_region: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None],
+) -> FenceRecord | None:
+    """Set what some regions bind of a fence (None: nothing), if the fence is still live at
+    `version` (else None: a change of the API came first and stored its own bindings). The
+    nightly rebuild repairs and re-splits bindings with this, through the fence row's lock."""
+    async with conn.transaction():
+        row = await conn.fetchrow("SELECT version FROM fence WHERE id = $1 AND deleted_at IS NULL FOR UPDATE",
+                                  fence_id)
+        if row is None or int(row["version"]) != version:
+            return None
+        await conn.execute("DELETE FROM fence_range WHERE fence_id = $1 AND region = ANY($2)",
+                           fence_id, list(per_region))
+        await conn.executemany(
+            "INSERT INTO fence_range (fence_id, region, version, bits, ranges, interior) "
+            "VALUES ($1, $2, $3, $4, $5, $6)",
+            [(fence_id, region, version, bits, np.ascontiguousarray(b[0], "<u8").tobytes(),
+              np.ascontiguousarray(b[1], np.uint8).tobytes())
+             for region, b in sorted(per_region.items()) if b is not None])
+        return await get_fence(conn, fence_id)

@@ -121,10 +121,11 @@ class IngressSidecar:
         self.counters.positions += len(batch)
 
 
-async def watch_store(pg_url: str, sidecar: IngressSidecar, regions: Sequence[str], stop: asyncio.Event
-                      ) -> None:
-    """Re-read the worldmap when a newer version is stored, and the followed objects;
-    PostgreSQL being away only delays that (routing goes on with what is in hand)."""
+async def watch_store(pg_url: str, sidecar: IngressSidecar, regions: Sequence[str], stop: asyncio.Event,
+                      instance: str = "x-ingress") -> None:
+    """Re-read the worldmap when a newer version is stored, and the followed objects, and say
+    which map this instance routes with (a re-split waits for that); PostgreSQL being away
+    only delays that (routing goes on with what is in hand)."""
     core = sidecar.core
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
@@ -142,6 +143,7 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, regions: Sequence[st
                                   "have; keeping version %d", wm.version, unknown, core.worldmap.version)
                     elif wm is not None and core.set_worldmap(wm):
                         log.info("worldmap version %d loaded: regions %s", wm.version, ", ".join(wm.regions))
+                await store.record_worldmap_seen(conn, instance, core.worldmap.version)
                 followed = frozenset(await store.followed_objects(conn))
                 if followed != sidecar.followed:
                     log.info("%d objects followed by fences", len(followed))
@@ -166,7 +168,7 @@ async def main(config: shell.SidecarConfig) -> int:
     core = XIngress(wm)
     sidecar = IngressSidecar(config, core)
     async with asyncio.TaskGroup() as tg:
-        tg.create_task(watch_store(config.postgres_url, sidecar, config.regions, stop))
+        tg.create_task(watch_store(config.postgres_url, sidecar, config.regions, stop, config.name))
         await shell.serve(config, sidecar.session, stop)
     log.info("stopped: %s", sidecar.counters.line())
     return 0

@@ -98,9 +98,20 @@ class Worldmap:
         self, ranges: npt.ArrayLike, interior: npt.ArrayLike
     ) -> dict[str, tuple[U64, npt.NDArray[np.bool_]]]:
         """A fence's ranges divided between the regions that own them (pieces keep their flag)."""
+        start, end, flag, _, owner = self.cut(ranges, interior)
+        out = {}
+        for ri in np.unique(owner).tolist():
+            sel = owner == ri
+            out[self.regions[ri]] = (np.stack([start[sel], end[sel]], axis=1).astype(np.uint64), flag[sel])
+        return out
+
+    def cut(self, ranges: npt.ArrayLike, interior: npt.ArrayLike) -> tuple[
+            U64, U64, npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Every range cut at each interval start strictly inside it: (piece start, piece end,
+        flag, the row each piece comes from, its owner region index), pieces in row order.
+        Vectorised over any number of ranges, so a batch of fences is cut in one call."""
         r = np.asarray(ranges, dtype=np.uint64).reshape(-1, 2)
         f = np.asarray(interior, dtype=bool).reshape(-1)
-        # cut every range at each interval start strictly inside it
         lo = np.searchsorted(self.starts, r[:, 0], side="right")
         hi = np.searchsorted(self.starts, r[:, 1], side="right")
         n_cuts = hi - lo
@@ -112,13 +123,8 @@ class Worldmap:
         last = k == np.repeat(n_cuts, pieces)
         p_end = np.where(last, r[row, 1],
                          self.starts[np.minimum(cut_idx, self.starts.size - 1)] - np.uint64(1))
-        owner = self.region_index(p_start)
-        out = {}
-        for ri in np.unique(owner).tolist():
-            sel = owner == ri
-            out[self.regions[ri]] = (np.stack([p_start[sel], p_end[sel]], axis=1).astype(np.uint64),
-                                     f[row[sel]])
-        return out
+        return (p_start.astype(np.uint64), p_end.astype(np.uint64), f[row], row.astype(np.int64),
+                self.region_index(p_start))
 
     # -- changes ----------------------------------------------------------------------------
 

@@ -145,7 +145,13 @@ def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
                .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
                .config("spark.sql.adaptive.enabled", "true")
                .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "true"))
+               # the bar is for people at a terminal, not for the journal of a timer's run
+               .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower()))
+    if cfg.partitions:
+        builder = builder.config("spark.sql.shuffle.partitions", str(cfg.partitions))
+    elif cfg.master.startswith("local"):
+        # a few shuffle partitions per core, not Spark's 200 (sized for clusters)
+        builder = builder.config("spark.sql.shuffle.partitions", str(4 * (os.cpu_count() or 2)))
     if cfg.master.startswith("local"):
         builder = builder.config("spark.driver.memory", "4g")
     spark = builder.getOrCreate()

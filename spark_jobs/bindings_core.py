@@ -1,0 +1,209 @@
+"""The pure core of the nightly rebuild of bindings: pandas batches in, pandas batches out.
+
+Spark calls these inside the executors (mapInPandas, one Arrow batch at a time); the tests
+call them directly. Nothing here does I/O.
+
+Trade-off: the covering is computed once per fence, whole (not cut by regions), and kept
+(fence_binding); cutting it by a worldmap is then a cheap vectorised pass over a whole batch
+of fences, so trying a re-split, or cutting by two maps at once during one, costs no second
+covering. The cut must equal what the fence service stores, so it goes through the very
+function the service uses (fence.spec.bindings_flat, with the precomputed covering), which
+redoes a covering with less budget only in the rare case the cuts push it past MAX_RANGES.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pandas as pd
+
+from fence import binding_diff
+from fence.spec import Bindings, Flat, bindings_flat, covering
+from hilbert_c.covering import Covering, flatten_geojson
+from ingress.worldmap import Worldmap
+
+U64 = npt.NDArray[np.uint64]
+BOOL = npt.NDArray[np.bool_]
+
+COVER_SCHEMA = ("fence_id string, version long, geometry string, bits int, level int, n_ranges int, "
+                "ranges binary, interior binary, error string")
+CUT_SCHEMA = ("fence_id string, version long, region string, bits int, n_ranges int, ranges binary, "
+              "interior binary")
+BUCKET_SCHEMA = "bucket long, n long"
+DIFF_SCHEMA = ("region string, fence_id string, version long, action string, ranges_before int, "
+               "ranges_after int, ranges_removed int, ranges_added int, bits int, ranges binary, "
+               "interior binary")
+# Re-split resolution: ranges are counted by the 2^BUCKET_SHIFT-index block they start in
+# (2^16 indices at 26 bits per axis: a block of 256 x 256 cells, about 150 m at 45 degrees).
+BUCKET_SHIFT = 16
+
+
+def to_bytes(ranges: U64, interior: BOOL) -> tuple[bytes, bytes]:
+    return (np.ascontiguousarray(ranges, "<u8").tobytes(),
+            np.ascontiguousarray(interior, np.uint8).tobytes())
+
+
+def from_bytes(ranges: bytes | None, interior: bytes | None) -> tuple[U64, BOOL]:
+    if not ranges:
+        return np.empty((0, 2), np.uint64), np.empty(0, bool)
+    return (np.frombuffer(ranges, "<u8").astype(np.uint64).reshape(-1, 2),
+            np.frombuffer(interior or b"", np.uint8).astype(bool))
+
+
+def flat(geometry: str) -> Flat:
+    return flatten_geojson(orjson.loads(geometry))
+
+
+# --------------------------------------------------------------------------- covering
+
+def cover_batch(batch: pd.DataFrame) -> pd.DataFrame:
+    """(fence_id, version, geometry GeoJSON text) -> the whole covering of each fence at its
+    level, expressed at INDEX_BITS (COVER_SCHEMA). A geometry the kernel refuses gives a row
+    with `error` set and no ranges: counted and reported, never a failed job."""
+    rows: dict[str, list[Any]] = {k: [] for k in ("bits", "level", "n_ranges", "ranges", "interior", "error")}
+    for geometry in batch["geometry"]:
+        try:
+            bits, cov = covering(flat(geometry))
+            r, f = to_bytes(cov.ranges, cov.interior)
+            values: tuple[Any, ...] = (bits, cov.level, len(cov), r, f, None)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # InvalidGeometry is a ValueError
+            values = (0, 0, 0, b"", b"", f"{type(exc).__name__}: {exc}"[:500])
+        for k, v in zip(rows, values, strict=True):
+            rows[k].append(v)
+    out = batch[["fence_id", "version", "geometry"]].reset_index(drop=True)
+    for k, v in rows.items():
+        out[k] = pd.Series(v, dtype=object if k in ("ranges", "interior", "error") else "int64")
+    return out
+
+
+def covers(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    for b in batches:
+        yield cover_batch(b)
+
+
+# --------------------------------------------------------------------------- cutting by regions
+
+def stored_covering(row: Any) -> tuple[int, Covering]:
+    r, f = from_bytes(row.ranges, row.interior)
+    return int(row.bits), Covering(r, f, int(row.bits), int(row.level), 0)
+
+
+def cut_batch(batch: pd.DataFrame, worldmap: Worldmap, old: Worldmap | None = None) -> pd.DataFrame:
+    """Coverings (COVER_SCHEMA) -> one row per (fence, region) it binds (CUT_SCHEMA).
+
+    Without `old`: exactly what the fence service stores in fence_range under `worldmap`.
+    With `old`: what a region must bind while a re-split is under way: the pieces it owns
+    under either map (cut at both maps' boundaries), so a position routed with either map
+    finds its fences."""
+    out: dict[str, list[Any]] = {k: [] for k in ("fence_id", "version", "region", "bits", "n_ranges",
+                                                  "ranges", "interior")}
+    for row in batch.itertuples(index=False):
+        if row.error is not None and not (isinstance(row.error, float) and np.isnan(row.error)):
+            continue
+        first = stored_covering(row)
+        if old is None:
+            b = bindings_flat(flat(row.geometry), worldmap, first)
+        else:
+            b = union_cut(first, worldmap, old)
+        for region, (r, f) in sorted(b.per_region.items()):
+            rb, fb = to_bytes(r, f)
+            for k, v in zip(out, (row.fence_id, row.version, region, b.bits, len(r), rb, fb), strict=True):
+                out[k].append(v)
+    return pd.DataFrame({k: pd.Series(v, dtype=object if k in ("fence_id", "region", "ranges", "interior")
+                                      else "int64") for k, v in out.items()})
+
+
+def union_cut(first: tuple[int, Covering], new: Worldmap, old: Worldmap) -> Bindings:
+    bits, cov = first
+    both = Worldmap(0, ("all",), np.union1d(new.starts, old.starts).astype(np.uint64),
+                    np.zeros(np.union1d(new.starts, old.starts).size, np.int64))
+    start, end, flag, _, _ = both.cut(cov.ranges, cov.interior)
+    owners = {new.regions[i] for i in np.unique(new.region_index(start)).tolist()}
+    owners |= {old.regions[i] for i in np.unique(old.region_index(start)).tolist()}
+    per_region = {}
+    for region in sorted(owners):
+        sel = np.zeros(start.size, bool)
+        for wm in (new, old):
+            if region in wm.regions:
+                sel |= wm.region_index(start) == wm.regions.index(region)
+        per_region[region] = (np.stack([start[sel], end[sel]], axis=1).astype(np.uint64), flag[sel])
+    return Bindings(bits, per_region)
+
+
+# --------------------------------------------------------------------------- balance
+
+def bucket_batch(batch: pd.DataFrame) -> pd.DataFrame:
+    """How many ranges start in each 2^BUCKET_SHIFT block of the curve (BUCKET_SCHEMA)."""
+    starts = [from_bytes(r, f)[0][:, 0] for r, f in zip(batch["ranges"], batch["interior"], strict=True)]
+    all_starts = np.concatenate(starts) if starts else np.empty(0, np.uint64)
+    b, n = np.unique(all_starts >> np.uint64(BUCKET_SHIFT), return_counts=True)
+    return pd.DataFrame({"bucket": b.astype(np.int64), "n": n.astype(np.int64)})
+
+
+def balanced(current: Worldmap, buckets: npt.ArrayLike, counts: npt.ArrayLike) -> Worldmap:
+    """A map with the same regions, in the same order along the curve, each owning one
+    interval that holds an equal share of the ranges counted per bucket; the current map
+    when there is too little to split."""
+    b = np.asarray(buckets, np.uint64)
+    n = np.asarray(counts, np.int64)
+    order = np.argsort(b)
+    b, n = b[order], n[order]
+    k = len(current.regions)
+    total = int(n.sum())
+    if k < 2 or total == 0 or b.size < k:
+        return current
+    cum = np.cumsum(n)
+    # the first bucket of region i: where the running count reaches i/k of the total
+    firsts = np.searchsorted(cum, [total * i / k for i in range(1, k)], side="right")
+    cuts = b[np.minimum(firsts, b.size - 1)] << np.uint64(BUCKET_SHIFT)
+    starts = np.concatenate([[np.uint64(0)], cuts]).astype(np.uint64)
+    if not (starts[1:] > starts[:-1]).all():
+        return current
+    return Worldmap(current.version + 1, current.regions, starts, np.arange(k, dtype=np.int64))
+
+
+def imbalance(loads: dict[str, int], regions: Iterable[str]) -> float:
+    """The busiest region's load over the mean load (1.0 is perfect balance)."""
+    values = [loads.get(r, 0) for r in regions]
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean else 1.0
+
+
+# --------------------------------------------------------------------------- diff
+
+def diff_batch(batch: pd.DataFrame) -> pd.DataFrame:
+    """Live (live_* columns, null when absent) against computed bindings of (region, fence):
+    the rows that differ, with the size of the minimal diff (fence.binding_diff) (DIFF_SCHEMA)."""
+    out: dict[str, list[Any]] = {k: [] for k in ("region", "fence_id", "version", "action", "ranges_before",
+                                                  "ranges_after", "ranges_removed", "ranges_added", "bits",
+                                                  "ranges", "interior")}
+    for row in batch.itertuples(index=False):
+        has_live, has_new = _present(row.live_ranges), _present(row.ranges)
+        if has_live and has_new and row.live_ranges == row.ranges and row.live_interior == row.interior:
+            continue
+        lr, lf = from_bytes(row.live_ranges if has_live else None, row.live_interior if has_live else None)
+        nr, nf = from_bytes(row.ranges if has_new else None, row.interior if has_new else None)
+        d = binding_diff.diff(lr, lf, nr, nf)
+        action = "change" if has_live and has_new else "add" if has_new else "remove"
+        version = row.version if has_new else row.live_version
+        bits = int(row.bits) if has_new else 0
+        new_r, new_f = (row.ranges, row.interior) if has_new else (None, None)
+        for k, v in zip(out, (row.region, row.fence_id, int(version), action, len(lr), len(nr), len(d.remove),
+                              len(d.add), bits, new_r, new_f), strict=True):
+            out[k].append(v)
+    objects = ("region", "fence_id", "action", "ranges", "interior")
+    return pd.DataFrame({k: pd.Series(v, dtype=object if k in objects else "int64") for k, v in out.items()})
+
+
+def diffs(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    for b in batches:
+        yield diff_batch(b)
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value))
+

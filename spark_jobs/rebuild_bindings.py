@@ -1,0 +1,406 @@
+"""Nightly: rebuild every fence's bindings from its geometry, repair the live ones, re-split.
+
+    spark-submit --jars /usr/share/java/postgresql.jar spark_jobs/rebuild_bindings.py [flags]
+    geofence spark rebuild-bindings [flags]
+
+1. Reads the live fences over JDBC (one partition per hash share of the ids) and computes each
+   one's whole covering with the C kernel inside the executors (mapInPandas, Arrow batches);
+   writes them to `fence_binding` (swapped in whole, one transaction).
+2. Cuts them by the worldmap exactly as the fence service does, compares with the live
+   bindings (`fence_range`), writes the differences to `fence_binding_diff` with the size of
+   the minimal diff, and applies them (unless --dry-run) through the fence service's own path
+   (FenceManager.rebind: stored under the fence row's lock, then a "define" to each x-geo).
+3. Measures how evenly the regions share the bindings (imbalance = busiest / mean, in
+   ranges bound) and, when it is over --max-imbalance and a balanced map does better,
+   re-splits the worldmap in two safe steps: "grow" (each region binds what it owns under
+   either map), then the new map is stored, then, once every live x-ingress routes with it,
+   "shrink" (each region keeps what it owns under the new map). A position routed with either
+   map finds its fences at every moment. If an x-ingress does not take the new map within
+   --settle-timeout, the shrink is left to the next run (bindings stay a superset: correct).
+
+A fence the API changes while the job runs keeps the API's bindings: every write is guarded
+by the fence's version, and a fence skipped that way is re-cut from the store under the
+newest map before the job ends (the worldmap lock in fence.store keeps the API from storing
+bindings cut with a map older than the newest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from fence import store
+from fence.manager import FenceManager
+from fence.spec import bindings, covering
+from hilbert_c.covering import _flatten
+from ingress.worldmap import Worldmap
+from spark_jobs import bindings_core as core
+from spark_jobs.session import Jdbc, JobConfig, check_schema, hash_predicates, partitions, spark_session
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+
+REMOVAL_BITS = 26  # the level sent with no ranges (a fence only removed from regions): unused
+INGRESS_ALIVE_S = 60.0  # an x-ingress that checked in within this long is live (it checks every 2 s)
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str = "rebuild-bindings") -> None:
+    parser.add_argument("--master", help="Spark master (default local[*], or GEOFENCE_SPARK_MASTER)")
+    parser.add_argument("--partitions", type=int, help="JDBC read partitions (default 2 x cores)")
+    parser.add_argument("--schema", default="public", help="schema of the fence tables (default public)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="compute and write the diff, change nothing live")
+    parser.add_argument("--resplit", choices=("auto", "always", "never"), default="auto",
+                        help="re-split the worldmap: when over --max-imbalance (auto), whenever a "
+                             "balanced map does better (always), or never")
+    parser.add_argument("--max-imbalance", type=float, default=1.25,
+                        help="busiest region / mean region load tolerated before a re-split (auto)")
+    parser.add_argument("--settle-timeout", type=float, default=60.0,
+                        help="seconds to wait for every x-ingress to route with a new worldmap")
+    parser.add_argument("--quiet", action="store_true", help="only the summary line")
+
+
+@dataclass
+class Report:
+    run_id: str
+    fences: int = 0
+    ranges: int = 0
+    failed: int = 0
+    diff_rows: int = 0
+    applied: int = 0
+    skipped: int = 0
+    reconciled: int = 0
+    worldmap_before: int = 0
+    worldmap_after: int = 0
+    imbalance_before: float = 1.0
+    imbalance_after: float = 1.0
+    loads_before: dict[str, int] = field(default_factory=dict)
+    loads_after: dict[str, int] = field(default_factory=dict)
+    status: str = "running"
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        rate = self.fences / self.seconds.get("cover", 0) if self.seconds.get("cover") else 0.0
+        return (f"SUMMARY rebuild-bindings {self.status}: {self.fences:,} fences ({self.failed} failed), "
+                f"{self.ranges:,} ranges, covering {rate:,.0f} fences/s; diff {self.diff_rows:,} rows, "
+                f"applied {self.applied:,}, skipped {self.skipped:,}, re-cut {self.reconciled:,}; "
+                f"worldmap v{self.worldmap_before} -> v{self.worldmap_after}, imbalance "
+                f"{self.imbalance_before:.3f} -> {self.imbalance_after:.3f}; "
+                f"wall {sum(self.seconds.values()):.1f} s")
+
+
+class Job:
+    def __init__(self, cfg: JobConfig, args: argparse.Namespace) -> None:
+        self.cfg, self.args = cfg, args
+        self.schema = check_schema(args.schema)
+        self.jdbc = Jdbc.from_url(cfg.postgres_url)
+        self.report = Report(datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3))
+        self.live_apply = not args.dry_run
+        if self.live_apply and self.schema != "public":
+            raise SystemExit("changes can only be applied to the live tables: use --dry-run with --schema")
+
+    def say(self, text: str) -> None:
+        if not self.args.quiet:
+            print(f"rebuild-bindings: {text}", flush=True)
+
+    def t(self, name: str, since: float) -> None:
+        self.report.seconds[name] = self.report.seconds.get(name, 0.0) + time.perf_counter() - since
+
+    def table(self, name: str) -> str:
+        return f'"{self.schema}".{name}'
+
+    # ------------------------------------------------------------------ steps
+
+    def run(self, spark: SparkSession) -> Report:
+        r = self.report
+        asyncio.run(self._sql(f"INSERT INTO {self.table('fence_binding_run')} (run_id, started_at) "
+                              "VALUES ($1, now())", r.run_id))
+        wm = asyncio.run(self._worldmap())
+        r.worldmap_before = r.worldmap_after = wm.version
+        self.say(f"run {r.run_id}: {self.cfg.masked()}; worldmap version {wm.version} "
+                 f"({', '.join(wm.regions)})")
+        t0 = time.perf_counter()
+        cov = self.coverings(spark)
+        self.t("cover", t0)
+        t0 = time.perf_counter()
+        self.write_coverings(cov)
+        self.t("write", t0)
+
+        t0 = time.perf_counter()
+        r.loads_before = self.loads(cov, wm)
+        r.imbalance_before = core.imbalance(r.loads_before, wm.regions)
+        new_wm = self.balanced_map(cov, wm)
+        r.loads_after = self.loads(cov, new_wm) if new_wm is not wm else r.loads_before
+        after = core.imbalance(r.loads_after, new_wm.regions)
+        resplit = new_wm is not wm and after < r.imbalance_before * 0.98 and (
+            self.args.resplit == "always"
+            or (self.args.resplit == "auto" and r.imbalance_before > self.args.max_imbalance))
+        r.imbalance_after = after if resplit else r.imbalance_before
+        self.say(f"region loads (ranges bound) {_loads(r.loads_before)}: imbalance {r.imbalance_before:.3f}; "
+                 f"a balanced map would give {_loads(r.loads_after)}: {after:.3f} -> "
+                 f"{'re-split' if resplit else 'keep the map'}")
+        self.t("balance", t0)
+
+        if not resplit:
+            self.phase(spark, cov, "repair", wm, None)
+        else:
+            self.phase(spark, cov, "grow", new_wm, wm)
+            if self.live_apply:
+                if not asyncio.run(self._store_worldmap(new_wm, wm.version)):
+                    r.status = "worldmap changed by someone else: re-split abandoned after grow"
+                else:
+                    r.worldmap_after = new_wm.version
+                    if asyncio.run(self._settled(new_wm.version)):
+                        self.phase(spark, cov, "shrink", new_wm, None)
+                    else:
+                        r.status = "shrink left to the next run (an x-ingress still routes with the old map)"
+            else:
+                self.phase(spark, cov, "shrink", new_wm, None)
+        cov.unpersist()
+        if r.status == "running":
+            r.status = "dry run" if not self.live_apply else "done"
+        asyncio.run(self._finish())
+        return r
+
+    def coverings(self, spark: SparkSession) -> DataFrame:
+        n = partitions(spark, self.cfg)
+        fences = self.jdbc.read(spark, "SELECT id AS fence_id, version, geometry::text AS geometry "
+                                       f"FROM {self.table('fence')} WHERE deleted_at IS NULL",
+                                predicates=hash_predicates("fence_id", n))
+        cov = fences.mapInPandas(core.covers, core.COVER_SCHEMA).persist()
+        stats = cov.selectExpr("count(*) AS fences", "coalesce(sum(n_ranges), 0) AS ranges",
+                               "count(error) AS failed").first()
+        assert stats is not None
+        r = self.report
+        r.fences, r.ranges, r.failed = int(stats["fences"]), int(stats["ranges"]), int(stats["failed"])
+        self.say(f"covered {r.fences:,} fences: {r.ranges:,} ranges, {r.failed} failed")
+        for row in cov.where("error IS NOT NULL").select("fence_id", "error").limit(10).collect():
+            self.say(f"  cannot cover fence {row['fence_id']}: {row['error']}")
+        return cov
+
+    def write_coverings(self, cov: DataFrame) -> None:
+        from pyspark.sql import functions as F
+
+        stage = self.table("fence_binding_stage")
+        asyncio.run(self._sql(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} "
+                              f"(LIKE {self.table('fence_binding')}); TRUNCATE {stage}"))
+        rows = (cov.where("error IS NULL")
+                .select("fence_id", "version", "bits", "n_ranges", "ranges", "interior")
+                .withColumn("run_id", F.lit(self.report.run_id)))
+        self.jdbc.append(rows, f"{self.schema}.fence_binding_stage")
+        asyncio.run(self._sql(f"BEGIN; TRUNCATE {self.table('fence_binding')}; "
+                              f"INSERT INTO {self.table('fence_binding')} SELECT * FROM {stage}; "
+                              f"TRUNCATE {stage}; COMMIT"))
+        self.say(f"fence_binding: {self.report.fences - self.report.failed:,} coverings stored")
+
+    def loads(self, cov: DataFrame, wm: Worldmap) -> dict[str, int]:
+        cut = cov.mapInPandas(_cutter(wm, None), core.CUT_SCHEMA)
+        sums = cut.groupBy("region").agg({"n_ranges": "sum"}).withColumnRenamed("sum(n_ranges)", "n")
+        return {row["region"]: int(row["n"]) for row in sums.collect()}
+
+    def balanced_map(self, cov: DataFrame, wm: Worldmap) -> Worldmap:
+        counts: Any = (cov.where("error IS NULL").mapInPandas(_buckets, core.BUCKET_SCHEMA)
+                  .groupBy("bucket").agg({"n": "sum"}).toPandas())
+        if counts.empty:
+            return wm
+        return core.balanced(wm, counts["bucket"].to_numpy(), counts["sum(n)"].to_numpy())
+
+    def phase(self, spark: SparkSession, cov: DataFrame, phase: str, wm: Worldmap,
+              old: Worldmap | None) -> None:
+        """Make the live bindings what `wm` (and `old`, while growing) cut: the diff, then apply."""
+        t0 = time.perf_counter()
+        target = cov.mapInPandas(_cutter(wm, old), core.CUT_SCHEMA)
+        n = partitions(spark, self.cfg)
+        live = self.jdbc.read(spark, "SELECT region, fence_id, version AS live_version, "
+                                     "ranges AS live_ranges, interior AS live_interior "
+                                     f"FROM {self.table('fence_range')}",
+                              predicates=hash_predicates("fence_id", n))
+        joined = target.join(live, ["region", "fence_id"], "full_outer")
+        diff = joined.mapInPandas(core.diffs, core.DIFF_SCHEMA).persist()
+        from pyspark.sql import functions as F
+
+        outcome = "pending" if self.live_apply else "dry-run"
+        rows = diff.select(F.lit(self.report.run_id).alias("run_id"), F.lit(phase).alias("phase"), "region",
+                           "fence_id", "version", "action", "ranges_before", "ranges_after",
+                           "ranges_removed", "ranges_added", F.lit(outcome).alias("outcome"))
+        self.jdbc.append(rows, f"{self.schema}.fence_binding_diff")
+        counts = {row["action"]: int(row["count"]) for row in diff.groupBy("action").count().collect()}
+        total = sum(counts.values())
+        self.report.diff_rows += total
+        self.say(f"{phase}: {total:,} (region, fence) bindings differ "
+                 f"({', '.join(f'{k} {v:,}' for k, v in sorted(counts.items())) or 'none'})")
+        self.t(f"diff-{phase}", t0)
+        if self.live_apply and total:
+            t0 = time.perf_counter()
+            asyncio.run(self._apply(phase, diff.toLocalIterator(prefetchPartitions=True), wm, old))
+            self.t(f"apply-{phase}", t0)
+        diff.unpersist()
+
+    # ------------------------------------------------------------------ PostgreSQL and x-geo
+
+    async def _sql(self, sql: str, *args: Any) -> None:
+        conn = await asyncpg.connect(self.cfg.postgres_url)
+        try:
+            await conn.execute(sql, *args)
+        finally:
+            await conn.close()
+
+    async def _worldmap(self) -> Worldmap:
+        wm = await store.read_worldmap(self.cfg.postgres_url)
+        if wm is None:
+            raise SystemExit("no worldmap stored: run `geofence up` (or `geofence migrate` and the topology)")
+        return wm
+
+    async def _store_worldmap(self, new: Worldmap, base: int) -> bool:
+        conn = await asyncpg.connect(self.cfg.postgres_url)
+        try:
+            await store.init_connection(conn)
+            if await store.latest_worldmap_version(conn) != base:
+                return False
+            stored = await store.save_worldmap(conn, new)
+        finally:
+            await conn.close()
+        self.say(f"worldmap version {new.version} stored")
+        return stored
+
+    async def _settled(self, version: int) -> bool:
+        """Every x-ingress alive routes with `version` (polled until --settle-timeout)."""
+        conn = await asyncpg.connect(self.cfg.postgres_url)
+        try:
+            deadline = time.monotonic() + self.args.settle_timeout
+            while True:
+                seen = await store.routing_versions(conn, INGRESS_ALIVE_S)
+                behind = sorted(i for i, v in seen.items() if v < version)
+                if not behind:
+                    names = ", ".join(sorted(seen)) or "none"
+                    self.say(f"every x-ingress routes with version {version} ({names})")
+                    return True
+                if time.monotonic() > deadline:
+                    self.say(f"still on an older worldmap after {self.args.settle_timeout:g}s: "
+                             f"{', '.join(behind)}")
+                    return False
+                await asyncio.sleep(0.5)  # polling a table the x-ingress write every 2 s
+        finally:
+            await conn.close()
+
+    async def _apply(self, phase: str, rows: Iterator[Any], wm: Worldmap, old: Worldmap | None) -> None:
+        per_fence: dict[str, tuple[int, int, dict[str, Any]]] = {}
+        for row in rows:
+            version, bits, regions = per_fence.get(row["fence_id"], (row["version"], row["bits"], {}))
+            regions[row["region"]] = None if row["action"] == "remove" else core.from_bytes(row["ranges"],
+                                                                                           row["interior"])
+            per_fence[row["fence_id"]] = (version, max(bits, row["bits"]), regions)
+        outcomes: list[tuple[str, str, str, str, str]] = []
+        async with FenceManager(self.cfg.amqp_url, self.cfg.postgres_url, self.cfg.regions,
+                                self.cfg.workers) as manager:
+            for done, (fence_id, (version, bits, regions)) in enumerate(per_fence.items(), 1):
+                ok = await manager.rebind(fence_id, version, bits or REMOVAL_BITS, regions)
+                outcomes += [(self.report.run_id, phase, region, fence_id, "applied" if ok else "skipped")
+                             for region in regions]
+                if ok:
+                    self.report.applied += len(regions)
+                else:
+                    self.report.skipped += len(regions)
+                    if await self._recut(manager, fence_id, old):
+                        self.report.reconciled += 1
+                if not self.args.quiet and done % 1000 == 0:
+                    print(f"\rrebuild-bindings: {phase}: applied {done:,}/{len(per_fence):,} fences",
+                          end="", flush=True)
+            await manager.applied()
+        if not self.args.quiet and len(per_fence) >= 1000:
+            print(flush=True)
+        conn = await asyncpg.connect(self.cfg.postgres_url)
+        try:
+            await conn.executemany(
+                f"UPDATE {self.table('fence_binding_diff')} SET outcome = $5 "
+                "WHERE run_id = $1 AND phase = $2 AND region = $3 AND fence_id = $4", outcomes)
+        finally:
+            await conn.close()
+        self.say(f"{phase}: applied {self.report.applied:,} rows, skipped {self.report.skipped:,} "
+                 f"(fences the API changed meanwhile), x-geo regions confirmed")
+
+    async def _recut(self, manager: FenceManager, fence_id: str, old: Worldmap | None) -> bool:
+        """A fence changed by the API while the job ran: cut it again from the store with the
+        newest map (and the old one, while growing), so no region misses it."""
+        for _ in range(5):
+            async with manager.pool.acquire() as conn:
+                try:
+                    record = await store.get_fence(conn, fence_id)
+                except store.UnknownFence:
+                    return False  # deleted: the delete dropped it everywhere
+                wm = await store.latest_worldmap(conn)
+                live = {r: await store.region_binding(conn, r, fence_id) for r in self.cfg.regions}
+            assert wm is not None
+            b = bindings(record.fence.geometry, wm)
+            per_region: dict[str, Any] = dict(b.per_region)
+            if old is not None:
+                first = covering(_flatten(record.fence.geometry))
+                per_region = dict(core.union_cut(first, wm, old).per_region)
+            changes = {r: per_region.get(r) for r in self.cfg.regions
+                       if not _same(live.get(r), per_region.get(r))}
+            if not changes or await manager.rebind(fence_id, record.fence.version, b.bits, changes):
+                return bool(changes)
+        return False
+
+    async def _finish(self) -> None:
+        r = self.report
+        await self._sql(
+            f"UPDATE {self.table('fence_binding_run')} SET finished_at = now(), fences = $2, ranges = $3, "
+            "failed = $4, diff_rows = $5, applied = $6, skipped = $7, worldmap_before = $8, "
+            "worldmap_after = $9, imbalance_before = $10, imbalance_after = $11, status = $12 "
+            "WHERE run_id = $1",
+            r.run_id, r.fences, r.ranges, r.failed, r.diff_rows, r.applied, r.skipped, r.worldmap_before,
+            r.worldmap_after, r.imbalance_before, r.imbalance_after, r.status)
+
+
+def _cutter(wm: Worldmap, old: Worldmap | None) -> Any:
+    def cut(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for b in batches:
+            yield core.cut_batch(b, wm, old)
+    return cut
+
+
+def _buckets(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    for b in batches:
+        yield core.bucket_batch(b)
+
+
+def _loads(loads: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(loads.items())) or "none"
+
+
+def _same(live: Any, new: Any) -> bool:
+    if live is None or new is None:
+        return live is None and new is None
+    return bool(core.to_bytes(live.ranges, live.interior) == core.to_bytes(*new))
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = JobConfig.from_env(master=args.master, partitions=args.partitions)
+    spark = spark_session(cfg, "geofence-rebuild-bindings")
+    try:
+        report = Job(cfg, args).run(spark)
+    finally:
+        spark.stop()
+    print(report.line(), flush=True)
+    return 0 if report.failed == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rebuild-bindings", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
