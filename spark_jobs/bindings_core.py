@@ -22,7 +22,7 @@ import orjson
 import pandas as pd
 
 from fence import binding_diff
-from fence.spec import Bindings, Flat, bindings_flat, covering
+from fence.spec import MAX_RANGES, Bindings, Flat, bindings_flat, covering
 from hilbert_c.covering import Covering, flatten_geojson
 from ingress.worldmap import Worldmap
 
@@ -37,6 +37,10 @@ BUCKET_SCHEMA = "bucket long, n long"
 DIFF_SCHEMA = ("region string, fence_id string, version long, action string, ranges_before int, "
                "ranges_after int, ranges_removed int, ranges_added int, bits int, ranges binary, "
                "interior binary")
+DIFF_FIELDS = ("region", "fence_id", "version", "action", "ranges_before", "ranges_after", "ranges_removed",
+               "ranges_added", "bits", "ranges", "interior")
+REBUILD_SCHEMA = (COVER_SCHEMA + ", cut_regions array<string>, cut_sizes array<int>, diffs array<struct<"
+                  + ", ".join(f"{n}: {t}" for n, t in (c.split() for c in DIFF_SCHEMA.split(", "))) + ">>")
 # Re-split resolution: ranges are counted by the 2^BUCKET_SHIFT-index block they start in
 # (2^16 indices at 26 bits per axis: a block of 256 x 256 cells, about 150 m at 45 degrees).
 BUCKET_SHIFT = 16
@@ -85,6 +89,59 @@ def covers(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         yield cover_batch(b)
 
 
+def rebuild_batch(batch: pd.DataFrame, worldmap: Worldmap) -> pd.DataFrame:
+    """The nightly pass over a batch of fences read with their live bindings (live_regions,
+    live_versions, live_ranges, live_interior: arrays, empty or null when none): the whole
+    covering, the cut by `worldmap` (regions and sizes) and the differences with what is live
+    (DIFF_FIELDS dicts, only for (region, fence) pairs that differ) (REBUILD_SCHEMA)."""
+    cov = cover_batch(batch)
+    cuts = cut_many(cov, worldmap)
+    regions, sizes, diffs = [], [], []
+    for row, b in zip(batch.itertuples(index=False), cuts, strict=True):
+        new = {} if b is None else b.per_region
+        regions.append(sorted(new))
+        sizes.append([len(new[r][0]) for r in sorted(new)])
+        live = {}
+        if _present(row.live_regions):
+            for region, version, r, f in zip(row.live_regions, row.live_versions, row.live_ranges,
+                                             row.live_interior, strict=True):
+                live[region] = (int(version), r, f)
+        out = []
+        for region in sorted(set(new) | set(live)):
+            nb = to_bytes(*new[region]) if region in new else None
+            lv = live.get(region)
+            if b is None and lv is not None:
+                continue  # a fence the kernel refused: reported, its live bindings left alone
+            if nb is not None and lv is not None and nb == (lv[1], lv[2]):
+                continue
+            lr, lf = from_bytes(lv[1], lv[2]) if lv is not None else from_bytes(None, None)
+            nr, nf = new[region] if region in new else from_bytes(None, None)
+            d = binding_diff.diff(lr, lf, nr, nf)
+            action = "change" if nb is not None and lv is not None else "add" if nb is not None else "remove"
+            out.append(dict(zip(DIFF_FIELDS, (
+                region, row.fence_id, int(row.version), action, len(lr), len(nr), len(d.remove), len(d.add),
+                b.bits if b is not None else 0, nb[0] if nb else None, nb[1] if nb else None), strict=True)))
+        diffs.append(out)
+    cov["cut_regions"], cov["cut_sizes"], cov["diffs"] = regions, sizes, diffs
+    return cov
+
+
+def rebuilds(worldmap: Worldmap) -> Any:
+    def run(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for b in batches:
+            yield rebuild_batch(b, worldmap)
+    return run
+
+
+def cut_sizes_batch(batch: pd.DataFrame, worldmap: Worldmap) -> pd.DataFrame:
+    """How many ranges each region would bind of a batch's coverings under `worldmap`."""
+    loads: dict[str, int] = {}
+    for b in cut_many(batch, worldmap):
+        for region, (r, _) in (b.per_region.items() if b is not None else ()):
+            loads[region] = loads.get(region, 0) + len(r)
+    return pd.DataFrame({"region": list(loads), "n": pd.Series(list(loads.values()), dtype="int64")})
+
+
 # --------------------------------------------------------------------------- cutting by regions
 
 def stored_covering(row: Any) -> tuple[int, Covering]:
@@ -101,20 +158,51 @@ def cut_batch(batch: pd.DataFrame, worldmap: Worldmap, old: Worldmap | None = No
     finds its fences."""
     out: dict[str, list[Any]] = {k: [] for k in ("fence_id", "version", "region", "bits", "n_ranges",
                                                   "ranges", "interior")}
-    for row in batch.itertuples(index=False):
-        if row.error is not None and not (isinstance(row.error, float) and np.isnan(row.error)):
+    for row, b in zip(batch.itertuples(index=False), cut_many(batch, worldmap, old), strict=True):
+        if b is None:
             continue
-        first = stored_covering(row)
-        if old is None:
-            b = bindings_flat(flat(row.geometry), worldmap, first)
-        else:
-            b = union_cut(first, worldmap, old)
         for region, (r, f) in sorted(b.per_region.items()):
             rb, fb = to_bytes(r, f)
             for k, v in zip(out, (row.fence_id, row.version, region, b.bits, len(r), rb, fb), strict=True):
                 out[k].append(v)
     return pd.DataFrame({k: pd.Series(v, dtype=object if k in ("fence_id", "region", "ranges", "interior")
                                       else "int64") for k, v in out.items()})
+
+
+def cut_many(batch: pd.DataFrame, worldmap: Worldmap, old: Worldmap | None = None) -> list[Bindings | None]:
+    """The bindings of each covering of a batch (None for a fence that failed), cut in one
+    vectorised pass; only a fence the cuts push past MAX_RANGES is cut again on its own
+    (bindings_flat, which redoes its covering with less budget, as the fence service does)."""
+    firsts: list[tuple[int, Covering] | None] = []
+    for row in batch.itertuples(index=False):
+        firsts.append(None if _present(row.error) else stored_covering(row))
+    if old is not None:
+        return [None if f is None else union_cut(f, worldmap, old) for f in firsts]
+    ok = [i for i, f in enumerate(firsts) if f is not None]
+    out: list[Bindings | None] = [None] * len(firsts)
+    if not ok:
+        return out
+    covs = [firsts[i][1] for i in ok]  # type: ignore[index]
+    sizes = np.array([len(c) for c in covs])
+    start, end, flag, row, owner = worldmap.cut(np.concatenate([c.ranges for c in covs]),
+                                                np.concatenate([c.interior for c in covs]))
+    fence = np.repeat(np.arange(len(ok)), sizes)[row]  # the batch fence of each piece
+    pieces = np.bincount(fence, minlength=len(ok))
+    order = np.lexsort((owner, fence))  # by fence, then region; pieces keep their curve order
+    bounds = np.r_[0, np.cumsum(pieces)]
+    geometry = batch["geometry"].to_numpy()
+    for j, i in enumerate(ok):
+        bits = firsts[i][0]  # type: ignore[index]
+        if pieces[j] > MAX_RANGES:
+            out[i] = bindings_flat(flat(geometry[i]), worldmap, firsts[i])
+            continue
+        sel = order[bounds[j]:bounds[j + 1]]
+        per_region = {}
+        for ri in np.unique(owner[sel]).tolist():
+            s = sel[owner[sel] == ri]
+            per_region[worldmap.regions[ri]] = (np.stack([start[s], end[s]], axis=1), flag[s])
+        out[i] = Bindings(bits, per_region)
+    return out
 
 
 def union_cut(first: tuple[int, Covering], new: Worldmap, old: Worldmap) -> Bindings:

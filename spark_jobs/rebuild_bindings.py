@@ -96,7 +96,8 @@ class Report:
                 f"applied {self.applied:,}, skipped {self.skipped:,}, re-cut {self.reconciled:,}; "
                 f"worldmap v{self.worldmap_before} -> v{self.worldmap_after}, imbalance "
                 f"{self.imbalance_before:.3f} -> {self.imbalance_after:.3f}; "
-                f"wall {sum(self.seconds.values()):.1f} s")
+                f"wall {sum(self.seconds.values()):.1f} s ("
+                + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items()) + ")")
 
 
 class Job:
@@ -130,14 +131,14 @@ class Job:
         self.say(f"run {r.run_id}: {self.cfg.masked()}; worldmap version {wm.version} "
                  f"({', '.join(wm.regions)})")
         t0 = time.perf_counter()
-        cov = self.coverings(spark)
+        cov = self.coverings(spark, wm)
         self.t("cover", t0)
         t0 = time.perf_counter()
         self.write_coverings(cov)
         self.t("write", t0)
 
         t0 = time.perf_counter()
-        r.loads_before = self.loads(cov, wm)
+        r.loads_before = self.loads_of(cov)
         r.imbalance_before = core.imbalance(r.loads_before, wm.regions)
         new_wm = self.balanced_map(cov, wm)
         r.loads_after = self.loads(cov, new_wm) if new_wm is not wm else r.loads_before
@@ -151,8 +152,11 @@ class Job:
                  f"{'re-split' if resplit else 'keep the map'}")
         self.t("balance", t0)
 
-        if not resplit:
-            self.phase(spark, cov, "repair", wm, None)
+        if not resplit:  # the differences were found by the first pass
+            from pyspark.sql import functions as F
+
+            diff = cov.select(F.explode("diffs").alias("d")).select("d.*")
+            self.apply_diff(diff, "repair", wm, None)
         else:
             self.phase(spark, cov, "grow", new_wm, wm)
             if self.live_apply:
@@ -172,12 +176,18 @@ class Job:
         asyncio.run(self._finish())
         return r
 
-    def coverings(self, spark: SparkSession) -> DataFrame:
+    def coverings(self, spark: SparkSession, wm: Worldmap) -> DataFrame:
+        """The one pass over every fence: read with its live bindings (PostgreSQL joins them, so
+        nothing is shuffled), covered, cut by `wm` and compared, in the executors; cached."""
         n = partitions(spark, self.cfg)
-        fences = self.jdbc.read(spark, "SELECT id AS fence_id, version, geometry::text AS geometry "
-                                       f"FROM {self.table('fence')} WHERE deleted_at IS NULL",
-                                predicates=hash_predicates("fence_id", n))
-        cov = fences.mapInPandas(core.covers, core.COVER_SCHEMA).persist()
+        live = ", ".join(f"array_agg(r.{c} ORDER BY r.region) FILTER (WHERE r.region IS NOT NULL) AS live_{a}"
+                         for c, a in (("region", "regions"), ("version", "versions"), ("ranges", "ranges"),
+                                      ("interior", "interior")))
+        fences = self.jdbc.read(spark, f"""
+            SELECT f.id AS fence_id, f.version, f.geometry::text AS geometry, {live}
+            FROM {self.table('fence')} f LEFT JOIN {self.table('fence_range')} r ON r.fence_id = f.id
+            WHERE f.deleted_at IS NULL GROUP BY f.id""", predicates=hash_predicates("fence_id", n))
+        cov = fences.mapInPandas(core.rebuilds(wm), core.REBUILD_SCHEMA).persist()
         stats = cov.selectExpr("count(*) AS fences", "coalesce(sum(n_ranges), 0) AS ranges",
                                "count(error) AS failed").first()
         assert stats is not None
@@ -188,25 +198,33 @@ class Job:
             self.say(f"  cannot cover fence {row['fence_id']}: {row['error']}")
         return cov
 
+    def loads_of(self, cov: DataFrame) -> dict[str, int]:
+        from pyspark.sql import functions as F
+
+        z = cov.select(F.explode(F.arrays_zip("cut_regions", "cut_sizes")).alias("c"))
+        sums = z.groupBy("c.cut_regions").agg(F.sum("c.cut_sizes").alias("n")).collect()
+        return {row[0]: int(row["n"]) for row in sums}
+
     def write_coverings(self, cov: DataFrame) -> None:
         from pyspark.sql import functions as F
 
-        stage = self.table("fence_binding_stage")
-        asyncio.run(self._sql(f"CREATE UNLOGGED TABLE IF NOT EXISTS {stage} "
-                              f"(LIKE {self.table('fence_binding')}); TRUNCATE {stage}"))
+        # Replaced whole, not in one transaction: a reader takes it as complete when the
+        # run's row in fence_binding_run says 'done' (or 'dry run').
+        asyncio.run(self._sql(f"TRUNCATE {self.table('fence_binding')}"))
         rows = (cov.where("error IS NULL")
                 .select("fence_id", "version", "bits", "n_ranges", "ranges", "interior")
                 .withColumn("run_id", F.lit(self.report.run_id)))
-        self.jdbc.append(rows, f"{self.schema}.fence_binding_stage")
-        asyncio.run(self._sql(f"BEGIN; TRUNCATE {self.table('fence_binding')}; "
-                              f"INSERT INTO {self.table('fence_binding')} SELECT * FROM {stage}; "
-                              f"TRUNCATE {stage}; COMMIT"))
+        self.jdbc.append(rows, f"{self.schema}.fence_binding")
         self.say(f"fence_binding: {self.report.fences - self.report.failed:,} coverings stored")
 
     def loads(self, cov: DataFrame, wm: Worldmap) -> dict[str, int]:
-        cut = cov.mapInPandas(_cutter(wm, None), core.CUT_SCHEMA)
-        sums = cut.groupBy("region").agg({"n_ranges": "sum"}).withColumnRenamed("sum(n_ranges)", "n")
-        return {row["region"]: int(row["n"]) for row in sums.collect()}
+        def sizes(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            for b in batches:
+                yield core.cut_sizes_batch(b, wm)
+
+        cols = cov.select("fence_id", "version", "geometry", "bits", "level", "ranges", "interior", "error")
+        sums = cols.mapInPandas(sizes, "region string, n long").groupBy("region").agg({"n": "sum"})
+        return {row["region"]: int(row["sum(n)"]) for row in sums.collect()}
 
     def balanced_map(self, cov: DataFrame, wm: Worldmap) -> Worldmap:
         counts: Any = (cov.where("error IS NULL").mapInPandas(_buckets, core.BUCKET_SCHEMA)
@@ -217,18 +235,23 @@ class Job:
 
     def phase(self, spark: SparkSession, cov: DataFrame, phase: str, wm: Worldmap,
               old: Worldmap | None) -> None:
-        """Make the live bindings what `wm` (and `old`, while growing) cut: the diff, then apply."""
-        t0 = time.perf_counter()
-        target = cov.mapInPandas(_cutter(wm, old), core.CUT_SCHEMA)
+        """A re-split step: make the live bindings what `wm` (and `old`, while growing) cut."""
         n = partitions(spark, self.cfg)
+        target = cov.select("fence_id", "version", "geometry", "bits", "level", "ranges", "interior",
+                            "error").mapInPandas(_cutter(wm, old), core.CUT_SCHEMA)
         live = self.jdbc.read(spark, "SELECT region, fence_id, version AS live_version, "
                                      "ranges AS live_ranges, interior AS live_interior "
                                      f"FROM {self.table('fence_range')}",
                               predicates=hash_predicates("fence_id", n))
         joined = target.join(live, ["region", "fence_id"], "full_outer")
-        diff = joined.mapInPandas(core.diffs, core.DIFF_SCHEMA).persist()
+        self.apply_diff(joined.mapInPandas(core.diffs, core.DIFF_SCHEMA), phase, wm, old)
+
+    def apply_diff(self, diff: DataFrame, phase: str, wm: Worldmap, old: Worldmap | None) -> None:
+        """Write the differences found (fence_binding_diff), then apply them unless dry run."""
         from pyspark.sql import functions as F
 
+        t0 = time.perf_counter()
+        diff = diff.persist()
         outcome = "pending" if self.live_apply else "dry-run"
         rows = diff.select(F.lit(self.report.run_id).alias("run_id"), F.lit(phase).alias("phase"), "region",
                            "fence_id", "version", "action", "ranges_before", "ranges_after",

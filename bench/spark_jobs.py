@@ -1,0 +1,150 @@
+"""The nightly PySpark jobs at scale, on this machine (local[2] by default).
+
+    .venv/bin/python bench/spark_jobs.py [--fences 100000] [--events 10000000] [--master local[2]]
+                                         [--only bindings|analytics] [--seed 1]
+
+1. rebuild-bindings over F generated fences (circles of 30 m to 3 km, 64 vertices, and
+   rectangles, spread over the local stack's area): the job reads them over JDBC from a
+   schema of their own (`bench_spark`, a copy of the live tables' structure), covers every
+   one with the C kernel in the executors, stores the coverings (fence_binding), cuts them by
+   the worldmap, diffs against fence_range (empty there: every binding is an 'add') and writes
+   the diff; `--dry-run` (nothing live changes) and `--resplit never`, then again with the
+   re-split steps computed. Figures: wall time of the job (Spark session excluded) and of its
+   covering step, fences/s.
+2. occupancy-analytics over E generated events (bench/spark_occupancy_part.py): wall time
+   and events/s.
+
+Targets (issue 6): bindings >= 5,000 fences/s, analytics >= 500,000 events/s. The ratio is
+the figure over the target. The generated data stays in `bench_spark` (dropped and rebuilt
+at each run); nothing live is touched. Spark prints its stage progress bars on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import asyncpg
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ingress.worldmap import AREA  # noqa: E402
+from spark_jobs import rebuild_bindings  # noqa: E402
+from spark_jobs.session import JobConfig, clone_schema, spark_session  # noqa: E402
+
+SCHEMA = "bench_spark"
+TABLES = ("fence", "fence_range", "fence_binding", "fence_binding_run", "fence_binding_diff")
+TARGET_FENCES_S = 5_000.0
+TARGET_EVENTS_S = 500_000.0
+
+
+def fence_rows(n: int, seed: int) -> list[tuple[Any, ...]]:
+    """n fences as fence-table rows: 80% circles (30 m - 3 km, log-uniform), 20% rectangles."""
+    rng = np.random.default_rng(seed)
+    x0, y0, x1, y1 = AREA
+    lon = rng.uniform(x0, x1, n)
+    lat = rng.uniform(y0, y1, n)
+    radius = np.exp(rng.uniform(np.log(30.0), np.log(3000.0), n))
+    circle = rng.random(n) < 0.8
+    t = np.linspace(0.0, 2 * np.pi, 65)[:-1]
+    rows = []
+    for i in range(n):
+        dlat = radius[i] / 111_320.0
+        dlon = dlat / np.cos(np.radians(lat[i]))
+        if circle[i]:
+            xs, ys = lon[i] + dlon * np.cos(t), lat[i] + dlat * np.sin(t)
+        else:
+            w = rng.uniform(0.3, 1.0)
+            xs = lon[i] + dlon * np.array([-1, 1, 1, -1])
+            ys = lat[i] + w * dlat * np.array([-1, -1, 1, 1])
+        ring = np.round(np.column_stack([xs, ys]), 7).tolist()
+        ring.append(ring[0])
+        geometry = json.dumps({"type": "Polygon", "coordinates": [ring]})
+        rows.append((f"bench-f{i:07d}", "", "bench", geometry, 300.0, 1,
+                     float(min(xs)), float(min(ys)), float(max(xs)), float(max(ys))))
+    return rows
+
+
+async def load_fences(dsn: str, n: int, seed: int) -> float:
+    t0 = time.perf_counter()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        await clone_schema(conn, SCHEMA, TABLES)
+        rows = fence_rows(n, seed)
+        await conn.copy_records_to_table(
+            "fence", schema_name=SCHEMA, records=rows,
+            columns=["id", "name", "owner", "geometry", "timeout_s", "version", "min_lon", "min_lat",
+                     "max_lon", "max_lat"])
+        await conn.execute(f"ANALYZE {SCHEMA}.fence")
+    finally:
+        await conn.close()
+    return time.perf_counter() - t0
+
+
+def bench_bindings(cfg: JobConfig, fences: int, seed: int) -> list[dict[str, Any]]:
+    print(f"bindings: generating {fences:,} fences into {SCHEMA}.fence ...", flush=True)
+    load_s = asyncio.run(load_fences(cfg.postgres_url, fences, seed))
+    print(f"bindings: {fences:,} fences stored in {load_s:.1f} s", flush=True)
+    spark = spark_session(cfg, "geofence-bench-bindings")
+    results = []
+    try:
+        for resplit in ("never", "always"):
+            args = SimpleNamespace(master=None, partitions=None, schema=SCHEMA, dry_run=True, resplit=resplit,
+                                   max_imbalance=1.25, settle_timeout=0.0, quiet=False)
+            t0 = time.perf_counter()
+            report = rebuild_bindings.Job(cfg, args).run(spark)  # type: ignore[arg-type]
+            wall = time.perf_counter() - t0
+            print(report.line(), flush=True)
+            results.append({"resplit": resplit, "fences": report.fences, "ranges": report.ranges,
+                            "failed": report.failed, "wall_s": wall, "cover_s": report.seconds.get("cover", 0.0),
+                            "diff_rows": report.diff_rows, "imbalance": (report.imbalance_before,
+                                                                        report.imbalance_after)})
+    finally:
+        spark.stop()
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fences", type=int, default=100_000)
+    p.add_argument("--events", type=int, default=10_000_000)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--only", choices=("bindings", "analytics"))
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    cfg = JobConfig.from_env(master=a.master)
+    print(f"bench: master {a.master}, {os.cpu_count()} cores, {cfg.masked()}", flush=True)
+    lines = []
+    ok = True
+    if a.only in (None, "bindings"):
+        for r in bench_bindings(cfg, a.fences, a.seed):
+            rate = r["fences"] / r["wall_s"]
+            lines.append(f"rebuild-bindings (re-split {r['resplit']:>6}): {r['fences']:,} fences, {r['ranges']:,} "
+                         f"ranges, {r['diff_rows']:,} diff rows: wall {r['wall_s']:.1f} s = {rate:,.0f} fences/s "
+                         f"({rate / TARGET_FENCES_S:.2f}x target {TARGET_FENCES_S:,.0f}); covering step "
+                         f"{r['cover_s']:.1f} s; imbalance {r['imbalance'][0]:.3f} -> {r['imbalance'][1]:.3f}")
+            ok &= r["failed"] == 0
+    if a.only in (None, "analytics"):
+        from spark_occupancy_part import bench_occupancy
+
+        r = bench_occupancy(a.events, "bench_spark_occ", a.master)
+        rate = r["events_per_s"]
+        lines.append(f"occupancy-analytics: {r['events']:,} events over {r.get('days', '?')} days: wall "
+                     f"{r['wall_s']:.1f} s = {rate:,.0f} events/s ({rate / TARGET_EVENTS_S:.2f}x target "
+                     f"{TARGET_EVENTS_S:,.0f})")
+    print("\n".join(["", "SUMMARY spark_jobs (" + a.master + "):", *("  " + x for x in lines)]), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
