@@ -37,9 +37,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ingress.worldmap import AREA  # noqa: E402
-from spark_jobs import rebuild_bindings  # noqa: E402
-from spark_jobs.session import JobConfig, clone_schema, spark_session  # noqa: E402
+from ingress.worldmap import AREA
+from spark_jobs import rebuild_bindings
+from spark_jobs.session import JobConfig, clone_schema, spark_session
 
 SCHEMA = "bench_spark"
 TABLES = ("fence", "fence_range", "fence_binding", "fence_binding_run", "fence_binding_diff")
@@ -106,9 +106,9 @@ def bench_bindings(cfg: JobConfig, fences: int, seed: int) -> list[dict[str, Any
             wall = time.perf_counter() - t0
             print(report.line(), flush=True)
             results.append({"resplit": resplit, "fences": report.fences, "ranges": report.ranges,
-                            "failed": report.failed, "wall_s": wall, "cover_s": report.seconds.get("cover", 0.0),
-                            "diff_rows": report.diff_rows, "imbalance": (report.imbalance_before,
-                                                                        report.imbalance_after)})
+                            "failed": report.failed, "wall_s": wall,
+                            "cover_s": report.seconds.get("cover", 0.0), "diff_rows": report.diff_rows,
+                            "imbalance": (report.imbalance_before, report.imbalance_after)})
     finally:
         spark.stop()
     return results
@@ -129,10 +129,12 @@ def main() -> int:
     if a.only in (None, "bindings"):
         for r in bench_bindings(cfg, a.fences, a.seed):
             rate = r["fences"] / r["wall_s"]
-            lines.append(f"rebuild-bindings (re-split {r['resplit']:>6}): {r['fences']:,} fences, {r['ranges']:,} "
-                         f"ranges, {r['diff_rows']:,} diff rows: wall {r['wall_s']:.1f} s = {rate:,.0f} fences/s "
-                         f"({rate / TARGET_FENCES_S:.2f}x target {TARGET_FENCES_S:,.0f}); covering step "
-                         f"{r['cover_s']:.1f} s; imbalance {r['imbalance'][0]:.3f} -> {r['imbalance'][1]:.3f}")
+            before, after = r["imbalance"]
+            lines.append(f"rebuild-bindings (re-split {r['resplit']:>6}): {r['fences']:,} fences, "
+                         f"{r['ranges']:,} ranges, {r['diff_rows']:,} diff rows: wall {r['wall_s']:.1f} s = "
+                         f"{rate:,.0f} fences/s ({rate / TARGET_FENCES_S:.2f}x target "
+                         f"{TARGET_FENCES_S:,.0f}); "
+                         f"covering step {r['cover_s']:.1f} s; imbalance {before:.3f} -> {after:.3f}")
             ok &= r["failed"] == 0
     if a.only in (None, "analytics"):
         from spark_occupancy_part import bench_occupancy

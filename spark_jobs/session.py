@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 class JobConfig:
     postgres_url: str
     amqp_url: str = ""  # the fence-manager user: only rebuild-bindings applies changes
-    master: str = "local[*]"
+    master: str = ""  # "": spark-submit's --master when launched by it, else local[*]
     jdbc_jar: str = DEFAULT_JDBC_JAR
     partitions: int = 0  # 0: twice the cores Spark has
     regions: tuple[str, ...] = field(default=())
@@ -62,7 +62,7 @@ class JobConfig:
             raise ConfigError("GEOFENCE_SPARK_PARTITIONS must be an integer") from None
         values: dict[str, Any] = {
             "postgres_url": pg, "amqp_url": amqp,
-            "master": env.get("GEOFENCE_SPARK_MASTER", "local[*]"),
+            "master": env.get("GEOFENCE_SPARK_MASTER", ""),
             "jdbc_jar": env.get("GEOFENCE_JDBC_JAR", DEFAULT_JDBC_JAR),
             "partitions": partitions,
             "regions": tuple(settings.regions), "workers": tuple(settings.workers),
@@ -82,7 +82,8 @@ class JobConfig:
                               "(bash deploy/setup.sh does) or set GEOFENCE_JDBC_JAR")
 
     def masked(self) -> str:
-        return (f"postgres={mask(self.postgres_url)} amqp={mask(self.amqp_url)} master={self.master} "
+        master = self.master or "spark-submit's or local[*]"
+        return (f"postgres={mask(self.postgres_url)} amqp={mask(self.amqp_url)} master={master} "
                 f"jdbc={self.jdbc_jar}")
 
 
@@ -134,10 +135,12 @@ def hash_predicates(column: str, n: int) -> list[str]:
 
 def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
     """The job's session; getOrCreate, so the tests' session-wide one is reused."""
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master(cfg.master).appName(app_name)
+    master = cfg.master or SparkConf().get("spark.master", None) or "local[*]"
+    builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.jars", cfg.jdbc_jar)
                .config("spark.pyspark.python", sys.executable)
                .config("spark.sql.session.timeZone", "UTC")
@@ -149,10 +152,10 @@ def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
                .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower()))
     if cfg.partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(cfg.partitions))
-    elif cfg.master.startswith("local"):
+    elif master.startswith("local"):
         # a few shuffle partitions per core, not Spark's 200 (sized for clusters)
         builder = builder.config("spark.sql.shuffle.partitions", str(4 * (os.cpu_count() or 2)))
-    if cfg.master.startswith("local"):
+    if master.startswith("local"):
         builder = builder.config("spark.driver.memory", "4g")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

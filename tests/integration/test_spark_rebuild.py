@@ -100,7 +100,8 @@ async def test_dry_run_coverings_equal_the_kernel_and_the_diff_is_the_drift(
                                    "ranges, interior) VALUES ($1, $2, $3, $4, $5, $6)",
                                    fid, region, i + 1, b.bits, rb, fb)
         await conn.execute(f'INSERT INTO "{pg_schema}".fence (id, geometry, timeout_s, version, min_lon, '
-                           "min_lat, max_lon, max_lat, deleted_at) VALUES ('rb-gone', $1, 60, 3, 0, 0, 1, 1, now())",
+                           "min_lat, max_lon, max_lat, deleted_at) "
+                           "VALUES ('rb-gone', $1, 60, 3, 0, 0, 1, 1, now())",
                            json.dumps(mapping(geoms[0])))
 
         job = rebuild_bindings.Job(spark_config, job_args(schema=pg_schema, dry_run=True))
@@ -155,7 +156,8 @@ async def test_a_fence_with_a_lost_binding_is_repaired_and_routes_again(
         row = await conn.fetchrow("SELECT * FROM fence_binding_diff WHERE run_id = $1 AND fence_id = $2",
                                   report.run_id, fid)
         assert row is not None
-        assert (row["phase"], row["region"], row["action"], row["outcome"]) == ("repair", region, "add", "applied")
+        assert (row["phase"], row["region"], row["action"], row["outcome"]) == (
+            "repair", region, "add", "applied")
         assert (row["ranges_before"], row["ranges_removed"]) == (0, 0)
         assert row["ranges_after"] == row["ranges_added"] == len(b.per_region[region][0])
         restored = await store.region_binding(conn, region, fid)

@@ -39,3 +39,23 @@ def test_unit_runs_the_sidecar_and_restarts_it(name: str, command: str) -> None:
     assert float(service["TimeoutStopSec"]) > drain
     assert service["User"] != "root"
     assert service["EnvironmentFile"].startswith("/etc/geofence/")
+
+
+NIGHTLY = {"geofence-spark-rebuild-bindings": "spark_jobs/rebuild_bindings.py",
+           "geofence-spark-occupancy-analytics": "spark_jobs/occupancy.py"}
+
+
+@pytest.mark.parametrize(("name", "script"), sorted(NIGHTLY.items()))
+def test_each_nightly_job_has_a_timer_and_a_spark_submit_service(name: str, script: str) -> None:
+    timer = unit(f"{name}.timer")["Timer"]
+    assert timer["Unit"] == f"{name}.service"
+    assert timer["OnCalendar"] and timer["Persistent"] == "true"
+    service = unit(f"{name}.service")["Service"]
+    start = service["ExecStart"].replace("\\\n", " ").split()
+    assert start[0].endswith("/spark-submit")
+    assert start[start.index("--jars") + 1] == "/usr/share/java/postgresql.jar"
+    assert start[start.index("--master") + 1] == "${GEOFENCE_SPARK_MASTER}"
+    assert any(a.startswith("spark.pyspark.python=") for a in start)
+    assert next(a for a in start if a.endswith(".py")).endswith(script)
+    assert (UNITS.parents[1] / script).is_file()
+    assert service["Type"] == "oneshot" and service["User"] != "root"
