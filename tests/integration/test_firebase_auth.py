@@ -6,6 +6,7 @@ so a shared emulator is never wiped."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import suppress
@@ -185,9 +186,11 @@ async def test_several_projects_and_clear_accounts(emulator: Emulator, user: Sig
     email = f"{uuid.uuid4().hex[:8]}@example.com"
     uid = emu.create_user(emulator.host, emulator.port, other, email, "secret123")
     # Emulator sign-in only serves its default project: the other project's token is forged,
-    # which emulator mode accepts for an existing uid (see above).
+    # which emulator mode accepts for an existing uid (see above). Issued now, not when `user`
+    # signed up: a token issued before the new user's creation second counts as revoked.
+    now = int(time.time())
     token = emu.forged_token(user.token, aud=other, iss=f"https://securetoken.google.com/{other}",
-                             sub=uid, user_id=uid)
+                             sub=uid, user_id=uid, iat=now, auth_time=now, exp=now + 3600)
     second = FirebaseVerifier(other, emulator.address)
     try:
         assert (await second.verify(f"Bearer {token}")).uid == uid
