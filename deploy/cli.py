@@ -51,6 +51,8 @@ INSPECT_TARGETS: dict[str, tuple[str, str]] = {
 SPARK_JOBS: dict[str, tuple[str, str]] = {
     "rebuild-bindings": ("spark_jobs.rebuild_bindings",
                          "recompute every fence's covering, repair live bindings, re-split the worldmap"),
+    "occupancy-analytics": ("spark_jobs.occupancy",
+                            "per fence and hour: entries, exits, occupancy, dwell; busiest hours; forecast"),
 }
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"inspect": INSPECT_TARGETS, "spark": SPARK_JOBS}
 

@@ -41,7 +41,8 @@ def test_unit_runs_the_sidecar_and_restarts_it(name: str, command: str) -> None:
     assert service["EnvironmentFile"].startswith("/etc/geofence/")
 
 
-NIGHTLY = {"geofence-spark-rebuild-bindings": "spark_jobs/rebuild_bindings.py"}
+NIGHTLY = {"geofence-spark-rebuild-bindings": "spark_jobs/rebuild_bindings.py",
+           "geofence-spark-occupancy-analytics": "spark_jobs/occupancy.py"}
 
 
 @pytest.mark.parametrize(("name", "script"), sorted(NIGHTLY.items()))

@@ -1,0 +1,283 @@
+"""The occupancy-analytics part of `bench/spark_jobs.py`: N generated events, one job run.
+
+`bench_occupancy(events, schema, master)` generates N fence events (numpy, seeded), loads
+them with one binary COPY into `schema` (a fresh clone of fence_event plus the job's tables,
+dropped at the end), then runs spark_jobs/occupancy.py over every generated day in one pass
+(`--days`) and returns its figures. Only the job is timed; generating and loading are shown
+on the progress line but not counted. The clone's B-tree indexes are dropped before the COPY
+(the job reads by the BRIN indexes only) and the table is vacuumed before the run, as
+autovacuum would have done to an archive's older rows.
+
+The workload: F = N/5,000 fences (skewed popularity) and O = N/40 objects over 7 days; each
+object visits one fence after another (log-normal dwell, median 20 min, exponential gaps), so
+a (fence, object) sequence alternates enter/leave, except what real archives also hold: ~0.2% of
+stays never left, 0.5% of events repeated under another event_id, stays still open at the
+end, events cut at the start of the period (a leave without its enter), and devices with
+skewed clocks (3% ahead by up to an hour, 2% behind by up to ten minutes; archived_at is the
+true time plus the pipeline's delay).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import struct
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+import numpy.typing as npt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spark_jobs import occupancy
+from spark_jobs.session import JobConfig, check_schema
+
+TARGET_EVENTS_PER_S = 500_000.0
+DAYS = 7
+FIRST_DAY = dt.date(2024, 3, 4)  # a Monday
+EVENTS_PER_FENCE = 5_000
+EVENTS_PER_OBJECT = 40
+DWELL_MEDIAN_S = 20 * 60.0
+NEVER_LEFT = 0.002
+REPEATED = 0.005
+AHEAD, BEHIND = 0.03, 0.02  # shares of devices whose clock is ahead / behind
+COPY_CHUNK = 500_000
+
+U8 = npt.NDArray[np.uint8]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Events:
+    """Column arrays of the generated events (ids as fixed-width bytes)."""
+
+    event_id: npt.NDArray[np.bytes_]  # S32, hex
+    fence: I64
+    obj: I64
+    enter: npt.NDArray[np.bool_]
+    reason: npt.NDArray[np.int8]  # index into REASONS
+    ts: F64
+    archived: F64  # epoch seconds
+
+    def __len__(self) -> int:
+        return int(self.ts.size)
+
+
+REASONS = (b"entered", b"exited", b"timeout")
+
+
+def generate(n: int, days: int = DAYS, seed: int = 1) -> Events:
+    """n events (exactly) over `days` days from FIRST_DAY."""
+    rng = np.random.default_rng(seed)
+    n_fences, n_objects = max(4, n // EVENTS_PER_FENCE), max(2, n // EVENTS_PER_OBJECT)
+    t0 = dt.datetime.combine(FIRST_DAY, dt.time(), dt.UTC).timestamp()
+    span = days * 86_400.0
+    visits = -(-n // (2 * n_objects)) + 2  # per object, a little more than needed
+    dwell = rng.lognormal(np.log(DWELL_MEDIAN_S), 1.0, (n_objects, visits))
+    gap = rng.exponential(max(60.0, span / visits - dwell.mean()), (n_objects, visits))
+    # object o's visit k: enter after the gap following visit k-1's leave; starting before the
+    # period, so the first leaves can lack their enter
+    enter_t = t0 - rng.uniform(0, 3_600, (n_objects, 1)) + np.cumsum(gap + dwell, axis=1) - dwell
+    leave_t = enter_t + dwell
+    fence = (n_fences * rng.random((n_objects, visits)) ** 2).astype(np.int64)  # skewed popularity
+    obj = np.broadcast_to(np.arange(n_objects)[:, None], (n_objects, visits))
+    left = rng.random((n_objects, visits)) >= NEVER_LEFT
+    both = np.concatenate
+    t = both([enter_t.ravel(), leave_t.ravel()[left.ravel()]])
+    keep = (t >= t0) & (t < t0 + span)
+    ev_fence = both([fence.ravel(), fence.ravel()[left.ravel()]])[keep]
+    ev_obj = both([obj.ravel(), obj.ravel()[left.ravel()]])[keep]
+    ev_enter = both([np.ones(fence.size, bool), np.zeros(int(left.sum()), bool)])[keep]
+    t = t[keep]
+    again = rng.random(t.size) < REPEATED
+    t, ev_fence, ev_obj, ev_enter = (both([a, a[again]]) for a in (t, ev_fence, ev_obj, ev_enter))
+    if t.size < n:
+        raise ValueError(f"generated {t.size:,} events, fewer than {n:,}: raise the visits")
+    pick = np.sort(rng.choice(t.size, n, replace=False))
+    t, ev_fence, ev_obj, ev_enter = t[pick], ev_fence[pick], ev_obj[pick], ev_enter[pick]
+    clock = np.zeros(n_objects)
+    kind = rng.random(n_objects)
+    ahead, behind = kind < AHEAD, (kind >= AHEAD) & (kind < AHEAD + BEHIND)
+    clock[ahead] = rng.uniform(60, 3_600, int(ahead.sum()))
+    clock[behind] = -rng.uniform(5, 600, int(behind.sum()))
+    reason = np.where(ev_enter, 0, np.where(rng.random(n) < 0.85, 1, 2)).astype(np.int8)
+    archived = t + rng.uniform(0.05, 3.0, n)
+    order = np.argsort(archived, kind="stable")  # the archiver's order, as on disk
+    return Events(event_id=hex_ids(rng, n), fence=ev_fence[order], obj=ev_obj[order],
+                  enter=ev_enter[order], reason=reason[order], ts=(t + clock[ev_obj])[order],
+                  archived=archived[order])
+
+
+_HEX = np.array([f"{i:02x}".encode() for i in range(256)], dtype="S2")
+
+
+def hex_ids(rng: np.random.Generator, n: int) -> npt.NDArray[np.bytes_]:
+    raw = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+    return np.ascontiguousarray(_HEX[raw]).view("S32").ravel()
+
+
+def fixed_names(prefix: bytes, idx: I64, digits: int) -> npt.NDArray[np.bytes_]:
+    """prefix + idx zero-padded to `digits`, as fixed-width bytes (no Python loop)."""
+    width = len(prefix) + digits
+    out = np.empty((idx.size, width), np.uint8)
+    out[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
+    powers = 10 ** np.arange(digits - 1, -1, -1, dtype=np.int64)
+    out[:, len(prefix):] = (idx[:, None] // powers) % 10 + ord("0")
+    return out.view(f"S{width}").ravel()
+
+
+# ---------------------------------------------------------------- binary COPY
+
+COLUMNS = ("event_id", "fence_id", "object_id", "event", "reason", "ts", "archived_at")
+PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC).timestamp()
+HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
+TRAILER = struct.pack("!h", -1)
+
+
+def copy_rows(ev: Events, lo: int, hi: int) -> bytes:
+    """Rows lo..hi in PostgreSQL's binary COPY format (no header): every field has a fixed
+    width once the rows are grouped by reason, so each group is one numpy record array."""
+    fid = fixed_names(b"bench-f", ev.fence[lo:hi], 6)
+    oid = fixed_names(b"bench-o", ev.obj[lo:hi], 8)
+    parts = []
+    for r, name in enumerate(REASONS):
+        sel = np.flatnonzero(ev.reason[lo:hi] == r)
+        if not sel.size:
+            continue
+        dtype = np.dtype([("nf", ">i2"), ("l1", ">i4"), ("eid", "S32"), ("l2", ">i4"), ("fid", fid.dtype),
+                          ("l3", ">i4"), ("oid", oid.dtype), ("l4", ">i4"), ("ev", "S5"),
+                          ("l5", ">i4"), ("rs", f"S{len(name)}"), ("l6", ">i4"), ("ts", ">f8"),
+                          ("l7", ">i4"), ("at", ">i8")])
+        rec = np.empty(sel.size, dtype)
+        rec["nf"] = len(COLUMNS)
+        for field, width in (("l1", 32), ("l2", fid.itemsize), ("l3", oid.itemsize), ("l4", 5),
+                             ("l5", len(name)), ("l6", 8), ("l7", 8)):
+            rec[field] = width
+        rec["eid"], rec["fid"], rec["oid"] = ev.event_id[lo:hi][sel], fid[sel], oid[sel]
+        rec["ev"] = np.where(ev.enter[lo:hi][sel], b"enter", b"leave")
+        rec["rs"] = name
+        rec["ts"] = ev.ts[lo:hi][sel]
+        rec["at"] = np.round((ev.archived[lo:hi][sel] - PG_EPOCH) * 1e6).astype(np.int64)
+        parts.append(rec.tobytes())
+    return b"".join(parts)
+
+
+async def load(conn: Any, schema: str, ev: Events, progress: Progress) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield HEADER
+        for lo in range(0, len(ev), COPY_CHUNK):
+            hi = min(len(ev), lo + COPY_CHUNK)
+            yield copy_rows(ev, lo, hi)
+            progress.show(f"loading {hi:,}/{len(ev):,} events")
+        yield TRAILER
+
+    await conn.copy_to_table("fence_event", schema_name=schema, source=chunks(), columns=COLUMNS,
+                             format="binary")
+    # as autovacuum would, but now rather than during the measured run (it also sets the
+    # hint bits, which the job's first scan would otherwise write)
+    progress.show("VACUUM ANALYZE")
+    await conn.execute(f'VACUUM (ANALYZE) "{schema}".fence_event')
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Progress:
+    """One stderr line, rewritten."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.t0 = label, time.perf_counter()
+
+    def show(self, text: str) -> None:
+        line = f"\r  {self.label}: {text} ({time.perf_counter() - self.t0:.0f} s)"
+        print(line.ljust(79)[:119], end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        print("\r" + " " * 119 + "\r", end="", file=sys.stderr, flush=True)
+
+
+async def _prepare(dsn: str, schema: str, ev: Events, progress: Progress) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await occupancy.create_tables(conn, schema)
+        # the job reads by the BRIN indexes only: without the B-trees (event_id's primary key
+        # above all: random keys) the COPY is several times faster, and the job the same
+        for name, how in await conn.fetch(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = "
+                "'fence_event'", schema):
+            if " USING brin " not in how:
+                await conn.execute(f'ALTER TABLE "{schema}".fence_event DROP CONSTRAINT IF EXISTS "{name}"')
+                await conn.execute(f'DROP INDEX IF EXISTS "{schema}"."{name}"')
+        await load(conn, schema, ev, progress)
+    finally:
+        await conn.close()
+
+
+async def _drop(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+def bench_occupancy(events: int, schema: str, master: str, *, days: int = DAYS, seed: int = 1,
+                    partitions: int = 0, keep: bool = False) -> dict[str, Any]:
+    """Generate `events` events into `schema` (created, and dropped afterwards unless `keep`),
+    run the job over the `days` generated days in one pass and return its figures:
+    events, wall_s (the whole run, starting Spark included unless a session was running),
+    events_per_s, the phases, rows written, the target and whether it was met."""
+    check_schema(schema)
+    cfg = JobConfig.from_env(master=master, partitions=partitions or None)
+    progress = Progress(f"occupancy-analytics {events:,} events")
+    progress.show("generating")
+    t = time.perf_counter()
+    ev = generate(events, days, seed)
+    gen_s = time.perf_counter() - t
+    try:
+        t = time.perf_counter()
+        asyncio.run(_prepare(cfg.postgres_url, schema, ev, progress))
+        load_s = time.perf_counter() - t
+        last = FIRST_DAY + dt.timedelta(days=days - 1)
+        progress.show("starting Spark")
+        summary = occupancy.run_job(cfg, occupancy.Window(last, days), schema, progress=progress.show)
+    finally:
+        progress.close()
+        if not keep:
+            asyncio.run(_drop(cfg.postgres_url, schema))
+    rate = summary.events / summary.wall_s if summary.wall_s else 0.0
+    return {"events": summary.events, "days": days, "fences": int(ev.fence.max()) + 1,
+            "objects": int(ev.obj.max()) + 1, "wall_s": summary.wall_s, "events_per_s": rate,
+            "rows_written": summary.rows, "phases_s": summary.phases, "generate_s": gen_s,
+            "load_s": load_s, "master": master, "target_events_per_s": TARGET_EVENTS_PER_S,
+            "ok": rate >= TARGET_EVENTS_PER_S}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="occupancy-analytics benchmark (one part of spark_jobs.py)")
+    p.add_argument("--events", type=int, default=10_000_000)
+    p.add_argument("--days", type=int, default=DAYS)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--schema", default="bench_occupancy")
+    p.add_argument("--partitions", type=int, default=0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep", action="store_true", help="keep the schema (and its data) afterwards")
+    a = p.parse_args(argv)
+    out = bench_occupancy(a.events, a.schema, a.master, days=a.days, seed=a.seed, partitions=a.partitions,
+                          keep=a.keep)
+    for k, v in out.items():
+        print(f"{k:>22}: {v:,.2f}" if isinstance(v, float) else f"{k:>22}: {v}")
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,770 @@
+"""occupancy-analytics: the nightly job turning fence_event into hourly occupancy per fence.
+
+    spark-submit --jars /usr/share/java/postgresql.jar spark_jobs/occupancy.py [--day D] [--days N]
+    geofence spark occupancy-analytics [--day D] [--days N] [--master M] [--schema S] [--partitions P]
+
+For each UTC day of the window (the N days ending at --day, default yesterday) and each fence:
+per hour the entries, exits, time-weighted mean and peak occupancy, stays and their dwell p50 /
+p90 (occupancy_hourly) and the objects still inside at the day's end (occupancy_open); as of
+each day the three busiest hours per weekday (occupancy_busiest) and the forecast of the next
+day (occupancy_forecast). spark_jobs/occupancy_reference.py computes the same from a list of
+events in plain loops; the tests hold the two equal.
+
+Rules (the reference follows them too):
+- Clock skew. A device's clock may be off. An event's effective time is t = min(ts,
+  archived_at): a device cannot report from the future, so a clock running ahead is clamped to
+  the moment the archiver stored the event. A clock running behind cannot be told from a late
+  delivery and is trusted. Events of one (fence, object) are taken in (t, ts) order, so events
+  clamped to one archiving instant keep the device's own order; at one (t, ts) the enters come
+  first (an enter and a leave at one instant: a stay of zero length, not a phantom object left
+  inside). Events equal in (t, ts, kind) give the same result in any order, so the outcome is
+  the same on every run and event_id need not be read.
+- Sequences. After an event an object is inside iff the event is an enter, whatever came
+  before: a repeated enter or a leave without an enter changes nothing and is not counted as an
+  entry / exit (both still make the fence active that day). A stay is [enter, leave).
+- Days. A stay is cut at midnight: each day counts its part as a stay of its own, beginning at
+  00:00 for a stay carried in. A stay never closed ends at the window's end. Who is inside at
+  a day's end is stored (occupancy_open), so the next day's run starts from it instead of
+  re-reading older events; a first run, or one after a gap, replays the older events.
+- Per hour: entries / exits by the event's t; stays and dwell by the hour the part begins;
+  mean occupancy = the parts' overlap with the hour / 3,600 s; peak = the most parts covering
+  one instant ([start, end): a leave and an enter at one instant do not overlap). Every hour
+  of a (fence, day) with an event or a part gets a row, zeros included. Percentiles are exact,
+  linear between the nearest ranks (as Spark's `percentile`).
+- As of day a, over the computed days (occupancy_day) among the 28 ending at a, a fence without
+  a row on one of them counting zero: busiest = per ISO weekday the mean occupancy of each hour,
+  the top 3 above zero (ranked at 1e-9, ties to the earlier hour). Forecast of a + 1, hour h:
+  seasonal(h) = the mean of h over the computed days of a + 1's weekday, i.e. that weekday in
+  the last 4 weeks (basis 'weekday'), or over all computed days if there is none (basis
+  'hour'); trend = (mean occupancy of the last 7 days) / (mean of the 28), clamped to [0.5, 2],
+  1 if the 28 days were empty; occupancy = seasonal(h) * trend. Every fence with a row in the
+  28 days gets a forecast, also after a day without events.
+- Idempotent per day: the executors append the run's rows to the *_stage tables (JDBC, keyed
+  by a run id); then one transaction (under an advisory lock) deletes the window's days from
+  every output table, inserts the staged rows and deletes them. A re-run replaces, a failed
+  run leaves the tables as they were. Re-running a day does not recompute the later days
+  that carried its stays in: give --days to cover them.
+
+Trade-off: everything per event or per fence happens in one numpy core per partition
+(mapInArrow: all the partition's fences at once, sorted and swept with array operations, no
+Python call per fence or per row); Spark is the shell that reads, runs the cores in parallel
+and writes. The events cross JDBC once (binary transfer) into partitions that each hold a
+share of the fences (hashtext(fence_id) predicates), with the fences' hourly history riding
+along, so each partition is self-contained and nothing is shuffled; the price is that every
+partition's query scans the window's blocks (BRIN), cheap next to a shuffle of every event
+(measured on local[2], 10M events into Python: 11.5 s against 18 s). A partition must fit a
+Python worker's memory: raise --partitions as the data grows. The core works in chunks of
+~1M events, as it is bound by memory access.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import itertools
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if __package__ in (None, ""):  # spark-submit spark_jobs/occupancy.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spark_jobs.occupancy_reference import (
+    DAY_S,
+    HOUR_S,
+    LOOKBACK_DAYS,
+    RANK_SCALE,
+    RECENT_DAYS,
+    TOP_HOURS,
+    TREND_LIMITS,
+    epoch,
+)
+from spark_jobs.session import (
+    ConfigError,
+    Jdbc,
+    JobConfig,
+    check_schema,
+    clone_schema,
+    hash_predicates,
+    partitions,
+    spark_session,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+APP_NAME = "geofence-occupancy-analytics"
+MIGRATION = "0005_occupancy.sql"
+OUTPUTS = ("occupancy_hourly", "occupancy_open", "occupancy_busiest", "occupancy_forecast")
+ARROW_BATCH = 100_000  # rows per Arrow batch into the core (the session's default is small)
+FETCH_SIZE = 50_000
+PERCENTILES = (0.5, 0.9)
+# The core is bound by memory access (random gathers): ~0.5 us per event up to 1M events,
+# twice that at 5M. A bigger partition is analysed in chunks of whole fences, also small
+# enough for the chunk's (fence, day, hour) occupancy cube.
+CHUNK_EVENTS = 1_000_000
+CHUNK_CUBE = 20_000_000
+STALE_STAGE = "1 day"  # staged rows of a run that died are removed after this
+
+Progress = Callable[[str], None]
+
+
+def _say(text: str) -> None:
+    print(f"occupancy-analytics: {text}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the window
+
+
+@dataclass(frozen=True)
+class Window:
+    """The UTC days last - days + 1 .. last."""
+
+    last: dt.date
+    days: int = 1
+
+    def __post_init__(self) -> None:
+        if self.days < 1:
+            raise ConfigError("--days must be at least 1")
+
+    @property
+    def first(self) -> dt.date:
+        return self.last - dt.timedelta(days=self.days - 1)
+
+    @property
+    def dates(self) -> list[dt.date]:
+        return [self.first + dt.timedelta(days=i) for i in range(self.days)]
+
+    @property
+    def w0(self) -> float:
+        return epoch(self.first)
+
+    @property
+    def w1(self) -> float:
+        return epoch(self.last) + DAY_S
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a core needs besides its rows: the window, and which of the 27 days before it
+    were computed (as offsets from its first day, -27 .. -1)."""
+
+    w0: float
+    days: int
+    computed_before: tuple[int, ...] = ()
+
+    @property
+    def first_weekday(self) -> int:
+        return dt.datetime.fromtimestamp(self.w0, dt.UTC).isoweekday()
+
+
+# ---------------------------------------------------------------- the core (numpy, per partition)
+
+# Input rows (events_sql): the window's events, the objects carried in, and the hourly history
+# of the lookback before the window (t = hour offset from the window's start, ts = its mean).
+EVENT, CARRIED, HISTORY = 0, 1, 2
+# Output rows: one schema for all kinds, so that one pass yields all of them.
+HOURLY, OPEN, DAY_EVENTS, BUSIEST, FORECAST = range(5)
+CORE_SCHEMA = pa.schema([
+    ("kind", pa.int8()), ("fence_id", pa.string()), ("day", pa.int32()), ("hour", pa.int16()),
+    ("entries", pa.int32()), ("exits", pa.int32()), ("mean_occupancy", pa.float64()),
+    ("peak_occupancy", pa.int32()), ("stays", pa.int32()), ("dwell_p50_s", pa.float64()),
+    ("dwell_p90_s", pa.float64()), ("events", pa.int64()), ("object_ids", pa.list_(pa.string())),
+    ("weekday", pa.int16()), ("rank", pa.int16()), ("samples", pa.int16()), ("seasonal", pa.float64()),
+    ("trend", pa.float64()), ("basis", pa.string()),
+])
+CORE_DDL = ("kind tinyint, fence_id string, day int, hour smallint, entries int, exits int, "
+            "mean_occupancy double, peak_occupancy int, stays int, dwell_p50_s double, dwell_p90_s double, "
+            "events bigint, object_ids array<string>, weekday smallint, rank smallint, samples smallint, "
+            "seasonal double, trend double, basis string")
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+    """Integer codes of a string column (nulls: 0), and the strings they stand for."""
+    encoded = pc.dictionary_encode(column.combine_chunks())
+    codes = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, encoded.dictionary
+
+
+def _index(x: np.ndarray, origin: float, step: float) -> np.ndarray:
+    """floor((x - origin) / step), exactly: the division's rounding corrected against the
+    bounds themselves (whole numbers, so exact)."""
+    i = np.floor((x - origin) / step).astype(np.int64)
+    i -= x < origin + i * step
+    i += x >= origin + (i + 1) * step
+    return i
+
+
+def _rank(*keys: np.ndarray) -> np.ndarray:
+    """Each row's rank in the order of keys (first key most significant). One quicksort on
+    the first key; only rows tied on it are sorted by the others (ties are rare)."""
+    order = np.argsort(keys[0])
+    first = keys[0][order]
+    tie = first[1:] == first[:-1]
+    if tie.any():
+        tied = np.zeros(order.size, bool)
+        tied[1:] |= tie
+        tied[:-1] |= tie
+        at = np.flatnonzero(tied)
+        run = np.cumsum(~np.r_[False, tie])[at]  # tied runs are contiguous blocks
+        sub = order[at]
+        order[at] = sub[np.lexsort((*(k[sub] for k in reversed(keys[1:])), run))]
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    return rank
+
+
+def _group_order(group: np.ndarray, n_groups: int, rank: np.ndarray) -> np.ndarray:
+    """Rows by (group, rank): one quicksort of a combined key (lexsort if it cannot fit)."""
+    if n_groups * max(rank.size, 1) < 2**62:
+        return np.argsort(group * rank.size + rank)
+    return np.lexsort((rank, group))
+
+
+def _repeat_ranges(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ranges first[i] .. first[i] + count[i] - 1: (i, value) of every member."""
+    owner = np.repeat(np.arange(first.size), count)
+    offset = np.arange(owner.size) - np.repeat(np.cumsum(count) - count, count)
+    return owner, first[owner] + offset
+
+
+def _percentiles(groups: np.ndarray, values: np.ndarray, n: int) -> list[np.ndarray]:
+    """Per group 0..n-1 (NaN if empty) the PERCENTILES of its values."""
+    v = values[_group_order(groups, n, _rank(values))]
+    count = np.bincount(groups, minlength=n)
+    start = np.cumsum(count) - count
+    some = count > 0
+    out = []
+    for p in PERCENTILES:
+        pos = (count[some] - 1) * p
+        lo, hi = np.floor(pos), np.ceil(pos)
+        v_lo, v_hi = v[start[some] + lo.astype(np.int64)], v[start[some] + hi.astype(np.int64)]
+        r = np.full(n, np.nan)
+        r[some] = np.where(lo == hi, v_lo, (hi - pos) * v_lo + (pos - lo) * v_hi)
+        out.append(r)
+    return out
+
+
+def _table(n: int, **columns: Any) -> pa.Table:
+    arrays = []
+    for field in CORE_SCHEMA:
+        value = columns.get(field.name)
+        if value is None:
+            arrays.append(pa.nulls(n, field.type))
+        elif isinstance(value, int | str):
+            arrays.append(pa.array([value] * n if isinstance(value, str) else np.full(n, value), field.type))
+        elif isinstance(value, pa.Array):
+            arrays.append(value.cast(field.type))
+        else:
+            arrays.append(pa.array(value, field.type, from_pandas=True))  # NaN: null
+    return pa.Table.from_arrays(arrays, schema=CORE_SCHEMA)
+
+
+def analyse(rows: pa.Table, plan: Plan) -> pa.Table:
+    """The core rows (CORE_SCHEMA) of the fences in `rows` (events_sql's columns), which hold
+    all their events of the window, their objects carried in and their hourly history."""
+    w0, n_days = plan.w0, plan.days
+    f_all, fence_names = _codes(rows.column("fence_id"))
+    kind_all = rows.column("kind").to_numpy()
+    hist = kind_all == HISTORY
+    ev = np.flatnonzero(~hist)
+    hourly, open_rows, day_rows, cube = _sequences(
+        rows.take(pa.array(ev)) if hist.any() else rows, f_all[ev], fence_names, w0, n_days)
+    h = np.flatnonzero(hist)
+    hist_hour = rows.column("t").to_numpy()[h].astype(np.int64)  # from the window's start, < 0
+    history = (f_all[h], hist_hour, rows.column("ts").to_numpy()[h])
+    busiest, forecast = _seasonal(cube, history, len(fence_names), fence_names, plan)
+    return pa.concat_tables([hourly, open_rows, day_rows, busiest, forecast])
+
+
+def _sequences(events: pa.Table, f_all: np.ndarray, fence_names: pa.Array, w0: float,
+               n_days: int) -> tuple[pa.Table, pa.Table, pa.Table, tuple[np.ndarray, np.ndarray]]:
+    """Hourly, open and day rows of the events and carried-in objects; and (fence * n_days + day
+    of each output day, its 24 hourly means) for the seasonal part."""
+    day_bounds = w0 + DAY_S * np.arange(n_days + 1)
+    hour_bounds = w0 + HOUR_S * np.arange(24 * n_days + 1)
+    w1 = float(day_bounds[-1])
+    n_f = len(fence_names)
+
+    o_all, object_names = _codes(events.column("object_id"))
+    t_all = events.column("t").to_numpy()
+    enter_all = events.column("enter").to_numpy(zero_copy_only=False).astype(bool)
+    # sequences in (t, ts, enter first) order; rows equal in all three are interchangeable
+    rank = _rank(t_all, events.column("ts").to_numpy(), ~enter_all)
+    order = _group_order(f_all * len(object_names) + o_all, n_f * len(object_names), rank)
+    f, o, t, enter = f_all[order], o_all[order], t_all[order], enter_all[order]
+    carried = events.column("kind").to_numpy()[order] == CARRIED
+    n = f.size
+
+    # the state machine of every sequence at once: inside after a row iff it is an enter
+    first = np.ones(n, bool)
+    first[1:] = (f[1:] != f[:-1]) | (o[1:] != o[:-1])
+    inside_before = np.zeros(n, bool)
+    inside_before[1:] = enter[:-1]
+    inside_before[first] = False
+    opens, closes = enter & ~inside_before, ~enter & inside_before
+    entries_at = np.flatnonzero(opens & ~carried)
+    exits_at = np.flatnonzero(closes)
+    turns = np.flatnonzero(opens | closes)  # they alternate within a sequence: open, close, ...
+    same_next = np.zeros(turns.size, bool)
+    same_next[:-1] = (f[turns[1:]] == f[turns[:-1]]) & (o[turns[1:]] == o[turns[:-1]])
+    k_open = np.flatnonzero(opens[turns])
+    at = turns[k_open]
+    closed = same_next[k_open]
+    stay_start = np.where(carried[at], w0, t[at])
+    stay_end = np.full(at.size, w1)
+    stay_end[closed] = t[turns[k_open[closed] + 1]]
+
+    # each stay cut into its parts, one per day
+    d_first = _index(stay_start, w0, DAY_S)
+    d_last = np.minimum(_index(stay_end, w0, DAY_S), n_days - 1)
+    stay, day = _repeat_ranges(d_first, d_last - d_first + 1)
+    p_start = np.maximum(stay_start[stay], day_bounds[day])
+    p_end = np.minimum(stay_end[stay], day_bounds[day + 1])
+    p_fence = f[at][stay]
+    still_inside = stay_end[stay] >= day_bounds[day + 1]
+
+    # output rows: the 24 hours of every (fence, day) with an event or a part
+    real = np.flatnonzero(~carried)
+    ev_hour = _index(t[real], w0, HOUR_S)
+    slot = np.zeros(n_f * n_days, np.int64)
+    slot[f[real] * n_days + ev_hour // 24] = 1
+    slot[p_fence * n_days + day] = 1
+    fd = np.flatnonzero(slot)
+    slot[fd] = np.arange(fd.size)
+    n_rows = fd.size * 24
+
+    def row(fence: np.ndarray, hour: np.ndarray) -> np.ndarray:  # hour: of the window
+        found: np.ndarray = slot[fence * n_days + hour // 24] * 24 + hour % 24
+        return found
+
+    hour_at = np.full(n, -1)
+    hour_at[real] = ev_hour
+    entries = np.bincount(row(f[entries_at], hour_at[entries_at]), minlength=n_rows)
+    exits = np.bincount(row(f[exits_at], hour_at[exits_at]), minlength=n_rows)
+    p_row = row(p_fence, _index(p_start, w0, HOUR_S))
+    stays = np.bincount(p_row, minlength=n_rows)
+    p50, p90 = _percentiles(p_row, p_end - p_start, n_rows)
+
+    # mean: each part's overlap with each hour it reaches into
+    pos = p_end > p_start
+    a, b, pf = p_start[pos], p_end[pos], p_fence[pos]
+    h_first, h_last = _index(a, w0, HOUR_S), _index(b, w0, HOUR_S)
+    h_last -= b == hour_bounds[h_last]
+    piece, h = _repeat_ranges(h_first, h_last - h_first + 1)
+    overlap = np.minimum(b[piece], hour_bounds[h + 1]) - np.maximum(a[piece], hour_bounds[h])
+    mean = np.bincount(row(pf[piece], h), weights=overlap, minlength=n_rows) / HOUR_S
+
+    # peak: per fence in time order, +1 where a part begins, -1 where it ends and a probe at
+    # each row's hour start; the occupancy after an instant is the running sum at the last
+    # point of that instant, and an hour's peak the most of these within it (the probe
+    # stands for the level already reached at the hour's start)
+    probe_t = hour_bounds[(fd % n_days)[:, None] * 24 + np.arange(24)].ravel()
+    pt = np.concatenate([a, b, probe_t])
+    pfence = np.concatenate([pf, pf, np.repeat(fd // n_days, 24)])
+    delta = np.concatenate([np.ones(a.size, np.int64), np.full(b.size, -1), np.zeros(n_rows, np.int64)])
+    sweep = _group_order(pfence, n_f, _rank(pt))
+    pt, pfence = pt[sweep], pfence[sweep]
+    level = np.cumsum(delta[sweep])  # each fence's deltas sum to zero: no reset needed
+    last = np.ones(pt.size, bool)
+    last[:-1] = (pt[1:] != pt[:-1]) | (pfence[1:] != pfence[:-1])
+    last &= pt < w1  # ends at the window's end belong to no row
+    peak = np.zeros(n_rows, np.int64)
+    np.maximum.at(peak, row(pfence[last], _index(pt[last], w0, HOUR_S)), level[last])
+
+    hourly = _table(n_rows, kind=HOURLY, fence_id=fence_names.take(pa.array(np.repeat(fd // n_days, 24))),
+                    day=np.repeat(fd % n_days, 24), hour=np.tile(np.arange(24), fd.size),
+                    entries=entries, exits=exits, mean_occupancy=mean, peak_occupancy=peak, stays=stays,
+                    dwell_p50_s=p50, dwell_p90_s=p90)
+
+    # who is inside at each day's end: one list of object ids per (fence, day)
+    still = np.flatnonzero(still_inside)
+    names = object_names.take(pa.array(o[at][stay][still]))
+    keyed = pa.table({"fd": p_fence[still] * n_days + day[still], "name": names})
+    keyed = keyed.take(pc.sort_indices(keyed, [("fd", "ascending"), ("name", "ascending")]))
+    open_fd = keyed.column("fd").to_numpy()
+    group = np.flatnonzero(np.r_[True, open_fd[1:] != open_fd[:-1]]) if open_fd.size else open_fd
+    offsets = pa.array(np.r_[group, open_fd.size].astype(np.int32))
+    lists = pa.ListArray.from_arrays(offsets, keyed.column("name").combine_chunks())
+    open_rows = _table(group.size, kind=OPEN, fence_id=fence_names.take(pa.array(open_fd[group] // n_days)),
+                       day=open_fd[group] % n_days, object_ids=lists)
+    day_rows = _table(n_days, kind=DAY_EVENTS, day=np.arange(n_days),
+                      events=np.bincount(ev_hour // 24, minlength=n_days))
+    return hourly, open_rows, day_rows, (fd, mean.reshape(-1, 24))
+
+
+def _seasonal(cube: tuple[np.ndarray, np.ndarray], history: tuple[np.ndarray, np.ndarray, np.ndarray],
+              n_f: int, fence_names: pa.Array, plan: Plan) -> tuple[pa.Table, pa.Table]:
+    """Busiest and forecast rows as of each day of the window, from the hourly means of the
+    window (cube) and of the computed days before it (history: fence, hour offset, mean)."""
+    n_days, back = plan.days, LOOKBACK_DAYS - 1
+    span = back + n_days  # day j of the arrays is the window's day j - back
+    occ = np.zeros((n_f, span, 24))
+    present = np.zeros((n_f, span), bool)
+    h_fence, h_hour, h_mean = history
+    occ[h_fence, back + h_hour // 24, h_hour % 24] = h_mean
+    present[h_fence, back + h_hour // 24] = True
+    fd, means = cube
+    occ[fd // n_days, back + fd % n_days] = means
+    present[fd // n_days, back + fd % n_days] = True
+    computed = np.zeros(span, bool)
+    computed[back + np.array(plan.computed_before, np.int64)] = True
+    computed[back:] = True
+    weekday = (plan.first_weekday - 1 + np.arange(span) - back) % 7 + 1
+    hours = np.arange(24)
+
+    busiest, forecast = [], []
+    for k in range(n_days):
+        a = back + k
+        days = np.arange(k, a + 1)[computed[k:a + 1]]
+        scope = np.flatnonzero(present[:, days].any(axis=1))
+        if not scope.size:
+            continue
+        occ_s = occ[scope][:, days]  # (fence, day, hour)
+        names = fence_names.take(pa.array(scope))
+        for w in range(1, 8):
+            same = weekday[days] == w
+            if not same.any():
+                continue
+            m = occ_s[:, same].sum(axis=1) / same.sum()
+            # most first, then the earlier hour (whole numbers below 2**53, so exact); none last
+            key = np.where(m > 0, -np.floor(m * RANK_SCALE + 0.5) * 32 + hours, np.inf)
+            order = np.argsort(key, axis=1)[:, :TOP_HOURS]
+            top = np.take_along_axis(m, order, axis=1)
+            i, r = np.nonzero(top > 0)
+            busiest.append(_table(i.size, kind=BUSIEST, fence_id=names.take(pa.array(i)), day=k, weekday=w,
+                                  rank=r + 1, hour=order[i, r], mean_occupancy=top[i, r],
+                                  samples=int(same.sum())))
+        level = occ_s.mean(axis=(1, 2))
+        recent = days > a - RECENT_DAYS
+        level_recent = occ_s[:, recent].mean(axis=(1, 2))
+        ratio = np.divide(level_recent, level, out=np.ones_like(level), where=level > 0)
+        trend = np.where(level > 0, np.clip(ratio, *TREND_LIMITS), 1.0)
+        same = weekday[days] == weekday[a] % 7 + 1
+        basis, base = ("weekday", occ_s[:, same]) if same.any() else ("hour", occ_s)
+        seasonal = base.mean(axis=1)
+        forecast.append(_table(seasonal.size, kind=FORECAST, fence_id=names.take(pa.array(
+            np.repeat(np.arange(scope.size), 24))), day=k + 1, hour=np.tile(hours, scope.size),
+            mean_occupancy=(seasonal * trend[:, None]).ravel(), seasonal=seasonal.ravel(),
+            trend=np.repeat(trend, 24), basis=basis, samples=int(base.shape[1])))
+    return (pa.concat_tables(busiest) if busiest else _table(0),
+            pa.concat_tables(forecast) if forecast else _table(0))
+
+
+def fence_chunks(rows: pa.Table, plan: Plan, events: int = CHUNK_EVENTS) -> Iterator[pa.Table]:
+    """`rows` in parts of whole fences, of about `events` rows and a cube of CHUNK_CUBE."""
+    codes, names = _codes(rows.column("fence_id"))
+    cube = len(names) * (LOOKBACK_DAYS - 1 + plan.days) * 24
+    k = max(-(-rows.num_rows // events), -(-cube // CHUNK_CUBE))
+    if k <= 1:
+        yield rows
+        return
+    chunk = codes % k
+    order = np.argsort(chunk, kind="stable")
+    bounds = np.searchsorted(chunk[order], np.arange(k + 1))
+    for lo, hi in itertools.pairwise(bounds.tolist()):
+        if hi > lo:
+            yield rows.take(pa.array(order[lo:hi]))
+
+
+def core_udf(plan: Plan, events: int = CHUNK_EVENTS) -> Callable[[Iterator[pa.RecordBatch]],
+                                                                 Iterator[pa.RecordBatch]]:
+    """mapInArrow's function: a partition's batches (whole fences) gathered and analysed."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        got = [b for b in batches if b.num_rows]
+        if got:
+            for part in fence_chunks(pa.Table.from_batches(got), plan, events):
+                yield from analyse(part, plan).to_batches(max_chunksize=ARROW_BATCH)
+
+    return run
+
+
+# ---------------------------------------------------------------- SQL
+
+EFFECTIVE_T = "LEAST(ts, date_part('epoch', archived_at))"
+
+
+def _t_from(x: float) -> str:
+    """SQL for effective time >= x (both columns filtered, so the BRIN indexes serve it)."""
+    return f"ts >= {x!r} AND archived_at >= to_timestamp({x!r})"
+
+
+def _t_before(x: float) -> str:
+    return f"(ts < {x!r} OR archived_at < to_timestamp({x!r}))"
+
+
+def carry_sql(schema: str, w0: float, snapshot: dt.date | None) -> str:
+    """(fence_id, object_id) inside at w0: the snapshot of `snapshot`'s end updated by the
+    events after it (the last one decides), or, without a snapshot, by all earlier events."""
+    s = f'"{schema}"'
+    stored = (f"SELECT o.fence_id, unnest(o.object_ids) AS object_id FROM {s}.occupancy_open o "
+              f"WHERE o.day = DATE '{snapshot}'")
+    gap_from = epoch(snapshot) + DAY_S if snapshot else None
+    if gap_from is not None and gap_from >= w0:
+        return stored
+    where = _t_before(w0) + (f" AND {_t_from(gap_from)}" if gap_from is not None else "")
+    gap = (f"SELECT DISTINCT ON (fence_id, object_id) fence_id, object_id, event FROM {s}.fence_event "
+           f"WHERE {where} ORDER BY fence_id, object_id, {EFFECTIVE_T} DESC, ts DESC, event DESC")
+    sql = f"WITH gap AS ({gap}) SELECT fence_id, object_id FROM gap WHERE event = 'enter'"
+    if snapshot is None:
+        return sql
+    return (f"{sql} UNION ALL SELECT o.fence_id, o.object_id FROM ({stored}) o WHERE NOT EXISTS "
+            "(SELECT 1 FROM gap g WHERE g.fence_id = o.fence_id AND g.object_id = o.object_id)")
+
+
+def events_sql(schema: str, window: Window, snapshot: dt.date | None) -> str:
+    """The core's input (columns fence_id, object_id, kind, enter, t, ts): the window's events
+    (effective time in [w0, w1)), the objects carried in (an enter at -inf) and the hourly
+    means of the computed days of the lookback (t = the hour's offset from the window's
+    start, ts = the mean)."""
+    s, first = f'"{schema}"', window.first
+    since = first - dt.timedelta(days=LOOKBACK_DAYS - 1)
+    window_events = f"{_t_from(window.w0)} AND {_t_before(window.w1)}"
+    return (f"SELECT fence_id, object_id, {EVENT}::int2 AS kind, event = 'enter' AS enter, "
+            f"{EFFECTIVE_T} AS t, ts FROM {s}.fence_event WHERE {window_events} "
+            f"UNION ALL SELECT fence_id, object_id, {CARRIED}::int2, true, '-Infinity', '-Infinity' "
+            f"FROM ({carry_sql(schema, window.w0, snapshot)}) c "
+            f"UNION ALL SELECT h.fence_id, NULL, {HISTORY}::int2, NULL, "
+            f"(h.day - DATE '{first}') * 24 + h.hour, h.mean_occupancy "
+            f"FROM {s}.occupancy_hourly h JOIN {s}.occupancy_day USING (day) "
+            f"WHERE h.day >= DATE '{since}' AND h.day < DATE '{first}'")
+
+
+# ---------------------------------------------------------------- Spark
+
+
+@dataclass
+class Summary:
+    window: Window
+    events: int = 0
+    rows: int = 0
+    wall_s: float = 0.0
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    written: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def line(self) -> str:
+        rate = self.events / self.wall_s if self.wall_s else 0.0
+        w = self.window
+        return (f"days {w.first}..{w.last}: {self.events:,} events read, {self.rows:,} rows written "
+                f"({', '.join(f'{k} {v:,}' for k, v in self.written.items())}), "
+                f"{self.wall_s:.1f} s, {rate:,.0f} events/s")
+
+
+def run_job(cfg: JobConfig, window: Window, schema: str = "public", *, progress: Progress = _say) -> Summary:
+    """Compute the window's days and swap them in (the session: spark_session's, so a running
+    one is reused)."""
+    from pyspark.sql import functions as F
+
+    check_schema(schema)
+    t_start = time.perf_counter()
+    summary = Summary(window)
+    mark = [t_start]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        summary.phases[name] = round(now - mark[0], 3)
+        mark[0] = now
+
+    run_id = f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    history, snapshot = asyncio.run(_prepare(cfg.postgres_url, schema, window))
+    plan = Plan(window.w0, window.days, tuple((d - window.first).days for d in history))
+    progress(f"days {window.first}..{window.last} (run {run_id}), "
+             + (f"carrying in who was inside at the end of {snapshot}" if snapshot
+                else "no earlier day computed: replaying all earlier events")
+             + (" and the events since" if snapshot and epoch(snapshot) + DAY_S < window.w0 else "")
+             + f"; {len(history)} computed days of history")
+    phase("prepare")
+    spark = spark_session(cfg, APP_NAME)
+    phase("session")
+    n = partitions(spark, cfg)
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    saved = spark.conf.get(key, None)
+    spark.conf.set(key, str(ARROW_BATCH))
+    jdbc = Jdbc.from_url(cfg.postgres_url)
+    reader = dataclasses.replace(jdbc, url=jdbc.url + "?prepareThreshold=-1")  # binary transfer
+    core: DataFrame | None = None
+    try:
+        progress(f"reading the events over JDBC ({n} partitions by fence) and analysing them")
+        rows = reader.read(spark, events_sql(schema, window, snapshot), hash_predicates("fence_id", n),
+                           fetch_size=FETCH_SIZE)
+        core = rows.mapInArrow(core_udf(plan), CORE_DDL).persist()
+        per_day = {r["day"]: r["events"] for r in core.where(F.col("kind") == DAY_EVENTS)
+                   .groupBy("day").agg(F.sum("events").alias("events")).collect()}
+        summary.events = sum(per_day.values())
+        phase("read+analyse")
+        progress(f"{summary.events:,} events analysed; staging the results")
+        day = F.date_add(F.lit(window.first), F.col("day")).alias("day")
+        outputs: dict[str, tuple[int, list[Column | str]]] = {
+            "occupancy_hourly": (HOURLY, [
+                "fence_id", day, "hour", "entries", "exits", "mean_occupancy", "peak_occupancy", "stays",
+                "dwell_p50_s", "dwell_p90_s"]),
+            "occupancy_open": (OPEN, [day, "fence_id", "object_ids"]),
+            "occupancy_busiest": (BUSIEST, [
+                day.alias("as_of"), "fence_id", "weekday", "rank", "hour", "mean_occupancy",
+                F.col("samples").alias("days")]),
+            "occupancy_forecast": (FORECAST, [
+                "fence_id", day, "hour", F.col("mean_occupancy").alias("occupancy"), "seasonal", "trend",
+                "basis", "samples"]),
+        }
+        for name, (kind, columns) in outputs.items():
+            out = core.where(F.col("kind") == kind).select(F.lit(run_id).alias("run_id"), *columns)
+            jdbc.append(out, f'"{schema}".{name}_stage')
+        phase("stage")
+        progress("swapping the days in")
+        summary.written = asyncio.run(_swap(cfg.postgres_url, schema, run_id, window, per_day))
+        summary.rows = sum(summary.written.values())
+        phase("swap")
+    finally:
+        if core is not None:
+            core.unpersist()
+        if saved is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, saved)
+        asyncio.run(_unstage(cfg.postgres_url, schema, run_id))
+    summary.wall_s = time.perf_counter() - t_start
+    return summary
+
+
+# ---------------------------------------------------------------- PostgreSQL (asyncpg)
+
+
+async def _prepare(dsn: str, schema: str, window: Window) -> tuple[list[dt.date], dt.date | None]:
+    """The computed days of the lookback before the window, and the latest computed day
+    before it (its occupancy_open rows are the carry-in); stale staged rows removed."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        for name in OUTPUTS:
+            await conn.execute(f'DELETE FROM "{schema}".{name}_stage WHERE staged_at < now() - interval '
+                               f"'{STALE_STAGE}'")
+        since = window.first - dt.timedelta(days=LOOKBACK_DAYS - 1)
+        rows = await conn.fetch(f'SELECT day FROM "{schema}".occupancy_day WHERE day >= $1 AND day < $2 '
+                                "ORDER BY day", since, window.first)
+        snapshot = await conn.fetchval(f'SELECT max(day) FROM "{schema}".occupancy_day WHERE day < $1',
+                                       window.first)
+        return [r["day"] for r in rows], snapshot
+    finally:
+        await conn.close()
+
+
+SWAP = {  # table: (its day column, that day's offset from the window's, columns)
+    "occupancy_hourly": ("day", 0, "fence_id, day, hour, entries, exits, mean_occupancy, peak_occupancy, "
+                                   "stays, dwell_p50_s, dwell_p90_s"),
+    "occupancy_open": ("day", 0, "day, fence_id, object_ids"),
+    "occupancy_busiest": ("as_of", 0, "as_of, fence_id, weekday, rank, hour, mean_occupancy, days"),
+    "occupancy_forecast": ("day", 1, "fence_id, day, hour, occupancy, seasonal, trend, basis, samples"),
+}
+
+
+async def _swap(dsn: str, schema: str, run_id: str, window: Window,
+                per_day: dict[int, int]) -> dict[str, int]:
+    """The staged rows replace the window's, in every table at once."""
+    import asyncpg
+
+    s = f'"{schema}"'
+    written = {}
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"occupancy-analytics {schema}")
+            for table, (column, shift, columns) in SWAP.items():
+                lo = window.first + dt.timedelta(days=shift)
+                hi = window.last + dt.timedelta(days=shift)
+                await conn.execute(f"DELETE FROM {s}.{table} WHERE {column} BETWEEN $1 AND $2", lo, hi)
+                status = await conn.execute(f"INSERT INTO {s}.{table} ({columns}) SELECT {columns} FROM "
+                                            f"{s}.{table}_stage WHERE run_id = $1", run_id)
+                written[table] = int(status.split()[-1])
+                await conn.execute(f"DELETE FROM {s}.{table}_stage WHERE run_id = $1", run_id)
+            events = [per_day.get(i, 0) for i in range(window.days)]
+            status = await conn.execute(
+                f"INSERT INTO {s}.occupancy_day AS o (day, events, fences, open_at_end, run_id) "
+                f"SELECT d, e, (SELECT count(DISTINCT fence_id) FROM {s}.occupancy_hourly h "
+                "WHERE h.day = d), (SELECT coalesce(sum(cardinality(object_ids)), 0) "
+                f"FROM {s}.occupancy_open p WHERE p.day = d), "
+                "$3 FROM unnest($1::date[], $2::bigint[]) AS u (d, e) "
+                "ON CONFLICT (day) DO UPDATE SET events = excluded.events, fences = excluded.fences, "
+                "open_at_end = excluded.open_at_end, run_id = excluded.run_id, computed_at = now()",
+                window.dates, events, run_id)
+            written["occupancy_day"] = int(status.split()[-1])
+    finally:
+        await conn.close()
+    return written
+
+
+async def _unstage(dsn: str, schema: str, run_id: str) -> None:
+    """Whatever a failed run staged (after a swap there is nothing left)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        for name in OUTPUTS:
+            with contextlib.suppress(asyncpg.UndefinedTableError):  # not to hide why the run failed
+                await conn.execute(f'DELETE FROM "{schema}".{name}_stage WHERE run_id = $1', run_id)
+    finally:
+        await conn.close()
+
+
+async def create_tables(conn: Any, schema: str) -> None:
+    """For tests and benchmarks: in `schema`, a copy of public.fence_event (clone_schema) and
+    this job's tables and indexes, made by the job's migration itself."""
+    from deploy.migrate import MIGRATIONS_DIR
+
+    await clone_schema(conn, schema, ("fence_event",))
+    async with conn.transaction():
+        await conn.execute(f'SET LOCAL search_path TO "{check_schema(schema)}"')
+        await conn.execute((MIGRATIONS_DIR / MIGRATION).read_text())
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str = "occupancy-analytics") -> None:
+    parser.add_argument("--day", type=dt.date.fromisoformat, default=None,
+                        help="the (last) UTC day to compute, YYYY-MM-DD (default: yesterday)")
+    parser.add_argument("--days", type=int, default=1,
+                        help="recompute this many days ending at --day in one pass (default 1)")
+    parser.add_argument("--master", default=None,
+                        help="Spark master (default: GEOFENCE_SPARK_MASTER or local[*])")
+    parser.add_argument("--schema", default="public", help="schema of fence_event and the output tables")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="JDBC partitions, each a share of the fences (default: twice the cores)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = JobConfig.from_env(master=args.master, partitions=args.partitions)
+        day = args.day or dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)
+        window = Window(day, args.days)
+        check_schema(args.schema)
+    except ConfigError as exc:
+        print(f"occupancy-analytics: error: {exc}", file=sys.stderr)
+        return 2
+    summary = run_job(cfg, window, args.schema)
+    print(f"occupancy-analytics: {summary.line()}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="occupancy-analytics", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    from spark_jobs import occupancy as job  # the executors unpickle the core from the package
+
+    sys.exit(job.main())
