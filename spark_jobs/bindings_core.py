@@ -13,7 +13,7 @@ redoes a covering with less budget only in the rare case the cuts push it past M
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from ingress.worldmap import Worldmap
 U64 = npt.NDArray[np.uint64]
 BOOL = npt.NDArray[np.bool_]
 
+COVER_COLUMNS = ("fence_id", "version", "geometry", "bits", "level", "ranges", "interior", "error")
 COVER_SCHEMA = ("fence_id string, version long, geometry string, bits int, level int, n_ranges int, "
                 "ranges binary, interior binary, error string")
 CUT_SCHEMA = ("fence_id string, version long, region string, bits int, n_ranges int, ranges binary, "
@@ -84,9 +85,13 @@ def cover_batch(batch: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def covers(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    for b in batches:
-        yield cover_batch(b)
+def per_batch(fn: Callable[..., pd.DataFrame], *args: Any) -> Callable[[Iterable[pd.DataFrame]],
+                                                                      Iterator[pd.DataFrame]]:
+    """`fn(batch, *args)` over every batch: the function mapInPandas takes."""
+    def run(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for b in batches:
+            yield fn(b, *args)
+    return run
 
 
 def rebuild_batch(batch: pd.DataFrame, worldmap: Worldmap) -> pd.DataFrame:
@@ -124,13 +129,6 @@ def rebuild_batch(batch: pd.DataFrame, worldmap: Worldmap) -> pd.DataFrame:
         diffs.append(out)
     cov["cut_regions"], cov["cut_sizes"], cov["diffs"] = regions, sizes, diffs
     return cov
-
-
-def rebuilds(worldmap: Worldmap) -> Any:
-    def run(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for b in batches:
-            yield rebuild_batch(b, worldmap)
-    return run
 
 
 def cut_sizes_batch(batch: pd.DataFrame, worldmap: Worldmap) -> pd.DataFrame:
@@ -285,11 +283,6 @@ def diff_batch(batch: pd.DataFrame) -> pd.DataFrame:
             out[k].append(v)
     objects = ("region", "fence_id", "action", "ranges", "interior")
     return pd.DataFrame({k: pd.Series(v, dtype=object if k in objects else "int64") for k, v in out.items()})
-
-
-def diffs(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    for b in batches:
-        yield diff_batch(b)
 
 
 def _present(value: Any) -> bool:

@@ -47,7 +47,6 @@ from spark_jobs import bindings_core as core
 from spark_jobs.session import Jdbc, JobConfig, check_schema, hash_predicates, partitions, spark_session
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
 REMOVAL_BITS = 26  # the level sent with no ranges (a fence only removed from regions): unused
@@ -156,7 +155,7 @@ class Job:
             from pyspark.sql import functions as F
 
             diff = cov.select(F.explode("diffs").alias("d")).select("d.*")
-            self.apply_diff(diff, "repair", wm, None)
+            self.apply_diff(diff, "repair", None)
         else:
             self.phase(spark, cov, "grow", new_wm, wm)
             if self.live_apply:
@@ -187,7 +186,7 @@ class Job:
             SELECT f.id AS fence_id, f.version, f.geometry::text AS geometry, {live}
             FROM {self.table('fence')} f LEFT JOIN {self.table('fence_range')} r ON r.fence_id = f.id
             WHERE f.deleted_at IS NULL GROUP BY f.id""", predicates=hash_predicates("fence_id", n))
-        cov = fences.mapInPandas(core.rebuilds(wm), core.REBUILD_SCHEMA).persist()
+        cov = fences.mapInPandas(core.per_batch(core.rebuild_batch, wm), core.REBUILD_SCHEMA).persist()
         stats = cov.selectExpr("count(*) AS fences", "coalesce(sum(n_ranges), 0) AS ranges",
                                "count(error) AS failed").first()
         assert stats is not None
@@ -218,17 +217,15 @@ class Job:
         self.say(f"fence_binding: {self.report.fences - self.report.failed:,} coverings stored")
 
     def loads(self, cov: DataFrame, wm: Worldmap) -> dict[str, int]:
-        def sizes(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            for b in batches:
-                yield core.cut_sizes_batch(b, wm)
-
-        cols = cov.select("fence_id", "version", "geometry", "bits", "level", "ranges", "interior", "error")
-        sums = cols.mapInPandas(sizes, "region string, n long").groupBy("region").agg({"n": "sum"})
+        sizes = cov.select(*core.COVER_COLUMNS).mapInPandas(core.per_batch(core.cut_sizes_batch, wm),
+                                                            "region string, n long")
+        sums = sizes.groupBy("region").agg({"n": "sum"})
         return {row["region"]: int(row["sum(n)"]) for row in sums.collect()}
 
     def balanced_map(self, cov: DataFrame, wm: Worldmap) -> Worldmap:
-        counts: Any = (cov.where("error IS NULL").mapInPandas(_buckets, core.BUCKET_SCHEMA)
-                  .groupBy("bucket").agg({"n": "sum"}).toPandas())
+        buckets = cov.where("error IS NULL").mapInPandas(core.per_batch(core.bucket_batch),
+                                                         core.BUCKET_SCHEMA)
+        counts: Any = buckets.groupBy("bucket").agg({"n": "sum"}).toPandas()
         if counts.empty:
             return wm
         return core.balanced(wm, counts["bucket"].to_numpy(), counts["sum(n)"].to_numpy())
@@ -237,16 +234,16 @@ class Job:
               old: Worldmap | None) -> None:
         """A re-split step: make the live bindings what `wm` (and `old`, while growing) cut."""
         n = partitions(spark, self.cfg)
-        target = cov.select("fence_id", "version", "geometry", "bits", "level", "ranges", "interior",
-                            "error").mapInPandas(_cutter(wm, old), core.CUT_SCHEMA)
+        target = cov.select(*core.COVER_COLUMNS).mapInPandas(core.per_batch(core.cut_batch, wm, old),
+                                                             core.CUT_SCHEMA)
         live = self.jdbc.read(spark, "SELECT region, fence_id, version AS live_version, "
                                      "ranges AS live_ranges, interior AS live_interior "
                                      f"FROM {self.table('fence_range')}",
                               predicates=hash_predicates("fence_id", n))
         joined = target.join(live, ["region", "fence_id"], "full_outer")
-        self.apply_diff(joined.mapInPandas(core.diffs, core.DIFF_SCHEMA), phase, wm, old)
+        self.apply_diff(joined.mapInPandas(core.per_batch(core.diff_batch), core.DIFF_SCHEMA), phase, old)
 
-    def apply_diff(self, diff: DataFrame, phase: str, wm: Worldmap, old: Worldmap | None) -> None:
+    def apply_diff(self, diff: DataFrame, phase: str, old: Worldmap | None) -> None:
         """Write the differences found (fence_binding_diff), then apply them unless dry run."""
         from pyspark.sql import functions as F
 
@@ -265,7 +262,7 @@ class Job:
         self.t(f"diff-{phase}", t0)
         if self.live_apply and total:
             t0 = time.perf_counter()
-            asyncio.run(self._apply(phase, diff.toLocalIterator(prefetchPartitions=True), wm, old))
+            asyncio.run(self._apply(phase, diff.toLocalIterator(prefetchPartitions=True), old))
             self.t(f"apply-{phase}", t0)
         diff.unpersist()
 
@@ -316,7 +313,7 @@ class Job:
         finally:
             await conn.close()
 
-    async def _apply(self, phase: str, rows: Iterator[Any], wm: Worldmap, old: Worldmap | None) -> None:
+    async def _apply(self, phase: str, rows: Iterator[Any], old: Worldmap | None) -> None:
         per_fence: dict[str, tuple[int, int, dict[str, Any]]] = {}
         for row in rows:
             version, bits, regions = per_fence.get(row["fence_id"], (row["version"], row["bits"], {}))
@@ -384,18 +381,6 @@ class Job:
             "WHERE run_id = $1",
             r.run_id, r.fences, r.ranges, r.failed, r.diff_rows, r.applied, r.skipped, r.worldmap_before,
             r.worldmap_after, r.imbalance_before, r.imbalance_after, r.status)
-
-
-def _cutter(wm: Worldmap, old: Worldmap | None) -> Any:
-    def cut(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for b in batches:
-            yield core.cut_batch(b, wm, old)
-    return cut
-
-
-def _buckets(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    for b in batches:
-        yield core.bucket_batch(b)
 
 
 def _loads(loads: dict[str, int]) -> str:
