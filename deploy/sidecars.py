@@ -68,6 +68,8 @@ def environment(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar) -> dict[str,
            "GEOFENCE_POSTGRES_URL": ls.postgres_dsn(settings, pw.postgres_password),
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}
+    if sc.role == "x-fence":  # its snapshot and journal
+        env["GEOFENCE_STATE_DIR"] = str(settings.state_dir / "state" / sc.name)
     if sc.role == "api":
         env.update({"GEOFENCE_API_HOST": settings.host, "GEOFENCE_API_PORT": str(settings.api_port),
                     "GEOFENCE_FIREBASE_PROJECT": ls.FIREBASE_PROJECT,

@@ -62,20 +62,21 @@ class GeoSidecar:
         cfg = self.config
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.region_vhost(self.region), stack)
-            self.out_ch: AbstractChannel = await shell.open_channel(conn, stack)
+            self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
             self.fence_in: AbstractExchange = await self.out_ch.get_exchange(t.FENCE_IN_EXCHANGE,
                                                                              ensure=False)
             self.dlx = await self.out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
-            pos_ch = await shell.open_channel(conn, stack, cfg.prefetch)
-            ctl_ch = await shell.open_channel(conn, stack, 64)
-            positions = shell.Intake(await pos_ch.get_queue(t.GEO_POSITIONS_QUEUE), cfg.batch_max)
-            controls = shell.Intake(await ctl_ch.get_queue(t.GEO_CONTROL_QUEUE), 64)
+            pos_ch = await shell.open_channel(conn, stack)
+            ctl_ch = await shell.open_channel(conn, stack)
+            positions = shell.Intake.on(await pos_ch.get_queue(t.GEO_POSITIONS_QUEUE), cfg.batch_max,
+                                        cfg.prefetch)
+            controls = shell.Intake.on(await ctl_ch.get_queue(t.GEO_CONTROL_QUEUE), 64, 64)
             log.info("region %s: consuming %s and %s", self.region, t.GEO_POSITIONS_QUEUE,
                      t.GEO_CONTROL_QUEUE)
             await shell.run_session(
                 stop, [conn], [positions, controls],
-                [shell.run_batches(positions, self.handle_positions, self.counters),
-                 shell.run_batches(controls, self.handle_controls, self.counters)],
+                [shell.run_batches(positions, self.handle_positions, self.counters, self.dlx),
+                 shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
                 [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
 
     # -- positions ---------------------------------------------------------------------------

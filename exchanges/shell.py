@@ -105,6 +105,12 @@ class SidecarConfig:
     batch_max: int = 5000
     prefetch: int = 10_000
     log_level: str = "INFO"
+    # Where a stateful sidecar (x-fence) keeps its snapshot and journal; required there.
+    state_dir: str = ""
+    # "on" (production): persistent messages, publisher confirms, x-fence journal. "off":
+    # transient messages, no confirms, no journal: a crash loses in-flight work. For
+    # benchmarks (bench/e2e.py measures what durability costs); never in production.
+    persistence: bool = True
 
     @classmethod
     def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,
@@ -137,6 +143,15 @@ class SidecarConfig:
             kw["prefetch"] = _positive("GEOFENCE_PREFETCH", given["GEOFENCE_PREFETCH"], int)
         if "GEOFENCE_LOG_LEVEL" in given:
             kw["log_level"] = given["GEOFENCE_LOG_LEVEL"].upper()
+        if given.get("GEOFENCE_STATE_DIR"):
+            if not os.path.isabs(given["GEOFENCE_STATE_DIR"]):
+                raise ConfigError(f"GEOFENCE_STATE_DIR={given['GEOFENCE_STATE_DIR']!r}: not an absolute path")
+            kw["state_dir"] = given["GEOFENCE_STATE_DIR"]
+        if "GEOFENCE_PERSISTENCE" in given:
+            value = given["GEOFENCE_PERSISTENCE"].strip().lower()
+            if value not in ("on", "off"):
+                raise ConfigError(f"GEOFENCE_PERSISTENCE={given['GEOFENCE_PERSISTENCE']!r}: on or off")
+            kw["persistence"] = value == "on"
         config = cls(role, instance, amqp, pg, **kw)
         try:
             _ = config.topology
@@ -163,7 +178,9 @@ class SidecarConfig:
     def describe(self) -> str:
         return (f"{self.name}: amqp {mask_url(self.amqp_url)}, postgres {mask_url(self.postgres_url)}, "
                 f"regions {','.join(self.regions)}, workers {','.join(self.workers)}, "
-                f"batch <= {self.batch_max}, prefetch {self.prefetch}, drain {self.drain_s:g}s")
+                f"batch <= {self.batch_max}, prefetch {self.prefetch}, drain {self.drain_s:g}s"
+                + (f", state {self.state_dir}" if self.state_dir else "")
+                + ("" if self.persistence else ", PERSISTENCE OFF (benchmarks only)"))
 
 
 def setup_logging(config: SidecarConfig) -> None:
@@ -253,9 +270,10 @@ async def _close_quietly(closable: AbstractConnection | AbstractChannel) -> None
 
 
 async def open_channel(conn: AbstractConnection, stack: contextlib.AsyncExitStack,
-                       prefetch: int = 0) -> AbstractChannel:
-    """A channel with publisher confirms (returned mandatory messages raise)."""
-    ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
+                       prefetch: int = 0, confirms: bool = True) -> AbstractChannel:
+    """A channel with publisher confirms (returned mandatory messages raise). Without
+    confirms (GEOFENCE_PERSISTENCE=off, benchmarks only) what it publishes is transient."""
+    ch = await conn.channel(publisher_confirms=confirms, on_return_raises=confirms)
     stack.push_async_callback(_close_quietly, ch)
     if prefetch:
         await ch.set_qos(prefetch_count=prefetch)
@@ -272,28 +290,84 @@ async def connection_lost(conns: Sequence[AbstractConnection]) -> None:
 # --------------------------------------------------------------------------- intake
 
 
+SUSPECT_DELIVERIES = 2  # x-delivery-count: unsettled this many times before (crashes, cuts)
+
+
+def delivery_count(message: AbstractIncomingMessage) -> int:
+    """How many times the broker handed this message out before without a settlement
+    (a quorum queue's x-delivery-count; 0 for a first delivery)."""
+    raw = (message.headers or {}).get("x-delivery-count", 0)
+    return raw if isinstance(raw, int) else 0
+
+
 class Intake:
     """Consumes one queue and hands out batches: everything that has arrived, up to
     `max_batch`. Under low load that is one message (no added latency); under load the
-    messages that arrived while the previous batch was processed (throughput)."""
+    messages that arrived while the previous batch was processed (throughput).
 
-    def __init__(self, queue: AbstractQueue, max_batch: int, exclusive: bool = True) -> None:
+    Suspects: a message delivered SUSPECT_DELIVERIES times or more without a settlement
+    was in flight during two crashes (or cuts); it may be what crashed the sidecar. Suspects
+    are handed out one at a time, and while they come the channel's prefetch is 1, so a
+    suspect that kills the process again spends only its own deliveries: the broker
+    dead-letters it at the delivery limit (policy), and the messages behind it keep theirs.
+    With `set_prefetch`, a session starts at prefetch 1 and opens to `prefetch` at the first
+    message that is not a suspect (suspects, being returned messages, come first)."""
+
+    def __init__(self, queue: AbstractQueue, max_batch: int, exclusive: bool = True, prefetch: int = 0,
+                 set_prefetch: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.queue = queue
         self.max_batch = max_batch
         self.exclusive = exclusive
+        self.prefetch = prefetch
+        self._set_prefetch = set_prefetch
+        self._opened = set_prefetch is None
         self._buf: deque[AbstractIncomingMessage] = deque()
         self._ready = asyncio.Event()
         self._tag: str | None = None
         self._stopping = False
+        self.suspects = 0
+        self.backlog = 0  # messages ready in the queue when the session started
+        self.received = 0
+        self.cancelled = asyncio.Event()  # the broker cancelled the consumer (queue deleted)
+
+    @classmethod
+    def on(cls, queue: AbstractQueue, max_batch: int, prefetch: int, exclusive: bool = True) -> Intake:
+        """An intake that manages its channel's prefetch (see the class)."""
+        async def set_prefetch(n: int) -> None:
+            await queue.channel.set_qos(prefetch_count=n)
+        return cls(queue, max_batch, exclusive, prefetch, set_prefetch)
+
+    @property
+    def caught_up(self) -> bool:
+        """The backlog found at the start was received, and nothing waits in the buffer."""
+        return self.received >= self.backlog and not self._buf
 
     async def start(self) -> None:
+        declared = getattr(self.queue, "declaration_result", None)
+        self.backlog = int(getattr(declared, "message_count", 0) or 0)
+        if self._set_prefetch is not None:
+            await self._set_prefetch(1)
         # exclusive (the default): a second instance of a routing role would break per-object
         # ordering; services whose requests are independent (the fence API) share their queue
         self._tag = await self.queue.consume(self._on_message, exclusive=self.exclusive)
+        channel = getattr(self.queue, "channel", None)
+        if channel is not None:  # a real queue (the unit tests' fake has none)
+            underlay = await channel.get_underlay_channel()
+            underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+
+    async def _on_cancel(self, frame: Basic.Cancel) -> None:
+        if frame.consumer_tag == self._tag:
+            log.warning("the broker cancelled the consumer of %s", self.queue.name)
+            self.cancelled.set()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self.received += 1
         self._buf.append(message)
         self._ready.set()
+        if not self._opened and delivery_count(message) < SUSPECT_DELIVERIES:
+            self._opened = True
+            assert self._set_prefetch is not None
+            await self._set_prefetch(self.prefetch)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -311,7 +385,14 @@ class Intake:
                 await self._ready.wait()
                 continue
             await asyncio.sleep(0)  # let deliveries already read from the socket land
-            n = min(len(self._buf), self.max_batch)
+            if delivery_count(self._buf[0]) >= SUSPECT_DELIVERIES:
+                self.suspects += 1
+                yield [self._buf.popleft()]
+                continue
+            n = 1
+            limit = min(len(self._buf), self.max_batch)
+            while n < limit and delivery_count(self._buf[n]) < SUSPECT_DELIVERIES:
+                n += 1
             yield [self._buf.popleft() for _ in range(n)]
 
 
@@ -320,13 +401,39 @@ def reason_of(exc: Exception, what: str) -> str:
     return exc.reason if isinstance(exc, InvalidMessage) else f"malformed {what}: {exc}"
 
 
+class SidecarFault(RuntimeError):
+    """A batch failed for a reason that is not the broker's: the process ends (crash-only:
+    its state is rebuilt from durable sources at the restart) and the input comes back."""
+
+
 async def run_batches(intake: Intake, handle: Callable[[list[AbstractIncomingMessage]], Awaitable[None]],
-                      counters: Counters) -> None:
-    """The loop of one input queue: each batch handled, then settled."""
+                      counters: Counters, dead_letters: AbstractExchange | None = None) -> None:
+    """The loop of one input queue: each batch handled, then settled.
+
+    A handler that raises (a bug, not bad input: bad input is dead-lettered by the handler)
+    ends the process unsettled. Its messages come back, and once they are suspects (see
+    Intake) one at a time: a suspect the handler fails on alone is the culprit, and goes to
+    `dead_letters` with the error as its reason before the process ends."""
     async for messages in intake.batches():
         counters.batch(len(messages))
-        async with settle(messages):
-            await handle(messages)
+        try:
+            async with settle(messages):
+                await handle(messages)
+        except BROKER_GONE:
+            raise
+        except Exception as exc:
+            if isinstance(exc, ExceptionGroup) and exc.subgroup(BROKER_GONE) is not None:
+                raise
+            log.error("a batch of %d from %s failed: %r", len(messages), intake.queue.name, exc,
+                      exc_info=exc)
+            m = messages[0]
+            if len(messages) == 1 and delivery_count(m) >= SUSPECT_DELIVERIES and dead_letters is not None:
+                reason = (f"internal error on delivery {delivery_count(m) + 1}: {exc!r} "
+                          "(the sidecar failed on this message alone)")
+                await publish_all([dead_letter(dead_letters, m, reason, intake.queue.name, counters)],
+                                  counters)
+                await m.ack()
+            raise SidecarFault(f"{intake.queue.name}: {exc!r}") from exc
 
 
 @contextlib.asynccontextmanager
@@ -388,24 +495,26 @@ async def _publish(o: Out) -> None:
     channel = await o.exchange.channel.get_underlay_channel()  # type: ignore[attr-defined]
     try:
         confirm = await channel.basic_publish(o.body, exchange=o.exchange.name, routing_key=o.routing_key,
-                                              properties=_properties(o), mandatory=o.mandatory)
+                                              properties=_properties(o, channel.publisher_confirms),
+                                              mandatory=o.mandatory and channel.publisher_confirms)
     except aiormq.exceptions.DeliveryError as exc:  # returned (no route) or nacked
         raise PublishRefused(str(exc)) from None
     if confirm is not None and not isinstance(confirm, Basic.Ack):
         raise PublishRefused(f"broker answered {type(confirm).__name__}")
 
 
-_PLAIN_PROPERTIES: dict[str, Basic.Properties] = {}  # content type -> persistent, nothing else
+_PLAIN_PROPERTIES: dict[tuple[str, int], Basic.Properties] = {}  # (content type, mode) -> properties
 
 
-def _properties(o: Out) -> Basic.Properties:
+def _properties(o: Out, persistent: bool = True) -> Basic.Properties:
+    mode = int(PERSISTENT) if persistent else int(aio_pika.DeliveryMode.NOT_PERSISTENT)
     if o.headers is None and o.correlation_id is None and o.message_id is None:
-        p = _PLAIN_PROPERTIES.get(o.content_type)
+        p = _PLAIN_PROPERTIES.get((o.content_type, mode))
         if p is None:
-            p = _PLAIN_PROPERTIES[o.content_type] = Basic.Properties(delivery_mode=int(PERSISTENT),
-                                                                     content_type=o.content_type)
+            p = _PLAIN_PROPERTIES[(o.content_type, mode)] = Basic.Properties(delivery_mode=mode,
+                                                                             content_type=o.content_type)
         return p
-    return Basic.Properties(delivery_mode=int(PERSISTENT), content_type=o.content_type,
+    return Basic.Properties(delivery_mode=mode, content_type=o.content_type,
                             headers=dict(o.headers) if o.headers else None,
                             correlation_id=o.correlation_id, message_id=o.message_id)
 
@@ -439,6 +548,9 @@ async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str
     if not await sidecar.recover(stop):
         return 0
     await serve(config, sidecar.session, stop)
+    close = getattr(sidecar, "close", None)
+    if close is not None:
+        await close()
     log.info("stopped: %s", sidecar.counters.line())
     return 0
 
@@ -476,7 +588,8 @@ async def run_session(stop: asyncio.Event, conns: Sequence[AbstractConnection],
         others += [watcher, stopper]
         for intake in intakes:
             await intake.start()
-        await asyncio.wait([watcher, stopper, *loop_tasks], return_when=asyncio.FIRST_COMPLETED)
+        others.append(tg.create_task(_cancelled(intakes)))
+        await asyncio.wait([watcher, stopper, *loop_tasks, others[-1]], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
             for intake in intakes:
                 await intake.stop()
@@ -486,6 +599,19 @@ async def run_session(stop: asyncio.Event, conns: Sequence[AbstractConnection],
                             "messages will be redelivered", drain_s, len(pending))
             for task in (*pending, *others):
                 task.cancel()
+
+
+async def _cancelled(intakes: Sequence[Intake]) -> None:
+    """Raises when the broker cancels one of the consumers: the session starts again."""
+    waits = [asyncio.ensure_future(i.cancelled.wait()) for i in intakes]
+    if not waits:
+        await asyncio.Event().wait()  # nothing to watch: wait to be cancelled with the session
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    raise ConnectionError("the broker cancelled a consumer (its queue was deleted or moved)")
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

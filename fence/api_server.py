@@ -91,18 +91,21 @@ async def serve_amqp(config: ApiConfig, rpc: RpcServer, follower: Follower, coun
             fences = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
             ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
             out = await shell.open_channel(fences, stack)
-            rpc.bind(out, await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False))
+            api_dlx = await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            rpc.bind(out, api_dlx)
             in_out = await shell.open_channel(ingress, stack)
-            follower.bind(await in_out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False))
-            api_ch = await shell.open_channel(fences, stack, 4 * RPC_BATCH)
-            follow_ch = await shell.open_channel(ingress, stack, 1000)
-            requests = shell.Intake(await api_ch.get_queue(t.API_QUEUE), RPC_BATCH, exclusive=False)
-            follows = shell.Intake(await follow_ch.get_queue(t.FOLLOW_QUEUE), 1000, exclusive=False)
+            follow_dlx = await in_out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            follower.bind(follow_dlx)
+            api_ch = await shell.open_channel(fences, stack)
+            follow_ch = await shell.open_channel(ingress, stack)
+            requests = shell.Intake.on(await api_ch.get_queue(t.API_QUEUE), RPC_BATCH, 4 * RPC_BATCH,
+                                       exclusive=False)
+            follows = shell.Intake.on(await follow_ch.get_queue(t.FOLLOW_QUEUE), 1000, 1000, exclusive=False)
             log.info("consuming %s (fence API) and %s (follower)", t.API_QUEUE, t.FOLLOW_QUEUE)
             await shell.run_session(
                 stop, [fences, ingress], [requests, follows],
-                [shell.run_batches(requests, rpc.handle, counters),
-                 shell.run_batches(follows, follower.handle, counters)],
+                [shell.run_batches(requests, rpc.handle, counters, api_dlx),
+                 shell.run_batches(follows, follower.handle, counters, follow_dlx)],
                 [shell.periodic(stop, REFRESH_S, follower.refresh),
                  shell.periodic(stop, DUE_EVERY_S, follower.due),
                  shell.periodic(stop, 30, lambda: log.info("%s", counters.line()))], cfg.drain_s)

@@ -70,11 +70,11 @@ class Archiver:
             conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
             out = await shell.open_channel(conn, stack)
             self.dlx = await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
-            ch = await shell.open_channel(conn, stack, cfg.prefetch)
-            intake = shell.Intake(await ch.get_queue(t.ARCHIVE_QUEUE), cfg.batch_max)
+            ch = await shell.open_channel(conn, stack)
+            intake = shell.Intake.on(await ch.get_queue(t.ARCHIVE_QUEUE), cfg.batch_max, cfg.prefetch)
             log.info("consuming %s", t.ARCHIVE_QUEUE)
             await shell.run_session(stop, [conn], [intake],
-                                    [shell.run_batches(intake, self.handle, self.counters)],
+                                    [shell.run_batches(intake, self.handle, self.counters, self.dlx)],
                                     [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
                                     cfg.drain_s)
 

@@ -4,14 +4,26 @@ out on fence.events (`<fence_id>.<enter|leave>`) and fence.events.mqtt (federate
 ingress vhost's amq.topic for MQTT subscribers: `fence-events/<fence_id>/<kind>/<object_id>`,
 one message per event for the fence's subscribers and the object's).
 
-Recovery: at start the fences this worker owns on the hash ring are read from PostgreSQL.
-Who is inside which fence is not persisted yet (the persistence issue adds the journal): a
-restarted worker re-learns it from the next positions (an object inside gets a new ENTER),
-and positions held for a handover notice (see fence.state.XFence.route) are lost with it.
+Durability: the core's state (who is inside which fence since when, each object's last
+position and handover time, positions held for a notice) lives in a snapshot plus a journal
+under GEOFENCE_STATE_DIR (fence/journal.py, records from fence/state_codec.py). Per batch:
+route, publish the events and wait for their confirms, append one record and fdatasync it,
+then ack the batch. A crash before the sync leaves the batch unacked: it is redelivered and
+routed again from the older state, giving the same events with the same ids (duplicates a
+consumer drops by event_id; none lost). A crash after it finds the record: the redelivered
+positions are at their objects' last known ts and change nothing.
 
-Timeouts: every second, pairs whose object has been silent for the fence's timeout_s (by
-the wall clock against the object's last position time) LEAVE with reason `timeout` and
-ts = last seen + timeout_s, so the event and its id do not depend on when the check ran.
+Recovery: the snapshot and journal give the state back; then the fences this worker owns on
+the hash ring are read from PostgreSQL, and a fence the state has at an older version (or
+deleted since) is defined (dropped) at its stored change time: the same events, with the
+same ids, as the definition still in the queue would give. Those events are published at
+the start of the first session, before the state is snapshotted and anything consumed.
+
+Timeouts: every second, pairs whose object has been silent for the fence's timeout_s LEAVE
+with reason `timeout` and ts = last seen + timeout_s, so the event and its id do not depend
+on when the check ran. Silence is judged on the wall clock once the worker has caught up
+with its queue, and on the newest position time consumed until then: after a restart, or
+under a backlog, an object is not timed out while its positions wait in the queue.
 """
 
 from __future__ import annotations
@@ -19,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -31,8 +45,10 @@ from exchanges import topology as t
 from exchanges.batch import unpack
 from exchanges.contract import InvalidMessage
 from exchanges.x_geo import WorkerBatch
-from fence import control, store
+from fence import control, state_codec, store
 from fence.hash_ring import HashRing
+from fence.journal import StateDir
+from fence.journal import pack as journal_pack
 from fence.state import Event, XFence
 
 log = logging.getLogger("geofence")
@@ -48,16 +64,89 @@ class FenceSidecar:
         self.core = XFence(self.worker)
         self.counters = shell.Counters()
         self.lock = asyncio.Lock()  # the core and the order of what it emits
+        self.journal: StateDir | None = None
+        if config.persistence:
+            if not config.state_dir:
+                raise shell.ConfigError("x-fence needs GEOFENCE_STATE_DIR (its snapshot and journal)")
+            self.journal = StateDir(Path(config.state_dir))
+        self.n_persisted = 0  # object ids the journal holds
+        self.started = False  # the journal's new generation is written (after `pending`)
+        self.pending: list[Event] = []  # events of the recovery, published by the first session
+        self.stream_ts = -math.inf  # the newest position time routed
+        self.inputs: shell.Intake | None = None
 
     async def recover(self, stop: asyncio.Event) -> bool:
+        if self.journal is not None:
+            got = await asyncio.to_thread(self.journal.load)
+            if got.snapshot is not None:
+                self.core = state_codec.restore(got.snapshot)
+            for record in got.records:
+                state_codec.apply(self.core, record)
+            if got.snapshot is not None or got.records:
+                log.info("state recovered from %s: snapshot %d + %d journal records%s: %s", self.journal.path,
+                         got.generation, len(got.records),
+                         f" (a torn record of {got.torn_bytes} bytes cut off)" if got.torn_bytes else "",
+                         self.core.stats())
+            else:
+                log.info("no state in %s: a new worker", self.journal.path)
         records = await store.read_until_stopped(self.config.postgres_url, store.live_fences, "fences", stop)
         if records is None:
             return False
         mine = [r for r in records if self.ring.node_for(r.fence.fence_id) == self.worker]
-        for r in mine:
-            self.core.define(r.fence, r.updated_at.timestamp())
-        log.info("recovered %d of %d fences (the ones on worker %s)", len(mine), len(records), self.worker)
+        events: list[Event] = []
+        for r in mine:  # version-guarded: what the state has already is a no-op
+            events += self.core.define(r.fence, r.updated_at.timestamp())
+        gone = sorted(set(self.core.fences()) - {r.fence.fence_id for r in mine})
+        if gone:
+            for fence_id, version, deleted_at in await self._tombstones(gone, stop):
+                events += self.core.drop(fence_id, version, deleted_at)
+        self.pending = events
+        log.info("%d of %d fences are on worker %s; %d events from fences changed while it was down",
+                 len(mine), len(records), self.worker, len(events))
         return True
+
+    async def _tombstones(self, fence_ids: list[str], stop: asyncio.Event) -> list[tuple[str, int, float]]:
+        async def read(conn: Any) -> list[tuple[str, int, float]]:
+            return await store.deleted_fences(conn, fence_ids)
+        return await store.read_until_stopped(self.config.postgres_url, read, "deleted fences", stop) or []
+
+    async def close(self) -> None:
+        """At a clean stop: a snapshot, so the next start replays no journal."""
+        if self.journal is not None and self.started:
+            async with self.lock:
+                gen = self.journal.rotate_begin()
+                data = journal_pack(state_codec.snapshot(self.core))
+                self.n_persisted = len(self.core._objects)
+            await asyncio.to_thread(self.journal.rotate_finish, data, gen)
+            self.journal.close()
+            log.info("state snapshot %d written", gen)
+
+    async def _start_journal(self) -> None:
+        """First session: publish the recovery's events, then begin a new generation."""
+        async with self.lock:
+            if self.pending:
+                await shell.publish_all(self.event_outs(self.pending), self.counters)
+                self.pending = []
+            if self.journal is not None and not self.started:
+                snapshot = state_codec.snapshot(self.core)
+                await asyncio.to_thread(self.journal.start, snapshot)
+                self.n_persisted = len(self.core._objects)
+                self.started = True
+
+    async def persist(self) -> None:
+        """Under the lock, after the events were confirmed: one synced record."""
+        if self.journal is None:
+            return
+        record = state_codec.changes(self.core, self.n_persisted)
+        if record is not None:
+            self.journal.append(record)
+            self.n_persisted = len(self.core._objects)
+            self.counters.bump("journal_records")
+        if self.journal.wants_rotation:
+            gen = self.journal.rotate_begin()
+            data = journal_pack(state_codec.snapshot(self.core))
+            await asyncio.to_thread(self.journal.rotate_finish, data, gen)
+            self.counters.bump("snapshots")
 
     # -- session -----------------------------------------------------------------------------
 
@@ -65,20 +154,23 @@ class FenceSidecar:
         cfg = self.config
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
-            self.out_ch: AbstractChannel = await shell.open_channel(conn, stack)
+            self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
             self.events: AbstractExchange = await self.out_ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
             self.events_mqtt = await self.out_ch.get_exchange(t.EVENTS_MQTT_EXCHANGE, ensure=False)
             self.dlx = await self.out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
-            in_ch = await shell.open_channel(conn, stack, cfg.prefetch)
-            ctl_ch = await shell.open_channel(conn, stack, 64)
-            inputs = shell.Intake(await in_ch.get_queue(t.fence_queue(self.worker)), cfg.batch_max)
-            controls = shell.Intake(await ctl_ch.get_queue(t.fence_control_queue(self.worker)), 64)
+            await self._start_journal()
+            in_ch = await shell.open_channel(conn, stack)
+            ctl_ch = await shell.open_channel(conn, stack)
+            inputs = shell.Intake.on(await in_ch.get_queue(t.fence_queue(self.worker)), cfg.batch_max,
+                                     cfg.prefetch)
+            controls = shell.Intake.on(await ctl_ch.get_queue(t.fence_control_queue(self.worker)), 64, 64)
+            self.inputs = inputs
             log.info("worker %s: consuming %s and %s", self.worker, t.fence_queue(self.worker),
                      t.fence_control_queue(self.worker))
             await shell.run_session(
                 stop, [conn], [inputs, controls],
-                [shell.run_batches(inputs, self.handle_inputs, self.counters),
-                 shell.run_batches(controls, self.handle_controls, self.counters)],
+                [shell.run_batches(inputs, self.handle_inputs, self.counters, self.dlx),
+                 shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
                 [shell.periodic(stop, EXPIRE_EVERY_S, self.expire),
                  shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
 
@@ -109,6 +201,8 @@ class FenceSidecar:
                 if isinstance(step, list):
                     wb = WorkerBatch.concat(step)
                     self.counters.positions += len(wb.positions)
+                    if len(wb.positions):
+                        self.stream_ts = max(self.stream_ts, float(wb.positions.ts.max()))
                     events += self.core.route(wb, received_at)
                 elif isinstance(step, control.Define):
                     events += self.core.define(step.fence, step.ts)
@@ -117,12 +211,22 @@ class FenceSidecar:
                     events += self.core.drop(step.fence_id, step.version, step.ts)
                     log.info("fence %s v%d deleted", step.fence_id, step.version)
             await shell.publish_all(outs + self.event_outs(events), self.counters)
+            await self.persist()
+
+    def clock(self) -> float:
+        """Now, for timeouts: the wall clock once the input queue's backlog is consumed,
+        until then the newest position time routed (see the module's docstring)."""
+        now = time.time()
+        if self.inputs is not None and self.inputs.caught_up:
+            return now
+        return min(now, self.stream_ts)
 
     async def expire(self) -> None:
         async with self.lock:
-            events = self.core.expire(time.time())
+            events = self.core.expire(self.clock())
             if events:
                 await shell.publish_all(self.event_outs(events), self.counters)
+            await self.persist()
 
     def event_outs(self, events: Sequence[Event]) -> list[shell.Out]:
         self.counters.events += len(events)
@@ -155,6 +259,10 @@ class FenceSidecar:
     def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"worker": self.worker, "stats": self.core.stats(),
                                "counters": self.counters.to_json()}
+        if self.journal is not None:
+            out["journal"] = {"dir": str(self.journal.path), "generation": self.journal.generation,
+                              "journal_bytes": self.journal.journal_bytes,
+                              "records_written": self.journal.records_written}
         fence_id = msg.get("fence_id")
         if fence_id is not None:
             d = self.core.fence(str(fence_id))

@@ -239,6 +239,12 @@ class XFence:
         self.stale_positions = 0
         self.held_positions = 0
         self.holds_expired = 0
+        # What changed since the last `fence.state_codec.changes` (the journal's record):
+        # objects whose row or pairs changed, fences defined or dropped, the held positions.
+        self._dirty_objs: list[I64] = []
+        self._dirty_fences: set[int] = set()
+        self._dirty_versions: set[str] = set()  # ids of fences with no code (deleted unseen)
+        self._held_dirty = False
 
     # -- fences ---------------------------------------------------------------------------
 
@@ -256,18 +262,9 @@ class XFence:
         code = self._fence_code.get(fence.fence_id)
         replacing = code is not None
         if code is None:
-            code = len(self._fences)
-            self._fence_code[fence.fence_id] = code
-            self._fences.append(None)
-            self._fence_names.append(fence.fence_id)
-            self._id_prefix.append("")
-            self._timeout = grow(self._timeout, code + 1, 0.0)
-            self._geoms = grow(self._geoms, code + 1, None)
-        self._fences[code] = fence
-        self._id_prefix[code] = f"{fence.fence_id}\x1f{fence.version}\x1f"
-        self._timeout[code] = fence.timeout_s
-        self._geoms[code] = fence.geometry
-        self._edges.put(code, fence.geometry)
+            code = self._new_slot(fence.fence_id)
+        self._install(code, fence)
+        self._dirty_fences.add(code)
 
         old_mask = (self._keys & _LOW) == np.uint64(code)
         old_objs = (self._keys[old_mask] >> _SHIFT).astype(np.int64)
@@ -295,6 +292,7 @@ class XFence:
         self._versions[fence_id] = version
         code = self._fence_code.pop(fence_id, None)
         if code is None:
+            self._dirty_versions.add(fence_id)
             return []
         mask = (self._keys & _LOW) == np.uint64(code)
         objs = (self._keys[mask] >> _SHIFT).astype(np.int64)
@@ -304,7 +302,27 @@ class XFence:
         self._fences[code] = None
         self._geoms[code] = None
         self._edges.drop(code)
+        self._dirty_fences.add(code)
         return events
+
+    def _new_slot(self, fence_id: str) -> int:
+        """A new fence code for `fence_id` (codes are never reused)."""
+        code = len(self._fences)
+        self._fence_code[fence_id] = code
+        self._fences.append(None)
+        self._fence_names.append(fence_id)
+        self._id_prefix.append("")
+        self._timeout = grow(self._timeout, code + 1, 0.0)
+        self._geoms = grow(self._geoms, code + 1, None)
+        return code
+
+    def _install(self, code: int, fence: FenceDef) -> None:
+        """Fence `code` is `fence` (its slot exists)."""
+        self._fences[code] = fence
+        self._id_prefix[code] = f"{fence.fence_id}\x1f{fence.version}\x1f"
+        self._timeout[code] = fence.timeout_s
+        self._geoms[code] = fence.geometry
+        self._edges.put(code, fence.geometry)
 
     # -- positions --------------------------------------------------------------------------
 
@@ -333,6 +351,7 @@ class XFence:
                 for r in np.flatnonzero(blocked).tolist():
                     self._held.setdefault(int(codes[r]), []).append((wb.take([r]), received_at))
                     self.held_positions += 1
+                self._held_dirty = True
                 keep = np.flatnonzero(~blocked)
                 wb, codes = wb.take(keep), codes[keep]
         events = self._route(wb, codes)
@@ -375,6 +394,7 @@ class XFence:
                 del self._held[c]
         if not ready:
             return []
+        self._held_dirty = True
         wb = WorkerBatch.concat(ready)
         events = self._route(wb, np.array(codes, np.int64))
         if self._held and wb.notice is not None and wb.notice.any():  # a released notice opens more
@@ -387,7 +407,9 @@ class XFence:
             return []
         if wb.notice is not None and wb.notice.any():  # the region it came from is done with it
             np.maximum.at(self._ho_ts, codes[wb.notice], pos.ts[wb.notice])
+            self._dirty_objs.append(codes[wb.notice])
         obs = self._observations(codes, pos.ts)
+        self._dirty_objs.append(obs.objs)
         c_pos, c_fence = self._inside(wb, obs, codes)
         if obs.objs.size == 0:
             return []
@@ -603,6 +625,7 @@ class XFence:
         events = self._events(np.ones(int(due.sum()), np.int8), fences[due], objs[due], due_at[due],
                               (ENTERED, TIMEOUT))
         self._keys, self._since = self._keys[~due], self._since[~due]
+        self._dirty_objs.append(objs[due])
         return held + events
 
     # -- state for `geofence inspect fence` -------------------------------------------------

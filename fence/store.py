@@ -239,6 +239,13 @@ async def get_fence(conn: asyncpg.Connection, fence_id: str) -> FenceRecord:
     return _record(row)
 
 
+async def deleted_fences(conn: asyncpg.Connection, fence_ids: list[str]) -> list[tuple[str, int, float]]:
+    """(id, version, deletion time) of those of the fences that are deleted now."""
+    rows = await conn.fetch("SELECT id, version, updated_at FROM fence WHERE id = ANY($1::text[]) "
+                            "AND deleted_at IS NOT NULL ORDER BY id", fence_ids)
+    return [(r["id"], int(r["version"]), r["updated_at"].timestamp()) for r in rows]
+
+
 async def live_fences(conn: asyncpg.Connection) -> list[FenceRecord]:
     return [_record(r) for r in await conn.fetch(_SELECT + " ORDER BY f.id")]
 

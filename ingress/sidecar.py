@@ -52,25 +52,26 @@ class IngressSidecar:
         async with contextlib.AsyncExitStack() as stack:
             ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
             regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack) for r in cfg.regions}
-            out_ch = await shell.open_channel(ingress, stack)
+            out_ch = await shell.open_channel(ingress, stack, confirms=cfg.persistence)
             self.dlx = await out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
             self.follow = await out_ch.get_exchange(t.FOLLOW_EXCHANGE, ensure=False)
             self.geo_in: dict[str, AbstractExchange] = {}
             for region, conn in regions.items():
-                ch = await shell.open_channel(conn, stack)
+                ch = await shell.open_channel(conn, stack, confirms=cfg.persistence)
                 self.geo_in[region] = await ch.get_exchange(t.GEO_IN_EXCHANGE, ensure=False)
-            pos_ch = await shell.open_channel(ingress, stack, cfg.prefetch)
-            bat_ch = await shell.open_channel(ingress, stack, 4 * GATEWAY_BATCH_MESSAGES)
-            mqtt = shell.Intake(await pos_ch.get_queue(t.POSITIONS_QUEUE), cfg.batch_max)
-            gateway = shell.Intake(await bat_ch.get_queue(t.BATCHES_QUEUE), GATEWAY_BATCH_MESSAGES)
+            pos_ch = await shell.open_channel(ingress, stack)
+            bat_ch = await shell.open_channel(ingress, stack)
+            mqtt = shell.Intake.on(await pos_ch.get_queue(t.POSITIONS_QUEUE), cfg.batch_max, cfg.prefetch)
+            gateway = shell.Intake.on(await bat_ch.get_queue(t.BATCHES_QUEUE), GATEWAY_BATCH_MESSAGES,
+                                       4 * GATEWAY_BATCH_MESSAGES)
             log.info("consuming %s and %s; regions %s", t.POSITIONS_QUEUE, t.BATCHES_QUEUE,
                      ", ".join(cfg.regions))
             await shell.run_session(
                 stop, [ingress, *regions.values()], [mqtt, gateway],
                 [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, t.POSITIONS_QUEUE),
-                                   self.counters),
+                                   self.counters, self.dlx),
                  shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE),
-                                   self.counters)],
+                                   self.counters, self.dlx)],
                 [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
                 cfg.drain_s)
 
@@ -99,14 +100,8 @@ class IngressSidecar:
         return PositionBatch.concat(batches), refused
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str) -> None:
-        try:
-            batch, refused = decode(messages)
-            routed = self.core.route(batch)
-        except Exception as exc:  # a bug, not bad input: keep the messages, with the reason
-            log.exception("batch of %d from %s failed", len(messages), source)
-            await shell.publish_all([shell.dead_letter(self.dlx, m, f"internal error: {exc!r}", source,
-                                                       self.counters) for m in messages], self.counters)
-            return
+        batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
+        routed = self.core.route(batch)
         outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
                 for i, reason in refused]
         for region, rb in routed.regions.items():  # notices in line with positions: one message

@@ -77,7 +77,7 @@ def read_broker(mgmt: Management, defs: d.Definitions) -> Current:
         "api/exchanges?columns=vhost,name,type,durable,auto_delete,internal,arguments")
         if x["vhost"] in ours}
     cur.queues = {(q["vhost"], q["name"]): q for q in mgmt.get(
-        "api/queues?columns=vhost,name,durable,auto_delete,exclusive,arguments")
+        "api/queues?columns=vhost,name,type,durable,auto_delete,exclusive,arguments,messages")
         if q["vhost"] in ours}
     cur.bindings = {(b["vhost"], b["source"], b["destination"], b["routing_key"])
                     for b in mgmt.get("api/bindings")

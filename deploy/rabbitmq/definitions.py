@@ -14,15 +14,20 @@ Exchanges, queues, bindings (declared by the topology; the sidecars only declare
     gf-fences      x-fence.in (direct) --"<w>"--> x-fence.<w>
                    x-fence.control (direct) --"<w>"--> x-fence.<w>.control
                    fence.events, fence.events.mqtt (topic): applications bind their own queues
-    every vhost    dead-letters (fanout) --> dead-letters
+    every vhost    dead-letters (fanout) --> dead-letters (a classic queue)
 
 Policies (RabbitMQ applies one policy per queue, the highest priority one that matches, so
 each queue group gets one policy carrying all of its settings, and the patterns are disjoint):
 
-    gf-input-limits   (priority 10, queues) the sidecar input queues of the vhost:
-                      dead-letter-exchange dead-letters, max-length 1,000,000 messages,
-                      overflow reject-publish (a full queue nacks new publishes: publishers
-                      with confirms see it and retry; nothing is dropped silently)
+    gf-input-limits   (priority 10, queues) the sidecar input queues of the vhost, which
+                      are quorum queues (Raft log, fsynced before the publisher's confirm;
+                      a per-message delivery count): dead-letter-exchange dead-letters,
+                      max-length 1,000,000 messages, overflow reject-publish (a full queue
+                      nacks new publishes: publishers with confirms see it and retry;
+                      nothing is dropped silently), delivery-limit 10 (a poison message
+                      goes to dead-letters with reason delivery_limit), dead-letter-strategy
+                      at-least-once (the dead-lettering itself is confirmed, so it cannot
+                      lose the message)
     gf-dead-letters   (priority 0, queues) every other queue of the vhost except
                       dead-letters itself: dead-letter-exchange dead-letters. The
                       dead-letters queue has no limit: a bounded one would drop bad input.
@@ -54,6 +59,13 @@ from exchanges import topology as t
 from exchanges.topology import Topology
 
 INPUT_QUEUE_MAX_LENGTH = 1_000_000  # messages; at ~300 B each, ~300 MB of backlog per queue
+# A message handed to consumers this many times without an ack is dead-lettered by the broker
+# (reason delivery_limit). Every delivery a consumer did not settle counts (a crash, a
+# connection cut, a broker restart), so the limit is well above what faults alone reach; a
+# sidecar takes messages delivered twice or more one at a time (exchanges.shell.Intake), so
+# a message that kills it only ever drags itself towards the limit.
+DELIVERY_LIMIT = 10
+QUORUM = "quorum"
 INPUT_LIMITS_PRIORITY = 10
 DEAD_LETTER_PRIORITY = 0
 FEDERATION_PRIORITY = 0
@@ -112,6 +124,7 @@ class Exchange:
 class Queue:
     vhost: str
     name: str
+    type: str = "classic"  # quorum | classic (a queue's type is fixed when it is declared)
 
 
 @dataclass(frozen=True)
@@ -228,8 +241,9 @@ def exchanges(topology: Topology) -> tuple[Exchange, ...]:
 
 
 def queues(topology: Topology) -> tuple[Queue, ...]:
-    return tuple(Queue(v, q) for v in topology.vhosts
-                 for q in (*input_queues(topology, v), t.DEAD_LETTER_QUEUE))
+    return tuple(q for v in topology.vhosts
+                 for q in (*(Queue(v, name, QUORUM) for name in input_queues(topology, v)),
+                           Queue(v, t.DEAD_LETTER_QUEUE)))
 
 
 def bindings(topology: Topology) -> tuple[Binding, ...]:
@@ -340,7 +354,8 @@ def parameters(topology: Topology, endpoint: Endpoint, federation_password: str)
 
 def policies(topology: Topology) -> tuple[Policy, ...]:
     dlx = {"dead-letter-exchange": t.DEAD_LETTER_EXCHANGE}
-    limits = {**dlx, "max-length": INPUT_QUEUE_MAX_LENGTH, "overflow": "reject-publish"}
+    limits = {**dlx, "max-length": INPUT_QUEUE_MAX_LENGTH, "overflow": "reject-publish",
+              "delivery-limit": DELIVERY_LIMIT, "dead-letter-strategy": "at-least-once"}
     found: list[Policy] = []
     for v in topology.vhosts:
         group = input_queues(topology, v)

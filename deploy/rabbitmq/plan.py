@@ -153,7 +153,13 @@ def declare_exchange(x: Exchange) -> Http:
 
 
 def declare_queue(q: Queue) -> Http:
-    return Http("PUT", api_path("queues", q.vhost, q.name), dict(QUEUE_PROPERTIES))
+    return Http("PUT", api_path("queues", q.vhost, q.name),
+                {**QUEUE_PROPERTIES, "arguments": {"x-queue-type": q.type}})
+
+
+def delete_empty_queue(q: Queue) -> Http:
+    """Delete a queue only if it holds no message (the broker refuses otherwise)."""
+    return Http("DELETE", api_path("queues", q.vhost, q.name) + "?if-empty=true", None)
 
 
 def bind(b: Binding) -> Http:
@@ -203,9 +209,12 @@ def password_matches(user: CurrentUser, password: str) -> bool:
     return hmac.compare_digest(digest(salt + password.encode()).digest(), stored)
 
 
+def queue_type(have: Mapping[str, Any]) -> str:
+    return str(have.get("type") or (have.get("arguments") or {}).get("x-queue-type") or "classic")
+
+
 def _queue_conflict(have: Mapping[str, Any]) -> bool:
-    args = {k: v for k, v in (have.get("arguments") or {}).items()
-            if (k, v) != ("x-queue-type", "classic")}
+    args = {k: v for k, v in (have.get("arguments") or {}).items() if k != "x-queue-type"}
     return (bool(have.get("durable")) is not True or bool(have.get("auto_delete"))
             or bool(have.get("exclusive")) or args != {})
 
@@ -274,18 +283,30 @@ def _declare_steps(defs: Definitions, current: Current) -> list[Step]:
         elif _exchange_conflict(x, have_x):
             conflicts.append(f"exchange {x.name} in {x.vhost} is {compact_json(have_x)}, "
                              f"the topology wants a durable {x.type} exchange without arguments")
+    redeclared: set[tuple[str, str]] = set()
     for q in defs.queues:
         have_q = current.queues.get((q.vhost, q.name))
         if have_q is None:
             steps.append(declare_queue(q))
         elif _queue_conflict(have_q):
             conflicts.append(f"queue {q.name} in {q.vhost} is {compact_json(have_q)}, the "
-                             "topology wants a durable classic queue without arguments")
+                             f"topology wants a durable {q.type} queue without arguments")
+        elif queue_type(have_q) != q.type:
+            # A queue's type is fixed at declaration: an empty one is deleted and declared
+            # again (with its bindings); one holding messages is left for the operator.
+            if int(have_q.get("messages") or 0):
+                conflicts.append(f"queue {q.name} in {q.vhost} is a {queue_type(have_q)} queue holding "
+                                 f"{have_q['messages']} messages, the topology wants a {q.type} queue: "
+                                 "let its consumer drain it (stop its publishers) and apply again")
+            else:
+                steps += [delete_empty_queue(q), declare_queue(q)]
+                redeclared.add((q.vhost, q.name))
     if conflicts:
         raise TopologyConflict("; ".join(conflicts) + ": delete them (management UI or API) "
                                "and apply again; settings belong in policies")
     steps += [bind(b) for b in defs.bindings
-              if (b.vhost, b.source, b.queue, b.routing_key) not in current.bindings]
+              if (b.vhost, b.source, b.queue, b.routing_key) not in current.bindings
+              or (b.vhost, b.queue) in redeclared]
     return steps
 
 

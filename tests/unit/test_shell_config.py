@@ -341,9 +341,14 @@ def test_backoff_jitter_stays_within_20_percent() -> None:
 
 
 class FakeMessage:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, deliveries: int = 0) -> None:
         self.n = n
         self.acks: list[bool] = []
+        self.headers: dict[str, Any] = {"x-delivery-count": deliveries} if deliveries else {}
+        self.body = b"m%d" % n
+        self.content_type = "application/json"
+        self.message_id = None
+        self.routing_key = "rk"
 
     async def ack(self, multiple: bool = False) -> None:
         self.acks.append(multiple)
@@ -353,6 +358,8 @@ class FakeMessage:
 
 
 class FakeQueue:
+    name = "x-fence.w0"
+
     def __init__(self) -> None:
         self.callback: Callable[[Any], Awaitable[None]] | None = None
         self.consume_kwargs: dict[str, Any] = {}
@@ -499,3 +506,105 @@ async def test_intake_and_settle_together() -> None:
         async with shell.settle(batch):
             pass
     assert [m.acks for m in ms] == [[], [True], [], [True], [True]]
+
+
+# --------------------------------------------------------------------------- suspects
+
+
+async def started_managed(max_batch: int, prefetch: int) -> tuple[Intake, FakeQueue, list[int]]:
+    q = FakeQueue()
+    qos: list[int] = []
+
+    async def set_prefetch(n: int) -> None:
+        qos.append(n)
+
+    intake = Intake(cast(AbstractQueue, q), max_batch, prefetch=prefetch, set_prefetch=set_prefetch)
+    await intake.start()
+    return intake, q, qos
+
+
+async def test_a_managed_intake_starts_at_prefetch_one_and_opens_at_the_first_normal_message() -> None:
+    intake, q, qos = await started_managed(10, 500)
+    assert qos == [1]
+    await q.deliver(FakeMessage(0, deliveries=3), FakeMessage(1, deliveries=2))
+    assert qos == [1]  # suspects keep it at one
+    await q.deliver(FakeMessage(2, deliveries=1))  # delivered once before: not a suspect
+    assert qos == [1, 500]
+    await q.deliver(FakeMessage(3, deliveries=4))
+    assert qos == [1, 500]  # opened once
+    await intake.stop()
+
+
+async def test_suspects_are_handed_out_alone_and_others_batched_around_them() -> None:
+    intake, q, _ = await started_managed(10, 100)
+    await q.deliver(FakeMessage(0, 2), FakeMessage(1, 5), FakeMessage(2, 1), FakeMessage(3),
+                    FakeMessage(4, 2), FakeMessage(5), FakeMessage(6))
+    await intake.stop()
+    got = [numbers(b) async for b in intake.batches()]
+    assert got == [[0], [1], [2, 3], [4], [5, 6]]
+    assert intake.suspects == 3
+
+
+class FakeExchange:
+    name = "dead-letters"
+
+
+async def test_a_failing_batch_ends_the_sidecar_without_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    intake, q = await started(10)
+    ms = [FakeMessage(i) for i in range(2)] + [FakeMessage(2, deliveries=1)]
+    await q.deliver(*ms)
+    await intake.stop()
+
+    async def handle(batch: list[AbstractIncomingMessage]) -> None:
+        raise ValueError("a bug")
+
+    sent: list[shell.Out] = []
+
+    async def publish_all(outs: list[shell.Out], counters: Counters, deadline: float | None = None) -> None:
+        sent.extend(outs)
+
+    monkeypatch.setattr(shell, "publish_all", publish_all)
+    with pytest.raises(shell.SidecarFault, match="a bug"):
+        await shell.run_batches(intake, handle, Counters(), cast(Any, FakeExchange()))
+    assert all(m.acks == [] for m in ms) and sent == []
+
+
+async def test_a_suspect_failing_alone_is_dead_lettered_with_the_error_then_the_sidecar_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    intake, q, _ = await started_managed(10, 100)
+    m = FakeMessage(7, deliveries=2)
+    await q.deliver(m)
+    await intake.stop()
+    sent: list[shell.Out] = []
+
+    async def publish_all(outs: list[shell.Out], counters: Counters, deadline: float | None = None) -> None:
+        sent.extend(outs)
+
+    monkeypatch.setattr(shell, "publish_all", publish_all)
+
+    async def handle(batch: list[AbstractIncomingMessage]) -> None:
+        raise KeyError("boom")
+
+    counters = Counters()
+    with pytest.raises(shell.SidecarFault):
+        await shell.run_batches(intake, handle, counters, cast(Any, FakeExchange()))
+    assert len(sent) == 1 and sent[0].body == b"m7"
+    headers = dict(sent[0].headers or {})
+    assert headers[t.REASON_HEADER].startswith("internal error on delivery 3: KeyError('boom')")
+    assert headers["x-geofence-source"] == q.name
+    assert m.acks == [False]  # settled after the dead letter was confirmed
+    assert sum(counters.dead_lettered.values()) == 1
+
+
+async def test_a_lost_broker_is_not_a_fault() -> None:
+    intake, q = await started(10)
+    ms = [FakeMessage(0, deliveries=5)]
+    await q.deliver(*ms)
+    await intake.stop()
+
+    async def handle(batch: list[AbstractIncomingMessage]) -> None:
+        raise ConnectionError("reset")
+
+    with pytest.raises(ConnectionError):
+        await shell.run_batches(intake, handle, Counters(), cast(Any, FakeExchange()))
+    assert ms[0].acks == []

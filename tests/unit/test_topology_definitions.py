@@ -67,7 +67,7 @@ def test_bindings_route_what_the_names_say() -> None:
 
 def test_workers_and_regions_are_parameters() -> None:
     assert "gf-region-eu-1" in BIG.vhosts
-    assert d.Queue("gf-fences", "x-fence.w2.control") in BIG.queues
+    assert d.Queue("gf-fences", "x-fence.w2.control", "quorum") in BIG.queues
     upstreams = [p.name for p in BIG.parameters if p.component == "federation-upstream"
                  and p.vhost == "gf-fences"]
     assert upstreams == ["gf-region-a", "gf-region-b", "gf-region-eu-1"]
@@ -98,7 +98,9 @@ def test_each_queue_gets_exactly_one_policy_with_all_its_settings(defs: d.Defini
                 assert [p.name for p in matching] == [t.INPUT_LIMITS_POLICY]
                 assert matching[0].definition == {"dead-letter-exchange": "dead-letters",
                                                   "max-length": 1_000_000,
-                                                  "overflow": "reject-publish"}
+                                                  "overflow": "reject-publish",
+                                                  "delivery-limit": 10,
+                                                  "dead-letter-strategy": "at-least-once"}
             else:
                 assert [p.name for p in matching] == [t.DEAD_LETTER_POLICY], (vhost, name)
                 assert matching[0].definition == {"dead-letter-exchange": "dead-letters"}

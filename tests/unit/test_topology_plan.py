@@ -35,7 +35,9 @@ def applied(defs: d.Definitions, passwords: dict[str, str]) -> p.Current:
     cur.permissions = {(x.user, x.vhost): (x.configure, x.write, x.read) for x in defs.permissions}
     cur.exchanges = {(x.vhost, x.name): {"type": x.type, **p.EXCHANGE_PROPERTIES}
                      for x in defs.exchanges}
-    cur.queues = {(q.vhost, q.name): {**p.QUEUE_PROPERTIES, "exclusive": False} for q in defs.queues}
+    cur.queues = {(q.vhost, q.name): {**p.QUEUE_PROPERTIES, "exclusive": False, "type": q.type,
+                                      "arguments": {"x-queue-type": q.type}, "messages": 0}
+                  for q in defs.queues}
     cur.bindings = {(b.vhost, b.source, b.queue, b.routing_key) for b in defs.bindings}
     cur.parameters = {(x.vhost, x.component, x.name): x.value for x in defs.parameters}
     cur.policies = {(x.vhost, x.name): x for x in defs.policies}
@@ -71,7 +73,12 @@ def test_empty_broker_gets_everything_in_order() -> None:
     assert ("rabbitmqctl", "set_policy", "-p", "gf-ingress", "--priority", "10", "--apply-to",
             "queues", "gf-input-limits", r"^(x-ingress\.positions|x-ingress\.batches|fence\.follow)$",
             '{"dead-letter-exchange":"dead-letters","max-length":1000000,'
-            '"overflow":"reject-publish"}') in argvs(steps)
+            '"overflow":"reject-publish","delivery-limit":10,"dead-letter-strategy":"at-least-once"}'
+            ) in argvs(steps)
+    assert p.Http("PUT", "api/queues/gf-ingress/x-ingress.positions",
+                  {"durable": True, "auto_delete": False, "arguments": {"x-queue-type": "quorum"}}) in steps
+    assert p.Http("PUT", "api/queues/gf-ingress/dead-letters",
+                  {"durable": True, "auto_delete": False, "arguments": {"x-queue-type": "classic"}}) in steps
     assert p.Http("PUT", "api/exchanges/gf-fences/x-fence.in",
                   {"type": "direct", "durable": True, "auto_delete": False, "internal": False,
                    "arguments": {}}) in steps
@@ -133,7 +140,7 @@ def test_only_differences_are_planned() -> None:
         p.ctl("change_password", t.GEO_USER, stdin=PASSWORDS[t.GEO_USER]),
         p.ctl("set_user_tags", t.GATEWAY_USER),
         p.set_permissions(perm),
-        p.declare_queue(d.Queue("gf-fences", "x-fence.w1")),
+        p.declare_queue(d.Queue("gf-fences", "x-fence.w1", "quorum")),
         p.bind(d.Binding("gf-fences", "x-fence.in", "x-fence.w1", "w1")),
         p.set_policy(fence_in),
     ]
@@ -167,12 +174,30 @@ def test_conflicting_exchange_or_queue_is_reported_not_forced() -> None:
         p.plan(DEFS, PASSWORDS, cur)
 
 
-def test_a_classic_queue_type_argument_is_no_conflict() -> None:
+def test_a_classic_queue_without_type_argument_is_no_conflict() -> None:
     cur = applied(DEFS, PASSWORDS)
     cur.queues[("gf-ingress", "dead-letters")] = {
-        "durable": True, "auto_delete": False, "exclusive": False,
-        "arguments": {"x-queue-type": "classic"}}
+        "durable": True, "auto_delete": False, "exclusive": False, "arguments": {}}
     assert p.plan(DEFS, PASSWORDS, cur) == []
+
+
+def test_an_empty_queue_of_another_type_is_declared_again_with_its_bindings() -> None:
+    cur = applied(DEFS, PASSWORDS)
+    cur.queues[("gf-fences", "x-fence.w0")] = {"durable": True, "auto_delete": False, "exclusive": False,
+                                                "arguments": {}, "type": "classic", "messages": 0}
+    q = d.Queue("gf-fences", "x-fence.w0", "quorum")
+    assert p.plan(DEFS, PASSWORDS, cur) == [
+        p.Http("DELETE", "api/queues/gf-fences/x-fence.w0?if-empty=true", None), p.declare_queue(q),
+        p.bind(d.Binding("gf-fences", "x-fence.in", "x-fence.w0", "w0"))]
+
+
+def test_a_queue_of_another_type_holding_messages_is_left_to_the_operator() -> None:
+    cur = applied(DEFS, PASSWORDS)
+    cur.queues[("gf-fences", "x-fence.w0")] = {"durable": True, "auto_delete": False, "exclusive": False,
+                                                "arguments": {}, "type": "classic", "messages": 7}
+    with pytest.raises(p.TopologyConflict, match=r"x-fence\.w0 in gf-fences is a classic queue holding 7 "
+                                                 r"messages.*wants a quorum queue: let its consumer drain"):
+        p.plan(DEFS, PASSWORDS, cur)
 
 
 def test_a_missing_password_is_an_error() -> None:
@@ -189,7 +214,7 @@ def test_render_masks_secrets_and_quotes_for_the_shell() -> None:
     assert ("rabbitmqctl set_permissions -p gf-ingress x-ingress '^$' '^(dead-letters|fence\\.follow)$' "
             "'^(x-ingress\\.positions|x-ingress\\.batches)$'") in lines
     assert ("api PUT api/queues/gf-fences/x-fence.w0 "
-            "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{}}'") in lines
+            "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{\"x-queue-type\":\"quorum\"}}'") in lines
     assert "amqp://federation:****@127.0.0.1:5672/gf-region-a" in text
     assert "api()" in p.api_function("http://127.0.0.1:15672/")
 

@@ -1,0 +1,204 @@
+"""The durable state of one x-fence worker: a snapshot plus an append-only journal, in a
+directory of its own (GEOFENCE_STATE_DIR). The records are fence/state_codec.py's.
+
+    snapshot-<gen>.bin   the whole state when journal <gen> was started
+    journal-<gen>.log    the records since: [u32 length][u32 crc32][msgpack payload] ...
+
+Writes are coalesced as in RabbitMQ's message store: one record per batch of messages, one
+fdatasync per record, and the sidecar acks the batch only after that sync (the events it
+caused were confirmed before). A crash can leave a torn record at the end of the newest
+journal: its batch was never acked, so the broker redelivers it, and the torn bytes are cut
+off at the next start.
+
+Rotation (when the journal passes `max_journal_bytes`, and at a clean stop): journal <gen+1>
+is opened first, then the snapshot of the state at that instant is written beside it
+(temporary name, fsync, rename, fsync of the directory), and only then are the older files
+deleted. Recovery takes the newest complete snapshot and replays every journal from its
+generation on, in order; so a crash at any point of a rotation loses nothing.
+
+Trade-off: records hold final values (see state_codec), so a record is larger than an
+operation log would be (every pair of each touched object), but replay needs no routing
+code, is idempotent and cannot diverge from what the live core did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+log = logging.getLogger("geofence")
+_FRAME = struct.Struct("<II")  # length, crc32 of the payload
+_SNAPSHOT_MAGIC = b"GFXFSNAP"
+_NAME = re.compile(r"(snapshot|journal)-(\d{10})\.(bin|log)")
+MAX_JOURNAL_BYTES = 64 << 20
+
+
+class JournalDamaged(RuntimeError):
+    """The state directory cannot be trusted (a damaged record before the newest journal's
+    end): the worker refuses to start rather than run on a wrong state."""
+
+
+@dataclass
+class Recovered:
+    snapshot: dict[str, Any] | None  # None: a new worker
+    records: list[dict[str, Any]]
+    generation: int  # of the snapshot (0: none)
+    torn_bytes: int  # cut off the newest journal's end
+
+
+def pack(data: dict[str, Any]) -> bytes:
+    out: bytes = msgpack.packb(data, use_bin_type=True)
+    return out
+
+
+def unpack(raw: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    return out
+
+
+def frame(payload: bytes) -> bytes:
+    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def read_frames(data: bytes) -> tuple[list[bytes], int]:
+    """The complete, intact frames at the start of `data`, and where they end."""
+    out, at = [], 0
+    while at + _FRAME.size <= len(data):
+        n, crc = _FRAME.unpack_from(data, at)
+        end = at + _FRAME.size + n
+        if end > len(data) or zlib.crc32(data[at + _FRAME.size:end]) != crc:
+            break
+        out.append(data[at + _FRAME.size:end])
+        at = end
+    return out, at
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StateDir:
+    def __init__(self, path: Path, max_journal_bytes: int = MAX_JOURNAL_BYTES) -> None:
+        self.path = path
+        self.max_journal_bytes = max_journal_bytes
+        self.generation = 0
+        self._fd: int | None = None
+        self.journal_bytes = 0
+        self.records_written = 0
+        self.syncs = 0
+
+    def _file(self, kind: str, gen: int) -> Path:
+        return self.path / f"{kind}-{gen:010d}.{'bin' if kind == 'snapshot' else 'log'}"
+
+    def _generations(self, kind: str) -> list[int]:
+        found = []
+        for p in self.path.iterdir():
+            m = _NAME.fullmatch(p.name)
+            if m and m.group(1) == kind:
+                found.append(int(m.group(2)))
+        return sorted(found)
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    def load(self) -> Recovered:
+        """The newest complete snapshot and the records after it (nothing is written)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for tmp in self.path.glob("*.tmp"):
+            tmp.unlink()
+        snapshot, gen = None, 0
+        for g in reversed(self._generations("snapshot")):
+            data = self._file("snapshot", g).read_bytes()
+            frames, end = read_frames(data[len(_SNAPSHOT_MAGIC):]) if data.startswith(_SNAPSHOT_MAGIC) \
+                else ([], 0)
+            if len(frames) == 1 and len(_SNAPSHOT_MAGIC) + end == len(data):
+                snapshot, gen = unpack(frames[0]), g
+                break
+            log.warning("%s is incomplete; using an older snapshot", self._file("snapshot", g))
+        journals = [g for g in self._generations("journal") if g >= gen]
+        if snapshot is None and journals and journals[0] != 0 and self._generations("snapshot"):
+            raise JournalDamaged(f"{self.path}: no readable snapshot for journal {journals[0]}")
+        records: list[dict[str, Any]] = []
+        torn = 0
+        for i, g in enumerate(journals):
+            data = self._file("journal", g).read_bytes()
+            frames, end = read_frames(data)
+            if end < len(data):
+                if i != len(journals) - 1:
+                    raise JournalDamaged(f"{self._file('journal', g)}: damaged at byte {end} of "
+                                         f"{len(data)}, and newer journals follow")
+                torn = len(data) - end
+            records += [unpack(f) for f in frames]
+        self.generation = max([gen, *journals]) if journals or gen else 0
+        return Recovered(snapshot, records, gen, torn)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def start(self, snapshot: dict[str, Any]) -> None:
+        """After `load`: a new generation from the recovered state (the old files go)."""
+        self.rotate_begin()
+        self.rotate_finish(pack(snapshot))
+
+    def append(self, record: dict[str, Any]) -> None:
+        """One record, synced before this returns."""
+        assert self._fd is not None, "start() first"
+        data = frame(pack(record))
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        os.fdatasync(self._fd)
+        self.journal_bytes += len(data)
+        self.records_written += 1
+        self.syncs += 1
+
+    @property
+    def wants_rotation(self) -> bool:
+        return self.journal_bytes > self.max_journal_bytes
+
+    def rotate_begin(self) -> int:
+        """Open journal <gen+1> (appends go there from now on); returns its generation. The
+        caller takes the snapshot of the state at this instant and passes it to
+        `rotate_finish` (which may run in a thread: it touches no shared state)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.generation += 1
+        fd = os.open(self._file("journal", self.generation), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        _fsync_dir(self.path)
+        old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
+        self.journal_bytes = 0
+        return self.generation
+
+    def rotate_finish(self, snapshot: bytes, generation: int | None = None) -> None:
+        gen = self.generation if generation is None else generation
+        final = self._file("snapshot", gen)
+        tmp = final.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(_SNAPSHOT_MAGIC + frame(snapshot))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(self.path)
+        for kind in ("snapshot", "journal"):
+            for g in self._generations(kind):
+                if g < gen:
+                    with contextlib.suppress(FileNotFoundError):
+                        self._file(kind, g).unlink()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
