@@ -8,6 +8,7 @@
         [--clients 2]
     .venv/bin/python bench/e2e.py --mode half [--fences 1000] [--objects 10000]
         [--updates 100000] [--batch 1000] [--rate UPDATES_PER_S]
+    .venv/bin/python bench/e2e.py --mode durability [--fences 1000] [--updates 100000]
     .venv/bin/python bench/e2e.py --mode all     # core, amqp, mqtt, half, each with its defaults
 
 Modes (`MODES`; the defaults in brackets are per mode, an option given applies to every mode
@@ -20,6 +21,11 @@ run, so `--mode all --updates 20000` runs them all at U=20,000):
   (bench/broker_modes.py). Target 50,000 updates/s at F=1,000, 40,000 above.
 - mqtt: one MQTT message per update (QoS 1, `--clients` publishing processes). Target 10,000
   updates/s; ~1-2k/s today, hence the small defaults.
+- durability: the amqp run with the production setting (persistent messages, publisher
+  confirms on every hop, the x-fence journal synced per batch) and the same run with
+  GEOFENCE_PERSISTENCE=off (transient messages, no confirms, no journal; the sidecars are
+  restarted for it, and again for production after), side by side, and the journal's cost
+  from the workers' counters. Target: production >= 0.70 x the fast setting.
 - half: latency at half the max rate: an amqp run as fast as possible (or `--rate`, taken as
   the max rate), then the same workload paced at half that rate; reports the paced run's
   latency. Target p99 <= 50 ms. In `--mode all` the amqp run of the same sizes is the max.
@@ -44,8 +50,11 @@ import argparse
 import asyncio
 import cProfile
 import io
+import json
 import math
+import os
 import pstats
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -72,7 +81,9 @@ DEFAULTS = {
     "amqp": Defaults((1_000, 10_000), 10_000, 100_000, 1_000),  # 1,000 positions ~ 60 KiB < 256 KiB
     "mqtt": Defaults((100,), 1_000, 20_000, 1),
     "half": Defaults((1_000,), 10_000, 100_000, 1_000),
+    "durability": Defaults((1_000,), 10_000, 100_000, 1_000),
 }
+DURABLE_MIN_RATIO = 0.70  # the production setting within 30% of the fast one
 HALF_P99_MS = 50.0
 
 
@@ -148,6 +159,7 @@ class Outcome:
     error: str = ""
     notes: list[str] = field(default_factory=list)
     profile: str = ""
+    fast_rate: float = 0.0  # durable: the same run's rate with persistence off
 
     @property
     def label(self) -> str:
@@ -159,6 +171,11 @@ class Outcome:
 
     def target(self) -> tuple[str, float | None]:
         """(what is asked, ratio: >= 1 meets it)."""
+        if self.mode == "durable":
+            if not self.fast_rate or not self.updates_per_s:
+                return f">={DURABLE_MIN_RATIO:.2f}x fast", None
+            return (f">={DURABLE_MIN_RATIO:.2f}x {self.fast_rate:,.0f}/s",
+                    self.updates_per_s / (DURABLE_MIN_RATIO * self.fast_rate))
         if self.mode == "half":
             ratio = HALF_P99_MS / self.p99 if self.p99 > 0 else None
             return f"p99<={HALF_P99_MS:g}ms", ratio
@@ -346,11 +363,72 @@ def mode_half(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes,
     return [*runs, half]
 
 
+def restart_pipeline(persistence: str) -> None:
+    """`geofence up` with GEOFENCE_PERSISTENCE passed on: the sidecars run again with it."""
+    from deploy import local_stack as ls
+    from deploy import sidecars
+
+    os.environ["GEOFENCE_PERSISTENCE"] = persistence
+    settings = ls.Settings.from_env()
+    sidecars.up(settings, ls.load_secrets(settings), lambda line: None)
+
+
+def journal_counters() -> dict[str, int]:
+    """The x-fence workers' journal counters, summed (`geofence inspect worker`)."""
+    from deploy import local_stack as ls
+
+    total: dict[str, int] = {}
+    for worker in ls.Settings.from_env().workers:
+        done = subprocess.run([sys.executable, "-m", "deploy.cli", "inspect", "worker", worker, "--json"],
+                              capture_output=True, text=True, timeout=60, check=True)
+        counters = json.loads(done.stdout)["counters"]
+        for k in ("journal_records", "journal_bytes", "journal_us", "positions"):
+            total[k] = total.get(k, 0) + int(counters.get(k, 0))
+    return total
+
+
+def mode_durability(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes, float]
+                    ) -> list[Outcome]:
+    """The amqp run with persistent messages, confirms on every hop and the x-fence journal
+    (production), then the same workload with GEOFENCE_PERSISTENCE=off (transient messages,
+    no confirms, no journal; the queues stay quorum queues: their type is the topology's),
+    then production again. Also the journal's own cost, from the workers' counters."""
+    try:
+        restart_pipeline("on")
+        before = journal_counters()
+        durable = run_broker(args, w, z, "amqp", "durable")
+        after = journal_counters()
+        restart_pipeline("off")
+        fast = run_broker(args, w, z, "amqp", "fast")
+    finally:
+        restart_pipeline("on")
+    fast.mode = "fast"
+    durable.mode = "durable"
+    durable.fast_rate = fast.updates_per_s if fast.ok else 0.0
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    stream_s = float(durable.figures.get("stream (s)", "0") or 0)
+    if d.get("journal_records"):
+        share = d["journal_us"] / 1e6 / stream_s if stream_s else 0.0
+        durable.figures["journal records"] = f"{d['journal_records']:,}"
+        durable.figures["journal MB"] = f"{d['journal_bytes'] / 1e6:,.1f}"
+        durable.figures["journal ms/record"] = f"{d['journal_us'] / 1e3 / d['journal_records']:.2f}"
+        durable.figures["journal s (share)"] = f"{d['journal_us'] / 1e6:.2f} ({share:.1%})"
+        durable.notes.append(
+            f"x-fence journal: {d['journal_records']:,} records, {d['journal_bytes'] / 1e6:,.1f} MB, "
+            f"{d['journal_us'] / 1e6:.2f} s in all (encode + write + fdatasync) = {share:.1%} of the "
+            f"stream's {stream_s:.2f} s (workers in parallel)")
+    if durable.ok and fast.ok:
+        durable.notes.append(f"durable / fast = {durable.updates_per_s / fast.updates_per_s:.2f} "
+                             f"(asked: >= {DURABLE_MIN_RATIO:.2f})")
+    return [durable, fast]
+
+
 MODES: dict[str, Callable[[argparse.Namespace, Workloads, Sizes, dict[Sizes, float]], list[Outcome]]] = {
     "core": mode_core,
     "amqp": mode_amqp,
     "mqtt": mode_mqtt,
     "half": mode_half,
+    "durability": mode_durability,
 }
 
 

@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "api": ("deploy.sidecar_cmd", "run the fence service: HTTP and AMQP fence API, moving fences"),
     "fence": ("fence.manage", "add, replace, remove, list fences (GeoJSON)"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
+    "dlq": ("deploy.dlq_cmd", "dead-lettered messages: list, replay"),
     "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),
     "spark": ("", "the nightly PySpark jobs (see `geofence spark -h`)"),
 }

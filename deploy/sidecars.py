@@ -60,6 +60,16 @@ def input_queues(topology: t.Topology) -> list[tuple[str, str]]:
     return [(v, q) for v in topology.vhosts for q in d.input_queues(topology, v)]
 
 
+# Sidecar settings `geofence up` passes on from its own environment (the rest it sets itself).
+PASSED_ON = ("GEOFENCE_DRAIN_S", "GEOFENCE_BATCH_MAX", "GEOFENCE_PREFETCH", "GEOFENCE_LOG_LEVEL",
+             "GEOFENCE_PERSISTENCE")
+
+
+def passed_on(environ: dict[str, str] | None = None) -> dict[str, str]:
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in PASSED_ON if env.get(k)}
+
+
 def environment(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar) -> dict[str, str]:
     user = USERS[sc.role]
     amqp = (f"amqp://{quote(user, safe='')}:{quote(pw.users[user], safe='')}@{settings.host}:"
@@ -68,8 +78,9 @@ def environment(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar) -> dict[str,
            "GEOFENCE_POSTGRES_URL": ls.postgres_dsn(settings, pw.postgres_password),
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}
+    env.update(passed_on())
     if sc.role == "x-fence":  # its snapshot and journal
-        env["GEOFENCE_STATE_DIR"] = str(settings.state_dir / "state" / sc.name)
+        env["GEOFENCE_JOURNAL_DIR"] = str(settings.state_dir / "state" / sc.name)
     if sc.role == "api":
         env.update({"GEOFENCE_API_HOST": settings.host, "GEOFENCE_API_PORT": str(settings.api_port),
                     "GEOFENCE_FIREBASE_PROJECT": ls.FIREBASE_PROJECT,
@@ -153,7 +164,8 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: ls.Say) -> N
 def up(settings: ls.Settings, pw: ls.Secrets, say: ls.Say) -> None:
     dsn = ls.postgres_dsn(settings, pw.postgres_password)
     asyncio.run(prepare_database(dsn, settings.regions, say))
-    digest = code_digest()
+    # the code and the settings passed on: a sidecar runs again when either changed
+    digest = hashlib.sha256((code_digest() + json.dumps(passed_on(), sort_keys=True)).encode()).hexdigest()
     records = load_records(settings)
     wanted = {sc.name for sc in sidecars(settings.topology)}
     for name in sorted(set(records) - wanted):  # a region or worker that is gone
@@ -164,7 +176,7 @@ def up(settings: ls.Settings, pw: ls.Secrets, say: ls.Say) -> None:
         if proc is not None and rec is not None and rec.get("digest") == digest:
             continue
         if proc is not None:
-            _stop_one(settings, records, sc.name, say, "code changed")
+            _stop_one(settings, records, sc.name, say, "code or settings changed")
         records[sc.name] = _launch(settings, pw, sc, digest)
         save_records(settings, records)
         say(f"{sc.name}: started (pid {records[sc.name]['pid']}, log {_log(settings, sc.name)})")

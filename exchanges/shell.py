@@ -106,7 +106,7 @@ class SidecarConfig:
     prefetch: int = 10_000
     log_level: str = "INFO"
     # Where a stateful sidecar (x-fence) keeps its snapshot and journal; required there.
-    state_dir: str = ""
+    journal_dir: str = ""
     # "on" (production): persistent messages, publisher confirms, x-fence journal. "off":
     # transient messages, no confirms, no journal: a crash loses in-flight work. For
     # benchmarks (bench/e2e.py measures what durability costs); never in production.
@@ -143,10 +143,10 @@ class SidecarConfig:
             kw["prefetch"] = _positive("GEOFENCE_PREFETCH", given["GEOFENCE_PREFETCH"], int)
         if "GEOFENCE_LOG_LEVEL" in given:
             kw["log_level"] = given["GEOFENCE_LOG_LEVEL"].upper()
-        if given.get("GEOFENCE_STATE_DIR"):
-            if not os.path.isabs(given["GEOFENCE_STATE_DIR"]):
-                raise ConfigError(f"GEOFENCE_STATE_DIR={given['GEOFENCE_STATE_DIR']!r}: not an absolute path")
-            kw["state_dir"] = given["GEOFENCE_STATE_DIR"]
+        if given.get("GEOFENCE_JOURNAL_DIR"):
+            if not os.path.isabs(given["GEOFENCE_JOURNAL_DIR"]):
+                raise ConfigError(f"GEOFENCE_JOURNAL_DIR={given['GEOFENCE_JOURNAL_DIR']!r}: not absolute")
+            kw["journal_dir"] = given["GEOFENCE_JOURNAL_DIR"]
         if "GEOFENCE_PERSISTENCE" in given:
             value = given["GEOFENCE_PERSISTENCE"].strip().lower()
             if value not in ("on", "off"):
@@ -179,7 +179,7 @@ class SidecarConfig:
         return (f"{self.name}: amqp {mask_url(self.amqp_url)}, postgres {mask_url(self.postgres_url)}, "
                 f"regions {','.join(self.regions)}, workers {','.join(self.workers)}, "
                 f"batch <= {self.batch_max}, prefetch {self.prefetch}, drain {self.drain_s:g}s"
-                + (f", state {self.state_dir}" if self.state_dir else "")
+                + (f", journal {self.journal_dir}" if self.journal_dir else "")
                 + ("" if self.persistence else ", PERSISTENCE OFF (benchmarks only)"))
 
 
@@ -238,7 +238,7 @@ def reason_key(reason: str) -> str:
 
 
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-_NUMBER = re.compile(r"[-+]?(?:\d[\d_,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|\b(?:nan|inf)\b")
+_NUMBER = re.compile(r"[-+]?(?:\d[\d_]*(?:,\d{3})*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|\b(?:nan|inf)\b")
 
 
 # --------------------------------------------------------------------------- connections
@@ -524,7 +524,9 @@ def dead_letter(exchange: AbstractExchange, message: AbstractIncomingMessage, re
     """The message as it came, to the vhost's dead-letters exchange, with the reason."""
     counters.dead_lettered[reason_key(reason)] += 1
     headers = {**(message.headers or {}), t.REASON_HEADER: reason[:1000],
-               "x-geofence-source": source, "x-geofence-routing-key": message.routing_key or ""}
+               "x-geofence-source": source, "x-geofence-routing-key": message.routing_key or "",
+               "x-geofence-dead-lettered-at-ms": int(time.time() * 1000)}
+    headers.pop("x-delivery-count", None)  # the broker's, about the queue it came from
     return Out(exchange, source, message.body, message.content_type or "application/octet-stream",
                headers, mandatory=False, message_id=message.message_id)
 

@@ -6,7 +6,7 @@ one message per event for the fence's subscribers and the object's).
 
 Durability: the core's state (who is inside which fence since when, each object's last
 position and handover time, positions held for a notice) lives in a snapshot plus a journal
-under GEOFENCE_STATE_DIR (fence/journal.py, records from fence/state_codec.py). Per batch:
+under GEOFENCE_JOURNAL_DIR (fence/journal.py, records from fence/state_codec.py). Per batch:
 route, publish the events and wait for their confirms, append one record and fdatasync it,
 then ack the batch. A crash before the sync leaves the batch unacked: it is redelivered and
 routed again from the older state, giving the same events with the same ids (duplicates a
@@ -66,9 +66,9 @@ class FenceSidecar:
         self.lock = asyncio.Lock()  # the core and the order of what it emits
         self.journal: StateDir | None = None
         if config.persistence:
-            if not config.state_dir:
-                raise shell.ConfigError("x-fence needs GEOFENCE_STATE_DIR (its snapshot and journal)")
-            self.journal = StateDir(Path(config.state_dir))
+            if not config.journal_dir:
+                raise shell.ConfigError("x-fence needs GEOFENCE_JOURNAL_DIR (its snapshot and journal)")
+            self.journal = StateDir(Path(config.journal_dir))
         self.n_persisted = 0  # object ids the journal holds
         self.started = False  # the journal's new generation is written (after `pending`)
         self.pending: list[Event] = []  # events of the recovery, published by the first session
@@ -137,11 +137,15 @@ class FenceSidecar:
         """Under the lock, after the events were confirmed: one synced record."""
         if self.journal is None:
             return
+        started = time.perf_counter()
         record = state_codec.changes(self.core, self.n_persisted)
         if record is not None:
+            before = self.journal.journal_bytes
             self.journal.append(record)
             self.n_persisted = len(self.core._objects)
             self.counters.bump("journal_records")
+            self.counters.bump("journal_bytes", self.journal.journal_bytes - before)
+            self.counters.bump("journal_us", int((time.perf_counter() - started) * 1e6))
         if self.journal.wants_rotation:
             gen = self.journal.rotate_begin()
             data = journal_pack(state_codec.snapshot(self.core))

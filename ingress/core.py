@@ -10,6 +10,13 @@ fences would only see the object time out.
 Trade-off: that memory is one small int per object in this process, so all positions of an
 object must go through the same x-ingress (objects are spread over x-ingress instances by
 the consistent-hash ring, like fences over x-fence workers).
+
+Restarts: the memory is not persisted; it is re-derived. An object this process has not
+seen yet (new, or seen before a restart) may have been in any region, so its first position
+is also a notice to every other region (not gated: no worker waits for it). An x-geo that
+never had the object forwards a notice that changes nothing; the one that had it lets its
+fences LEAVE at once, as after a crossing. The cost is one notice per other region for each
+object's first position after a start.
 """
 
 from __future__ import annotations
@@ -42,8 +49,9 @@ class Routed:
 
 
 class XIngress:
-    def __init__(self, worldmap: Worldmap) -> None:
+    def __init__(self, worldmap: Worldmap, announce_unknown: bool = True) -> None:
         self.worldmap = worldmap
+        self.announce_unknown = announce_unknown  # see the module's docstring (Restarts)
         self._objects = ObjectCodes()
         self._last_region = np.full(0, -1, dtype=np.int64)  # object code -> region index
 
@@ -71,10 +79,11 @@ class XIngress:
         prev = carry(codes, region, self._last_region)  # region of each object just before
 
         crossed = (prev >= 0) & (prev != region)
+        unknown = prev < 0 if self.announce_unknown else np.zeros(prev.size, bool)
         out = {}
         for ri, name in enumerate(self.worldmap.regions):
             here = region == ri
-            notice = crossed & (prev == ri)
+            notice = (crossed & (prev == ri)) | (unknown & ~here)
             rows = np.flatnonzero(here | notice)
             if rows.size:
                 out[name] = RegionBatch(batch.take(rows), notice[rows], (crossed & here)[rows])

@@ -32,12 +32,21 @@ def ids(routed: dict[str, PositionBatch]) -> dict[str, list[tuple[str, float]]]:
 
 
 def test_indices_and_regions() -> None:
-    ing = XIngress(split_map())
+    ing = XIngress(split_map(), announce_unknown=False)
     out = ing.route(batch([("o1", WEST, 1.0), ("o2", EAST, 1.0)]))
     assert ids(out.positions) == {"a": [("o1", 1.0)], "b": [("o2", 1.0)]}
     assert out.handovers == {}
     x, y = hk.lonlat_to_grid(*WEST, INDEX_BITS)
     assert int(out.positions["a"].h[0]) == hk.encode(x, y, INDEX_BITS)
+
+
+def test_an_object_not_seen_since_the_start_is_announced_to_every_other_region() -> None:
+    ing = XIngress(split_map())  # a restarted x-ingress: it cannot tell new objects from known ones
+    out = ing.route(batch([("o1", WEST, 1.0), ("o2", EAST, 1.0), ("o1", WEST, 2.0)]))
+    assert ids(out.positions) == {"a": [("o1", 1.0), ("o1", 2.0)], "b": [("o2", 1.0)]}
+    assert ids(out.handovers) == {"b": [("o1", 1.0)], "a": [("o2", 1.0)]}  # once, the first position
+    assert all(not rb.entered.any() for rb in out.regions.values())  # nobody waits for those notices
+    assert ing.route(batch([("o1", WEST, 3.0), ("o2", EAST, 3.0)])).handovers == {}
 
 
 def test_crossing_regions_tells_the_old_region_once() -> None:
@@ -55,7 +64,7 @@ def test_crossing_regions_tells_the_old_region_once() -> None:
 
 def test_a_new_worldmap_reroutes_and_hands_over() -> None:
     m = split_map()
-    ing = XIngress(m)
+    ing = XIngress(m, announce_unknown=False)
     ing.route(batch([("o1", WEST, 1.0)]))
     assert not ing.set_worldmap(m)  # same version: ignored
     assert ing.set_worldmap(m.join("a", "b"))  # a is gone: everything goes to b

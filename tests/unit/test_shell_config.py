@@ -608,3 +608,28 @@ async def test_a_lost_broker_is_not_a_fault() -> None:
     with pytest.raises(ConnectionError):
         await shell.run_batches(intake, handle, Counters(), cast(Any, FakeExchange()))
     assert ms[0].acks == []
+
+
+# --------------------------------------------------------------------------- durability settings
+
+
+def test_journal_dir_and_persistence() -> None:
+    c = SidecarConfig.from_env("x-fence", "w0", ENV)
+    assert (c.journal_dir, c.persistence) == ("", True)
+    c = SidecarConfig.from_env("x-fence", "w0", {**ENV, "GEOFENCE_JOURNAL_DIR": "/srv/x",
+                                                 "GEOFENCE_PERSISTENCE": "OFF"})
+    assert (c.journal_dir, c.persistence) == ("/srv/x", False)
+    assert "PERSISTENCE OFF" in c.describe() and "journal /srv/x" in c.describe()
+    with pytest.raises(ConfigError, match="not absolute"):
+        SidecarConfig.from_env("x-fence", "w0", {**ENV, "GEOFENCE_JOURNAL_DIR": "rel/dir"})
+    with pytest.raises(ConfigError, match="on or off"):
+        SidecarConfig.from_env("x-fence", "w0", {**ENV, "GEOFENCE_PERSISTENCE": "maybe"})
+
+
+def test_x_fence_refuses_to_run_durably_without_a_journal_dir() -> None:
+    from fence.sidecar import FenceSidecar
+
+    with pytest.raises(ConfigError, match="GEOFENCE_JOURNAL_DIR"):
+        FenceSidecar(SidecarConfig.from_env("x-fence", "w0", ENV))
+    fast = SidecarConfig.from_env("x-fence", "w0", {**ENV, "GEOFENCE_PERSISTENCE": "off"})
+    assert FenceSidecar(fast).journal is None
