@@ -329,6 +329,7 @@ class Intake:
         self.backlog = 0  # messages ready in the queue when the session started
         self.received = 0
         self.cancelled = asyncio.Event()  # the broker cancelled the consumer (queue deleted)
+        self.current_prefetch = prefetch if set_prefetch is None else 1
 
     @classmethod
     def on(cls, queue: AbstractQueue, max_batch: int, prefetch: int, exclusive: bool = True) -> Intake:
@@ -336,6 +337,30 @@ class Intake:
         async def set_prefetch(n: int) -> None:
             await queue.channel.set_qos(prefetch_count=n)
         return cls(queue, max_batch, exclusive, prefetch, set_prefetch)
+
+    # Back-pressure: when what a batch publishes takes long to be confirmed downstream (a
+    # full queue refusing, a slow consumer, a broker paging), taking more in only grows the
+    # messages held here; the prefetch is halved (not below PREFETCH_FLOOR) while confirms
+    # take over LAG_HIGH_S, and doubled back while they come within LAG_LOW_S. The backlog
+    # stays in the broker's queue, whose length limit pushes back on the publishers.
+    LAG_HIGH_S = 1.0
+    LAG_LOW_S = 0.2
+    PREFETCH_FLOOR = 64
+
+    async def confirm_lag(self, seconds: float) -> None:
+        if self._set_prefetch is None or not self._opened:
+            return
+        now = self.current_prefetch
+        if seconds > self.LAG_HIGH_S and now > self.PREFETCH_FLOOR:
+            new = max(self.PREFETCH_FLOOR, now // 2)
+        elif seconds < self.LAG_LOW_S and now < self.prefetch:
+            new = min(self.prefetch, now * 2)
+        else:
+            return
+        log.log(logging.WARNING if new < now else logging.INFO,
+                "%s: confirms took %.2fs: prefetch %d -> %d", self.queue.name, seconds, now, new)
+        self.current_prefetch = new
+        await self._set_prefetch(new)
 
     @property
     def caught_up(self) -> bool:
@@ -367,6 +392,7 @@ class Intake:
         if not self._opened and delivery_count(message) < SUSPECT_DELIVERIES:
             self._opened = True
             assert self._set_prefetch is not None
+            self.current_prefetch = self.prefetch
             await self._set_prefetch(self.prefetch)
 
     async def stop(self) -> None:

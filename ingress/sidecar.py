@@ -4,7 +4,9 @@ decoded and validated, routed by the worldmap to the x-geo region vhosts, shovel
 
 Per batch: decode every message (refusals to dead-letters with the reason), one core call
 (Hilbert indices and regions for the whole batch), one message per region and one handover
-notice per region objects left, all confirmed, then one ack for the batch. The worldmap is
+notice per region objects left, all confirmed, then one ack for the batch. When those
+confirms lag (a region's queue full or its x-geo slow), the intake's prefetch shrinks, so
+the backlog waits in the broker, not here (shell.Intake.confirm_lag). The worldmap is
 read from PostgreSQL at start and re-read when a newer version appears (no restart).
 
 Fences that follow an object (fence/follow.py) need that object's positions: the objects
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,9 +71,11 @@ class IngressSidecar:
                      ", ".join(cfg.regions))
             await shell.run_session(
                 stop, [ingress, *regions.values()], [mqtt, gateway],
-                [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, t.POSITIONS_QUEUE),
+                [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, t.POSITIONS_QUEUE,
+                                                                 mqtt),
                                    self.counters, self.dlx),
-                 shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE),
+                 shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE,
+                                                                    gateway),
                                    self.counters, self.dlx)],
                 [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
                 cfg.drain_s)
@@ -99,7 +104,8 @@ class IngressSidecar:
                                    f"refused: {reasons}{more}"))
         return PositionBatch.concat(batches), refused
 
-    async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str) -> None:
+    async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str,
+                     intake: shell.Intake | None = None) -> None:
         batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
         routed = self.core.route(batch)
         outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
@@ -112,7 +118,10 @@ class IngressSidecar:
             if tapped:
                 outs.append(shell.Out(self.follow, "", pack(FOLLOW, batch=batch.take(tapped).to_wire()),
                                       CONTENT_TYPE))
+        started = time.monotonic()
         await shell.publish_all(outs, self.counters)
+        if intake is not None:
+            await intake.confirm_lag(time.monotonic() - started)  # back-pressure (see shell.Intake)
         self.counters.positions += len(batch)
 
 

@@ -633,3 +633,20 @@ def test_x_fence_refuses_to_run_durably_without_a_journal_dir() -> None:
         FenceSidecar(SidecarConfig.from_env("x-fence", "w0", ENV))
     fast = SidecarConfig.from_env("x-fence", "w0", {**ENV, "GEOFENCE_PERSISTENCE": "off"})
     assert FenceSidecar(fast).journal is None
+
+
+async def test_confirm_lag_halves_the_prefetch_and_restores_it() -> None:
+    intake, q, qos = await started_managed(10, 1000)
+    await intake.confirm_lag(5.0)  # not opened yet (no message): nothing to slow
+    assert qos == [1]
+    await q.deliver(FakeMessage(0))
+    assert qos == [1, 1000]
+    for _ in range(6):
+        await intake.confirm_lag(2.0)
+    assert qos == [1, 1000, 500, 250, 125, 64]  # halved down to the floor, not below
+    await intake.confirm_lag(0.5)  # in between: kept
+    assert intake.current_prefetch == 64
+    for _ in range(6):
+        await intake.confirm_lag(0.01)
+    assert qos[6:] == [128, 256, 512, 1000] and intake.current_prefetch == 1000
+    await intake.stop()
