@@ -1,5 +1,5 @@
 """The durable state of one x-fence worker: a snapshot plus an append-only journal, in a
-directory of its own (GEOFENCE_STATE_DIR). The records are fence/state_codec.py's.
+directory of its own (GEOFENCE_JOURNAL_DIR). The records are fence/state_codec.py's.
 
     snapshot-<gen>.bin   the whole state when journal <gen> was started
     journal-<gen>.log    the records since: [u32 length][u32 crc32][msgpack payload] ...
