@@ -103,9 +103,10 @@ async def test_input_queues_carry_the_length_limit_and_dead_letter_policy(
             assert info is not None, f"no queue {name} in {vhost}"
             assert info["durable"] is True
             assert info["policy"] == t.INPUT_LIMITS_POLICY, (vhost, name)
+            assert info["type"] == "quorum", (vhost, name)
             assert info["effective_policy_definition"] == {
                 "dead-letter-exchange": t.DEAD_LETTER_EXCHANGE, "max-length": 1_000_000,
-                "overflow": "reject-publish"}
+                "overflow": "reject-publish", "delivery-limit": 10, "dead-letter-strategy": "at-least-once"}
         dead = api(stack, f"api/queues/{q(vhost)}/{q(t.DEAD_LETTER_QUEUE)}")
         assert dead is not None and dead["durable"] is True and not dead.get("policy")
 
