@@ -281,10 +281,15 @@ async def open_channel(conn: AbstractConnection, stack: contextlib.AsyncExitStac
 
 
 async def connection_lost(conns: Sequence[AbstractConnection]) -> None:
-    """Returns (raising) when any of the connections closes."""
-    done, _ = await asyncio.wait([asyncio.ensure_future(c.closed()) for c in conns],
-                                 return_when=asyncio.FIRST_COMPLETED)
-    raise ConnectionError(f"broker connection closed ({len(done)} of {len(conns)})")
+    """Returns (raising) when any of the connections closes. Through the close callbacks:
+    aio-pika's `closed()` does not resolve when the broker closes the connection."""
+    lost = asyncio.Event()
+    for c in conns:
+        c.close_callbacks.add(lambda *_: lost.set())
+        if c.is_closed:
+            lost.set()
+    await lost.wait()
+    raise ConnectionError("broker connection closed")
 
 
 # --------------------------------------------------------------------------- intake
@@ -360,7 +365,17 @@ class Intake:
         log.log(logging.WARNING if new < now else logging.INFO,
                 "%s: confirms took %.2fs: prefetch %d -> %d", self.queue.name, seconds, now, new)
         self.current_prefetch = new
-        await self._set_prefetch(new)
+        await self._apply_prefetch(new)
+
+    async def _apply_prefetch(self, n: int) -> None:
+        """RabbitMQ applies basic.qos only to consumers created after it, so the consumer is
+        created again. Cancelling does not return what was delivered: those messages stay
+        this channel's, in order, ahead of what the new consumer gets."""
+        assert self._set_prefetch is not None
+        await self._set_prefetch(n)
+        if self._tag is not None and not self._stopping:
+            await self.queue.cancel(self._tag)
+            self._tag = await self.queue.consume(self._on_message, exclusive=self.exclusive)
 
     @property
     def caught_up(self) -> bool:
@@ -391,9 +406,8 @@ class Intake:
         self._ready.set()
         if not self._opened and delivery_count(message) < SUSPECT_DELIVERIES:
             self._opened = True
-            assert self._set_prefetch is not None
             self.current_prefetch = self.prefetch
-            await self._set_prefetch(self.prefetch)
+            await self._apply_prefetch(self.prefetch)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -468,7 +482,10 @@ async def settle(messages: Sequence[AbstractIncomingMessage]) -> AsyncIterator[N
     broker went away nothing is acked: the messages come back to the next session."""
     yield
     if messages:
-        await messages[-1].ack(multiple=True)
+        try:
+            await messages[-1].ack(multiple=True)
+        except Exception as exc:  # the channel or connection went away under the ack
+            raise ConnectionError(f"ack failed: {exc!r}") from exc
 
 
 # --------------------------------------------------------------------------- publishing
