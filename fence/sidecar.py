@@ -114,9 +114,7 @@ class FenceSidecar:
         """At a clean stop: a snapshot, so the next start replays no journal."""
         if self.journal is not None and self.started:
             async with self.lock:
-                gen = self.journal.rotate_begin()
-                data = journal_pack(state_codec.snapshot(self.core))
-                self.n_persisted = len(self.core._objects)
+                gen, data = self._begin_snapshot()
             await asyncio.to_thread(self.journal.rotate_finish, data, gen)
             self.journal.close()
             log.info("state snapshot %d written", gen)
@@ -147,10 +145,18 @@ class FenceSidecar:
             self.counters.bump("journal_bytes", self.journal.journal_bytes - before)
             self.counters.bump("journal_us", int((time.perf_counter() - started) * 1e6))
         if self.journal.wants_rotation:
-            gen = self.journal.rotate_begin()
-            data = journal_pack(state_codec.snapshot(self.core))
+            gen, data = self._begin_snapshot()
             await asyncio.to_thread(self.journal.rotate_finish, data, gen)
             self.counters.bump("snapshots")
+
+    def _begin_snapshot(self) -> tuple[int, bytes]:
+        """Under the lock: a new journal generation and the snapshot of the state at that
+        instant (written by the caller with journal.rotate_finish, off the event loop)."""
+        assert self.journal is not None
+        gen = self.journal.rotate_begin()
+        data = journal_pack(state_codec.snapshot(self.core))
+        self.n_persisted = len(self.core._objects)
+        return gen, data
 
     # -- session -----------------------------------------------------------------------------
 
