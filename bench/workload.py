@@ -297,7 +297,8 @@ class CorePipeline:
         t1 = time.perf_counter()
         to_worker: dict[str, list[WorkerBatch]] = {}
         for region, rb in routed.regions.items():
-            for w, wb in self.geo[region].route(rb.batch, notice=rb.notice, entered=rb.entered).items():
+            for w, wb in self.geo[region].route(rb.batch, notice=rb.notice, gate=rb.gate,
+                                                announced=rb.announced).items():
                 to_worker.setdefault(w, []).append(wb)
         t2 = time.perf_counter()
         events: list[Event] = []

@@ -22,6 +22,29 @@ F64 = npt.NDArray[np.float64]
 U64 = npt.NDArray[np.uint64]
 
 
+# A position's other fields pass through to the events; msgpack (the pipeline's wire) packs
+# at most ~1,000 levels and takes string keys only: a device needs no more than a few levels.
+MAX_EXTRA_DEPTH = 16
+
+
+def extra_problem(rest: dict[Any, Any]) -> str | None:
+    """Why a position's extra fields cannot pass through the pipeline, or None."""
+    stack: list[tuple[Any, int]] = [(rest, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list | tuple):
+            if depth > MAX_EXTRA_DEPTH:
+                return f"extra fields nested deeper than {MAX_EXTRA_DEPTH} levels"
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    if not isinstance(k, str):
+                        return f"extra field key {str(k)[:40]!r} is not a string"
+                    stack.append((x, depth + 1))
+            else:
+                stack.extend((x, depth + 1) for x in v)
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class PositionBatch:
     """Validated positions: object ids, lon/lat degrees, ts (epoch seconds), Hilbert index at
@@ -84,13 +107,23 @@ class PositionBatch:
 
     @staticmethod
     def from_wire(d: dict[str, Any]) -> PositionBatch:
+        """ValueError if the ids are not strings (the columns' lengths are checked on
+        construction)."""
+        ids = list(d["ids"])
+        if not all(type(i) is str for i in ids):
+            raise ValueError("object ids that are not strings")
+        extra = list(d["extra"]) if d.get("extra") else []
+        problem = next((p for e in extra if e is not None for p in [extra_problem(e) if isinstance(e, dict)
+                        else "extra fields that are not an object"] if p), None)
+        if problem:
+            raise ValueError(problem)
         return PositionBatch(
-            list(d["ids"]),
+            ids,
             np.frombuffer(d["lon"], "<f8").astype(np.float64),
             np.frombuffer(d["lat"], "<f8").astype(np.float64),
             np.frombuffer(d["ts"], "<f8").astype(np.float64),
             np.frombuffer(d["h"], "<u8").astype(np.uint64),
-            list(d["extra"]) if d.get("extra") else [],
+            extra,
         )
 
 
@@ -98,34 +131,49 @@ class PositionBatch:
 class RegionBatch:
     """What one region's x-geo gets from an x-ingress batch, in the batch's order: its positions and
     the handover notices of objects that left it (flagged `notice`; the position is the one
-    in the region they went to); `entered` flags positions of objects that came in from
-    another region. One message, so the x-geo sees an object's notices and positions in
-    the order they happened."""
+    in the region they went to); `gate` is, per row, the ts its object entered the region
+    (this one for a position, the one it left for a notice; 0: unknown), see
+    exchanges/x_geo.py. One message, so the x-geo sees an object's notices and positions in
+    the order they happened.
+
+    `announced` flags the first position of an object x-ingress had not seen since its
+    start (ingress/core.py, Restarts): in the object's region, a position for every worker,
+    gated on its own ts; elsewhere, a notice that is only a barrier (it opens that gate once
+    the region's earlier positions of the object are through, and changes nothing else)."""
 
     batch: PositionBatch
     notice: npt.NDArray[np.bool_]
-    entered: npt.NDArray[np.bool_]
+    gate: npt.NDArray[np.float64]
+    announced: npt.NDArray[np.bool_] | None = None
+
+    def announcements(self) -> npt.NDArray[np.bool_]:
+        return self.announced if self.announced is not None else np.zeros(len(self.batch), bool)
 
     def to_wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {"batch": self.batch.to_wire()}
         if self.notice.any():
             d["notice"] = self.notice.astype(np.uint8).tobytes()
-        if self.entered.any():
-            d["entered"] = self.entered.astype(np.uint8).tobytes()
+        if self.gate.any():
+            d["gate"] = self.gate.astype("<f8").tobytes()
+        if self.announced is not None and self.announced.any():
+            d["announced"] = self.announced.astype(np.uint8).tobytes()
         return d
 
     @staticmethod
     def from_wire(d: dict[str, Any]) -> RegionBatch:
-        """ValueError if the flags do not fit the batch."""
+        """ValueError if the flags or gates do not fit the batch."""
         batch = PositionBatch.from_wire(d["batch"])
         n = len(batch)
         flags = []
-        for name in ("notice", "entered"):
+        for name in ("notice", "announced"):
             f = np.frombuffer(d[name], np.uint8).astype(bool) if d.get(name) else np.zeros(n, bool)
             if f.size != n:
                 raise ValueError(f"{name} flags for {f.size} positions in a batch of {n}")
             flags.append(f)
-        return RegionBatch(batch, flags[0], flags[1])
+        gate = np.frombuffer(d["gate"], "<f8").astype(np.float64) if d.get("gate") else np.zeros(n)
+        if gate.size != n or not np.isfinite(gate).all():
+            raise ValueError(f"gates for {gate.size} positions in a batch of {n}, or not finite")
+        return RegionBatch(batch, flags[0], gate, flags[1] if flags[1].any() else None)
 
 
 def pack(kind: str, **payload: Any) -> bytes:

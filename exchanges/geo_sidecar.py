@@ -42,9 +42,12 @@ class GeoSidecar:
         self.config = config
         self.region = config.instance
         self.ring = HashRing(list(config.workers))
-        self.core = XGeo(self.region, list(config.workers), self.ring)
+        self.core = XGeo(self.region, list(config.workers), self.ring, announce_unknown=True)
         self.counters = shell.Counters()
         self.lock = asyncio.Lock()
+        # a batch was routed (the objects' memory moved on) and not confirmed: if the session
+        # ends so, the memory goes (its objects go to every worker once, as after a restart)
+        self.unacked = False
 
     async def recover(self, stop: asyncio.Event) -> bool:
         bindings = await store.read_until_stopped(
@@ -60,6 +63,10 @@ class GeoSidecar:
 
     async def session(self, stop: asyncio.Event) -> None:
         cfg = self.config
+        if self.unacked:
+            self.core.forget_objects()
+            self.unacked = False
+            log.warning("a session ended with a batch routed and not acked: objects forgotten")
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.region_vhost(self.region), stack)
             self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
@@ -91,7 +98,7 @@ class GeoSidecar:
                     rb = RegionBatch.from_wire(msg)
                 elif msg["kind"] == HANDOVER:  # notices apart (wire of the first pipeline version)
                     b = PositionBatch.from_wire(msg["batch"])
-                    rb = RegionBatch(b, np.ones(len(b), bool), np.zeros(len(b), bool))
+                    rb = RegionBatch(b, np.ones(len(b), bool), np.zeros(len(b)))
                 else:
                     raise InvalidMessage(f"unknown message kind {msg['kind']!r} on {t.GEO_POSITIONS_QUEUE}")
                 self.core.validate(rb.batch)
@@ -104,11 +111,16 @@ class GeoSidecar:
             if batches:  # the whole intake in queue order: one route, one message per worker
                 batch = PositionBatch.concat([rb.batch for rb in batches])
                 self.counters.positions += len(batch)
+                self.unacked = True
+                announced = [rb.announced for rb in batches]
                 routed = self.core.route(batch, notice=np.concatenate([rb.notice for rb in batches]),
-                                         entered=np.concatenate([rb.entered for rb in batches]))
+                                         gate=np.concatenate([rb.gate for rb in batches]),
+                                         announced=None if all(a is None for a in announced) else
+                                         np.concatenate([rb.announcements() for rb in batches]))
                 outs += [shell.Out(self.fence_in, worker, pack(POSITIONS, parts=[wb.to_wire()]), CONTENT_TYPE)
                          for worker, wb in routed.items()]
             await shell.publish_all(outs, self.counters)
+            self.unacked = False  # confirmed: the workers got what the memory says
 
     # -- control -----------------------------------------------------------------------------
 

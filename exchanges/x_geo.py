@@ -9,19 +9,24 @@ Trade-off: x-geo remembers, per object, the workers it routed the object to last
 (a bitmask, one int per object). A position whose candidates no longer include a worker
 that had the object is still sent there, with no candidates: that is the seed's *control*
 message, and it lets the worker emit LEAVE at once instead of after a timeout. The memory
-costs O(objects) here, and lets the workers stay free of any global view.
+costs O(objects) here, and lets the workers stay free of any global view. It is not
+persisted: with `announce_unknown` (the sidecar's setting) an object not seen since the
+start (or since a session that ended with a batch unacked) goes to every worker once, so a
+worker that had it from before still hears of it.
 
 A handover notice (x-ingress: the object went to another region, here is its new position)
-goes to *every* worker, flagged `notice`, and x-geo forgets the object. Every position it
-routes carries a `gate`: the ts at which its object entered this region (0 if unknown). A
-worker holds a position until it has seen the notice of the region the object came from
-(notice ts >= gate), so the positions of one object reach its fences in time order even
-though each region's stream to a worker is ordered only within itself; the notice itself
-is gated on its own region's entry, which chains the regions an object went through.
+goes to *every* worker, flagged `notice`, and x-geo forgets the object. Every position
+carries, from x-ingress, a `gate`: the ts at which its object entered this region (0 if
+unknown). A worker holds a position until it has seen the notice of the region the object
+came from (notice ts >= gate), so the positions of one object reach its fences in time order
+even though each region's stream to a worker is ordered only within itself; the notice
+itself is gated on its own region's entry, which chains the regions an object went through.
+x-geo passes gates on: they are x-ingress's memory, so a restarted x-geo loses none.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,6 +40,11 @@ from exchanges.object_codes import ObjectCodes, carry, distinct, grow
 from exchanges.range_index import INDEX_BITS, RangeIndex
 
 MAX_WORKERS = 63  # worker sets are bitmasks in an int64
+
+
+def region_code(region: str) -> int:
+    """A region's number in WorkerBatch.origin: stable without coordination, never 0."""
+    return zlib.crc32(region.encode()) | (1 << 32)
 
 
 class Ring(Protocol):
@@ -89,12 +99,24 @@ class WorkerBatch:
     interior: npt.NDArray[np.bool_]
     notice: npt.NDArray[np.bool_] | None = None  # per position: a handover notice (None: none is)
     gate: npt.NDArray[np.float64] | None = None  # per position: hold until a notice this recent
+    # per position: a notice that is only a barrier (x-ingress announced the object after its
+    # start, see ingress/core.py): it opens gates and changes nothing else
+    barrier: npt.NDArray[np.bool_] | None = None
+    # per position: the x-geo region it came through (region_code; 0: not said). A worker keeps
+    # each region's rows of an object in order: a row is held while an earlier one is.
+    origin: npt.NDArray[np.int64] | None = None
 
     def notices(self) -> npt.NDArray[np.bool_]:
         return self.notice if self.notice is not None else np.zeros(len(self.positions), bool)
 
     def gates(self) -> npt.NDArray[np.float64]:
         return self.gate if self.gate is not None else np.zeros(len(self.positions), np.float64)
+
+    def barriers(self) -> npt.NDArray[np.bool_]:
+        return self.barrier if self.barrier is not None else np.zeros(len(self.positions), bool)
+
+    def origins(self) -> npt.NDArray[np.int64]:
+        return self.origin if self.origin is not None else np.zeros(len(self.positions), np.int64)
 
     def take(self, rows: npt.ArrayLike) -> WorkerBatch:
         """The positions at `rows` (in that order) with their candidates."""
@@ -106,7 +128,9 @@ class WorkerBatch:
         at = np.repeat(lo - ptr[:-1], counts) + np.arange(int(ptr[-1]))
         return WorkerBatch(self.worker, self.positions.take(r), ptr, self.fences, self.cand[at],
                            self.interior[at], None if self.notice is None else self.notice[r],
-                           None if self.gate is None else self.gate[r])
+                           None if self.gate is None else self.gate[r],
+                           None if self.barrier is None else self.barrier[r],
+                           None if self.origin is None else self.origin[r])
 
     def candidates(self, i: int) -> list[tuple[str, bool]]:
         lo, hi = int(self.ptr[i]), int(self.ptr[i + 1])
@@ -135,11 +159,15 @@ class WorkerBatch:
         fences = list(number)
         noticed = any(b.notice is not None for b in batches)
         gated = any(b.gate is not None for b in batches)
+        barred = any(b.barrier is not None for b in batches)
+        said = any(b.origin is not None for b in batches)
         return WorkerBatch(
             worker, PositionBatch.concat([b.positions for b in batches]), np.concatenate(ptrs),
             fences, np.concatenate(cands), np.concatenate([b.interior for b in batches]),
             np.concatenate([b.notices() for b in batches]) if noticed else None,
             np.concatenate([b.gates() for b in batches]) if gated else None,
+            np.concatenate([b.barriers() for b in batches]) if barred else None,
+            np.concatenate([b.origins() for b in batches]) if said else None,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -155,6 +183,11 @@ class WorkerBatch:
             d["notice"] = self.notice.astype(np.uint8).tobytes()
         if self.gate is not None and self.gate.any():
             d["gate"] = self.gate.astype("<f8").tobytes()
+        if self.barrier is not None and self.barrier.any():
+            d["barrier"] = self.barrier.astype(np.uint8).tobytes()
+        if self.origin is not None and self.origin.size:
+            first = int(self.origin[0])
+            d["origin"] = first if (self.origin == first).all() else self.origin.astype("<i8").tobytes()
         return d
 
     @staticmethod
@@ -168,27 +201,38 @@ class WorkerBatch:
         fences = list(d["fences"])
         notice = np.frombuffer(d["notice"], np.uint8).astype(bool) if d.get("notice") else None
         gate = np.frombuffer(d["gate"], "<f8").astype(np.float64) if d.get("gate") else None
+        barrier = np.frombuffer(d["barrier"], np.uint8).astype(bool) if d.get("barrier") else None
+        raw = d.get("origin")
+        origin = None if raw is None else np.full(n, raw, np.int64) if isinstance(raw, int) \
+            else np.frombuffer(raw, "<i8").astype(np.int64)
         if d.get("handover"):  # a whole part of notices (wire of the first pipeline version)
             notice = np.ones(n, bool)
         if (ptr.size != n + 1 or (ptr.size and (ptr[0] != 0 or (np.diff(ptr) < 0).any()))
                 or int(ptr[-1]) != cand.size or interior.size != cand.size
                 or (cand.size and (cand.min() < 0 or cand.max() >= len(fences)))
                 or (notice is not None and notice.size != n) or (gate is not None and gate.size != n)
-                or (gate is not None and not np.isfinite(gate).all())):
+                or (gate is not None and not np.isfinite(gate).all())
+                or (barrier is not None
+                    and (barrier.size != n or notice is None or (barrier & ~notice).any()))
+                or (origin is not None and origin.size != n)):
             raise ValueError("a worker batch whose columns do not fit together")
-        return WorkerBatch(d["worker"], pos, ptr, fences, cand, interior, notice, gate)
+        return WorkerBatch(d["worker"], pos, ptr, fences, cand, interior, notice, gate, barrier, origin)
 
 
 class XGeo:
     """The routing core of one x-geo instance (no I/O; see exchanges.contract)."""
 
-    def __init__(self, region: str, workers: Sequence[str], ring: Ring) -> None:
+    def __init__(self, region: str, workers: Sequence[str], ring: Ring, *,
+                 announce_unknown: bool = False) -> None:
         if not workers or len(workers) > MAX_WORKERS or len(set(workers)) != len(workers):
             raise ValueError(f"1..{MAX_WORKERS} distinct workers, got {list(workers)}")
         self.region = region
         self.workers = list(workers)
         self._worker_index = {w: i for i, w in enumerate(self.workers)}
         self._ring = ring
+        self._all = (1 << len(self.workers)) - 1
+        self._origin = region_code(region)
+        self.announce_unknown = announce_unknown  # an unseen object's first position: every worker
         self.create()
 
     # -- contract -------------------------------------------------------------------------
@@ -197,9 +241,13 @@ class XGeo:
         self._index = RangeIndex()
         self._versions: dict[str, int] = {}  # bound fences, and the last version of removed ones
         self._worker_of_slot = np.zeros(0, dtype=np.int64)
+        self.forget_objects()
+
+    def forget_objects(self) -> None:
+        """Drop what is known of objects (the workers each was routed to): after
+        a batch was routed and not delivered, its objects' memory is not to be trusted."""
         self._objects = ObjectCodes()
         self._last_mask = np.zeros(0, dtype=np.int64)  # object code -> workers routed to last
-        self._entered = np.zeros(0, dtype=np.float64)  # object code -> ts it entered this region
 
     def delete(self) -> None:
         self.create()
@@ -252,7 +300,7 @@ class XGeo:
 
     def recover(self, bindings: Iterable[FenceBinding]) -> None:
         """Rebuild from durable bindings; what objects were routed where is not recovered
-        (the first position of each object after a restart re-establishes it)."""
+        (with announce_unknown, each object's first position goes to every worker)."""
         self.create()
         for b in bindings:
             self.add_binding(b)
@@ -260,29 +308,36 @@ class XGeo:
 
     def route(self, batch: PositionBatch, left: PositionBatch | None = None, *,
               notice: npt.NDArray[np.bool_] | None = None,
-              entered: npt.NDArray[np.bool_] | None = None) -> dict[str, WorkerBatch]:
+              gate: npt.NDArray[np.float64] | None = None,
+              announced: npt.NDArray[np.bool_] | None = None) -> dict[str, WorkerBatch]:
         """Per worker: the positions it must see, their candidate fences on it, and gates.
 
         As x-ingress sends them, in the batch's order (each object's time order): `notice`
         flags handover notices (an object left this region; the position is the one in the
-        region it went to), `entered` the positions of objects that just came in from
-        another region. `left` are notices given apart (in-process callers): they are
-        merged into the batch by time, so an object that crossed back and forth within the
-        batch is told of in order.
+        region it went to), `gate` is each position's gate (passed on), `announced` the
+        first positions of objects x-ingress had not seen since its start (see
+        exchanges.batch.RegionBatch): a position for every worker, or a notice that is only a
+        barrier. `left` are notices given apart (in-process callers): they are merged into
+        the batch by time, so an object that crossed back and forth within the batch is told
+        of in order.
         """
         if left is not None and len(left):
             if notice is not None:
                 raise ValueError("notices given twice (left= and notice=)")
-            entered = np.zeros(len(batch), bool) if entered is None else entered
             notice = np.r_[np.zeros(len(batch), bool), np.ones(len(left), bool)]
-            entered = np.r_[entered, np.zeros(len(left), bool)]
+            if gate is not None:
+                gate = np.r_[gate, np.zeros(len(left))]
+            if announced is not None:
+                announced = np.r_[announced, np.zeros(len(left), bool)]
             batch = PositionBatch.concat([batch, left])
             codes = self._objects.codes(batch.ids)
             if not distinct(codes, len(self._objects)):  # crossed back: time order matters
                 order = np.argsort(batch.ts, kind="stable")
-                batch, codes, notice, entered = batch.take(order), codes[order], notice[order], entered[order]
-            return self._route(batch, codes, notice, entered)
-        return self._route(batch, self._objects.codes(batch.ids), notice, entered)
+                batch, codes, notice = batch.take(order), codes[order], notice[order]
+                gate = None if gate is None else gate[order]
+                announced = None if announced is None else announced[order]
+            return self._route(batch, codes, notice, gate, announced)
+        return self._route(batch, self._objects.codes(batch.ids), notice, gate, announced)
 
     def objects_left(self, ids: Sequence[str], ts: npt.ArrayLike, lon: npt.ArrayLike,
                      lat: npt.ArrayLike, h: npt.ArrayLike) -> dict[str, WorkerBatch]:
@@ -292,26 +347,32 @@ class XGeo:
         return self.route(pos, notice=np.ones(len(pos), bool))
 
     def _route(self, batch: PositionBatch, codes: npt.NDArray[np.int64],
-               notice: npt.NDArray[np.bool_] | None, entered: npt.NDArray[np.bool_] | None
-               ) -> dict[str, WorkerBatch]:
+               notice: npt.NDArray[np.bool_] | None, gate: npt.NDArray[np.float64] | None,
+               announced: npt.NDArray[np.bool_] | None = None) -> dict[str, WorkerBatch]:
         n = len(batch)
         if n == 0:
             return {}
         if notice is not None and not notice.any():
             notice = None
-        if entered is not None and not entered.any():
-            entered = None
+        if gate is not None and not gate.any():
+            gate = None
+        if announced is not None and not announced.any():
+            announced = None
         m = self._index.route(batch.h)
         if notice is not None:  # a notice's position is in another region: no candidates here
             m = m.take(np.flatnonzero(~notice[m.point]))
         w_of_match = self._worker_of_slot[m.slot]
         now = worker_sets(m.point, w_of_match, n)
-        self._last_mask = grow(self._last_mask, len(self._objects), 0)
-        self._entered = grow(self._entered, len(self._objects), 0.0)
+        self._last_mask = grow(self._last_mask, len(self._objects), self._all if self.announce_unknown else 0)
         targets = now | carry(codes, now, self._last_mask)  # a notice's `now` is 0: forgotten
         if notice is not None:
-            targets[notice] = (1 << len(self.workers)) - 1
-        gate = self._gates(codes, batch.ts, notice, entered)
+            targets[notice] = self._all
+        barrier = None
+        if announced is not None:
+            targets[announced] = self._all
+            barrier = announced & notice if notice is not None else None
+            if barrier is not None and not barrier.any():
+                barrier = None
         out = {}
         local = np.empty(n, np.int64)
         for wi, worker in enumerate(self.workers):
@@ -326,33 +387,9 @@ class XGeo:
             out[worker] = WorkerBatch(
                 worker, batch.take(pts), ptr, self._index.fence_of_slot(slots), cand, m.interior[sel],
                 None if notice is None else notice[pts], None if gate is None else gate[pts],
+                None if barrier is None else barrier[pts], np.full(pts.size, self._origin, np.int64),
             )
         return out
-
-    def _gates(self, codes: npt.NDArray[np.int64], ts: npt.NDArray[np.float64],
-               notice: npt.NDArray[np.bool_] | None, entered: npt.NDArray[np.bool_] | None
-               ) -> npt.NDArray[np.float64] | None:
-        """Per position, the ts its object entered this region (0: unknown, no gate); an
-        `entered` position sets it (to its own ts), a notice ends it (after itself)."""
-        gate: npt.NDArray[np.float64] = self._entered[codes]
-        if notice is None and entered is None:
-            return gate if gate.any() else None
-        special = np.zeros(codes.size, bool)
-        for flags in (notice, entered):
-            if flags is not None:
-                special |= flags
-        objs = np.unique(codes[special])
-        value = dict(zip(objs.tolist(), self._entered[objs].tolist(), strict=True))
-        for r in np.flatnonzero(np.isin(codes, objs)).tolist():  # rare: objects crossing
-            o = int(codes[r])
-            if entered is not None and entered[r]:
-                value[o] = float(ts[r])
-            gate[r] = value[o]
-            if notice is not None and notice[r]:
-                value[o] = 0.0
-        for o, v in value.items():
-            self._entered[o] = v
-        return gate if gate.any() else None
 
     # -- state for `geofence inspect geo` ---------------------------------------------------
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Protocol
 from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fence.auth import AuthUnavailable, Unauthenticated, User
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService
@@ -30,6 +31,49 @@ FOLLOW_EXAMPLE = {"follow": "car-0042", "radius_m": 150}
 
 class Verifier(Protocol):
     async def verify(self, authorization: str | None) -> User: ...
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes is answered 413, whether announced
+    (Content-Length, refused before reading) or chunked (read until the limit and no
+    further). The body is read here whole, at most `limit` bytes, then handed to the app as
+    it came in one piece: the app never reads past the limit."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        size = dict(scope["headers"]).get(b"content-length", b"")
+        if size.isdigit() and (len(size) > 18 or int(size) > self.limit):  # int() of 5,000 digits raises
+            reason = f"body of {size[:30].decode()} bytes; at most {self.limit}"
+            await self.refuse(scope, receive, send, reason)
+            return
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: nobody to answer
+                return
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.limit:
+                await self.refuse(scope, receive, send, f"body over {self.limit} bytes; at most {self.limit}")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay() -> Message:
+            return body.pop() if body else await receive()  # then: the disconnect, as usual
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def refuse(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+        await JSONResponse({"error": reason}, status_code=413)(scope, receive, send)
 
 
 def create_app(service: FenceService, verifier: Verifier, health: Any = None) -> FastAPI:
@@ -67,12 +111,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None) ->
                              "detail": [{"loc": e.get("loc"), "msg": e.get("msg")} for e in errors]},
                             status_code=422)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-            return JSONResponse({"error": f"body of {size} bytes; at most {MAX_BODY_BYTES}"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     def tagged(response: Response, result: dict[str, Any]) -> dict[str, Any]:
         version = (result.get("properties") or {}).get("version")

@@ -106,7 +106,7 @@ def parse(msg: dict[str, Any]) -> Define | Drop:
             return Drop(check_fence_id(msg["fence_id"]), _version(msg["version"]), _ts(msg["ts"]))
     except InvalidFence as exc:
         raise InvalidMessage(f"bad {msg.get('kind')} message: {exc}") from None
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise InvalidMessage(f"bad {msg.get('kind')} message: {type(exc).__name__}: {exc}") from None
     raise InvalidMessage(f"unknown control message kind {kind!r}")
 

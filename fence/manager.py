@@ -47,7 +47,7 @@ class Change:
                 f"in {where}; worker {self.worker}")
 
 
-DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"  # RabbitMQ's pseudo-queue: no queue to declare
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"  # RabbitMQ's pseudo-queue: it exists (passive declare)
 POOL_SIZE = 4
 
 
@@ -77,7 +77,11 @@ class FenceManager:
                                                                          timeout=10)
                 self._stack.push_async_callback(conn.close)
                 ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
-                replies = await ch.get_queue(DIRECT_REPLY_TO, ensure=False)
+                # declared (passively), not just named (get_queue(ensure=False)): only a declared
+                # queue is restored with its consumer when the robust channel reopens. Without
+                # the direct reply-to consumer every inspect request after a broker restart
+                # closed the channel (PRECONDITION_FAILED "fast reply consumer does not exist").
+                replies = await ch.declare_queue(DIRECT_REPLY_TO, passive=True)
                 await replies.consume(self._on_reply, no_ack=True)
                 if vhost == t.FENCES_VHOST:
                     self._fence_control = await ch.get_exchange(t.FENCE_CONTROL_EXCHANGE, ensure=False)

@@ -30,19 +30,44 @@ from exchanges import topology as t
 from fence.api import Verifier
 from fence.auth import AuthUnavailable, Unauthenticated
 from fence.service import ApiError, Caller, FenceService
+from fence.spec import shown
 
 log = logging.getLogger("geofence")
 
+
+# Arguments are taken as JSON gives them, never coerced: 5 is not fence "5", "10" not a limit
+# (the HTTP API's path and query are text, checked by the service and FastAPI).
+def _text(a: dict[str, Any], key: str, default: str | None = None) -> str:
+    v = a.get(key, default)
+    if not isinstance(v, str):
+        raise ApiError(400, f"{key} {shown(v)}: a string expected")
+    return v
+
+
+def _int(a: dict[str, Any], key: str, default: int) -> int:
+    v = a.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ApiError(400, f"{key} {shown(v)}: an integer expected")
+    return v
+
+
+def _number(a: dict[str, Any], key: str, default: float) -> float:
+    v = a.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ApiError(400, f"{key} {shown(v)}: a number expected")
+    return float(v)  # orjson reads no integer beyond 64 bits: float() cannot overflow
+
+
 OPS: dict[str, Callable[[FenceService, Caller, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "create": lambda s, c, a: s.create(c, a.get("feature")),
-    "get": lambda s, c, a: s.get(c, str(a["fence_id"])),
-    "list": lambda s, c, a: s.list(c, a.get("bbox"), int(a.get("limit", 1000)), str(a.get("after", ""))),
-    "replace": lambda s, c, a: s.replace(c, str(a["fence_id"]), a.get("body"), a.get("if_match")),
-    "delete": lambda s, c, a: s.delete(c, str(a["fence_id"]), a.get("if_match")),
-    "objects": lambda s, c, a: s.objects(c, str(a["fence_id"])),
-    "object_fences": lambda s, c, a: s.object_fences(c, str(a["object_id"])),
-    "events": lambda s, c, a: s.events(c, str(a["fence_id"]), float(a.get("since", 0.0)),
-                                       int(a.get("limit", 1000))),
+    "get": lambda s, c, a: s.get(c, _text(a, "fence_id")),
+    "list": lambda s, c, a: s.list(c, a.get("bbox"), _int(a, "limit", 1000), _text(a, "after", "")),
+    "replace": lambda s, c, a: s.replace(c, _text(a, "fence_id"), a.get("body"), a.get("if_match")),
+    "delete": lambda s, c, a: s.delete(c, _text(a, "fence_id"), a.get("if_match")),
+    "objects": lambda s, c, a: s.objects(c, _text(a, "fence_id")),
+    "object_fences": lambda s, c, a: s.object_fences(c, _text(a, "object_id")),
+    "events": lambda s, c, a: s.events(c, _text(a, "fence_id"), _number(a, "since", 0.0),
+                                       _int(a, "limit", 1000)),
 }
 STATUS_OK = {"create": 201}
 
@@ -72,8 +97,8 @@ class RpcServer:
             if not isinstance(request, dict):
                 raise ValueError("a JSON object expected")
             op = request.get("op")
-            if op not in OPS:
-                raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+            if not isinstance(op, str) or op not in OPS:  # a list or an object is unhashable
+                raise ValueError(f"unknown op {shown(op)}; known: {', '.join(OPS)}")
         except ValueError as exc:
             reason = f"malformed fence API request: {exc}"
             return {"status": 400, "error": reason}, reason

@@ -31,8 +31,10 @@ from fence.spec import (
     Follow,
     InvalidFence,
     check_fence_id,
+    check_name,
     check_timeout,
     from_feature,
+    shown,
 )
 
 MAX_LIST = 1000
@@ -58,9 +60,11 @@ def feature(record: store.FenceRecord) -> dict[str, Any]:
     return {"type": "Feature", "id": j["id"], "geometry": j["geometry"], "properties": props}
 
 
-def parse_bbox(raw: str | None) -> tuple[float, float, float, float] | None:
+def parse_bbox(raw: Any) -> tuple[float, float, float, float] | None:
     if raw is None or raw == "":
         return None
+    if not isinstance(raw, str):  # the AMQP API's JSON can hold anything
+        raise ApiError(422, f"bbox {shown(raw)}: a string min_lon,min_lat,max_lon,max_lat expected")
     try:
         x0, y0, x1, y1 = (float(v) for v in raw.split(","))
     except ValueError:
@@ -77,17 +81,34 @@ def _version(raw: Any) -> int | None:
         return None
     text = str(raw).strip().removeprefix("W/").strip('"')
     if not (text.isascii() and text.isdigit() and len(text) <= 18) or int(text) < 1:
-        raise ApiError(422, f"expected version {raw!r}: a positive integer (the fence's version / ETag)")
+        raise ApiError(422, f"expected version {shown(raw)}: a positive integer (the fence's version / ETag)")
     return int(text)
+
+
+def _fence_id(raw: Any) -> str:
+    """A fence id checked before it reaches the store (PostgreSQL refuses NUL characters)."""
+    try:
+        return check_fence_id(raw)
+    except InvalidFence as exc:
+        raise ApiError(422, str(exc)) from None
 
 
 def _object_id(raw: Any) -> str:
     from deploy.rabbitmq.definitions import OBJECT_ID_RE
 
     if not isinstance(raw, str) or not OBJECT_ID_RE.fullmatch(raw):
-        raise ApiError(422, f"object id {raw!r}: 1-64 characters from A-Z a-z 0-9 _ -, starting with a "
+        raise ApiError(422, f"object id {shown(raw)}: 1-64 characters from A-Z a-z 0-9 _ -, starting with a "
                             "letter or digit")
     return raw
+
+
+def _degrees(body: Mapping[str, Any], key: str, limit: float) -> float:
+    """A longitude / latitude given as a JSON number (not "9.5", not true) within +-limit."""
+    v = body.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not -limit <= v <= limit:
+        raise ApiError(422, f"{key} {shown(v)}: a number in [{-limit:g}, {limit:g}] "
+                            "(lon and lat go together)")
+    return float(v)
 
 
 @contextlib.contextmanager
@@ -116,10 +137,9 @@ class FenceService:
     # -- reads ----------------------------------------------------------------------------
 
     async def _owned(self, conn: asyncpg.Connection, caller: Caller, fence_id: str) -> store.FenceRecord:
+        _fence_id(fence_id)
         try:
-            record = await store.get_fence(conn, check_fence_id(fence_id))
-        except InvalidFence as exc:
-            raise ApiError(422, str(exc)) from None
+            record = await store.get_fence(conn, fence_id)
         except store.UnknownFence:
             raise ApiError(404, f"no fence {fence_id!r}") from None
         if record.owner != caller.uid:
@@ -133,7 +153,12 @@ class FenceService:
     async def list(self, caller: Caller, bbox: str | None = None, limit: int = MAX_LIST,
                    after: str = "") -> dict[str, Any]:
         if not 1 <= limit <= MAX_LIST:
-            raise ApiError(422, f"limit {limit}: between 1 and {MAX_LIST}")
+            raise ApiError(422, f"limit {shown(limit)}: between 1 and {MAX_LIST}")
+        if after != "":  # a page cursor is a fence id (the previous page's next_after)
+            try:
+                check_fence_id(after)
+            except InvalidFence as exc:
+                raise ApiError(422, f"after: {exc}") from None
         async with self.manager.pool.acquire() as conn:
             records = await store.find_fences(conn, caller.uid, parse_bbox(bbox), limit, after)
         out: dict[str, Any] = {"type": "FeatureCollection", "features": [feature(r) for r in records]}
@@ -163,8 +188,9 @@ class FenceService:
 
     async def events(self, caller: Caller, fence_id: str, since: float = 0.0,
                      limit: int = MAX_EVENTS) -> dict[str, Any]:
+        _fence_id(fence_id)
         if not 1 <= limit <= MAX_EVENTS:
-            raise ApiError(422, f"limit {limit}: between 1 and {MAX_EVENTS}")
+            raise ApiError(422, f"limit {shown(limit)}: between 1 and {MAX_EVENTS}")
         if not math.isfinite(since):
             raise ApiError(422, "since: epoch seconds")
         async with self.manager.pool.acquire() as conn:
@@ -187,9 +213,13 @@ class FenceService:
     async def create(self, caller: Caller, body: Any) -> dict[str, Any]:
         if not isinstance(body, Mapping):
             raise ApiError(422, "expected a GeoJSON Feature object")
-        props = body.get("properties") or {}
-        given = body.get("id") or (props.get("id") if isinstance(props, Mapping) else None)
-        fence_id = str(given) if given is not None else f"f-{uuid.uuid4().hex[:16]}"
+        props = body.get("properties")
+        given = body.get("id")
+        if given is None and isinstance(props, Mapping):
+            given = props.get("id")
+        # an id given is the id, checked as it is (5 is not fence "5", "" is not "none"); only
+        # a Feature without one gets a generated id
+        fence_id = given if given is not None else f"f-{uuid.uuid4().hex[:16]}"
         spec = self._spec(body, fence_id, caller)
         return await self._put(spec, caller, create=True)
 
@@ -200,10 +230,13 @@ class FenceService:
         until the object's next position)."""
         if not isinstance(body, Mapping):
             raise ApiError(422, "expected a GeoJSON Feature or {\"follow\": ..., \"radius_m\": ...}")
+        is_feature = body.get("type") == "Feature"
+        props = body.get("properties") if is_feature else None
+        if props is not None and not isinstance(props, Mapping):
+            raise ApiError(422, "the Feature's properties must be an object (or null)")
         expected = _version(if_match if if_match is not None else
-                            (body.get("properties") or {}).get("version") if body.get("type") == "Feature"
-                            else body.get("version"))
-        if body.get("type") == "Feature":
+                            (props or {}).get("version") if is_feature else body.get("version"))
+        if is_feature:
             spec = self._spec(body, fence_id, caller)
         elif "follow" in body:
             spec = await self._follow_spec(caller, fence_id, body)
@@ -213,12 +246,12 @@ class FenceService:
 
     async def delete(self, caller: Caller, fence_id: str, if_match: str | None = None) -> dict[str, Any]:
         with _as_api_errors(fence_id):
-            change = await self.manager.remove(check_fence_id(fence_id), _version(if_match), caller.uid)
+            change = await self.manager.remove(_fence_id(fence_id), _version(if_match), caller.uid)
         if self.follow_changed is not None:
             await self.follow_changed()
         return {"id": fence_id, "version": change.version, "deleted": True}
 
-    def _spec(self, body: Mapping[str, Any], fence_id: str, caller: Caller) -> FenceSpec:
+    def _spec(self, body: Mapping[str, Any], fence_id: Any, caller: Caller) -> FenceSpec:
         try:
             spec = from_feature(body, fence_id, owner=caller.uid)
         except InvalidFence as exc:
@@ -228,9 +261,9 @@ class FenceService:
     async def _follow_spec(self, caller: Caller, fence_id: str, body: Mapping[str, Any]) -> FenceSpec:
         object_id = _object_id(body.get("follow"))
         radius = body.get("radius_m")
-        if isinstance(radius, bool) or not isinstance(radius, int | float) or not math.isfinite(radius) \
-                or not 0 < radius <= MAX_RADIUS_M:
-            raise ApiError(422, f"radius_m {radius!r}: metres in (0, {MAX_RADIUS_M:g}]")
+        # compared as given (NaN fails, an integer beyond float range is just too large)
+        if isinstance(radius, bool) or not isinstance(radius, int | float) or not 0 < radius <= MAX_RADIUS_M:
+            raise ApiError(422, f"radius_m {shown(radius)}: metres in (0, {MAX_RADIUS_M:g}]")
         async with self.manager.pool.acquire() as conn:
             current = await self._owned(conn, caller, fence_id)
         f = current.fence
@@ -238,14 +271,13 @@ class FenceService:
             timeout = check_timeout(body.get("timeout_s", f.timeout_s or DEFAULT_TIMEOUT_S))
             geometry = f.geometry
             if "lon" in body or "lat" in body:
-                geometry = circle(float(body["lon"]), float(body["lat"]), float(radius))
+                geometry = circle(_degrees(body, "lon", 180), _degrees(body, "lat", 90), float(radius))
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ApiError(422, f"lon / lat: {exc}") from None
-        name = body.get("name", f.name)
-        if not isinstance(name, str) or len(name) > 200:
-            raise ApiError(422, "name must be a string of at most 200 characters")
+        try:
+            name = check_name(body.get("name", f.name))
+        except InvalidFence as exc:
+            raise ApiError(422, str(exc)) from None
         return FenceSpec(fence_id, geometry, name, timeout, caller.uid, Follow(object_id, float(radius)))
 
     async def _put(self, spec: FenceSpec, caller: Caller, create: bool, expected: int | None = None

@@ -47,7 +47,7 @@ from exchanges.contract import InvalidMessage
 from exchanges.x_geo import WorkerBatch
 from fence import control, state_codec, store
 from fence.hash_ring import HashRing
-from fence.journal import StateDir
+from fence.journal import Recovered, StateDir
 from fence.journal import pack as journal_pack
 from fence.state import Event, XFence
 
@@ -74,14 +74,22 @@ class FenceSidecar:
         self.pending: list[Event] = []  # events of the recovery, published by the first session
         self.stream_ts = -math.inf  # the newest position time routed
         self.inputs: shell.Intake | None = None
+        # The core holds effects the journal does not (a batch routed, its events or record
+        # not through yet): if the session ends so, the next one starts from the journal.
+        self.unpersisted = False
+
+    def _load(self) -> Recovered:
+        """The core from the snapshot and the journal (a new core if there are none)."""
+        assert self.journal is not None
+        got = self.journal.load()
+        self.core = state_codec.restore(got.snapshot) if got.snapshot is not None else XFence(self.worker)
+        for record in got.records:
+            state_codec.apply(self.core, record)
+        return got
 
     async def recover(self, stop: asyncio.Event) -> bool:
         if self.journal is not None:
-            got = await asyncio.to_thread(self.journal.load)
-            if got.snapshot is not None:
-                self.core = state_codec.restore(got.snapshot)
-            for record in got.records:
-                state_codec.apply(self.core, record)
+            got = await asyncio.to_thread(self._load)
             if got.snapshot is not None or got.records:
                 log.info("state recovered from %s: snapshot %d + %d journal records%s: %s", self.journal.path,
                          got.generation, len(got.records),
@@ -111,13 +119,33 @@ class FenceSidecar:
         return await store.read_until_stopped(self.config.postgres_url, read, "deleted fences", stop) or []
 
     async def close(self) -> None:
-        """At a clean stop: a snapshot, so the next start replays no journal."""
-        if self.journal is not None and self.started:
+        """At a clean stop: a snapshot, so the next start replays no journal; not of a core
+        holding unacked effects (a batch cut off at the drain deadline): the journal stays."""
+        if self.journal is None or not self.started:
+            return
+        if self.unpersisted:
+            log.warning("a batch was cut off unacked: no snapshot, the journal holds the state")
+        else:
             async with self.lock:
                 gen, data = self._begin_snapshot()
             await asyncio.to_thread(self.journal.rotate_finish, data, gen)
-            self.journal.close()
             log.info("state snapshot %d written", gen)
+        self.journal.close()
+
+    async def _reload(self) -> None:
+        """After a session that ended with effects the journal does not hold: the core as
+        the journal has it (what was acked, and maybe a batch after it), so the redelivered
+        batch is routed again from the state it first met. The events it gives again carry
+        the same ids."""
+        assert self.journal is not None
+        async with self.lock:
+            self.journal.close()
+            got = await asyncio.to_thread(self._load)
+            self.started = False
+            self.unpersisted = False
+            log.warning("a session ended with a batch not journaled: state reloaded from %s "
+                        "(snapshot %d + %d journal records)", self.journal.path, got.generation,
+                        len(got.records))
 
     async def _start_journal(self) -> None:
         """First session: publish the recovery's events, then begin a new generation."""
@@ -134,6 +162,7 @@ class FenceSidecar:
     async def persist(self) -> None:
         """Under the lock, after the events were confirmed: one synced record."""
         if self.journal is None:
+            self.unpersisted = False  # nothing to reload from (persistence off: the benchmark's)
             return
         started = time.perf_counter()
         record = state_codec.changes(self.core, self.n_persisted)
@@ -144,6 +173,7 @@ class FenceSidecar:
             self.counters.bump("journal_records")
             self.counters.bump("journal_bytes", self.journal.journal_bytes - before)
             self.counters.bump("journal_us", int((time.perf_counter() - started) * 1e6))
+        self.unpersisted = False
         if self.journal.wants_rotation:
             gen, data = self._begin_snapshot()
             await asyncio.to_thread(self.journal.rotate_finish, data, gen)
@@ -168,6 +198,8 @@ class FenceSidecar:
             self.events: AbstractExchange = await self.out_ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
             self.events_mqtt = await self.out_ch.get_exchange(t.EVENTS_MQTT_EXCHANGE, ensure=False)
             self.dlx = await self.out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            if self.unpersisted and self.journal is not None:
+                await self._reload()
             await self._start_journal()
             in_ch = await shell.open_channel(conn, stack)
             ctl_ch = await shell.open_channel(conn, stack)
@@ -195,6 +227,9 @@ class FenceSidecar:
                 msg = unpack(m.body)
                 if msg["kind"] == POSITIONS:
                     parts = [WorkerBatch.from_wire(p) for p in msg["parts"]]
+                    if not parts or any(p.worker != self.worker for p in parts):
+                        raise InvalidMessage(f"a positions message whose parts are not all for worker "
+                                             f"{self.worker} ({len(parts)} parts)")
                     if steps and isinstance(steps[-1], list):
                         steps[-1] += parts
                     else:
@@ -207,6 +242,7 @@ class FenceSidecar:
         async with self.lock:
             events: list[Event] = []
             received_at = time.time()
+            self.unpersisted = True
             for step in steps:
                 if isinstance(step, list):
                     wb = WorkerBatch.concat(step)
@@ -233,6 +269,7 @@ class FenceSidecar:
 
     async def expire(self) -> None:
         async with self.lock:
+            self.unpersisted = True
             events = self.core.expire(self.clock())
             if events:
                 await shell.publish_all(self.event_outs(events), self.counters)

@@ -66,18 +66,48 @@ class FenceSpec:
         return float(x0), float(y0), float(x1), float(y1)
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """A value as an error message names it: its repr, cut to `limit` characters (the input
+    may be huge; an integer of thousands of digits has no repr at all)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def check_fence_id(fence_id: Any) -> str:
     if not isinstance(fence_id, str) or not FENCE_ID_RE.fullmatch(fence_id):
-        raise InvalidFence(f"fence id {fence_id!r}: 1-64 characters from A-Z a-z 0-9 _ -, "
+        raise InvalidFence(f"fence id {shown(fence_id)}: 1-64 characters from A-Z a-z 0-9 _ -, "
                            "starting with a letter or digit")
     return fence_id
 
 
 def check_timeout(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or not 0 < value <= 7 * 86400:
-        raise InvalidFence(f"timeout_s {value!r}: a number of seconds in (0, 604800]")
+    # compared as given, never converted first: an integer beyond float range (JSON has no
+    # limit) must be refused, not raise OverflowError; NaN fails every comparison
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 7 * 86400:
+        raise InvalidFence(f"timeout_s {shown(value)}: a number of seconds in (0, 604800]")
     return float(value)
+
+
+def check_name(name: Any) -> str:
+    """A fence's name: text PostgreSQL can store (no NUL character, no lone surrogate)."""
+    if not isinstance(name, str) or len(name) > 200:
+        raise InvalidFence("name must be a string of at most 200 characters")
+    if not is_storable(name):
+        raise InvalidFence(f"name {shown(name)}: a NUL character or invalid Unicode (a lone surrogate)")
+    return name
+
+
+def is_storable(text: str) -> bool:
+    """PostgreSQL's text refuses NUL, and UTF-8 has no lone surrogates (JSON's "\\ud800")."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> FenceSpec:
@@ -86,13 +116,16 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
     if not isinstance(feature, Mapping) or feature.get("type") != "Feature":
         raise InvalidFence("expected a GeoJSON Feature ({\"type\": \"Feature\", \"geometry\": ..., "
                            "\"properties\": ...})")
-    props = feature.get("properties") or {}
-    if not isinstance(props, Mapping):
-        raise InvalidFence("the Feature's properties must be an object")
-    fid = fence_id or props.get("fence_id") or feature.get("id") or props.get("id")
-    name = props.get("name", "")
-    if not isinstance(name, str) or len(name) > 200:
-        raise InvalidFence("name must be a string of at most 200 characters")
+    props = feature.get("properties")
+    if props is None:  # GeoJSON: a Feature without properties has "properties": null
+        props = {}
+    if not isinstance(props, Mapping):  # [], 0, false, "" too: not "no properties"
+        raise InvalidFence("the Feature's properties must be an object (or null)")
+    # the first id given wins, whatever it is: an empty or numeric id is refused, never
+    # skipped for the next source (nor coerced)
+    fid = next((v for v in (fence_id, props.get("fence_id"), feature.get("id"), props.get("id"))
+                if v is not None), None)
+    name = check_name(props.get("name", ""))
     geometry = feature.get("geometry")
     if not isinstance(geometry, Mapping):
         raise InvalidFence("the Feature has no geometry object")
@@ -102,33 +135,56 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
 
 def check_geometry(geometry: Any) -> Polygon | MultiPolygon:
     if isinstance(geometry, Mapping):
-        n = _count_vertices(geometry.get("coordinates"))
+        n = _check_positions(geometry)
         if n > MAX_VERTICES:
             raise InvalidFence(f"the polygon has {n} vertices; at most {MAX_VERTICES} are accepted")
     try:
         geom = hk.as_geometry(geometry)
     except hk.InvalidGeometry as exc:
         raise InvalidFence(str(exc)) from None
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
         raise InvalidFence(f"not a GeoJSON Polygon or MultiPolygon: {exc}") from None
     n = int(shapely.get_num_coordinates(geom))
     if n > MAX_VERTICES:
         raise InvalidFence(f"the polygon has {n} vertices; at most {MAX_VERTICES} are accepted")
     x0, y0, x1, y1 = geom.bounds
     if x0 < -180 or x1 > 180 or y0 < -90 or y1 > 90:
-        raise InvalidFence("coordinates must be lon in [-180, 180] and lat in [-90, 90]")
+        raise InvalidFence(RANGE_MESSAGE)
     if max(x1 - x0, y1 - y0) > MAX_EXTENT_DEG:
         raise InvalidFence(f"the fence spans {max(x1 - x0, y1 - y0):.1f} degrees; at most "
                            f"{MAX_EXTENT_DEG} are accepted")
     return geom
 
 
-def _count_vertices(coords: Any, depth: int = 0) -> int:
-    if depth > 4 or not isinstance(coords, list | tuple):
+_POSITION_DEPTH = {"Polygon": 2, "MultiPolygon": 3}  # list levels above a [lon, lat] position
+RANGE_MESSAGE = "coordinates must be lon in [-180, 180] and lat in [-90, 90]"
+
+
+def _check_positions(geometry: Mapping[str, Any]) -> int:
+    """The number of positions of a GeoJSON (Multi)Polygon, each checked to hold JSON numbers
+    before the kernel converts them: numpy would take "9.5" and true as numbers, and raise
+    OverflowError on an integer beyond float range. What has another shape is left to
+    `hk.as_geometry`, which says what is wrong with it."""
+    kind = geometry.get("type")
+    depth = _POSITION_DEPTH.get(kind) if isinstance(kind, str) else None
+    if depth is None:
         return 0
-    if coords and isinstance(coords[0], int | float):
+
+    def walk(v: Any, level: int) -> int:
+        if not isinstance(v, list | tuple):
+            return 0
+        if level < depth:
+            return sum(walk(c, level + 1) for c in v)
+        for x in v:
+            if isinstance(x, list | tuple):
+                continue  # nested too deep: not a position (as_geometry refuses it)
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise InvalidFence(f"coordinates must be numbers, not {shown(x)}")
+            if isinstance(x, int) and not -180 <= x <= 180:  # before float() can overflow
+                raise InvalidFence(RANGE_MESSAGE)
         return 1
-    return sum(_count_vertices(c, depth + 1) for c in coords)
+
+    return walk(geometry.get("coordinates"), 0)
 
 
 # --------------------------------------------------------------------------- bindings

@@ -333,19 +333,21 @@ class XFence:
         one object with the same ts are one observation, and what they say is united: so an
         observation at the object's last known ts can add fences, never remove one.
 
-        A handover notice (the object left a region; its position is in another one) is
-        checked exactly against every fence the object may be in (its stored fences and
-        the candidates of its other positions in the batch): it LEAVEs those it left; the
-        region it went to routes the same position, and that observation adds the fences
-        there. A gated position waits (held here) until the notice of the region its object
-        came from was applied (see exchanges.x_geo), then is applied with the others of its
-        object in time order. `received_at` (the caller's clock) bounds that wait: `expire`
-        applies a position held HOLD_S anyway.
+        A barrier notice (x-ingress announcing an object it had not seen since its start,
+        see ingress/core.py) only opens gates. A handover notice (the object left a region;
+        its position is in another one) is checked exactly against every fence the object
+        may be in (its stored fences and the candidates of its other positions in the
+        batch): it LEAVEs those it left; the region it went to routes the same position, and
+        that observation adds the fences there. A gated position waits (held here) until
+        the notice of the region its object came from was applied (see exchanges.x_geo),
+        then is applied with the others of its object in time order; a row behind a held
+        row of the same object and region waits with it. `received_at` (the caller's clock)
+        bounds that wait: `expire` applies a position held HOLD_S anyway.
         """
         if len(wb.positions) == 0:
             return []
         codes = self._codes(wb.positions.ids)
-        if wb.gate is not None:
+        if wb.gate is not None or (self._held and wb.origin is not None):
             blocked = self._blocked(wb, codes)
             if blocked.any():
                 for r in np.flatnonzero(blocked).tolist():
@@ -370,6 +372,23 @@ class XFence:
         nothing later can pass them: a later stay's gate (or notice's) is a later entry,
         which needs a later notice than the one they wait for."""
         blocked: npt.NDArray[np.bool_] = wb.gates() > self._ho_ts[codes]
+        if wb.origin is None or not (blocked.any() or self._held):
+            return blocked
+        # A region's rows of an object stay in order: a row behind a held one of the same
+        # region waits too (a notice behind a held position of its region may not open it).
+        held_codes = np.fromiter(self._held, np.int64, len(self._held))
+        rows = np.flatnonzero(blocked | np.isin(codes, held_codes))
+        waiting: set[tuple[int, int]] = set()
+        for r, c, o in zip(rows.tolist(), codes[rows].tolist(), wb.origin[rows].tolist(), strict=True):
+            if o == 0:
+                continue
+            if (c, o) not in waiting and c in self._held and \
+                    any(int(h.origins()[0]) == o for h, _ in self._held[c]):
+                waiting.add((c, o))
+            if (c, o) in waiting:
+                blocked[r] = True
+            elif blocked[r]:
+                waiting.add((c, o))
         return blocked
 
     def _release(self, now: float | None) -> list[Event]:
@@ -380,14 +399,17 @@ class XFence:
         for c in list(self._held):
             items = self._held[c]
             keep = []
+            stuck: set[int] = set()  # regions with a row still held (their later rows wait)
             for wb, at in items:
-                open_ = wb.gates()[0] <= self._ho_ts[c]
+                o = int(wb.origins()[0])
+                open_ = wb.gates()[0] <= self._ho_ts[c] and (o == 0 or o not in stuck)
                 if open_ or (now is not None and now - at >= self.HOLD_S):
                     ready.append(wb)
                     codes.append(c)
                     self.holds_expired += not open_
                 else:
                     keep.append((wb, at))
+                    stuck.add(o)
             if keep:
                 self._held[c] = keep
             else:
@@ -408,6 +430,12 @@ class XFence:
         if wb.notice is not None and wb.notice.any():  # the region it came from is done with it
             np.maximum.at(self._ho_ts, codes[wb.notice], pos.ts[wb.notice])
             self._dirty_objs.append(codes[wb.notice])
+            if wb.barrier is not None and wb.barrier.any():  # barriers: nothing more
+                keep = np.flatnonzero(~wb.barrier)
+                wb, codes = wb.take(keep), codes[keep]
+                pos = wb.positions
+                if len(pos) == 0:
+                    return []
         obs = self._observations(codes, pos.ts)
         self._dirty_objs.append(obs.objs)
         c_pos, c_fence = self._inside(wb, obs, codes)

@@ -23,7 +23,7 @@ import msgpack
 import numpy as np
 import orjson
 
-from exchanges.batch import PositionBatch
+from exchanges.batch import PositionBatch, extra_problem
 
 MAX_BODY_BYTES = 256 * 1024  # a single MQTT position is ~100 bytes; a gateway batch ~100 KB
 MAX_BATCH = 50_000
@@ -147,6 +147,9 @@ def _columns(items: list[Any]) -> Decoded:
             reasons[i] = f"position {i}: id {str(oid)[:80]!r} is not an object id (1-64 of A-Z a-z 0-9 _ -)"
         lon[i], lat[i], ts[i] = _number(p.get("lon")), _number(p.get("lat")), _number(p.get("ts"))
         rest = {k: v for k, v in p.items() if k not in _KNOWN}
+        problem = extra_problem(rest) if rest and i not in reasons else None
+        if problem:
+            reasons[i] = f"position {i}: {problem}"
         extra.append(rest or None)
     # column checks: the first failing rule names the position
     for name, col, lo, hi in (("lon", lon, -180.0, 180.0), ("lat", lat, -90.0, 90.0),

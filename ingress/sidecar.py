@@ -47,11 +47,18 @@ class IngressSidecar:
         self.core = core
         self.counters = shell.Counters()
         self.followed: frozenset[str] = frozenset()  # objects some fence follows
+        # batches routed (the objects' memory moved on) and not confirmed yet: if a session
+        # ends with some, the memory goes (each object is announced again, as after a restart)
+        self.unconfirmed = 0
 
     # -- session -----------------------------------------------------------------------------
 
     async def session(self, stop: asyncio.Event) -> None:
         cfg = self.config
+        if self.unconfirmed:
+            self.core.forget_objects()
+            self.unconfirmed = 0
+            log.warning("a session ended with batches routed and not confirmed: objects forgotten")
         async with contextlib.AsyncExitStack() as stack:
             ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
             regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack) for r in cfg.regions}
@@ -107,6 +114,7 @@ class IngressSidecar:
     async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str,
                      intake: shell.Intake | None = None) -> None:
         batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
+        self.unconfirmed += 1
         routed = self.core.route(batch)
         outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
                 for i, reason in refused]
@@ -120,6 +128,7 @@ class IngressSidecar:
                                       CONTENT_TYPE))
         started = time.monotonic()
         await shell.publish_all(outs, self.counters)
+        self.unconfirmed -= 1
         if intake is not None:
             await intake.confirm_lag(time.monotonic() - started)  # back-pressure (see shell.Intake)
         self.counters.positions += len(batch)

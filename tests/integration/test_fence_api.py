@@ -5,9 +5,11 @@ through the pipeline, the events archive in PostgreSQL and fences that follow an
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import math
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,7 +24,8 @@ from deploy import firebase_emulator as fe
 from deploy.local_stack import ConnectionSettings, Settings
 from exchanges import topology as t
 from fence.client import FenceApiError, FenceClient, Reply
-from tests.integration.clients import DEADLINE, POLL
+from fence.manager import FenceManager
+from tests.integration.clients import DEADLINE, POLL, api, q
 from tests.integration.test_pipeline import Step, publish_positions
 
 pytestmark = pytest.mark.integration
@@ -426,6 +429,45 @@ async def _next(queue: aio_pika.abc.AbstractQueue) -> aio_pika.abc.AbstractIncom
             await message.ack()
             return message
     raise AssertionError("no reply")
+
+
+async def test_the_manager_asks_workers_again_after_the_broker_closed_its_connection(
+        stack: ConnectionSettings, topology: t.Topology) -> None:
+    """A broker-side close (what a broker restart does; here the management API closes this
+    test's own connection): the FenceManager's robust connection comes back with its direct
+    reply-to consumer, so inspect requests (GET /fences/{id}/objects) are answered again
+    instead of refused by the broker ("fast reply consumer does not exist", a 500) until the
+    process restarts."""
+    name = f"test-manager-{uuid.uuid4().hex[:10]}"
+    amqp = stack["users"][t.MANAGER_USER][t.FENCES_VHOST] + f"?name={name}"  # one per vhost, same name
+    worker = topology.workers[0]
+    async with FenceManager(amqp, stack["postgres"]["dsn"], topology.regions, topology.workers) as manager:
+        assert "fence" in await manager.ask_worker(worker, {"fence_id": "no-such-fence"})
+
+        async def listed() -> list[str]:  # the management API lists a connection within seconds
+            return [c["name"] for c in api(stack, f"api/vhosts/{q(t.FENCES_VHOST)}/connections")
+                    if c["client_properties"].get("connection_name") == name]
+
+        ours = await until(listed, f"connection {name} in the management API")
+        assert len(ours) == 1, ours
+        _close_connection(stack, ours[0])
+
+        async def answered() -> bool:
+            try:
+                return "fence" in await manager.ask_worker(worker, {"fence_id": "no-such-fence"}, timeout=2)
+            except Exception:  # reconnecting: the channel is closed, the worker's answer lost
+                return False
+
+        await until(answered, f"{worker}'s answer after the reconnect", deadline=2 * DEADLINE)
+
+
+def _close_connection(stack: ConnectionSettings, connection: str) -> None:
+    auth = base64.b64encode(f"{t.ADMIN_USER}:{stack['mqtt']['password']}".encode()).decode()
+    request = urllib.request.Request(stack["management"]["url"] + f"api/connections/{q(connection)}",
+                                     method="DELETE", headers={"Authorization": f"Basic {auth}",
+                                                               "X-Reason": "test: a broker-side close"})
+    with urllib.request.urlopen(request, timeout=DEADLINE):
+        pass
 
 
 def test_the_api_is_a_sidecar_of_the_stack() -> None:

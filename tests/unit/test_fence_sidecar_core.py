@@ -363,28 +363,44 @@ AREA = (9.50, 47.10, 9.52, 47.12)
 WORKERS = ("w0", "w1")
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_region_streams_interleaved_at_random_give_the_time_ordered_events(seed: int) -> None:
-    """Objects walk across a 2-3 region worldmap; real x-ingress (notices, entries) and one
-    real x-geo per region (candidates, gates) route them; each worker gets every region's
-    messages in that region's order, regions interleaved at random. The events are those of
-    the same batches fed in time order (gates dropped), which are shapely's."""
-    rng = np.random.default_rng(seed)
+@dataclasses.dataclass
+class Scenario:
+    fences: dict[str, Any]
+    worldmap: Worldmap
+    ring: HashRing
+    walk: list[tuple[str, float, float, float]]  # (object, lon, lat, ts) in time order
+    truth: list[Ev]  # shapely's events, position by position
+
+    def geo(self, region: str) -> XGeo:
+        """x-geo of `region` with its bindings (as recovered at a start: objects unknown)."""
+        g = XGeo(region, list(WORKERS), self.ring, announce_unknown=True)
+        for fid, geom in self.fences.items():
+            cov = hk.cover(geom, 20).to_bits(INDEX_BITS)
+            clipped = self.worldmap.clip(cov.ranges, cov.interior)
+            if region in clipped:
+                g.add_binding(FenceBinding(fid, 1, *clipped[region]))
+        return g
+
+    def worker_core(self, w: str) -> XFence:
+        x = XFence(w)
+        for fid, geom in self.fences.items():
+            if self.ring.node_for(fid) == w:
+                x.define(FenceDef(fid, 1, geom, 1e9), 0.0)
+        return x
+
+
+def scenario(rng: np.random.Generator, n_regions: int | None = None) -> Scenario:
+    """5 objects x 30 rounds over 2-3 fences, steps of ~150 m: they cross fences and region
+    borders (of 2-3 regions unless given)."""
     x0, y0, x1, y1 = AREA
     centres, sizes = rng.uniform((x0, y0), (x1, y1), (3, 2)), rng.uniform(0.002, 0.008, (3, 2))
     fences = {f"F{i}": box(*(centres[i] - sizes[i]), *(centres[i] + sizes[i]))
               for i in range(int(rng.integers(2, 4)))}
-    worldmap = Worldmap.over_area(["a", "b", "c"][: int(rng.integers(2, 4))], AREA)
-    ring = HashRing(WORKERS)
-    geo = {r: XGeo(r, list(WORKERS), ring) for r in worldmap.regions}
-    for fid, geom in fences.items():
-        cov = hk.cover(geom, 20).to_bits(INDEX_BITS)
-        for region, (ranges, interior) in worldmap.clip(cov.ranges, cov.interior).items():
-            geo[region].add_binding(FenceBinding(fid, 1, ranges, interior))
-    # 5 objects x 30 rounds, steps of ~150 m: they cross fences and region borders
+    n = int(rng.integers(2, 4)) if n_regions is None else n_regions
+    worldmap = Worldmap.over_area(["a", "b", "c"][:n], AREA)
     lon, lat = rng.uniform(x0, x1, 5), rng.uniform(y0, y1, 5)
-    walk: list[tuple[str, float, float, float]] = []  # (object, lon, lat, ts) in time order
-    truth: list[Ev] = []  # shapely's events, position by position
+    walk: list[tuple[str, float, float, float]] = []
+    truth: list[Ev] = []
     inside: list[set[str]] = [set() for _ in range(5)]
     for t in range(100, 130):
         lon = np.clip(lon + rng.normal(0.0, 0.002, 5), x0, x1)
@@ -395,36 +411,29 @@ def test_region_streams_interleaved_at_random_give_the_time_ordered_events(seed:
             truth += [(ENTER, f, f"o{o}", ENTERED, t) for f in now - inside[o]]
             truth += [(LEAVE, f, f"o{o}", EXITED, t) for f in inside[o] - now]
             inside[o] = now
+    return Scenario(fences, worldmap, HashRing(WORKERS), walk, truth)
 
-    def worker_core(w: str) -> XFence:
-        x = XFence(w)
-        for fid, geom in fences.items():
-            if ring.node_for(fid) == w:
-                x.define(FenceDef(fid, 1, geom, 1e9), 0.0)
-        return x
 
-    ingress = XIngress(worldmap)
-    streams: dict[str, dict[str, list[WorkerBatch]]] = {w: {r: [] for r in worldmap.regions} for w in WORKERS}
-    in_order, want, lo = {w: worker_core(w) for w in WORKERS}, [], 0
-    while lo < len(walk):  # ingress batches of 1-8 positions, in time order
-        hi = min(len(walk), lo + int(rng.integers(1, 9)))
-        ids, lons, lats, tss = zip(*walk[lo:hi], strict=True)
-        batch = PositionBatch(list(ids), np.array(lons), np.array(lats), np.array(tss),
-                              np.zeros(hi - lo, np.uint64))
-        to_worker: dict[str, list[WorkerBatch]] = {}
-        for region, rb in ingress.route(batch).regions.items():
-            for w, wb in geo[region].route(rb.batch, notice=rb.notice, entered=rb.entered).items():
-                streams[w][region].append(wb)
-                to_worker.setdefault(w, []).append(wb)
-        for w, wbs in to_worker.items():
-            want += kinds(in_order[w].route(dataclasses.replace(WorkerBatch.concat(wbs), gate=None)))
+def ingress_batches(sc: Scenario, rng: np.random.Generator) -> list[PositionBatch]:
+    """The walk in x-ingress batches of 1-8 positions, in time order."""
+    out, lo = [], 0
+    while lo < len(sc.walk):
+        hi = min(len(sc.walk), lo + int(rng.integers(1, 9)))
+        ids, lons, lats, tss = zip(*sc.walk[lo:hi], strict=True)
+        out.append(PositionBatch(list(ids), np.array(lons), np.array(lats), np.array(tss),
+                                 np.zeros(hi - lo, np.uint64)))
         lo = hi
-    assert sorted(want) == sorted(truth) and len(truth) >= 10
+    return out
 
+
+def interleaved(sc: Scenario, streams: dict[str, dict[str, list[WorkerBatch]]], rng: np.random.Generator
+                ) -> tuple[list[Ev], int, int]:
+    """Each worker takes its regions' streams, each in order, interleaved at random: the
+    events, and how many notices and held positions there were."""
     got: list[Ev] = []
     held = notices = 0
     for w in WORKERS:
-        x, queues = worker_core(w), [q for q in streams[w].values() if q]
+        x, queues = sc.worker_core(w), [q for q in streams[w].values() if q]
         notices += sum(int(wb.notices().sum()) for q in queues for wb in q)
         while queues:
             q = queues[int(rng.integers(len(queues)))]
@@ -432,5 +441,62 @@ def test_region_streams_interleaved_at_random_give_the_time_ordered_events(seed:
             queues = [q for q in queues if q]
         assert x.stats()["held_now"] == 0 and x.stats()["holds_expired"] == 0
         held += x.stats()["held_positions"]
+    return got, notices, held
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_region_streams_interleaved_at_random_give_the_time_ordered_events(seed: int) -> None:
+    """Objects walk across a 2-3 region worldmap; real x-ingress (notices, entries) and one
+    real x-geo per region (candidates, gates) route them; each worker gets every region's
+    messages in that region's order, regions interleaved at random. The events are those of
+    the same batches fed in time order (gates dropped), which are shapely's."""
+    rng = np.random.default_rng(seed)
+    sc = scenario(rng)
+    geo = {r: sc.geo(r) for r in sc.worldmap.regions}
+    ingress = XIngress(sc.worldmap)
+    streams: dict[str, dict[str, list[WorkerBatch]]] = {w: {r: [] for r in sc.worldmap.regions}
+                                                        for w in WORKERS}
+    in_order, want = {w: sc.worker_core(w) for w in WORKERS}, []
+    for batch in ingress_batches(sc, rng):
+        to_worker: dict[str, list[WorkerBatch]] = {}
+        for region, rb in ingress.route(batch).regions.items():
+            for w, wb in geo[region].route(rb.batch, notice=rb.notice, gate=rb.gate,
+                                           announced=rb.announced).items():
+                streams[w][region].append(wb)
+                to_worker.setdefault(w, []).append(wb)
+        for w, wbs in to_worker.items():
+            want += kinds(in_order[w].route(dataclasses.replace(WorkerBatch.concat(wbs), gate=None)))
+    assert sorted(want) == sorted(sc.truth) and len(sc.truth) >= 10
+    got, notices, held = interleaved(sc, streams, rng)
     assert notices > 0 and held > 0  # objects crossed regions, and positions had to wait
     assert sorted(got) == sorted(want)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_restarts_of_x_ingress_and_x_geo_mid_stream_lose_and_add_no_event(seed: int) -> None:
+    """As above over two regions, with x-ingress and the x-geos restarted (their memory of
+    objects gone: announcements, unseen objects to every worker) at random batches, while
+    the workers take the regions' streams at random (one region's backlog behind the
+    other's): the events are still shapely's."""
+    rng = np.random.default_rng(1000 + seed)
+    sc = scenario(rng, 2)
+    geo = {r: sc.geo(r) for r in sc.worldmap.regions}
+    ingress = XIngress(sc.worldmap)
+    streams: dict[str, dict[str, list[WorkerBatch]]] = {w: {r: [] for r in sc.worldmap.regions}
+                                                        for w in WORKERS}
+    restarts = 0
+    for batch in ingress_batches(sc, rng):
+        if rng.random() < 0.08:
+            ingress.forget_objects()
+            restarts += 1
+        for region in geo:
+            if rng.random() < 0.05:
+                geo[region] = sc.geo(region)
+                restarts += 1
+        for region, rb in ingress.route(batch).regions.items():
+            for w, wb in geo[region].route(rb.batch, notice=rb.notice, gate=rb.gate,
+                                           announced=rb.announced).items():
+                streams[w][region].append(WorkerBatch.from_wire(wb.to_wire()))
+    got, _, _ = interleaved(sc, streams, rng)
+    assert restarts > 0 and len(sc.truth) >= 4
+    assert sorted(got) == sorted(sc.truth)

@@ -257,6 +257,71 @@ def test_coordinates_out_of_range_are_refused(coords: list[list[float]]) -> None
         check_geometry({"type": "Polygon", "coordinates": [coords]})
 
 
+@pytest.mark.parametrize("where", [(0, 0), (1, 1), (2, 0)])
+def test_an_integer_beyond_float_range_is_out_of_range_not_an_overflow(where: tuple[int, int]) -> None:
+    coords: list[list[Any]] = [[9.5, 47.1], [9.51, 47.1], [9.51, 47.11], [9.5, 47.1]]
+    coords[where[0]][where[1]] = -(10**400) if where[0] == 2 else 10**400
+    with pytest.raises(InvalidFence, match=r"lon in \[-180, 180\]"):
+        check_geometry({"type": "Polygon", "coordinates": [coords]})
+    with pytest.raises(InvalidFence, match=r"lon in \[-180, 180\]"):
+        check_geometry({"type": "MultiPolygon", "coordinates": [[coords]]})
+
+
+@pytest.mark.parametrize("value", ["9.5", True, False, None, {"lon": 9.5}])
+def test_coordinates_must_be_json_numbers_not_what_numpy_would_convert(value: Any) -> None:
+    coords: list[list[Any]] = [[9.5, 47.1], [9.51, 47.1], [9.51, 47.11], [9.5, 47.1]]
+    coords[1][0] = value
+    with pytest.raises(InvalidFence, match="coordinates must be numbers, not "):
+        check_geometry({"type": "Polygon", "coordinates": [coords]})
+
+
+def test_an_integer_beyond_float_range_nested_too_deep_is_refused_too() -> None:
+    with pytest.raises(InvalidFence, match=r"not a GeoJSON Polygon|not an array"):
+        check_geometry({"type": "Polygon", "coordinates": [[[[10**400, 1]], [[1, 1]], [[1, 2]]]]})
+
+
+@pytest.mark.parametrize("timeout", [10**400, -(10**400), 2**64])
+def test_huge_integer_timeouts_are_refused_with_a_short_message(timeout: int) -> None:
+    with pytest.raises(InvalidFence, match="timeout_s ") as info:
+        from_feature(feature(YARD, {"id": "f", "timeout_s": timeout}))
+    assert len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize("props", [[], 0, False, "", "x", [1]])
+def test_properties_that_are_not_an_object_are_refused_even_when_falsy(props: Any) -> None:
+    with pytest.raises(InvalidFence, match="properties must be an object"):
+        from_feature(feature(YARD, props, id="f"))
+
+
+@pytest.mark.parametrize(("top", "props"), [
+    ({"id": ""}, {"id": "prop-id"}),
+    ({"id": 0}, {"id": "prop-id"}),
+    ({"id": False}, {}),
+    ({"id": 5}, {}),
+    ({"id": "top"}, {"fence_id": ""}),
+])
+def test_an_empty_or_numeric_id_is_refused_not_skipped(top: dict[str, Any], props: dict[str, Any]) -> None:
+    with pytest.raises(InvalidFence, match="fence id "):
+        from_feature(feature(YARD, props, **top))
+
+
+@pytest.mark.parametrize("name", ["\x00", "a\x00b", "\ud800", "ok\udfff"])
+def test_names_postgresql_cannot_store_are_refused(name: str) -> None:
+    with pytest.raises(InvalidFence, match="NUL character or invalid Unicode") as info:
+        from_feature(feature(YARD, {"id": "f", "name": name}))
+    assert str(info.value).isprintable()
+    assert from_feature(feature(YARD, {"id": "f", "name": "Zone \u00e9t\u00e9 \U0001f4a5"})).name
+
+
+def test_shown_keeps_messages_short_and_printable() -> None:
+    assert spec.shown("a\x00b") == "'a\\x00b'"
+    assert spec.shown(10**400) == "an integer of about 401 digits"  # from its bits: exact or one more
+    assert spec.shown(10**5000).startswith("an integer of")  # no repr beyond 4,300 digits
+    long = spec.shown("x" * 1000)
+    assert len(long) == 80 and long.endswith("\u2026")
+    assert spec.shown("A" * 65) == repr("A" * 65)  # an id one too long is shown whole
+
+
 def test_extent_limit() -> None:
     assert check_geometry(box(0, 0, MAX_EXTENT_DEG, 1)).bounds == (0, 0, 10, 1)
     with pytest.raises(InvalidFence, match=r"spans 10\.5 degrees; at most 10\.0"):
@@ -289,7 +354,7 @@ def test_empty_and_zero_area_geometries_are_refused(geometry: Any, reason: str) 
     (shapely.Point(9.5, 47.1), "got Point"),
     ("POLYGON ((0 0, 1 0, 1 1, 0 0))", "got str"),
     ({"type": "Polygon", "coordinates": [[["a", "b"], ["c", "d"], ["e", "f"], ["a", "b"]]]},
-     "not an array of positions"),
+     "coordinates must be numbers, not 'a'"),
     ({"type": "Polygon", "coordinates": [[[0, 0, 0, 0], 5, [1, 1], [0, 0]]]}, "not an array of positions"),
 ])
 def test_what_is_not_a_polygon_is_refused(geometry: Any, reason: str) -> None:

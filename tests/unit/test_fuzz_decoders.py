@@ -23,11 +23,8 @@ strategies, which keeps 10,000+ examples under a minute on two cores. The proper
 - a valid fence round-trips; an invalid one is an `InvalidFence` / 422 with a reason, never
   a 5xx.
 
-Known bugs this fuzzing found are pinned by the `xfail(strict=True)` tests at the end (each
-says what fails); the generator leaves those inputs out (`Fuzzer(known_bugs=False)`) and the
-properties skip the few the mutators can still hit (`known_bug_*`), so that the properties
-guard everything else. When a bug is fixed its xfail test passes, which strict xfail reports as
-a failure: then drop the marker and the exclusion.
+The bugs this fuzzing found (11: six of them killed a sidecar) are fixed; each keeps a test
+of its own at the end of this file, and the generator makes their inputs again.
 """
 
 from __future__ import annotations
@@ -50,12 +47,13 @@ import numpy as np
 import orjson
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shapely.geometry import Polygon, box
 
 from exchanges import geo_sidecar as geo_sidecar_module
 from exchanges import shell
+from exchanges import topology as t
 from exchanges.batch import PositionBatch, RegionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
 from exchanges.geo_sidecar import GeoSidecar
@@ -134,6 +132,24 @@ def packed(extra: dict[Any, Any]) -> bytes:
     return out
 
 
+def extra_fits(extra: dict[Any, Any]) -> bool:
+    """README: other fields pass through if nested at most 16 levels, with string keys."""
+    level, depth = [extra], 1
+    while level:
+        if depth > 16:
+            return False
+        nxt: list[Any] = []
+        for v in level:
+            if isinstance(v, dict):
+                if not all(isinstance(k, str) for k in v):
+                    return False
+                nxt += [x for x in v.values() if isinstance(x, dict | list)]
+            else:
+                nxt += [x for x in v if isinstance(x, dict | list)]
+        level, depth = nxt, depth + 1
+    return True
+
+
 def expect_position(p: Any) -> Pos | None:
     """What the contract makes of one position object: the position, or None (refused)."""
     if not isinstance(p, dict) or any(k not in p for k in KNOWN):
@@ -142,6 +158,8 @@ def expect_position(p: Any) -> Pos | None:
             and is_number(p["ts"], TS_MIN, TS_MAX)):
         return None
     extra = {k: v for k, v in p.items() if k not in KNOWN}
+    if not extra_fits(extra):
+        return None
     return p["id"], float(p["lon"]), float(p["lat"]), float(p["ts"]), packed(extra) if extra else None
 
 
@@ -345,7 +363,7 @@ def forwarded(outs: Sequence[shell.Out], regions: dict[str, Exchange]) -> list[P
             geo = XGeo("a", list(WORKERS), RING)
             geo.validate(rb.batch)
             geo.add_binding(FULL)
-            for wb in geo.route(rb.batch, notice=rb.notice, entered=rb.entered).values():
+            for wb in geo.route(rb.batch, notice=rb.notice, gate=rb.gate, announced=rb.announced).values():
                 WorkerBatch.from_wire(unpack(pack("positions", parts=[wb.to_wire()]))["parts"][0])
             got += positions_of(rb.batch.take(np.flatnonzero(~rb.notice)))
     return got
@@ -477,8 +495,8 @@ def region_wire(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.2:  # the first pipeline version's notices apart
         return {"v": 1, "kind": "handover", "batch": pb.to_wire()}
     notice = np.array([rng.random() < 0.3 for _ in range(n)], bool)
-    entered = np.array([rng.random() < 0.3 for _ in range(n)], bool) & ~notice
-    return {"v": 1, "kind": "positions", **RegionBatch(pb, notice, entered).to_wire()}
+    gate = np.where(np.array([rng.random() < 0.3 for _ in range(n)], bool), pb.ts, 0.0)
+    return {"v": 1, "kind": "positions", **RegionBatch(pb, notice, gate).to_wire()}
 
 
 def _loads(body: bytes) -> Any:
@@ -486,33 +504,6 @@ def _loads(body: bytes) -> Any:
         return msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception:
         return None
-
-
-def known_bug_ids(body: bytes, of: tuple[str, ...] = ("ids",), non_str: bool = False) -> bool:
-    """Bug 4: x-geo and x-fence take ids that are not strings off the wire. Lists / dicts among
-    them crash x-geo's routing, bytes x-fence's events; with `non_str`, any non-string id (or
-    worker) of the message."""
-    found = False
-
-    def walk(v: Any) -> None:
-        nonlocal found
-        if isinstance(v, dict):
-            for k, x in v.items():
-                if k in of:
-                    elems = list(x) if isinstance(x, list | dict | str | bytes) else [x]
-                    if non_str and (not isinstance(x, list) or not all(isinstance(i, str) for i in elems)):
-                        found = True
-                    if any(isinstance(i, list | dict | bytes) for i in elems):
-                        found = True
-                if non_str and k == "worker" and not isinstance(x, str):
-                    found = True
-                walk(x)
-        elif isinstance(v, list):
-            for x in v:
-                walk(x)
-
-    walk(_loads(body))
-    return found
 
 
 def geo_sidecar() -> tuple[GeoSidecar, Exchange, Exchange]:
@@ -528,7 +519,7 @@ def region_batch_of(body: bytes) -> RegionBatch:
     msg = unpack(body)
     if msg["kind"] == "handover":
         b = PositionBatch.from_wire(msg["batch"])
-        return RegionBatch(b, np.ones(len(b), bool), np.zeros(len(b), bool))
+        return RegionBatch(b, np.ones(len(b), bool), np.zeros(len(b)))
     return RegionBatch.from_wire(msg)
 
 
@@ -549,7 +540,6 @@ def test_unpack_refuses_with_a_value_error_and_a_reason(seed: int) -> None:
 @given(SEEDS)
 def test_x_geo_dead_letters_what_it_cannot_read_and_routes_the_rest(seed: int) -> None:
     cases = wire_bodies(seed, region_wire, 4)
-    assume(not any(known_bug_ids(body) for body, _ in cases))
     sc, dlx, fence_in = geo_sidecar()
     msgs = [Msg(body, "", headers={"n": i}) for i, (body, _) in enumerate(cases)]
     with captured() as outs:
@@ -561,9 +551,8 @@ def test_x_geo_dead_letters_what_it_cannot_read_and_routes_the_rest(seed: int) -
     sent = {o.routing_key: WorkerBatch.from_wire(unpack(o.body)["parts"][0]) for o in outs if to(o, fence_in)}
     worker = sc.core.worker_of(FULL.fence_id)
     assert (len(sent[worker].positions) if worker in sent else 0) == sum(len(rb.batch) for rb in taken)
-    if not any(known_bug_ids(m.body, non_str=True) for i, m in enumerate(msgs) if i not in dead):
-        for wb in sent.values():  # what x-fence gets is well formed
-            assert all(isinstance(i, str) for i in wb.positions.ids)
+    for wb in sent.values():  # what x-fence gets is well formed
+        assert all(isinstance(i, str) for i in wb.positions.ids)
 
 
 FENCE = FenceDef("f-all", 1, box(-20.0, -10.0, 20.0, 10.0), 300.0, "everything near 0,0")
@@ -585,18 +574,8 @@ def worker_wire(rng: random.Random) -> dict[str, Any]:
     return {"v": 1, "kind": "positions", "parts": [mine.to_wire()]}  # what x-geo sends to w0
 
 
-def known_bug_worker(body: bytes) -> bool:
-    """Bug 9: parts for other workers than the one consuming (w0), or no parts at all, make
-    WorkerBatch.concat raise."""
-    msg = _loads(body)
-    parts = msg.get("parts") if isinstance(msg, dict) and msg.get("kind") == "positions" else None
-    if isinstance(parts, list | dict | str | bytes) and not parts:
-        return True
-    return isinstance(parts, list) and any(isinstance(p, dict) and p.get("worker") != "w0" for p in parts)
-
-
-def fence_sidecar() -> tuple[FenceSidecar, Exchange, Exchange]:
-    config = dataclasses.replace(SIDECAR, role="x-fence", instance="w0")
+def fence_sidecar(worker: str = "w0") -> tuple[FenceSidecar, Exchange, Exchange]:
+    config = dataclasses.replace(SIDECAR, role="x-fence", instance=worker)
     if hasattr(config, "persistence"):  # x-fence's snapshot and journal: not here
         config = dataclasses.replace(config, persistence=False)
     with mock.patch.object(fence_sidecar_module, "HashRing", the_ring):
@@ -612,8 +591,6 @@ def fence_sidecar() -> tuple[FenceSidecar, Exchange, Exchange]:
 @given(SEEDS)
 def test_x_fence_dead_letters_what_it_cannot_read_and_handles_the_rest(seed: int) -> None:
     cases = wire_bodies(seed, worker_wire, 4)
-    assume(not any(known_bug_ids(body, ("ids", "fences"), non_str=True) or known_bug_worker(body)
-                   for body, _ in cases))
     sc, dlx, events = fence_sidecar()
     msgs = [Msg(body, "w0", headers={"n": i}) for i, (body, _) in enumerate(cases)]
     with captured() as outs:
@@ -651,11 +628,6 @@ def control_wire(rng: random.Random) -> dict[str, Any]:
     return unpack(body)
 
 
-def known_bug_bits(msg: Any) -> bool:
-    """Bug 5: control.parse lets OverflowError out for bits = +-inf."""
-    return isinstance(msg, dict) and isinstance(msg.get("bits"), float) and math.isinf(msg["bits"])
-
-
 @fuzz("control")
 @given(SEEDS)
 def test_control_parse_refuses_with_invalid_message(seed: int) -> None:
@@ -665,8 +637,6 @@ def test_control_parse_refuses_with_invalid_message(seed: int) -> None:
         except ValueError as exc:
             assert_reason(str(exc))
             assert not valid
-            continue
-        if known_bug_bits(msg):
             continue
         try:
             change = control.parse(msg)
@@ -784,8 +754,7 @@ def test_the_service_answers_422_with_a_reason_or_stores_the_fence(seed: int) ->
         if z.rng.random() < 0.5:
             out = asyncio.run(service().create(caller, feature))
         else:
-            assume(not known_bug_replace_properties(feature))
-            if broken in ("bad id", "id not a string"):  # PUT /fences/{id}: the path's id wins
+            if broken in ("bad id", "id not a string", "numeric id"):  # PUT /fences/{id}: the path's id wins
                 broken = None
             out = asyncio.run(service().replace(caller, "f-1", feature))
             feature = {**feature, "id": "f-1"}
@@ -797,13 +766,6 @@ def test_the_service_answers_422_with_a_reason_or_stores_the_fence(seed: int) ->
     assert broken is None, f"accepted a fence that is invalid ({broken})"
     p = out["properties"]
     check_round_trip(feature, out["id"], out["geometry"], p["name"], p["timeout_s"])
-
-
-def known_bug_replace_properties(body: Any) -> bool:
-    """Bug 7: FenceService.replace calls .get on a Feature's properties that are a string, a
-    number or a list (a 500)."""
-    return isinstance(body, dict) and body.get("type") == "Feature" and bool(body.get("properties")) \
-        and not isinstance(body.get("properties"), dict)
 
 
 class Verifier:
@@ -849,8 +811,7 @@ def test_the_http_api_answers_4xx_with_a_reason_never_5xx(seed: int) -> None:
         else:
             body = orjson.dumps(feature, option=orjson.OPT_NON_STR_KEYS) if _finite(feature) else b"{not json"
         method, path = ("PUT", f"/fences/{quoted(fid)}") if k == 2 else ("POST", "/fences")
-        assume(method == "POST" or not known_bug_replace_properties(feature))
-        if k == 2 and broken in ("bad id", "id not a string"):
+        if k == 2 and broken in ("bad id", "id not a string", "numeric id"):
             broken = None
         if k == 2 and not is_id(fid):
             broken = "bad id in the path"
@@ -914,39 +875,30 @@ def _through_the_pipeline(messages: list[Msg], gateway: bool = False) -> list[sh
     with captured() as geo_outs:
         asyncio.run(geo.handle_positions(incoming([Msg(o.body) for o in outs
                                                    if any(to(o, r) for r in regions.values())])))
-    xf, _, _ = fence_sidecar()  # one x-fence core (w0's) for the worker of FULL, whichever it is
     worker = geo.core.worker_of(FULL.fence_id)
+    xf, _, _ = fence_sidecar(worker)  # the x-fence of FULL's worker
     with captured() as xf_outs:
         asyncio.run(xf.handle_inputs(incoming([Msg(o.body, o.routing_key) for o in geo_outs
                                                if to(o, fence_in) and o.routing_key == worker])))
     return [o for o in outs if to(o, dlx)] + [o for o in geo_outs if to(o, geo_dlx)] + list(xf_outs)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug 1: an extra field nested 1,019-1,023 deep passes x-ingress (the limit is msgpack's stack, "
-    "~1,024 levels with the wrapping, not the input's depth): x-fence cannot unpack the worker batch "
-    "(1,019: dead-lettered there, with every other position of the batch), x-geo's pack() raises "
-    "'recursion limit exceeded' outside handle_positions' try (1,020: x-geo dies, the batch comes "
-    "back to it after every restart), x-geo cannot unpack the region batch (1,021: dead-lettered with "
-    "the other devices' positions), x-ingress's pack() raises outside handle's try (1,022-1,023: "
-    "x-ingress dies, the message comes back after every restart)"))
-@pytest.mark.parametrize("depth", [1019, 1020, 1021, 1022, 1023])
-def test_known_bug_deep_extra_field(depth: int) -> None:
+@pytest.mark.parametrize("depth", [17, 1019, 1020, 1021, 1022, 1023])
+def test_deep_extra_fields_are_refused_at_x_ingress_and_the_others_go_on(depth: int) -> None:
+    """Bug 1, fixed: an extra field nested 1,019-1,023 deep passed x-ingress and then broke
+    (or killed) x-geo or x-fence; deeper than 16 is now refused at the door."""
     body = b'{"lon":0.5,"lat":0.5,"ts":1700000000,"x":' + b"[" * depth + b"]" * depth + b"}"
     good = Msg(b'{"lon":0.5,"lat":0.5,"ts":1700000001}', "positions.dev-2")
     outs = _through_the_pipeline([Msg(body, "positions.dev-1"), good])
-    assert [o for o in outs if o.exchange.name == "dead-letters"] == []  # refused at x-ingress or fine
+    dead = [o for o in outs if o.exchange.name == "dead-letters"]
+    assert len(dead) == 1 and "nested deeper than 16" in (dead[0].headers or {})[t.REASON_HEADER]
     assert any(orjson.loads(o.body)["object_id"] == "dev-2" for o in outs
                if o.exchange.name == "fence.events")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug 1 (gateway): a msgpack position with an extra field nested 1,019-1,021 deep (as above), or "
-    "an extra field whose key is not a string (msgpack allows int keys; decode_batch unpacks with "
-    "strict_map_key=False, x-geo with True: the region batch is dead-lettered at x-geo, other "
-    "positions too)"))
 @pytest.mark.parametrize("extra", ["nested 1,019", "nested 1,020", "nested 1,021", "int key"])
-def test_known_bug_msgpack_extra_field(extra: str) -> None:
+def test_gateway_extra_fields_too_deep_or_with_other_keys_are_refused_alone(extra: str) -> None:
+    """Bug 1 (gateway), fixed: the bad position is refused, the other goes on."""
     bad: dict[Any, Any] = {"id": "a", "lon": 0.5, "lat": 0.5, "ts": TS}
     if extra == "int key":
         bad[1] = "x"
@@ -954,18 +906,18 @@ def test_known_bug_msgpack_extra_field(extra: str) -> None:
         bad["x"] = nested(int(extra.split()[1].replace(",", "")))
     body = msgpack.packb({"positions": [bad, {"id": "b", "lon": 0.5, "lat": 0.5, "ts": TS + 1}]})
     outs = _through_the_pipeline([Msg(body, "", "application/msgpack")], gateway=True)
-    assert [o for o in outs if o.exchange.name == "dead-letters"] == []
+    dead = [o for o in outs if o.exchange.name == "dead-letters"]
+    assert len(dead) == 1 and "1 of 2 positions refused" in (dead[0].headers or {})[t.REASON_HEADER]
     assert any(orjson.loads(o.body)["object_id"] == "b" for o in outs if o.exchange.name == "fence.events")
 
 
 BAD_RING = [[9.5, 47.1], [9.51, 47.1], [9.51, 47.11], [9.5, 47.1]]
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "bug 2: a coordinate or timeout_s that is an integer beyond float range (JSON allows it; the "
-    "HTTP API parses with the json module) raises OverflowError in fence/spec.py: a 500, not a 422"))
 @pytest.mark.parametrize("where", ["coordinate", "timeout_s"])
 def test_known_bug_huge_integers_in_a_fence(where: str) -> None:
+    """Bug 2 (fixed): a coordinate or timeout_s that is an integer beyond float range (JSON
+    allows it; the HTTP API parses with the json module) raised OverflowError in fence/spec.py."""
     f: dict[str, Any] = {"type": "Feature", "id": "f-1", "properties": {},
                          "geometry": {"type": "Polygon", "coordinates": [[list(p) for p in BAD_RING]]}}
     if where == "coordinate":
@@ -976,8 +928,8 @@ def test_known_bug_huge_integers_in_a_fence(where: str) -> None:
         from_feature(f)
 
 
-@pytest.mark.xfail(strict=True, reason="bug 2 over HTTP: POST /fences with timeout_s = 10**400 is a 500")
 def test_known_bug_huge_integers_are_a_500_over_http() -> None:
+    """Bug 2 over HTTP (fixed): POST /fences with timeout_s = 10**400 was a 500."""
     body = b'{"type": "Feature", "id": "f-1", "properties": {"timeout_s": 1' + b"0" * 400 + b"}, " \
         b'"geometry": {"type": "Polygon", "coordinates": ' + orjson.dumps([BAD_RING]) + b"}}"
     r = HTTP.post("/fences", content=body, headers={"Authorization": "Bearer good",
@@ -985,25 +937,28 @@ def test_known_bug_huge_integers_are_a_500_over_http() -> None:
     assert r.status_code == 422 and r.json()["error"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug 10: strings with a NUL character reach PostgreSQL, which refuses them "
-    "(CharacterNotInRepertoireError): a 500 for a fence name with \\u0000 (POST /fences, AMQP create), "
-    "GET /fences?after=%00, and the unchecked fence id of GET /fences/{id}/events (AMQP events)"))
-@pytest.mark.parametrize("where", ["name", "after"])
+@pytest.mark.parametrize("where", ["name", "after", "events"])
 def test_known_bug_nul_characters_reach_postgresql(where: str) -> None:
+    """Bug 10 (fixed): strings with a NUL character reached PostgreSQL, which refuses them
+    (CharacterNotInRepertoireError): a 500 for a fence name with \\u0000 (POST /fences, AMQP
+    create), GET /fences?after=%00, and the unchecked fence id of GET /fences/{id}/events."""
     if where == "name":
         with pytest.raises(InvalidFence):
             from_feature({"type": "Feature", "id": "f-1", "properties": {"name": "a\x00b"},
                           "geometry": {"type": "Polygon", "coordinates": [BAD_RING]}})
         return
-    with no_fences(), pytest.raises(ApiError):
-        asyncio.run(service().list(Caller("uid-1"), after="a\x00b"))
+    with no_fences(), pytest.raises(ApiError) as info:
+        if where == "after":
+            asyncio.run(service().list(Caller("uid-1"), after="a\x00b"))
+        else:
+            asyncio.run(service().events(Caller("uid-1"), "a\x00b"))
+    assert info.value.status == 422
+    assert_reason(info.value.message)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug 11: the 4 MiB body limit (413) reads only Content-Length: a chunked body of any size is "
-    "read whole and parsed"))
 def test_known_bug_chunked_body_over_the_limit() -> None:
+    """Bug 11 (fixed): the 4 MiB body limit (413) read only Content-Length: a chunked body of
+    any size was read whole and parsed."""
     def chunks() -> Iterator[bytes]:
         yield b'{"type": "Feature", "id": "f-1", "properties": {"name": "'
         for _ in range(5):
@@ -1015,14 +970,13 @@ def test_known_bug_chunked_body_over_the_limit() -> None:
     assert r.status_code == 413, (r.status_code, r.text[:200])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug 3: wrong types are coerced instead of refused: coordinates given as strings ('9.5') or "
-    "booleans, properties that are [] / 0 / false / '' (taken as no properties), and in "
-    "FenceService.create an id that is a number or true (str() makes it a fence id) or empty / 0 / "
-    "false (a generated id)"))
 @pytest.mark.parametrize("wrong", ["string coordinates", "boolean coordinates", "properties []", "id 5",
                                    "id ''"])
 def test_known_bug_wrong_types_coerced(wrong: str) -> None:
+    """Bug 3 (fixed): wrong types were coerced instead of refused: coordinates given as strings
+    ('9.5') or booleans, properties that are [] / 0 / false / '' (taken as no properties), and in
+    FenceService.create an id that is a number or true (str() made it a fence id) or empty / 0 /
+    false (a generated id)."""
     f: dict[str, Any] = {"type": "Feature", "id": "f-1", "properties": {},
                          "geometry": {"type": "Polygon", "coordinates": [BAD_RING]}}
     if wrong == "string coordinates":
@@ -1040,24 +994,20 @@ def test_known_bug_wrong_types_coerced(wrong: str) -> None:
         from_feature(f)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "bug 4: x-geo takes object ids that are not strings off the wire (PositionBatch.from_wire does "
-    "not check them): ids that are lists raise TypeError in XGeo.route, outside handle_positions' try: "
-    "x-geo dies and the message comes back to it after every restart; bytes / int ids go on to x-fence"))
-def test_known_bug_x_geo_takes_ids_that_are_not_strings() -> None:
+def test_x_geo_refuses_ids_that_are_not_strings() -> None:
+    """Bug 4, fixed: object ids that are not strings are refused by PositionBatch.from_wire
+    (they crashed XGeo.route outside the handler's try)."""
     sc, dlx, _ = geo_sidecar()
     pb = PositionBatch(["a", "b"], np.zeros(2), np.zeros(2), np.full(2, TS), np.zeros(2, np.uint64))
-    wire = {"v": 1, "kind": "positions", **RegionBatch(pb, np.zeros(2, bool), np.zeros(2, bool)).to_wire()}
+    wire = {"v": 1, "kind": "positions", **RegionBatch(pb, np.zeros(2, bool), np.zeros(2)).to_wire()}
     wire["batch"]["ids"] = [[1], [2]]
     with captured() as outs:
         asyncio.run(sc.handle_positions(incoming([Msg(msgpack.packb(wire, use_bin_type=True))])))
     assert [o.exchange.name for o in outs] == [dlx.name]
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "bug 4 (x-fence): a worker batch whose object ids are bytes is taken, and orjson cannot encode "
-    "the event: TypeError outside handle_inputs' try, x-fence dies"))
-def test_known_bug_x_fence_takes_ids_that_are_not_strings() -> None:
+def test_x_fence_refuses_ids_that_are_not_strings() -> None:
+    """Bug 4 (x-fence), fixed: bytes ids are refused (orjson could not encode the event)."""
     geo = XGeo("a", list(WORKERS), RING)
     geo.add_binding(FULL)
     pb = PositionBatch(["a"], np.zeros(1), np.zeros(1), np.full(1, TS), np.zeros(1, np.uint64))
@@ -1070,11 +1020,9 @@ def test_known_bug_x_fence_takes_ids_that_are_not_strings() -> None:
     assert [o.exchange.name for o in outs] == [dlx.name]
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "bug 9: x-fence does not check a positions message's parts: an empty `parts` list makes "
-    "WorkerBatch.concat([]) raise ValueError ('nothing to concatenate') outside handle_inputs' try: "
-    "x-fence dies, and the message comes back to it"))
-def test_known_bug_x_fence_no_parts() -> None:
+def test_x_fence_refuses_a_message_without_parts() -> None:
+    """Bug 9, fixed: a positions message without parts is dead-lettered (WorkerBatch.concat
+    raised outside the handler's try)."""
     sc, dlx, _ = fence_sidecar()
     with captured() as outs:
         no_parts = msgpack.packb({"v": 1, "kind": "positions", "parts": []})
@@ -1082,11 +1030,8 @@ def test_known_bug_x_fence_no_parts() -> None:
     assert [o.exchange.name for o in outs] == [dlx.name]
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "bug 9: x-fence does not check a part's `worker`: two parts (or two messages of one intake) "
-    "naming different workers make WorkerBatch.concat raise ValueError outside handle_inputs' try: "
-    "x-fence dies, and the messages come back to it"))
-def test_known_bug_x_fence_parts_of_different_workers() -> None:
+def test_x_fence_refuses_parts_for_another_worker() -> None:
+    """Bug 9, fixed: parts for another worker are dead-lettered."""
     geo = XGeo("a", list(WORKERS), RING)
     geo.add_binding(FULL)
     pb = PositionBatch(["a"], np.zeros(1), np.zeros(1), np.full(1, TS), np.zeros(1, np.uint64))
@@ -1099,10 +1044,8 @@ def test_known_bug_x_fence_parts_of_different_workers() -> None:
     assert [o.exchange.name for o in outs] == [dlx.name]
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "bug 5: a control message with bits = inf: int(inf) raises OverflowError, which neither "
-    "control.parse nor GeoSidecar.handle_controls catches: x-geo dies, and the message comes back"))
-def test_known_bug_control_bits_infinite() -> None:
+def test_control_refuses_infinite_bits() -> None:
+    """Bug 5, fixed: bits = inf is an InvalidMessage, not an OverflowError."""
     fence = FenceDef("f-1", 1, SQUARE, 300.0, "n")
     msg = unpack(control.define_for_region(fence, TS, 20, np.zeros((0, 2), np.uint64), np.zeros(0, bool)))
     msg["bits"] = math.inf
@@ -1110,30 +1053,27 @@ def test_known_bug_control_bits_infinite() -> None:
         control.parse(msg)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "bug 6: an AMQP fence API request whose op is a list or an object: `op not in OPS` raises "
-    "TypeError (unhashable) outside RpcServer.answer's try: handle() raises, the fence-api process "
-    "(its HTTP API too) stops, and the request comes back to it after every restart"))
 @pytest.mark.parametrize("op", [[], {}])
 def test_known_bug_rpc_op_unhashable(op: Any) -> None:
+    """Bug 6 (fixed): an AMQP fence API request whose op is a list or an object: `op not in OPS`
+    raised TypeError (unhashable) outside RpcServer.answer's try: the fence-api process stopped,
+    and the request came back to it after every restart."""
     server = RpcServer(service(), Verifier(), shell.Counters())
     reply, bad = asyncio.run(server.answer(cast(AbstractIncomingMessage, Msg(orjson.dumps({"op": op})))))
     assert reply["status"] == 400 and bad
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "bug 7: PUT /fences/{id} (and the AMQP replace) with a Feature whose properties are a string, "
-    "number or list: FenceService.replace calls .get on them, AttributeError: a 500"))
 def test_known_bug_replace_with_properties_not_an_object() -> None:
+    """Bug 7 (fixed): PUT /fences/{id} (and the AMQP replace) with a Feature whose properties are
+    a string, number or list: FenceService.replace called .get on them, AttributeError: a 500."""
     f = {"type": "Feature", "properties": "x", "geometry": {"type": "Polygon", "coordinates": [BAD_RING]}}
     with pytest.raises(ApiError):
         asyncio.run(service().replace(Caller("uid-1"), "f-1", f))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug 8: the AMQP `list` op with a bbox that is not a string (a list, a number): parse_bbox calls "
-    ".split on it, AttributeError, answered 500 'internal error' instead of 422 / 400"))
 def test_known_bug_rpc_list_bbox_not_a_string() -> None:
+    """Bug 8 (fixed): the AMQP `list` op with a bbox that is not a string (a list, a number):
+    parse_bbox called .split on it, AttributeError, answered 500 'internal error'."""
     server = RpcServer(service(), Verifier(), shell.Counters())
     body = orjson.dumps({"op": "list", "token": "good", "bbox": [9, 47, 10, 48]})
     with no_fences():

@@ -45,8 +45,40 @@ def test_an_object_not_seen_since_the_start_is_announced_to_every_other_region()
     out = ing.route(batch([("o1", WEST, 1.0), ("o2", EAST, 1.0), ("o1", WEST, 2.0)]))
     assert ids(out.positions) == {"a": [("o1", 1.0), ("o1", 2.0)], "b": [("o2", 1.0)]}
     assert ids(out.handovers) == {"b": [("o1", 1.0)], "a": [("o2", 1.0)]}  # once, the first position
-    assert all(not rb.entered.any() for rb in out.regions.values())  # nobody waits for those notices
-    assert ing.route(batch([("o1", WEST, 3.0), ("o2", EAST, 3.0)])).handovers == {}
+    # the first position is announced: gated on its own ts where it is, a barrier elsewhere
+    a, b = out.regions["a"], out.regions["b"]
+    assert a.batch.ids == ["o1", "o2", "o1"] and a.notice.tolist() == [False, True, False]
+    assert a.gate.tolist() == [1.0, 0.0, 1.0] and a.announcements().tolist() == [True, True, False]
+    assert b.batch.ids == ["o1", "o2"] and b.notice.tolist() == [True, False]
+    assert b.gate.tolist() == [0.0, 1.0] and b.announcements().tolist() == [True, True]
+    later = ing.route(batch([("o1", WEST, 3.0), ("o2", EAST, 3.0)]))
+    assert later.handovers == {}
+    assert all(rb.announced is None for rb in later.regions.values())
+    # gated on their entries
+    assert {r: rb.gate.tolist() for r, rb in later.regions.items()} == {"a": [1.0], "b": [1.0]}
+
+
+def test_forget_objects_announces_them_again() -> None:
+    ing = XIngress(split_map())
+    ing.route(batch([("o1", WEST, 1.0)]))
+    ing.forget_objects()
+    assert ing.region_of_object("o1") is None
+    assert ids(ing.route(batch([("o1", WEST, 2.0)])).handovers) == {"b": [("o1", 2.0)]}
+
+
+def test_one_region_announces_nothing() -> None:
+    ing = XIngress(Worldmap.single("a"))
+    rb = ing.route(batch([("o1", WEST, 1.0)])).regions["a"]
+    assert rb.announced is None and not rb.gate.any() and not rb.notice.any()
+
+
+def test_announcements_travel_on_the_wire() -> None:
+    from exchanges.batch import RegionBatch
+    out = XIngress(split_map()).route(batch([("o1", WEST, 1.0), ("o2", EAST, 1.0)]))
+    for rb in out.regions.values():
+        back = RegionBatch.from_wire(rb.to_wire())
+        assert back.announcements().tolist() == rb.announcements().tolist()
+        assert back.gate.tolist() == rb.gate.tolist() and back.notice.tolist() == rb.notice.tolist()
 
 
 def test_crossing_regions_tells_the_old_region_once() -> None:
@@ -71,3 +103,27 @@ def test_a_new_worldmap_reroutes_and_hands_over() -> None:
     out = ing.route(batch([("o1", WEST, 2.0)]))
     assert ids(out.positions) == {"b": [("o1", 2.0)]} and out.handovers == {}
     assert ing.region_of_object("o1") == "b"
+
+
+def test_gates_are_each_objects_entry_into_its_region_and_a_notice_gates_on_the_stay_it_ends() -> None:
+    """o1 comes in to a at 2 (announced: no region known), stays at 3, crosses to b at 4,
+    back to a at 6 and stays at 7, in one batch and then one by one: the same gates."""
+    walk = [("o1", WEST, 2.0), ("o2", EAST, 2.0), ("o1", WEST, 3.0), ("o1", EAST, 4.0),
+            ("o1", WEST, 6.0), ("o1", WEST, 7.0)]
+    want = {"a": [("o1", 2.0, False, 2.0), ("o2", 2.0, True, 0.0), ("o1", 3.0, False, 2.0),
+                  ("o1", 4.0, True, 2.0), ("o1", 6.0, False, 6.0), ("o1", 7.0, False, 6.0)],
+            "b": [("o1", 2.0, True, 0.0), ("o2", 2.0, False, 2.0), ("o1", 4.0, False, 4.0),
+                  ("o1", 6.0, True, 4.0)]}
+
+    def rows(routed: dict[str, list[tuple[str, float, bool, float]]], out: object) -> None:
+        for r, rb in out.regions.items():  # type: ignore[attr-defined]
+            routed.setdefault(r, []).extend(zip(rb.batch.ids, rb.batch.ts.tolist(), rb.notice.tolist(),
+                                                rb.gate.tolist(), strict=True))
+
+    at_once: dict[str, list[tuple[str, float, bool, float]]] = {}
+    rows(at_once, XIngress(split_map()).route(batch(walk)))
+    assert at_once == want
+    ing, one_by_one = XIngress(split_map()), {}
+    for p in walk:
+        rows(one_by_one, ing.route(batch([p])))
+    assert one_by_one == want

@@ -90,29 +90,39 @@ def test_objects_handed_over_to_another_region(geo: XGeo) -> None:
     assert geo.objects() == {}
 
 
-def test_positions_carry_the_time_their_object_entered_the_region(geo: XGeo) -> None:
-    # o1 comes in at ts 2 (entered), is routed at 3, leaves at 4 (notice), comes back at 6
-    b = batch([("o1", 9.515, 47.115, 2), ("o2", 9.60, 47.20, 2), ("o1", 9.515, 47.115, 3),
-               ("o1", 10.0, 48.0, 4), ("o1", 9.515, 47.115, 6)])
-    out = geo.route(b, notice=np.array([False, False, False, True, False]),
-                    entered=np.array([True, False, False, False, True]))
+def test_gates_are_passed_on_and_notices_go_to_every_worker(geo: XGeo) -> None:
+    b = batch([("o1", 9.505, 47.105, 2), ("o2", 9.60, 47.20, 2), ("o1", 10.0, 48.0, 4)])
+    out = geo.route(b, notice=np.array([False, False, True]), gate=np.array([2.0, 0.0, 2.0]))
     w0 = out["w0"]
-    assert w0.positions.ids == ["o1", "o1", "o1", "o1"]
-    assert w0.notices().tolist() == [False, False, True, False]
-    assert w0.gates().tolist() == [2.0, 2.0, 2.0, 6.0]  # the notice is gated on its own stay
-    assert [[f for f, _ in w0.candidates(i)] for i in range(4)] == [["A"], ["A"], [], ["A"]]
-    # the next batch: o1 still gated on 6 (no new entry), o2 never crossed
-    nxt = geo.route(batch([("o1", 9.515, 47.115, 7), ("o2", 9.515, 47.115, 7)]))
-    assert nxt["w0"].gates().tolist() == [6.0, 0.0]
-    # a notice of o1: gated on 6, then o1 is forgotten and has no gate any more
-    gone = geo.route(batch([("o1", 10.0, 48.0, 8)]), notice=np.array([True]))
-    assert gone["w0"].gates().tolist() == [6.0]
-    assert geo.route(batch([("o1", 9.515, 47.115, 9)]))["w0"].gate is None
+    assert w0.positions.ids == ["o1", "o1"] and w0.notices().tolist() == [False, True]
+    assert w0.gates().tolist() == [2.0, 2.0]
+    assert geo.route(batch([("o1", 9.505, 47.105, 9)]))["w0"].gate is None
+
+
+def test_announced_positions_go_to_every_worker_and_announced_notices_are_barriers(geo: XGeo) -> None:
+    b = batch([("o1", 9.505, 47.105, 2), ("o2", 10.0, 48.0, 2), ("o3", 9.505, 47.105, 2)])
+    out = geo.route(b, notice=np.array([False, True, False]), gate=np.array([2.0, 0.0, 0.0]),
+                    announced=np.array([True, True, False]))
+    assert routed(out) == {"w0": [("o1", ["A"]), ("o2", []), ("o3", ["A"])], "w1": [("o1", []), ("o2", [])]}
+    assert out["w1"].barriers().tolist() == [False, True] and out["w1"].notices().tolist() == [False, True]
+    back = WorkerBatch.from_wire(out["w1"].to_wire())
+    assert back.barriers().tolist() == [False, True]
+    assert geo.objects() == {"o1": ["w0"], "o3": ["w0"]}  # o2 left: forgotten
+
+
+def test_with_announce_unknown_an_unseen_object_goes_to_every_worker_once() -> None:
+    geo = XGeo("r", ["w0", "w1"], FixedRing({"A": "w0"}), announce_unknown=True)
+    geo.add_binding(binding("A", A))
+    assert routed(geo.route(batch([("o1", 9.505, 47.105, 1)]))) == {"w0": [("o1", ["A"])], "w1": [("o1", [])]}
+    assert routed(geo.route(batch([("o1", 9.505, 47.105, 2)]))) == {"w0": [("o1", ["A"])]}
+    geo.forget_objects()
+    assert routed(geo.route(batch([("o1", 9.6, 47.2, 3)]))) == {"w0": [("o1", [])], "w1": [("o1", [])]}
+    assert routed(geo.route(batch([("o1", 9.6, 47.2, 4)]))) == {}
 
 
 def test_worker_batch_wire_keeps_notices_and_gates(geo: XGeo) -> None:
     out = geo.route(batch([("o1", 9.515, 47.115, 2), ("o1", 10.0, 48.0, 3)]),
-                    notice=np.array([False, True]), entered=np.array([True, False]))
+                    notice=np.array([False, True]), gate=np.array([2.0, 2.0]))
     wb = WorkerBatch.from_wire(out["w0"].to_wire())
     assert wb.notices().tolist() == [False, True] and wb.gates().tolist() == [2.0, 2.0]
     bad = out["w0"].to_wire()

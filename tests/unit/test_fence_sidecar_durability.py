@@ -1,0 +1,167 @@
+"""x-fence's shell around its journal: a session that ends with a batch routed but not
+journaled (its publish cut off) starts the next one from the journal, so the redelivered
+batch gives its events again with the same ids; a stop then snapshots nothing unacked."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+from unittest import mock
+
+import numpy as np
+import orjson
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+from shapely.geometry import box
+
+from exchanges import shell
+from exchanges.batch import PositionBatch, pack
+from exchanges.x_geo import FenceBinding, XGeo
+from fence.hash_ring import HashRing
+from fence.sidecar import FenceSidecar
+from fence.state import FenceDef
+
+TS = 1_700_000_000.0
+FENCE = FenceDef("f-1", 1, box(-20.0, -10.0, 20.0, 10.0), 300.0, "near 0,0")
+HALF = 1 << 51  # Hilbert indices below are inside f-1's (interior) binding, above outside
+BINDING = FenceBinding("f-1", 1, np.array([[0, HALF - 1]], np.uint64), np.array([True]))
+
+
+@dataclass
+class Msg:
+    body: bytes
+    routing_key: str = "w0"
+    content_type: str = "application/msgpack"
+    headers: dict[str, Any] | None = None
+    message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Exchange:
+    name: str
+
+
+@contextlib.contextmanager
+def publishing(fail: bool = False) -> Iterator[list[shell.Out]]:
+    """shell.publish_all into a list; with `fail`, the connection drops under the publish."""
+    outs: list[shell.Out] = []
+
+    async def publish_all(o: Sequence[shell.Out], counters: shell.Counters,
+                          deadline: float | None = None) -> None:
+        outs.extend(o)
+        if fail:
+            raise ConnectionError("connection reset under the publish")
+
+    with mock.patch.object(shell, "publish_all", publish_all):
+        yield outs
+
+
+def sidecar(journal_dir: Path) -> FenceSidecar:
+    config = shell.SidecarConfig("x-fence", "w0", "amqp://t@localhost/", "postgresql://t@localhost/",
+                                 ("a",), ("w0",), journal_dir=str(journal_dir))
+    with mock.patch("fence.sidecar.HashRing", lambda workers: HashRing(list(workers))):
+        sc = FenceSidecar(config)
+    sc.dlx, sc.events, sc.events_mqtt = (cast(Any, Exchange(n)) for n in
+                                         ("dead-letters", "fence.events", "fence.events.mqtt"))
+    return sc
+
+
+def positions(geo: XGeo, ts: float, h: int) -> list[AbstractIncomingMessage]:
+    pb = PositionBatch(["car-1"], np.zeros(1), np.zeros(1), np.full(1, ts), np.full(1, h, np.uint64))
+    parts = [wb.to_wire() for wb in geo.route(pb).values()]
+    assert parts, "x-geo routed the position to the worker"
+    return cast(list[AbstractIncomingMessage], [Msg(pack("positions", parts=parts))])
+
+
+def events(outs: list[shell.Out]) -> list[tuple[str, str, float]]:
+    got = [orjson.loads(o.body) for o in outs if o.exchange.name == "fence.events"]
+    return [(e["event_id"], e["event"], e["ts"]) for e in got]
+
+
+@pytest.fixture
+def geo() -> XGeo:
+    g = XGeo("a", ["w0"], HashRing(["w0"]))
+    g.add_binding(BINDING)
+    return g
+
+
+async def started(journal_dir: Path) -> FenceSidecar:
+    sc = sidecar(journal_dir)
+    sc.core.define(FENCE, TS - 100)
+    with publishing():
+        await sc._start_journal()
+    return sc
+
+
+async def test_a_batch_cut_off_before_its_record_is_routed_again_from_the_journal(
+        tmp_path: Path, geo: XGeo) -> None:
+    sc = await started(tmp_path)
+    with publishing() as outs:
+        await sc.handle_inputs(positions(geo, TS, 5))
+    assert [e[1] for e in events(outs)] == ["enter"]
+    leave = positions(geo, TS + 1, HALF + 5)
+    with publishing(fail=True) as cut, pytest.raises(ConnectionError):
+        await sc.handle_inputs(leave)
+    first = events(cut)
+    assert [e[1] for e in first] == ["leave"] and sc.unpersisted
+    await sc._reload()  # what the next session does first
+    assert not sc.unpersisted and sc.core.fences_of("car-1") == ["f-1"]
+    with publishing():
+        await sc._start_journal()
+    with publishing() as again:
+        await sc.handle_inputs(leave)  # the redelivery
+    assert events(again) == first  # the same event, with the same id
+    assert sc.core.fences_of("car-1") == []
+
+
+async def test_without_the_reload_the_redelivered_batch_would_give_nothing(tmp_path: Path, geo: XGeo) -> None:
+    """What the reload is for: the core kept the cut-off batch's effects."""
+    sc = await started(tmp_path)
+    with publishing():
+        await sc.handle_inputs(positions(geo, TS, 5))
+    leave = positions(geo, TS + 1, HALF + 5)
+    with publishing(fail=True), pytest.raises(ConnectionError):
+        await sc.handle_inputs(leave)
+    with publishing() as again:
+        await sc.handle_inputs(leave)
+    assert events(again) == []
+
+
+async def test_a_stop_after_a_cut_off_batch_snapshots_nothing_unacked(tmp_path: Path, geo: XGeo) -> None:
+    sc = await started(tmp_path)
+    with publishing():
+        await sc.handle_inputs(positions(geo, TS, 5))
+    with publishing(fail=True), pytest.raises(ConnectionError):
+        await sc.handle_inputs(positions(geo, TS + 1, HALF + 5))
+    await sc.close()
+    restarted = sidecar(tmp_path)
+    restarted._load()
+    assert restarted.core.fences_of("car-1") == ["f-1"]  # the acked state: still inside
+
+
+async def test_a_clean_stop_snapshots_and_the_next_start_has_the_same_state(tmp_path: Path,
+                                                                           geo: XGeo) -> None:
+    sc = await started(tmp_path)
+    with publishing():
+        await sc.handle_inputs(positions(geo, TS, 5))
+    assert not sc.unpersisted
+    await sc.close()
+    restarted = sidecar(tmp_path)
+    got = restarted._load()
+    assert got.records == [] and got.snapshot is not None
+    assert restarted.core.fences_of("car-1") == ["f-1"]
+
+
+async def test_expire_cut_off_before_its_record_is_reloaded(tmp_path: Path, geo: XGeo) -> None:
+    sc = await started(tmp_path)
+    with publishing():
+        await sc.handle_inputs(positions(geo, TS, 5))
+    sc.stream_ts = TS + 400  # message time past the fence's timeout (300 s)
+    with publishing(fail=True) as cut, pytest.raises(ConnectionError):
+        await sc.expire()
+    assert [e[1] for e in events(cut)] == ["leave"] and sc.unpersisted
+    await sc._reload()
+    assert sc.core.fences_of("car-1") == ["f-1"]
