@@ -155,7 +155,7 @@ class EventSink:
         self.got: list[tuple[wl.EventTuple, float]] = []
         self.arrived = asyncio.Event()
         self.want = 0
-        self.conn: aio_pika.abc.AbstractRobustConnection | None = None
+        self.conn: aio_pika.abc.AbstractConnection | None = None
 
     async def start(self) -> None:
         self.conn = await aio_pika.connect(self.url)

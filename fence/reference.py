@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +23,9 @@ EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts
 
 
 def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], object_ids: Sequence[str],
-                     obj: npt.NDArray[np.int64], lon: npt.NDArray[np.float64], lat: npt.NDArray[np.float64],
-                     ts: npt.NDArray[np.float64], chunk: int = 100_000) -> list[EventTuple]:
+                     obj: npt.NDArray[np.integer[Any]], lon: npt.NDArray[np.float64],
+                     lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
+                     chunk: int = 100_000) -> list[EventTuple]:
     """Events of positions (obj[i] indexes object_ids), taken in the order given (sort them
     by ts per object first). Every object starts outside every fence."""
     geoms = np.array(list(geometries), dtype=object)

@@ -34,6 +34,7 @@ from fence.spec import (
     check_name,
     check_timeout,
     from_feature,
+    named_fence_id,
     shown,
 )
 
@@ -237,6 +238,11 @@ class FenceService:
         expected = _version(if_match if if_match is not None else
                             (props or {}).get("version") if is_feature else body.get("version"))
         if is_feature:
+            # the path names the fence: a body naming another (or no valid id) is a mistake,
+            # never a silent rename
+            named = named_fence_id(body)
+            if named is not None and named != fence_id:
+                raise ApiError(422, f"the Feature names fence {shown(named)}, the path {fence_id!r}")
             spec = self._spec(body, fence_id, caller)
         elif "follow" in body:
             spec = await self._follow_spec(caller, fence_id, body)

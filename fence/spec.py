@@ -110,6 +110,16 @@ def is_storable(text: str) -> bool:
     return True
 
 
+def named_fence_id(feature: Mapping[str, Any]) -> Any:
+    """The fence id a Feature names itself, None if none: properties.fence_id, else the
+    Feature's id, else properties.id; whatever it is (the caller checks it)."""
+    props = feature.get("properties")
+    if not isinstance(props, Mapping):
+        props = {}
+    return next((v for v in (props.get("fence_id"), feature.get("id"), props.get("id"))
+                 if v is not None), None)
+
+
 def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> FenceSpec:
     """A FenceSpec from a GeoJSON Feature (properties: id or fence_id, name, timeout_s);
     `fence_id` overrides the id in the feature."""
@@ -123,8 +133,7 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
         raise InvalidFence("the Feature's properties must be an object (or null)")
     # the first id given wins, whatever it is: an empty or numeric id is refused, never
     # skipped for the next source (nor coerced)
-    fid = next((v for v in (fence_id, props.get("fence_id"), feature.get("id"), props.get("id"))
-                if v is not None), None)
+    fid = fence_id if fence_id is not None else named_fence_id(feature)
     name = check_name(props.get("name", ""))
     geometry = feature.get("geometry")
     if not isinstance(geometry, Mapping):

@@ -130,6 +130,29 @@ def test_replace_refuses_wrong_values_with_their_name(body: dict[str, Any], word
         assert words in refused(service().replace(Caller("uid-1"), "f-1", body))
 
 
+SQUARE = {"type": "Polygon", "coordinates": [[[9.5, 47.1], [9.51, 47.1], [9.51, 47.11], [9.5, 47.1]]]}
+
+
+@pytest.mark.parametrize(("top", "props"), [
+    ({"id": ["a"]}, {}), ({"id": {"a": 1}}, {}), ({"id": "f-2"}, {}), ({"id": 5}, {}),
+    ({}, {"fence_id": "f-2"}), ({}, {"id": "f-2"}), ({"id": "f-1"}, {"fence_id": "f-2"}),
+])
+def test_replace_refuses_a_feature_naming_another_fence_than_the_path(top: dict[str, Any],
+                                                                      props: dict[str, Any]) -> None:
+    with stored() as calls:
+        body = {"type": "Feature", **top, "properties": props, "geometry": SQUARE}
+        assert "the Feature names fence " in refused(service().replace(Caller("uid-1"), "f-1", body))
+    assert calls == []
+
+
+@pytest.mark.parametrize(("top", "props"), [({}, {}), ({"id": "f-1"}, {}), ({}, {"fence_id": "f-1"}),
+                                            ({"id": "f-1"}, {"id": "f-1"})])
+def test_replace_takes_a_feature_naming_the_paths_fence_or_none(top: dict[str, Any],
+                                                                props: dict[str, Any]) -> None:
+    body = {"type": "Feature", **top, "properties": props, "geometry": SQUARE}
+    assert service()._spec(body, "f-1", Caller("uid-1")).fence_id == "f-1"
+
+
 @pytest.mark.parametrize("given", [5, 1.5, True, 0, False, "", "a\x00"])
 def test_create_takes_the_id_given_as_it_is(given: Any) -> None:
     f = {"type": "Feature", "id": given, "properties": {}, "geometry": {"type": "Polygon", "coordinates": [

@@ -754,10 +754,14 @@ def test_the_service_answers_422_with_a_reason_or_stores_the_fence(seed: int) ->
         if z.rng.random() < 0.5:
             out = asyncio.run(service().create(caller, feature))
         else:
-            if broken in ("bad id", "id not a string", "numeric id"):  # PUT /fences/{id}: the path's id wins
-                broken = None
-            out = asyncio.run(service().replace(caller, "f-1", feature))
-            feature = {**feature, "id": "f-1"}
+            # PUT /fences/{id}: the path names the fence; a body naming another one (a bad id
+            # included) is refused, so a feature whose id is not broken is PUT at its own id
+            path = "f-1"
+            if broken not in ("bad id", "id not a string", "numeric id") and isinstance(feature, dict) \
+                    and isinstance(feature.get("id"), str):
+                path = feature["id"]
+            out = asyncio.run(service().replace(caller, path, feature))
+            feature = {**feature, "id": path}
     except ApiError as exc:
         assert exc.status == 422, (exc.status, exc.message)
         assert_reason(exc.message)
@@ -806,13 +810,13 @@ def test_the_http_api_answers_4xx_with_a_reason_never_5xx(seed: int) -> None:
         method, path, broken = "POST", "/fences", "bytes"
     else:
         feature, broken = z.feature()
+        if k == 2 and isinstance(feature, dict) and broken not in ("bad id", "id not a string", "numeric id"):
+            feature["id"] = fid  # PUT: a body naming another fence than the path is refused
         if isinstance(feature, bytes):
             body = feature
         else:
             body = orjson.dumps(feature, option=orjson.OPT_NON_STR_KEYS) if _finite(feature) else b"{not json"
         method, path = ("PUT", f"/fences/{quoted(fid)}") if k == 2 else ("POST", "/fences")
-        if k == 2 and broken in ("bad id", "id not a string", "numeric id"):
-            broken = None
         if k == 2 and not is_id(fid):
             broken = "bad id in the path"
     with no_fences():

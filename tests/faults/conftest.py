@@ -1,0 +1,77 @@
+"""The fault suite (issue 5): its tests run after every other test of the session (they
+kill sidecars and restart the broker), its table is printed at the end, and the stack is
+left as `geofence up` leaves it (every service and sidecar running) whatever happened."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.local_stack import ConnectionSettings, StackError
+from tests.faults import harness, report
+
+FAULTS_DIR = Path(__file__).parent
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fault tests last (a stable sort: every group keeps its order); they need the stack."""
+    for item in items:
+        if FAULTS_DIR in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: FAULTS_DIR in item.path.parents)
+
+
+SEEDS: list[int] = []  # the session's fault seed, for the summary
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if report.ROWS:
+        terminalreporter.section("fault suite: faults injected, updates, events expected / received "
+                                 "(distinct event_ids) / duplicated, dead letters, recovery per fault")
+        for line in report.table():
+            terminalreporter.write_line(line)
+        if SEEDS:
+            seed = SEEDS[0]
+            terminalreporter.write_line(f"seed {seed} (FAULT_SEED={seed} replays the faults' moments)")
+
+
+@pytest.fixture(scope="session")
+def fault_seed() -> int:
+    """The seed of the faults' moments and order: FAULT_SEED, else a fresh one (printed)."""
+    raw = os.environ.get("FAULT_SEED")
+    seed = int(raw) if raw else random.SystemRandom().randrange(1, 1 << 31)
+    print(f"\nfault suite seed: {seed} (FAULT_SEED={seed} replays the moments)")
+    SEEDS.append(seed)
+    return seed
+
+
+@pytest.fixture(scope="session")
+def workload() -> harness.Workload:
+    return harness.make_workload()
+
+
+@pytest.fixture(scope="session")
+def fault_stack(stack: ConnectionSettings) -> Iterator[harness.Stack]:
+    """The stack, every sidecar running at the start (else the suite fails, it never skips);
+    afterwards every sidecar consumes again (a stuck one is restarted) and `geofence up`
+    brings back whatever a fault left down."""
+    s = harness.Stack()
+    dead = s.dead()
+    if dead:
+        pytest.fail(f"sidecars not running: {', '.join(dead)}; start them with `.venv/bin/geofence up`",
+                    pytrace=False)
+    try:
+        yield s
+    finally:
+        try:
+            s.restore()
+        except StackError as exc:  # e.g. a sidecar that exited at once: once more, then fail
+            harness.say(f"geofence up failed ({exc}); once more")
+            s.restore()
+        dead = s.dead()
+        assert not dead, f"sidecars still dead after `geofence up`: {', '.join(dead)}"
