@@ -41,6 +41,7 @@ class GeoSidecar:
     def __init__(self, config: shell.SidecarConfig) -> None:
         self.config = config
         self.region = config.instance
+        self.instance_lock = shell.InstanceLock(t.GEO_LOCK)
         self.ring = HashRing(list(config.workers))
         self.core = XGeo(self.region, list(config.workers), self.ring, announce_unknown=True)
         self.counters = shell.Counters()
@@ -69,6 +70,7 @@ class GeoSidecar:
             log.warning("a session ended with a batch routed and not acked: objects forgotten")
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.region_vhost(self.region), stack)
+            await self.instance_lock.acquire(conn, stack)
             self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
             self.fence_in: AbstractExchange = await self.out_ch.get_exchange(t.FENCE_IN_EXCHANGE,
                                                                              ensure=False)

@@ -280,6 +280,39 @@ async def open_channel(conn: AbstractConnection, stack: contextlib.AsyncExitStac
     return ch
 
 
+class InstanceLocked(ConnectionError):
+    """Another instance of this role holds its lock: this one stands by (retries)."""
+
+
+class TookOver(Exception):
+    """This process was locked out, then got the lock: another instance ran meanwhile, so
+    what it holds in memory is stale. It ends, to be restarted and recover (crash-only)."""
+
+
+class InstanceLock:
+    """The single-instance guard of a routing role (two x-ingress, or two x-geo of a region,
+    or two x-fence of a worker, would each see part of an object's positions). An exclusive
+    queue is the lock: owned by the session's connection, deleted by the broker with it.
+    Exclusive consumers alone are no guard: a role consumes several queues, and a prefetch
+    change consumes again (a gap another instance can take)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.locked_out = False
+
+    async def acquire(self, conn: AbstractConnection, stack: contextlib.AsyncExitStack) -> None:
+        ch = await open_channel(conn, stack)  # its own: a refused declare closes the channel
+        try:
+            await ch.declare_queue(self.name, exclusive=True, auto_delete=True, durable=False)
+        except aiormq.exceptions.ChannelLockedResource as exc:
+            if not self.locked_out:
+                log.error("another instance holds %s: standing by until it goes", self.name)
+            self.locked_out = True
+            raise InstanceLocked(f"{self.name} is held by another instance") from exc
+        if self.locked_out:
+            raise TookOver(f"got {self.name} after another instance held it: restarting to recover")
+
+
 async def connection_lost(conns: Sequence[AbstractConnection]) -> None:
     """Returns (raising) when any of the connections closes. Through the close callbacks:
     aio-pika's `closed()` does not resolve when the broker closes the connection."""
@@ -542,6 +575,12 @@ async def _publish(o: Out) -> None:
                                               mandatory=o.mandatory and channel.publisher_confirms)
     except aiormq.exceptions.DeliveryError as exc:  # returned (no route) or nacked
         raise PublishRefused(str(exc)) from None
+    except Exception as exc:
+        # aiormq fails the confirms a closing channel still awaits with a bare Exception:
+        # the broker (or the link to it) went away, not a bug (the input stays unacked)
+        if channel.is_closed or type(exc) is Exception:
+            raise ConnectionError(f"publish lost with its channel: {exc!r}") from exc
+        raise
     if confirm is not None and not isinstance(confirm, Basic.Ack):
         raise PublishRefused(f"broker answered {type(confirm).__name__}")
 
@@ -577,6 +616,7 @@ def dead_letter(exchange: AbstractExchange, message: AbstractIncomingMessage, re
 # --------------------------------------------------------------------------- lifecycle
 
 Session = Callable[[asyncio.Event], Awaitable[None]]
+EXIT_TOOK_OVER = 75  # EX_TEMPFAIL: restart me (systemd's Restart=on-failure does)
 
 
 async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str,
@@ -592,7 +632,11 @@ async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str
     sidecar = make(config)
     if not await sidecar.recover(stop):
         return 0
-    await serve(config, sidecar.session, stop)
+    try:
+        await serve(config, sidecar.session, stop)
+    except TookOver as exc:  # its state is stale: no close (an x-fence would snapshot it)
+        log.error("%s", exc)
+        return EXIT_TOOK_OVER
     close = getattr(sidecar, "close", None)
     if close is not None:
         await close()

@@ -94,6 +94,16 @@ def fence_control_queue(worker: str) -> str:
     return f"x-fence.{worker}.control"
 
 
+# One instance per routing role: each session first declares its lock, an exclusive queue
+# (the broker's own mutex: owned by the connection, gone with it; a second declare is refused)
+INGRESS_LOCK = "lock.x-ingress"  # in gf-ingress
+GEO_LOCK = "lock.x-geo"  # in each region's vhost
+
+
+def fence_lock(worker: str) -> str:  # in gf-fences
+    return f"lock.x-fence.{worker}"
+
+
 def event_routing_key(fence_id: str, kind: str) -> str:
     return f"{fence_id}.{kind}"
 

@@ -60,6 +60,7 @@ class FenceSidecar:
     def __init__(self, config: shell.SidecarConfig) -> None:
         self.config = config
         self.worker = config.instance
+        self.instance_lock = shell.InstanceLock(t.fence_lock(self.worker))
         self.ring = HashRing(list(config.workers))
         self.core = XFence(self.worker)
         self.counters = shell.Counters()
@@ -194,6 +195,7 @@ class FenceSidecar:
         cfg = self.config
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
+            await self.instance_lock.acquire(conn, stack)  # before the journal is touched
             self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
             self.events: AbstractExchange = await self.out_ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
             self.events_mqtt = await self.out_ch.get_exchange(t.EVENTS_MQTT_EXCHANGE, ensure=False)

@@ -45,6 +45,7 @@ class IngressSidecar:
     def __init__(self, config: shell.SidecarConfig, core: XIngress) -> None:
         self.config = config
         self.core = core
+        self.instance_lock = shell.InstanceLock(t.INGRESS_LOCK)
         self.counters = shell.Counters()
         self.followed: frozenset[str] = frozenset()  # objects some fence follows
         # batches routed (the objects' memory moved on) and not confirmed yet: if a session
@@ -61,6 +62,7 @@ class IngressSidecar:
             log.warning("a session ended with batches routed and not confirmed: objects forgotten")
         async with contextlib.AsyncExitStack() as stack:
             ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
+            await self.instance_lock.acquire(ingress, stack)
             regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack) for r in cfg.regions}
             out_ch = await shell.open_channel(ingress, stack, confirms=cfg.persistence)
             self.dlx = await out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)

@@ -278,7 +278,7 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     """Each user's (configure, write, read) regexes per vhost.
 
     Publishing needs write on the exchange, consuming read on the queue; a passive declare
-    needs nothing, so the sidecars get no configure right at all. The federation user
+    needs nothing, so the sidecars' only configure right is their instance lock. The federation user
     declares its own queue and exchange upstream ("federation: ...", configure), binds them
     (write on the destination, read on the source) and consumes its queue.
     """
@@ -287,14 +287,17 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     fed = f"^{regex_escape(FEDERATION_PREFIX)}"
     found = [Permission(t.ADMIN_USER, v, EVERYTHING, EVERYTHING, EVERYTHING)
              for v in (DEFAULT_VHOST, *topology.vhosts)]
-    found.append(Permission(t.INGRESS_USER, ingress, NOTHING, exactly(dlx, t.FOLLOW_EXCHANGE),
+    # configure: only each role's instance lock (an exclusive queue, see exchanges/shell.py)
+    found.append(Permission(t.INGRESS_USER, ingress, exactly(t.INGRESS_LOCK), exactly(dlx, t.FOLLOW_EXCHANGE),
                             exactly(t.POSITIONS_QUEUE, t.BATCHES_QUEUE)))
     found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)
               for v in regions]
     # x-geo and x-fence answer `geofence inspect` requests on the default exchange (amq.default)
-    found += [Permission(t.GEO_USER, v, NOTHING, exactly(t.FENCE_IN_EXCHANGE, dlx, DEFAULT_EXCHANGE),
+    found += [Permission(t.GEO_USER, v, exactly(t.GEO_LOCK),
+                         exactly(t.FENCE_IN_EXCHANGE, dlx, DEFAULT_EXCHANGE),
                          exactly(*input_queues(topology, v))) for v in regions]
-    found.append(Permission(t.FENCE_USER, fences, NOTHING,
+    locks = exactly(*(t.fence_lock(w) for w in topology.workers))
+    found.append(Permission(t.FENCE_USER, fences, locks,
                             exactly(t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE, dlx, DEFAULT_EXCHANGE),
                             exactly(*input_queues(topology, fences))))
     found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)

@@ -210,10 +210,13 @@ def test_permission_regexes(user: str, vhost: str, right: str, resource: str, al
     assert may(DEFAULT, user, vhost, right, resource) is allowed
 
 
-def test_sidecars_configure_nothing_and_admin_everything() -> None:
+def test_sidecars_configure_only_their_instance_lock_and_admin_everything() -> None:
+    locks = {(t.INGRESS_USER, "gf-ingress"): "^lock\\.x-ingress$",
+             (t.GEO_USER, "gf-region-a"): "^lock\\.x-geo$", (t.GEO_USER, "gf-region-b"): "^lock\\.x-geo$",
+             (t.FENCE_USER, "gf-fences"): "^(lock\\.x-fence\\.w0|lock\\.x-fence\\.w1)$"}
     for p in DEFAULT.permissions:
         if p.user in (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.GATEWAY_USER):
-            assert p.configure == "^$"
+            assert p.configure == locks.get((p.user, p.vhost), "^$"), (p.user, p.vhost)
         if p.user == t.ADMIN_USER:
             assert (p.configure, p.write, p.read) == (".*", ".*", ".*")
     assert {p.vhost for p in DEFAULT.permissions if p.user == t.ADMIN_USER} == {"/", *DEFAULT.vhosts}
