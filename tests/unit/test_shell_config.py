@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
+import aiormq
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
@@ -691,7 +692,8 @@ class LockConnection:
     """A connection whose queue declares are refused (locked) while `locked` says so."""
 
     def __init__(self) -> None:
-        self.locked, self.declared = True, []
+        self.locked = True
+        self.declared: list[tuple[str, dict[str, Any]]] = []
 
     async def channel(self, **kwargs: Any) -> Any:
         conn = self
@@ -701,7 +703,7 @@ class LockConnection:
 
             async def declare_queue(self, name: str, **kw: Any) -> None:
                 if conn.locked:
-                    raise shell.aiormq.exceptions.ChannelLockedResource("locked")
+                    raise aiormq.exceptions.ChannelLockedResource("locked")
                 conn.declared.append((name, kw))
 
             async def close(self) -> None:
