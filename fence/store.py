@@ -296,7 +296,10 @@ EVENT_COLUMNS = ("event_id", "fence_id", "object_id", "event", "reason", "ts")
 async def archive_events(conn: asyncpg.Connection, rows: list[tuple[str, str, str, str, str, float]]
                          ) -> int:
     """Store events (EVENT_COLUMNS tuples), each event_id once: COPY into a session-private
-    staging table, then one INSERT .. ON CONFLICT DO NOTHING. Returns how many were new."""
+    staging table, then one INSERT .. ON CONFLICT DO NOTHING. Returns how many were new, and
+    only once they are committed (never inside a caller's transaction: a savepoint is no commit)."""
+    if conn.is_in_transaction():
+        raise asyncpg.InterfaceError("archive_events on a connection inside a transaction")
     async with conn.transaction():
         await conn.execute("CREATE TEMP TABLE IF NOT EXISTS fence_event_in (event_id text, fence_id text, "
                            "object_id text, event text, reason text, ts double precision) "

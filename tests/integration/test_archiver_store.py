@@ -1,0 +1,63 @@
+"""The events archiver's store against the real PostgreSQL (issue 5): what it reports stored
+is committed, also when its connection was left inside a transaction (a store cancelled with
+its session: what ran next would have been savepoints, acked and never committed)."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+
+from deploy.local_stack import ConnectionSettings
+from exchanges.shell import SidecarConfig
+from fence import store
+from fence.archive import Archiver
+
+
+def rows(prefix: str, n: int) -> list[tuple[str, str, str, str, str, float]]:
+    return [(f"{prefix}-{i}", f"{prefix}-fence", f"{prefix}-obj", "enter", "entered", 1.0e9 + i)
+            for i in range(n)]
+
+
+async def committed(dsn: str, prefix: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM fence_event WHERE fence_id = $1",
+                                       f"{prefix}-fence"))
+    finally:
+        await conn.close()
+
+
+async def test_a_connection_left_in_a_transaction_is_replaced_and_the_rows_are_committed(
+        stack: ConnectionSettings) -> None:
+    dsn = stack["postgres"]["dsn"]
+    prefix = f"t-arch-{uuid.uuid4().hex[:10]}"
+    archiver = Archiver(SidecarConfig.from_env("fence-archiver", "", {
+        "GEOFENCE_AMQP_URL": "amqp://u:p@127.0.0.1:5672/", "GEOFENCE_POSTGRES_URL": dsn,
+        "GEOFENCE_REGIONS": "a,b", "GEOFENCE_WORKERS": "w0,w1"}))
+    try:
+        assert await archiver.store(rows(prefix, 3)) == 3
+        assert await committed(dsn, prefix) == 3
+        assert archiver._pg is not None
+        await archiver._pg.execute("BEGIN")  # as a cancelled store can leave it
+        assert await archiver.store(rows(prefix, 5)) == 2  # 3 known, 2 new
+        assert await committed(dsn, prefix) == 5  # seen from another connection: committed
+        assert archiver._pg is not None and not archiver._pg.is_in_transaction()
+    finally:
+        await archiver.close()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("DELETE FROM fence_event WHERE fence_id = $1", f"{prefix}-fence")
+        finally:
+            await conn.close()
+
+
+async def test_archive_events_refuses_to_run_inside_a_callers_transaction(stack: ConnectionSettings) -> None:
+    conn = await asyncpg.connect(stack["postgres"]["dsn"])
+    try:
+        async with conn.transaction():
+            with pytest.raises(asyncpg.InterfaceError, match="inside a transaction"):
+                await store.archive_events(conn, rows("t-arch-never", 1))
+    finally:
+        await conn.close()
