@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 import numpy as np
-from shapely.geometry import MultiPolygon, Polygon, box, mapping
+from shapely.geometry import MultiPolygon, Point, Polygon, box, mapping
 
 import hilbert_c as hk
 from deploy.local_stack import ConnectionSettings, Settings
@@ -21,6 +21,7 @@ from fence import store
 from fence.manager import FenceManager
 from fence.spec import MAX_RANGES, FenceSpec, bindings, choose_bits
 from hilbert_c.covering import circle
+from ingress.worldmap import AREA
 from spark_jobs import rebuild_bindings
 from spark_jobs.bindings_core import to_bytes
 from spark_jobs.session import JobConfig, clone_schema
@@ -176,3 +177,64 @@ async def test_a_fence_with_a_lost_binding_is_repaired_and_routes_again(
         await amqp.until({fid: (fid, "enter", obj, steps[-1].ts, "entered")})
     assert amqp.events(obj) == [(fid, "enter", obj, steps[-1].ts, "entered")]
 
+
+
+async def test_a_live_resplit_balances_the_regions_and_every_fence_still_routes(
+        spark: Any, pipeline: ConnectionSettings, fences: FenceManager) -> None:  # noqa: F811
+    """Fences crowded into the first region: the job re-splits the live worldmap (grow, store
+    the map, wait for x-ingress, shrink); the regions' loads even out, every fence's live
+    bindings are its cut under the new map, and a position inside a fence still ENTERs."""
+    settings = Settings.from_env()
+    dsn = pipeline["postgres"]["dsn"]
+    wm0 = await store.read_worldmap(dsn)
+    assert wm0 is not None and len(wm0.regions) >= 2
+    rng = np.random.default_rng(11)
+    x0, y0, x1, y1 = AREA
+    points = [(float(x), float(y)) for x, y in zip(rng.uniform(x0, x1, 4000), rng.uniform(y0, y1, 4000),
+                                                    strict=True)
+              if region_at(wm0, float(x), float(y)) == wm0.regions[0]][:24]
+    assert len(points) == 24, "the first region is too small to place the fences"
+    made: dict[str, Polygon] = {}
+    for i, (lon, lat) in enumerate(points):
+        fid = uid(f"frs{i}")
+        made[fid] = circle(lon, lat, float(rng.uniform(200.0, 600.0)))
+        await fences.put(FenceSpec(fid, made[fid], timeout_s=600), create=True)
+
+    amqp_url = pipeline["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
+    cfg = JobConfig(postgres_url=dsn, amqp_url=amqp_url,
+                    master="local[2]", partitions=4, regions=settings.regions, workers=settings.workers)
+    report = await asyncio.to_thread(
+        rebuild_bindings.Job(cfg, job_args(resplit="always", settle_timeout=60.0)).run, spark)
+
+    assert report.status == "done", report.line()
+    assert report.worldmap_after == report.worldmap_before + 1 and report.worldmap_before == wm0.version
+    # (other tests' fences may be live too: the loads are the whole map's)
+    assert report.imbalance_after < report.imbalance_before and report.imbalance_after <= 1.3, report.line()
+    wm1 = await store.read_worldmap(dsn)
+    assert wm1 is not None and wm1.version == report.worldmap_after and wm1.regions == wm0.regions
+    conn = await asyncpg.connect(dsn)
+    try:
+        for fid, geom in made.items():
+            want = bindings(geom, wm1).per_region
+            for region in settings.regions:
+                live = await store.region_binding(conn, region, fid)
+                if region not in want:
+                    assert live is None, (fid, region)
+                else:
+                    assert live is not None, (fid, region)
+                    assert to_bytes(live.ranges, live.interior) == to_bytes(*want[region]), (fid, region)
+    finally:
+        await conn.close()
+
+    # x-ingress routes with the new map and the regions bind what it sends them
+    fid, geom = next(iter(made.items()))
+    c = geom.centroid
+    obj = uid("obj")
+    start = next((c.x + dx, c.y) for dx in (-0.03, 0.03, -0.05, 0.05)
+                 if not any(g.contains(Point(c.x + dx, c.y)) for g in made.values()))
+    steps = trajectory([start, (c.x, c.y)])
+    async with AmqpEvents(pipeline) as amqp:
+        await amqp.watch(fid)
+        await publish_positions(pipeline, obj, steps)
+        await amqp.until({fid: (fid, "enter", obj, steps[-1].ts, "entered")})
+    assert amqp.events(obj) == [(fid, "enter", obj, steps[-1].ts, "entered")]
