@@ -157,23 +157,29 @@ class Job:
             diff = cov.select(F.explode("diffs").alias("d")).select("d.*")
             self.apply_diff(diff, "repair", None)
         else:
-            self.phase(spark, cov, "grow", new_wm, wm)
-            if self.live_apply:
-                if not asyncio.run(self._store_worldmap(new_wm, wm.version)):
-                    r.status = "worldmap changed by someone else: re-split abandoned after grow"
-                else:
-                    r.worldmap_after = new_wm.version
-                    if asyncio.run(self._settled(new_wm.version)):
-                        self.phase(spark, cov, "shrink", new_wm, None)
-                    else:
-                        r.status = "shrink left to the next run (an x-ingress still routes with the old map)"
-            else:
-                self.phase(spark, cov, "shrink", new_wm, None)
+            self.resplit(spark, cov, new_wm, wm)
         cov.unpersist()
         if r.status == "running":
             r.status = "dry run" if not self.live_apply else "done"
         asyncio.run(self._finish())
         return r
+
+    def resplit(self, spark: SparkSession, cov: DataFrame, new_wm: Worldmap, wm: Worldmap) -> None:
+        """Move the live bindings from `wm` to `new_wm` (its version wm's + 1): grow, store
+        the map, wait for every x-ingress to route with it, shrink."""
+        r = self.report
+        self.phase(spark, cov, "grow", new_wm, wm)
+        if self.live_apply:
+            if not asyncio.run(self._store_worldmap(new_wm, wm.version)):
+                r.status = "worldmap changed by someone else: re-split abandoned after grow"
+            else:
+                r.worldmap_after = new_wm.version
+                if asyncio.run(self._settled(new_wm.version)):
+                    self.phase(spark, cov, "shrink", new_wm, None)
+                else:
+                    r.status = "shrink left to the next run (an x-ingress still routes with the old map)"
+        else:
+            self.phase(spark, cov, "shrink", new_wm, None)
 
     def coverings(self, spark: SparkSession, wm: Worldmap) -> DataFrame:
         """The one pass over every fence: read with its live bindings (PostgreSQL joins them, so

@@ -21,7 +21,7 @@ from fence import store
 from fence.manager import FenceManager
 from fence.spec import MAX_RANGES, FenceSpec, bindings, choose_bits
 from hilbert_c.covering import circle
-from ingress.worldmap import AREA
+from ingress.worldmap import AREA, Worldmap
 from spark_jobs import rebuild_bindings
 from spark_jobs.bindings_core import to_bytes
 from spark_jobs.session import JobConfig, clone_schema
@@ -203,9 +203,28 @@ async def test_a_live_resplit_balances_the_regions_and_every_fence_still_routes(
     amqp_url = pipeline["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
     cfg = JobConfig(postgres_url=dsn, amqp_url=amqp_url,
                     master="local[2]", partitions=4, regions=settings.regions, workers=settings.workers)
-    report = await asyncio.to_thread(
-        rebuild_bindings.Job(cfg, job_args(resplit="always", settle_timeout=60.0)).run, spark)
+    try:
+        report = await asyncio.to_thread(
+            rebuild_bindings.Job(cfg, job_args(resplit="always", settle_timeout=60.0)).run, spark)
+        await check_resplit(report, wm0, made, settings, dsn, pipeline)
+    finally:  # the map as it was (a later test's stream should cross the regions as before)
+        await asyncio.to_thread(restore_worldmap, spark, cfg, wm0)
 
+
+def restore_worldmap(spark: Any, cfg: JobConfig, wm0: Worldmap) -> None:
+    job = rebuild_bindings.Job(cfg, job_args(settle_timeout=60.0))
+    current = asyncio.run(job._worldmap())
+    if np.array_equal(current.starts, wm0.starts) and np.array_equal(current.owner, wm0.owner):
+        return
+    back = Worldmap(current.version + 1, wm0.regions, wm0.starts, wm0.owner)
+    cov = job.coverings(spark, current)
+    job.resplit(spark, cov, back, current)
+    cov.unpersist()
+    assert job.report.worldmap_after == back.version, job.report.status
+
+
+async def check_resplit(report: rebuild_bindings.Report, wm0: Worldmap, made: dict[str, Polygon],
+                        settings: Settings, dsn: str, pipeline: ConnectionSettings) -> None:  # noqa: F811
     assert report.status == "done", report.line()
     assert report.worldmap_after == report.worldmap_before + 1 and report.worldmap_before == wm0.version
     # (other tests' fences may be live too: the loads are the whole map's)
