@@ -109,15 +109,11 @@ class Archiver:
         backoff = shell.Backoff()
         while True:
             try:
-                if self._pg is not None and not self._pg.is_closed() and self._pg.is_in_transaction():
-                    # a store cancelled mid-transaction (its session ended) can leave it open:
-                    # what ran next would be savepoints in it, "stored" and acked, never committed
-                    log.warning("the archive connection was left inside a transaction: replaced")
-                    self._pg.terminate()
-                    self._pg = None
                 if self._pg is None or self._pg.is_closed():
                     self._pg = await store.connect(self.config.postgres_url)
                 return await store.archive_events(self._pg, rows)
+            # InterfaceError includes a connection left inside a transaction by a store
+            # cancelled with its session (archive_events refuses it): replaced like a lost one
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
                 if self._pg is not None:
                     with contextlib.suppress(Exception):
