@@ -22,7 +22,7 @@ from shapely.geometry import MultiPolygon, Polygon, mapping
 
 import hilbert_c as hk
 from exchanges.range_index import INDEX_BITS
-from hilbert_c.covering import Covering, _flatten, cover_flat
+from hilbert_c.covering import Covering, _flatten, coarsen, cover_flat
 from ingress.worldmap import Worldmap
 
 FENCE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -238,13 +238,19 @@ def bindings(geometry: Polygon | MultiPolygon, worldmap: Worldmap) -> Bindings:
 
 def bindings_flat(flat: Flat, worldmap: Worldmap, first: tuple[int, Covering] | None = None) -> Bindings:
     """Within MAX_RANGES in all: clipping at region boundaries can add a range per boundary
-    crossed, so the covering is redone with that much less budget when it does. `first`: the
-    whole covering when already computed (the nightly rebuild computes it once per fence)."""
-    bits, cov = first if first is not None else covering(flat)
-    budget = MAX_RANGES
+    crossed, so the covering is coarsened by that much when it does. `first`: the whole
+    covering when already computed (the nightly rebuild computes it once per fence)."""
+    return bindings_of(first if first is not None else covering(flat), worldmap)
+
+
+def bindings_of(first: tuple[int, Covering], worldmap: Worldmap) -> Bindings:
+    """`bindings_flat` from the whole covering alone: a smaller budget's covering is the
+    whole one coarsened (hilbert_c.covering.coarsen), so the geometry is not needed again."""
+    bits, whole = first
+    cov, budget = whole, MAX_RANGES
     while True:
         b = Bindings(bits, worldmap.clip(cov.ranges, cov.interior))
         if b.ranges <= MAX_RANGES or budget <= 1:
             return b
         budget = max(1, budget - (b.ranges - MAX_RANGES))
-        bits, cov = covering(flat, budget)
+        cov = coarsen(whole, budget)

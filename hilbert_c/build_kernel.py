@@ -42,6 +42,10 @@ int64_t hk_grid_to_lonlat(const uint32_t *xs, const uint32_t *ys, double *lon, d
 int hk_cover(const double *lon, const double *lat, const int64_t *ring_ends, int64_t n_rings,
              int bits, int max_level, int64_t max_nodes, hk_covering *out);
 void hk_covering_free(hk_covering *c);
+int hk_cover_many(const double *lon, const double *lat, const int64_t *ring_ends,
+                  const int64_t *poly_rings, int64_t n_polys, const int32_t *bits, int out_bits,
+                  int64_t max_nodes, hk_covering *out, int64_t *counts, int32_t *status,
+                  int64_t *nodes);
 void hk_points_in_polygons(const double *ax, const double *ay, const double *bx, const double *by,
                            const int64_t *edge_lo, const int64_t *edge_hi,
                            const double *px, const double *py, size_t n, uint8_t *out);

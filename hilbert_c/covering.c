@@ -321,3 +321,91 @@ void hk_covering_free(hk_covering *c)
     c->interior = NULL;
     c->n = 0;
 }
+
+/* Many polygons in one call: the batch path of the nightly rebuild, which would otherwise
+ * pay a foreign call, four buffers and a copy per fence. Polygon p owns rings
+ * [poly_rings[p], poly_rings[p + 1]) of ring_ends, whose entries count vertices from the
+ * start of lon/lat; it is covered at bits[p] (max_level = bits[p]) and its ranges are
+ * expressed at out_bits, appended to `out` in polygon order. counts[p], status[p] (HK_OK
+ * or the error of hk_cover for that polygon alone: it then has no ranges) and nodes[p] are
+ * per polygon. Returns HK_OK, or HK_E_BITS / HK_E_NOMEM for the whole call. */
+int hk_cover_many(const double *lon, const double *lat, const int64_t *ring_ends,
+                  const int64_t *poly_rings, int64_t n_polys, const int32_t *bits, int out_bits,
+                  int64_t max_nodes, hk_covering *out, int64_t *counts, int32_t *status,
+                  int64_t *nodes)
+{
+    memset(out, 0, sizeof(*out));
+    if (out_bits < HK_MIN_BITS || out_bits > HK_MAX_BITS || n_polys < 0)
+        return HK_E_BITS;
+    uint64_t *ranges = NULL;
+    uint8_t *interior = NULL;
+    int64_t *rel = NULL;
+    int64_t n = 0, cap = 0, rel_cap = 0;
+    for (int64_t p = 0; p < n_polys; p++) {
+        counts[p] = 0;
+        nodes[p] = 0;
+        int64_t r0 = poly_rings[p], r1 = poly_rings[p + 1];
+        if (r0 < 0 || r1 <= r0) {
+            status[p] = HK_E_RINGS;
+            continue;
+        }
+        if (bits[p] < HK_MIN_BITS || bits[p] > out_bits) {
+            status[p] = HK_E_BITS;
+            continue;
+        }
+        int64_t v0 = r0 > 0 ? ring_ends[r0 - 1] : 0;
+        if (r1 - r0 > rel_cap) {
+            int64_t *grown = realloc(rel, (size_t)(r1 - r0) * sizeof(int64_t));
+            if (!grown)
+                goto nomem;
+            rel = grown;
+            rel_cap = r1 - r0;
+        }
+        for (int64_t r = r0; r < r1; r++)
+            rel[r - r0] = ring_ends[r] - v0;
+        hk_covering one;
+        int rc = hk_cover(lon + v0, lat + v0, rel, r1 - r0, bits[p], bits[p], max_nodes, &one);
+        status[p] = rc;
+        nodes[p] = one.nodes;
+        if (rc == HK_E_NOMEM)
+            goto nomem;
+        if (rc != HK_OK)
+            continue;
+        if (n + one.n > cap) {
+            int64_t want = cap ? cap : 4096;
+            while (want < n + one.n)
+                want *= 2;
+            uint64_t *r2 = realloc(ranges, (size_t)want * 2 * sizeof(uint64_t));
+            if (r2)
+                ranges = r2;
+            uint8_t *f2 = realloc(interior, (size_t)want);
+            if (f2)
+                interior = f2;
+            if (!r2 || !f2) {
+                hk_covering_free(&one);
+                goto nomem;
+            }
+            cap = want;
+        }
+        int shift = 2 * (out_bits - bits[p]);
+        for (int64_t i = 0; i < one.n; i++) {
+            ranges[2 * (n + i)] = one.ranges[2 * i] << shift;
+            ranges[2 * (n + i) + 1] = ((one.ranges[2 * i + 1] + 1) << shift) - 1;
+        }
+        memcpy(interior + n, one.interior, (size_t)one.n);
+        counts[p] = one.n;
+        n += one.n;
+        hk_covering_free(&one);
+    }
+    free(rel);
+    out->ranges = ranges;
+    out->interior = interior;
+    out->n = n;
+    out->max_level = out_bits;
+    return HK_OK;
+nomem:
+    free(rel);
+    free(ranges);
+    free(interior);
+    return HK_E_NOMEM;
+}

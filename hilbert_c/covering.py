@@ -259,6 +259,16 @@ def flatten_geojson(obj: Mapping[str, Any]) -> tuple[npt.NDArray[np.float64], np
     return coords[:, 0].copy(), coords[:, 1].copy(), ends
 
 
+def coarsen(cov: Covering, k: int) -> Covering:
+    """The covering with at most k ranges that `cover(..., max_ranges=k)` gives for the same
+    geometry, from any of its coverings with more ranges (at any resolution or budget): the
+    smallest gaps are filled in the same order whatever was filled before, since filling a
+    gap leaves the others as they were and `to_bits` scales every gap alike."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return _coarsen(cov, k) if len(cov) > k else cov
+
+
 def _coarsen(cov: Covering, k: int) -> Covering:
     gaps = cov.ranges[1:, 0] - cov.ranges[:-1, 1] - np.uint64(1)
     n_fill = len(cov) - k

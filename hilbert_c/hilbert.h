@@ -68,6 +68,14 @@ typedef struct {
 int hk_cover(const double *lon, const double *lat, const int64_t *ring_ends, int64_t n_rings,
              int bits, int max_level, int64_t max_nodes, hk_covering *out);
 void hk_covering_free(hk_covering *c);
+/* Polygon p of n_polys: rings [poly_rings[p], poly_rings[p + 1]) of ring_ends (vertex
+ * counts from the start of lon/lat), covered at bits[p]; every range expressed at out_bits
+ * and appended to `out` in polygon order; counts, status (HK_OK or that polygon's error)
+ * and nodes per polygon. HK_OK unless out_bits is invalid or memory runs out. */
+int hk_cover_many(const double *lon, const double *lat, const int64_t *ring_ends,
+                  const int64_t *poly_rings, int64_t n_polys, const int32_t *bits, int out_bits,
+                  int64_t max_nodes, hk_covering *out, int64_t *counts, int32_t *status,
+                  int64_t *nodes);
 
 /* Strictly inside (GEOS contains_xy), point i against the polygon whose edges are
  * (ax, ay) -> (bx, by) for e in [edge_lo[i], edge_hi[i]) (every ring, even-odd rule):

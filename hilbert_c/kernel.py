@@ -250,6 +250,52 @@ def cover_rings(
         lib.hk_covering_free(out)
 
 
+def cover_many(
+    lon: F64, lat: F64, ring_ends: npt.NDArray[np.int64], poly_rings: npt.NDArray[np.int64],
+    bits: npt.NDArray[np.int32], out_bits: int, max_nodes: int,
+) -> tuple[U64, npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    """Raw C covering of many polygons in one call (polygon p: rings poly_rings[p] to
+    poly_rings[p + 1] of ring_ends, which count vertices from the start of lon/lat), each at
+    its own bits, every range expressed at out_bits: (ranges (N, 2) in polygon order,
+    interior flags, ranges per polygon, status per polygon (0 or the error code `cover_rings`
+    raises for it alone: it then has no ranges), nodes per polygon)."""
+    _check_bits(out_bits)
+    lo, la = _as_f64_pair(lon, lat)
+    ends = np.ascontiguousarray(ring_ends, dtype=np.int64)
+    polys = np.ascontiguousarray(poly_rings, dtype=np.int64)
+    b = np.ascontiguousarray(bits, dtype=np.int32)
+    n = b.size
+    if polys.size != n + 1 or (n and (polys[0] < 0 or polys[-1] > ends.size)):
+        raise ValueError(f"poly_rings must hold {n + 1} ring offsets within the {ends.size} rings")
+    if ends.size and (ends.min() < 0 or ends.max() > lo.size):
+        raise ValueError(f"ring ends must lie within the {lo.size} vertices")
+    counts = np.empty(n, np.int64)
+    status = np.empty(n, np.int32)
+    nodes = np.empty(n, np.int64)
+    out = ffi.new("hk_covering *")
+    rc = lib.hk_cover_many(
+        ffi.from_buffer("double[]", lo), ffi.from_buffer("double[]", la), ffi.from_buffer("int64_t[]", ends),
+        ffi.from_buffer("int64_t[]", polys), n, ffi.from_buffer("int32_t[]", b), out_bits, max_nodes, out,
+        ffi.from_buffer("int64_t[]", counts, require_writable=True),
+        ffi.from_buffer("int32_t[]", status, require_writable=True),
+        ffi.from_buffer("int64_t[]", nodes, require_writable=True),
+    )
+    if rc == lib.HK_E_NOMEM:
+        raise MemoryError("out of memory while covering")
+    if rc != lib.HK_OK:
+        raise ValueError(f"covering failed: bad arguments (code {rc})")
+    try:
+        total = out.n
+        if total == 0:
+            return np.empty((0, 2), np.uint64), np.empty(0, bool), counts, status, nodes
+        ranges = np.frombuffer(ffi.buffer(out.ranges, 16 * total), dtype=np.uint64).reshape(total, 2).copy()
+        interior = np.frombuffer(ffi.buffer(out.interior, total), dtype=np.uint8).astype(bool)
+        return ranges, interior, counts, status, nodes
+    finally:
+        lib.hk_covering_free(out)
+
+
+COVER_OK: int = lib.HK_OK
 PIP_OUT: int = lib.HK_PIP_OUT
 PIP_IN: int = lib.HK_PIP_IN
 PIP_UNSURE: int = lib.HK_PIP_UNSURE

@@ -112,19 +112,29 @@ class Worldmap:
         Vectorised over any number of ranges, so a batch of fences is cut in one call."""
         r = np.asarray(ranges, dtype=np.uint64).reshape(-1, 2)
         f = np.asarray(interior, dtype=bool).reshape(-1)
-        lo = np.searchsorted(self.starts, r[:, 0], side="right")
-        hi = np.searchsorted(self.starts, r[:, 1], side="right")
-        n_cuts = hi - lo
-        pieces = n_cuts + 1
-        row = np.repeat(np.arange(len(r)), pieces)
-        k = np.arange(row.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece number
-        cut_idx = np.repeat(lo, pieces) + k  # the interval start that begins piece k (k >= 1)
-        p_start = np.where(k == 0, r[row, 0], self.starts[np.minimum(cut_idx - 1, self.starts.size - 1)])
-        last = k == np.repeat(n_cuts, pieces)
-        p_end = np.where(last, r[row, 1],
-                         self.starts[np.minimum(cut_idx, self.starts.size - 1)] - np.uint64(1))
-        return (p_start.astype(np.uint64), p_end.astype(np.uint64), f[row], row.astype(np.int64),
-                self.region_index(p_start))
+        lo = np.searchsorted(self.starts, r[:, 0], side="right")  # >= 1: starts[0] == 0
+        n_cuts = np.searchsorted(self.starts, r[:, 1], side="right") - lo
+        if not n_cuts.any():  # the usual case: no range crosses a boundary
+            return (r[:, 0].copy(), r[:, 1].copy(), f.copy(), np.arange(len(r), dtype=np.int64),
+                    self.owner[lo - 1])
+        # Only the crossing ranges are expanded; every other range is its own single piece.
+        first = np.arange(len(r)) + np.r_[0, np.cumsum(n_cuts)[:-1]]  # where each row's pieces begin
+        total = len(r) + int(n_cuts.sum())
+        p_start = np.empty(total, np.uint64)
+        p_end = np.empty(total, np.uint64)
+        row = np.empty(total, np.int64)
+        at = np.empty(total, np.int64)  # the interval each piece lies in
+        p_start[first], row[first], at[first] = r[:, 0], np.arange(len(r)), lo - 1
+        p_end[first + n_cuts] = r[:, 1]
+        crossing = np.flatnonzero(n_cuts)
+        m = n_cuts[crossing]
+        src = np.repeat(crossing, m)
+        k = np.arange(src.size) - np.repeat(np.cumsum(m) - m, m)  # 0 for a row's first cut
+        cut = lo[src] + k  # the interval whose start makes the cut
+        dst = first[src] + k + 1  # the piece the cut begins
+        p_start[dst], row[dst], at[dst] = self.starts[cut], src, cut
+        p_end[dst - 1] = self.starts[cut] - np.uint64(1)
+        return p_start, p_end, f[row], row, self.owner[at]
 
     # -- changes ----------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+import numpy as np
 
 from fence import store
 from fence.manager import FenceManager
@@ -106,6 +107,9 @@ class Job:
         self.jdbc = Jdbc.from_url(cfg.postgres_url)
         self.report = Report(datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3))
         self.live_apply = not args.dry_run
+        # how many ranges start in each curve block (ids, counts): the re-split's measure
+        self.histogram: tuple[Any, Any] = (np.empty(0, np.int64), np.empty(0, np.int64))
+        self.first_diff: dict[str, int] = {}  # the first pass's differences, per action
         if self.live_apply and self.schema != "public":
             raise SystemExit("changes can only be applied to the live tables: use --dry-run with --schema")
 
@@ -137,10 +141,10 @@ class Job:
         self.t("write", t0)
 
         t0 = time.perf_counter()
-        r.loads_before = self.loads_of(cov)
         r.imbalance_before = core.imbalance(r.loads_before, wm.regions)
-        new_wm = self.balanced_map(cov, wm)
-        r.loads_after = self.loads(cov, new_wm) if new_wm is not wm else r.loads_before
+        ids, counts = self.histogram
+        new_wm = core.balanced(wm, ids, counts)
+        r.loads_after = core.loads_by_start(new_wm, ids, counts) if new_wm is not wm else r.loads_before
         after = core.imbalance(r.loads_after, new_wm.regions)
         resplit = new_wm is not wm and after < r.imbalance_before * 0.98 and (
             self.args.resplit == "always"
@@ -155,7 +159,9 @@ class Job:
             from pyspark.sql import functions as F
 
             diff = cov.select(F.explode("diffs").alias("d")).select("d.*")
-            self.apply_diff(diff, "repair", None)
+            if self.live_apply:
+                diff = self.with_ranges(diff, cov, wm)
+            self.apply_diff(diff, "repair", None, self.first_diff)
         else:
             self.resplit(spark, cov, new_wm, wm)
         cov.unpersist()
@@ -181,6 +187,16 @@ class Job:
         else:
             self.phase(spark, cov, "shrink", new_wm, None)
 
+    @staticmethod
+    def with_ranges(diff: DataFrame, cov: DataFrame, wm: Worldmap) -> DataFrame:
+        """The first pass's differences with the new ranges to send (null for a removal): the
+        coverings of the fences named are cut by `wm` again, as the first pass did."""
+        fences = cov.join(diff.select("fence_id").distinct(), "fence_id", "left_semi")
+        cuts = (fences.select(*core.COVER_COLUMNS)
+                .mapInPandas(core.per_batch(core.cut_batch, wm), core.CUT_SCHEMA)
+                .select("fence_id", "region", "ranges", "interior"))
+        return diff.join(cuts, ["fence_id", "region"], "left").select(*core.DIFF_FIELDS)
+
     def coverings(self, spark: SparkSession, wm: Worldmap) -> DataFrame:
         """The one pass over every fence: read with its live bindings (PostgreSQL joins them, so
         nothing is shuffled), covered, cut by `wm` and compared, in the executors; cached."""
@@ -193,22 +209,20 @@ class Job:
             FROM {self.table('fence')} f LEFT JOIN {self.table('fence_range')} r ON r.fence_id = f.id
             WHERE f.deleted_at IS NULL GROUP BY f.id""", predicates=hash_predicates("fence_id", n))
         cov = fences.mapInPandas(core.per_batch(core.rebuild_batch, wm), core.REBUILD_SCHEMA).persist()
-        stats = cov.selectExpr("count(*) AS fences", "coalesce(sum(n_ranges), 0) AS ranges",
-                               "count(error) AS failed").first()
-        assert stats is not None
+        # the batches' totals (on their first rows): collecting them fills the cache
+        heads = cov.where("batch_counts IS NOT NULL").select("batch_counts", "batch_loads",
+                                                             "batch_buckets").collect()
         r = self.report
-        r.fences, r.ranges, r.failed = int(stats["fences"]), int(stats["ranges"]), int(stats["failed"])
+        r.fences, r.ranges, r.failed, *actions = (sum(int(h["batch_counts"][i]) for h in heads)
+                                                  for i in range(3 + len(core.ACTIONS)))
+        self.first_diff = dict(zip(core.ACTIONS, actions, strict=True))
+        r.loads_before = {region: sum(int(h["batch_loads"][i]) for h in heads)
+                          for i, region in enumerate(wm.regions)}
+        self.histogram = core.sum_histograms(h["batch_buckets"] for h in heads)
         self.say(f"covered {r.fences:,} fences: {r.ranges:,} ranges, {r.failed} failed")
         for row in cov.where("error IS NOT NULL").select("fence_id", "error").limit(10).collect():
             self.say(f"  cannot cover fence {row['fence_id']}: {row['error']}")
         return cov
-
-    def loads_of(self, cov: DataFrame) -> dict[str, int]:
-        from pyspark.sql import functions as F
-
-        z = cov.select(F.explode(F.arrays_zip("cut_regions", "cut_sizes")).alias("c"))
-        sums = z.groupBy("c.cut_regions").agg(F.sum("c.cut_sizes").alias("n")).collect()
-        return {row[0]: int(row["n"]) for row in sums}
 
     def write_coverings(self, cov: DataFrame) -> None:
         from pyspark.sql import functions as F
@@ -221,20 +235,6 @@ class Job:
                 .withColumn("run_id", F.lit(self.report.run_id)))
         self.jdbc.append(rows, f"{self.schema}.fence_binding")
         self.say(f"fence_binding: {self.report.fences - self.report.failed:,} coverings stored")
-
-    def loads(self, cov: DataFrame, wm: Worldmap) -> dict[str, int]:
-        sizes = cov.select(*core.COVER_COLUMNS).mapInPandas(core.per_batch(core.cut_sizes_batch, wm),
-                                                            "region string, n long")
-        sums = sizes.groupBy("region").agg({"n": "sum"})
-        return {row["region"]: int(row["sum(n)"]) for row in sums.collect()}
-
-    def balanced_map(self, cov: DataFrame, wm: Worldmap) -> Worldmap:
-        buckets = cov.where("error IS NULL").mapInPandas(core.per_batch(core.bucket_batch),
-                                                         core.BUCKET_SCHEMA)
-        counts: Any = buckets.groupBy("bucket").agg({"n": "sum"}).toPandas()
-        if counts.empty:
-            return wm
-        return core.balanced(wm, counts["bucket"].to_numpy(), counts["sum(n)"].to_numpy())
 
     def phase(self, spark: SparkSession, cov: DataFrame, phase: str, wm: Worldmap,
               old: Worldmap | None) -> None:
@@ -249,18 +249,25 @@ class Job:
         joined = target.join(live, ["region", "fence_id"], "full_outer")
         self.apply_diff(joined.mapInPandas(core.per_batch(core.diff_batch), core.DIFF_SCHEMA), phase, old)
 
-    def apply_diff(self, diff: DataFrame, phase: str, old: Worldmap | None) -> None:
-        """Write the differences found (fence_binding_diff), then apply them unless dry run."""
+    def apply_diff(self, diff: DataFrame, phase: str, old: Worldmap | None,
+                   counts: dict[str, int] | None = None) -> None:
+        """Write the differences found (fence_binding_diff), then apply them unless dry run.
+        `counts`: how many of each action, when already known (the first pass counts its own)."""
         from pyspark.sql import functions as F
 
         t0 = time.perf_counter()
-        diff = diff.persist()
+        if not self.live_apply:  # the ranges are only needed to apply them
+            diff = diff.drop("ranges", "interior")
+        if self.live_apply or counts is None:  # read again: once cached
+            diff = diff.persist()
         outcome = "pending" if self.live_apply else "dry-run"
         rows = diff.select(F.lit(self.report.run_id).alias("run_id"), F.lit(phase).alias("phase"), "region",
                            "fence_id", "version", "action", "ranges_before", "ranges_after",
                            "ranges_removed", "ranges_added", F.lit(outcome).alias("outcome"))
         self.jdbc.append(rows, f"{self.schema}.fence_binding_diff")
-        counts = {row["action"]: int(row["count"]) for row in diff.groupBy("action").count().collect()}
+        if counts is None:
+            counts = {row["action"]: int(row["count"]) for row in diff.groupBy("action").count().collect()}
+        counts = {k: v for k, v in counts.items() if v}
         total = sum(counts.values())
         self.report.diff_rows += total
         self.say(f"{phase}: {total:,} (region, fence) bindings differ "

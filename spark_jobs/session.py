@@ -50,7 +50,10 @@ class JobConfig:
         from deploy import local_stack as ls
         from exchanges import topology as t
 
-        settings = ls.Settings.from_env()
+        # the stack's settings (regions, workers, ports) from the same environment, less the
+        # keys that are the job's own (the stack refuses keys it does not know)
+        settings = ls.Settings.from_env({k: v for k, v in env.items()
+                                         if k not in ENV_KEYS or k in t.SIDECAR_ENV_KEYS})
         pg, amqp = env.get("GEOFENCE_POSTGRES_URL", ""), env.get("GEOFENCE_AMQP_URL", "")
         if not (pg and amqp):
             pw = ls.load_secrets(settings)
@@ -145,7 +148,8 @@ def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
                .config("spark.pyspark.python", sys.executable)
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+               .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
                .config("spark.sql.adaptive.enabled", "true")
                .config("spark.ui.enabled", "false")
                # the bar is for people at a terminal, not for the journal of a timer's run

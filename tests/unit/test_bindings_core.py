@@ -113,9 +113,9 @@ def test_the_diff_names_only_what_differs_with_minimal_counts() -> None:
     r2 = sorted(want[2].per_region)[0]
     assert (f2["action"], f2["region"], f2["ranges_added"], f2["ranges_before"]) == \
         ("add", r2, len(want[2].per_region[r2][0]), 0)
-    assert (f2["ranges"], f2["interior"]) == core.to_bytes(*want[2].per_region[r2])
+    assert set(f2) == set(core.REBUILD_DIFF_FIELDS)  # the ranges to send are cut again by the apply
     f3 = diffs["f3"]
-    assert (f3["action"], f3["region"], f3["ranges_removed"], f3["ranges"]) == ("remove", "zz", 2, None)
+    assert (f3["action"], f3["region"], f3["ranges_removed"], f3["ranges_after"]) == ("remove", "zz", 2, 0)
     assert [list(x) for x in out["cut_regions"]] == [sorted(b.per_region) for b in want]
     assert [list(x) for x in out["cut_sizes"]] == [[len(b.per_region[r][0]) for r in sorted(b.per_region)]
                                                    for b in want]
@@ -158,3 +158,90 @@ def test_balanced_splits_the_counted_ranges_evenly_and_imbalance_measures_it() -
     assert core.imbalance({"a": 10}, ["a", "b"]) == 2.0
     assert core.balanced(WM, [], []) is WM
     assert core.balanced(Worldmap.single("a"), b, n).version == 1
+
+
+def test_each_batch_carries_its_totals_on_its_first_row_and_they_sum_to_the_whole() -> None:
+    geoms = fences()
+    df = frame(geoms)
+    df.loc[len(df)] = ["bad", 9, json.dumps({"type": "LineString", "coordinates": [[0, 0], [1, 1]]})]
+    for column in ("live_regions", "live_versions", "live_ranges", "live_interior"):
+        df[column] = None
+    halves = [core.rebuild_batch(df.iloc[:17].reset_index(drop=True), WM),
+              core.rebuild_batch(df.iloc[17:].reset_index(drop=True), WM)]
+    for out in halves:
+        assert out["batch_counts"].iloc[1:].isna().all() and out["batch_buckets"].iloc[1:].isna().all()
+    counts = sum(np.asarray(h["batch_counts"].iloc[0]) for h in halves)
+    adds = sum(len(ds) for h in halves for ds in h["diffs"])  # nothing live: every cut is an add
+    assert list(counts) == [len(df), sum(int(h["n_ranges"].sum()) for h in halves), 1, adds, 0, 0]
+    loads = sum(np.asarray(h["batch_loads"].iloc[0]) for h in halves)
+    want = {r: 0 for r in WM.regions}
+    for g in geoms:
+        for region, (ranges, _) in bindings(g, WM).per_region.items():
+            want[region] += len(ranges)
+    assert dict(zip(WM.regions, loads.tolist(), strict=True)) == want
+    ids, n = core.sum_histograms(h["batch_buckets"].iloc[0] for h in halves)
+    starts = np.concatenate([covering(_flatten(g))[1].ranges[:, 0] for g in geoms])
+    want_ids, want_n = np.unique(starts >> np.uint64(core.BUCKET_SHIFT), return_counts=True)
+    assert np.array_equal(ids, want_ids.astype(np.int64)) and np.array_equal(n, want_n)
+    assert [len(x) for x in core.sum_histograms([])] == [0, 0]
+    # the loads a balanced map would give, from the histogram alone: within the few ranges a
+    # new boundary cuts in two (at most one per fence)
+    new = core.balanced(WM, ids, n)
+    estimate = core.loads_by_start(new, ids, n)
+    exact = {r: 0 for r in new.regions}
+    for g in geoms:
+        for region, (ranges, _) in bindings(g, new).per_region.items():
+            exact[region] += len(ranges)
+    assert all(0 <= exact[r] - estimate[r] <= len(geoms) for r in new.regions)
+    assert sum(estimate.values()) == int(n.sum())
+
+
+def test_the_batch_covering_equals_the_fence_services_one_fence_at_a_time() -> None:
+    geoms = [json.dumps(mapping(g)) for g in fences()]
+    open_ring = {"type": "Polygon", "coordinates": [[[9.5, 47.1], [9.6, 47.1], [9.6, 47.2]]]}
+    three_d = {"type": "Polygon", "coordinates": [[[9.5, 47.1, 3.0], [9.6, 47.1, 1.0], [9.6, 47.2, 0.0],
+                                                   [9.5, 47.1, 9.0]]]}
+    odd = [json.dumps(open_ring),
+           json.dumps({"type": "LineString", "coordinates": [[0, 0], [1, 1]]}),
+           json.dumps({"type": "Polygon", "coordinates": [[[9.5, 147.1], [9.6, 47.1], [9.6, 47.2]]]}),  # lat
+           json.dumps({"type": "MultiPolygon", "coordinates": []}),
+           json.dumps({"type": "Polygon", "coordinates": [[]]}),
+           "{not json"]
+    text_vertex = json.dumps({"type": "Polygon", "coordinates": [[["x", 47.1], [9.6, 47.1], [9.6, 47.2]]]})
+    batches = {"plain": geoms, "with odd ones": geoms[:10] + odd + geoms[10:],
+               "a vertex not a number (whole batch one by one)": [*geoms[:3], text_vertex],
+               "a 3D one (whole batch one by one)": [*geoms[:5], json.dumps(three_d), *geoms[5:8]]}
+    for name, batch in batches.items():
+        firsts, errors = core.covers(batch)
+        assert len(firsts) == len(errors) == len(batch), name
+        for text, got, error in zip(batch, firsts, errors, strict=True):
+            try:
+                want = covering(core.flat(text))
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                assert got is None and error == f"{type(exc).__name__}: {exc}"[:500], (name, text)
+                continue
+            assert got is not None and error is None, (name, text)
+            assert got[0] == want[0] and got[1].bits == want[1].bits and got[1].level == want[1].level
+            assert np.array_equal(got[1].ranges, want[1].ranges) and np.array_equal(got[1].interior,
+                                                                                   want[1].interior)
+    assert core.covers([]) == ([], [])
+
+
+def test_cover_many_reports_each_polygons_failure_on_its_own() -> None:
+    lon = np.array([9.5, 9.6, 9.6, 9.5, 9.5, 9.6, 9.6])
+    lat = np.array([47.1, 47.1, 47.2, 47.1, 99.0, 47.1, 47.2])
+    ends = np.array([4, 7], np.int64)
+    ranges, interior, counts, status, nodes = hk.kernel.cover_many(
+        lon, lat, ends, np.array([0, 1, 2, 2], np.int64), np.array([12, 12, 12], np.int32), 26, 10_000)
+    assert list(status) == [hk.kernel.COVER_OK, hk.kernel.lib.HK_E_COORD, hk.kernel.lib.HK_E_RINGS]
+    assert counts[0] == len(ranges) == len(interior) > 0 and counts[1] == counts[2] == 0
+    want = hk.kernel.cover_rings(lon[:4], lat[:4], ends[:1], 12, 12, 10_000)
+    shift = np.uint64(2 * (26 - 12))
+    assert np.array_equal(ranges[:, 0], want[0][:, 0] << shift)
+    assert np.array_equal(ranges[:, 1], ((want[0][:, 1] + np.uint64(1)) << shift) - np.uint64(1))
+    assert np.array_equal(interior, want[1]) and nodes[0] == want[2]
+    with pytest.raises(ValueError, match="poly_rings"):
+        hk.kernel.cover_many(lon, lat, ends, np.array([0, 5], np.int64), np.array([12], np.int32), 26, 10)
+    with pytest.raises(ValueError, match="ring ends"):
+        hk.kernel.cover_many(lon, lat, np.array([4, 70], np.int64), np.array([0, 2], np.int64),
+                             np.array([12], np.int32), 26, 10)

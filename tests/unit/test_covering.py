@@ -204,6 +204,24 @@ def test_max_ranges_keeps_every_cell(scene, k: int) -> None:  # type: ignore[no-
         assert fine.interior[(fine.ranges[:, 0] >= s) & (fine.ranges[:, 1] <= e)].all()
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(scenes(), st.integers(1, 60), st.integers(1, 60), st.integers(0, 4))
+def test_coarsening_a_covering_is_covering_with_that_budget(scene, k1: int, k2: int,  # type: ignore[no-untyped-def]
+                                                             finer: int) -> None:
+    """What the nightly rebuild relies on to cut a stored covering without its geometry: a
+    covering coarsened to k (from any bigger budget, at any finer resolution) is the
+    kernel's covering with max_ranges=k."""
+    geom, bits = scene
+    big, k = max(k1, k2), min(k1, k2)
+    fine_bits = min(26, bits + finer)
+    got = hk.coarsen(hk.cover(geom, bits, max_ranges=big).to_bits(fine_bits), k)
+    want = hk.cover(geom, bits, max_ranges=k).to_bits(fine_bits)
+    assert np.array_equal(got.ranges, want.ranges)
+    assert np.array_equal(got.interior, want.interior)
+    with pytest.raises(ValueError, match="k must be"):
+        hk.coarsen(want, 0)
+
+
 def test_merged_has_no_adjacent_ranges() -> None:
     cov = hk.cover(hk.circle(9.5, 47.0, 5000), 20)
     m = cov.merged()
