@@ -15,7 +15,10 @@
    and events/s.
 
 Targets (issue 6): bindings >= 5,000 fences/s, analytics >= 500,000 events/s. The ratio is
-the figure over the target. The generated data stays in `bench_spark` (dropped and rebuilt
+the figure over the target. Each job's rate is over its own time, Spark's start (a fixed few
+seconds, whatever the data) apart; the line below it gives the rate with the start counted.
+The bindings job runs twice in one session: the first run is what a nightly run pays (a
+fresh JVM), the second shows the warm figure. The generated data stays in `bench_spark` (dropped and rebuilt
 at each run); nothing live is touched. Spark prints its stage progress bars on a terminal.
 """
 
@@ -95,7 +98,9 @@ def bench_bindings(cfg: JobConfig, fences: int, seed: int) -> list[dict[str, Any
     print(f"bindings: generating {fences:,} fences into {SCHEMA}.fence ...", flush=True)
     load_s = asyncio.run(load_fences(cfg.postgres_url, fences, seed))
     print(f"bindings: {fences:,} fences stored in {load_s:.1f} s", flush=True)
+    t0 = time.perf_counter()
     spark = spark_session(cfg, "geofence-bench-bindings")
+    start_s = time.perf_counter() - t0
     results = []
     try:
         for resplit in ("never", "always"):
@@ -108,7 +113,8 @@ def bench_bindings(cfg: JobConfig, fences: int, seed: int) -> list[dict[str, Any
             results.append({"resplit": resplit, "fences": report.fences, "ranges": report.ranges,
                             "failed": report.failed, "wall_s": wall,
                             "cover_s": report.seconds.get("cover", 0.0), "diff_rows": report.diff_rows,
-                            "imbalance": (report.imbalance_before, report.imbalance_after)})
+                            "imbalance": (report.imbalance_before, report.imbalance_after),
+                            "start_s": start_s})
     finally:
         spark.stop()
     return results
@@ -127,23 +133,34 @@ def main() -> int:
     lines = []
     ok = True
     if a.only in (None, "bindings"):
-        for r in bench_bindings(cfg, a.fences, a.seed):
+        for k, r in enumerate(bench_bindings(cfg, a.fences, a.seed)):
             rate = r["fences"] / r["wall_s"]
             before, after = r["imbalance"]
-            lines.append(f"rebuild-bindings (re-split {r['resplit']:>6}): {r['fences']:,} fences, "
-                         f"{r['ranges']:,} ranges, {r['diff_rows']:,} diff rows: wall {r['wall_s']:.1f} s = "
+            run = "first run" if k == 0 else "second run, same session"
+            lines.append(f"rebuild-bindings ({run}, re-split {r['resplit']}): {r['fences']:,} fences, "
+                         f"{r['ranges']:,} ranges, {r['diff_rows']:,} diff rows: job {r['wall_s']:.1f} s = "
                          f"{rate:,.0f} fences/s ({rate / TARGET_FENCES_S:.2f}x target "
-                         f"{TARGET_FENCES_S:,.0f}); "
-                         f"covering step {r['cover_s']:.1f} s; imbalance {before:.3f} -> {after:.3f}")
+                         f"{TARGET_FENCES_S:,.0f}); covering step {r['cover_s']:.1f} s; "
+                         f"imbalance {before:.3f} -> {after:.3f}")
+            if k == 0:
+                with_start = r["fences"] / (r["wall_s"] + r["start_s"])
+                lines.append(f"  with Spark's start ({r['start_s']:.1f} s): {with_start:,.0f} fences/s "
+                             f"({with_start / TARGET_FENCES_S:.2f}x)")
             ok &= r["failed"] == 0
     if a.only in (None, "analytics"):
         from spark_occupancy_part import bench_occupancy
 
         r = bench_occupancy(a.events, "bench_spark_occ", a.master)
-        rate = r["events_per_s"]
-        lines.append(f"occupancy-analytics: {r['events']:,} events over {r.get('days', '?')} days: wall "
-                     f"{r['wall_s']:.1f} s = {rate:,.0f} events/s ({rate / TARGET_EVENTS_S:.2f}x target "
-                     f"{TARGET_EVENTS_S:,.0f})")
+        start_s = float(r["phases_s"].get("session", 0.0))
+        job_s = r["wall_s"] - start_s
+        rate = r["events"] / job_s
+        with_start = r["events_per_s"]
+        lines.append(f"occupancy-analytics: {r['events']:,} events over {r.get('days', '?')} days: job "
+                     f"{job_s:.1f} s = {rate:,.0f} events/s ({rate / TARGET_EVENTS_S:.2f}x target "
+                     f"{TARGET_EVENTS_S:,.0f}); phases "
+                     + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases_s"].items() if k != "session"))
+        lines.append(f"  with Spark's start ({start_s:.1f} s): {with_start:,.0f} events/s "
+                     f"({with_start / TARGET_EVENTS_S:.2f}x)")
     print("\n".join(["", "SUMMARY spark_jobs (" + a.master + "):", *("  " + x for x in lines)]), flush=True)
     return 0 if ok else 1
 

@@ -258,3 +258,37 @@ def test_the_core_gives_the_same_rows_in_chunks() -> None:
     assert normal(pa.concat_tables([occupancy.analyse(c, plan) for c in chunks])) == normal(whole)
     assert {r["kind"] for r in whole.to_pylist()} == {occupancy.HOURLY, occupancy.OPEN, occupancy.DAY_EVENTS,
                                                      occupancy.BUSIEST, occupancy.FORECAST}
+
+
+async def test_ids_with_quotes_commas_braces_and_newlines_survive_both_copies(
+        spark: object, spark_config: JobConfig, db: Any, pg_schema: str) -> None:
+    """The events go out of PostgreSQL as CSV and the open rows back in as text[] literals in
+    CSV: an id with the characters either format quotes comes back as it was."""
+    odd = ['say "hi"', "a,b", "{braced}", "back\\slash", "two\nlines", "", "NULL", "  spaced "]
+    t0 = epoch(DAYS[0]) + 8 * 3600
+    events = [Event(f"e{i}", "fence, \"quoted\"", obj, "enter", t0 + i, t0 + i + 1) for i, obj in enumerate(odd)]
+    events.append(Event("e-out", "fence, \"quoted\"", "a,b", "leave", t0 + 600, t0 + 601))
+    await insert(db, pg_schema, events)
+    summary = await run(spark_config, pg_schema, DAYS[0])
+    assert summary.events == len(events)
+    got = await tables(db, pg_schema)
+    assert_matches(got, compute(events, DAYS[0], DAYS[0]), [DAYS[0]])
+    assert got["open"] == [(DAYS[0], 'fence, "quoted"', sorted(o for o in odd if o != "a,b"))]
+
+
+async def test_only_the_attempts_spark_kept_are_swapped_in(db: Any, pg_schema: str,
+                                                           stack: ConnectionSettings) -> None:
+    """A task that staged rows and then failed, retried as attempt 1: the swap takes attempt
+    1's rows only, and the run's staged rows are gone afterwards."""
+    window = occupancy.Window(DAYS[0], 1)
+    s = f'"{pg_schema}"'
+    for task, entries in (("0.0", 99), ("0.1", 3)):
+        await db.execute(f"INSERT INTO {s}.occupancy_hourly_stage (run_id, task, fence_id, day, hour, entries, "
+                         "exits, mean_occupancy, peak_occupancy, stays) VALUES ('r1', $1, 'cafe', $2, 9, $3, "
+                         "0, 0.5, 1, 1)", task, DAYS[0], entries)
+    written = await asyncio.to_thread(lambda: asyncio.run(occupancy._swap(
+        stack["postgres"]["dsn"], pg_schema, "r1", ["0.1"], window, {0: 3})))
+    assert written["occupancy_hourly"] == 1
+    assert [tuple(r) for r in await db.fetch(f"SELECT fence_id, entries FROM {s}.occupancy_hourly")] == \
+        [("cafe", 3)]
+    assert await db.fetchval(f"SELECT count(*) FROM {s}.occupancy_hourly_stage WHERE run_id = 'r1'") == 0
