@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -128,6 +129,19 @@ def main() -> int:
     p.add_argument("--only", choices=("bindings", "analytics"))
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
+    if a.only is None:  # each job in a fresh process: a fresh JVM, as a nightly run has
+        summaries, rc = [], 0
+        for part in ("bindings", "analytics"):
+            args = [sys.executable, __file__, "--only", part, "--fences", str(a.fences), "--events",
+                    str(a.events), "--master", a.master, "--seed", str(a.seed)]
+            done = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=False)
+            out = done.stdout.split("\nSUMMARY spark_jobs")
+            print(out[0], flush=True)
+            failed = [f"  {part}: failed (exit {done.returncode})"]
+            summaries += out[1].splitlines()[1:] if len(out) > 1 else failed
+            rc = rc or done.returncode
+        print("\n".join(["", "SUMMARY spark_jobs (" + a.master + "):", *summaries]), flush=True)
+        return rc
     cfg = JobConfig.from_env(master=a.master)
     print(f"bench: master {a.master}, {os.cpu_count()} cores, {cfg.masked()}", flush=True)
     lines = []
