@@ -596,8 +596,8 @@ class Task:
         try:
             for table, (columns, data) in zip(STAGE, tables, strict=True):
                 if data:
-                    await conn.copy_to_table(f"{table}_stage", schema_name=self.schema, source=io.BytesIO(data),
-                                             columns=columns, format="csv")
+                    await conn.copy_to_table(f"{table}_stage", schema_name=self.schema,
+                                             source=io.BytesIO(data), columns=columns, format="csv")
         finally:
             await conn.close()
 

@@ -266,8 +266,9 @@ async def test_ids_with_quotes_commas_braces_and_newlines_survive_both_copies(
     CSV: an id with the characters either format quotes comes back as it was."""
     odd = ['say "hi"', "a,b", "{braced}", "back\\slash", "two\nlines", "", "NULL", "  spaced "]
     t0 = epoch(DAYS[0]) + 8 * 3600
-    events = [Event(f"e{i}", "fence, \"quoted\"", obj, "enter", t0 + i, t0 + i + 1) for i, obj in enumerate(odd)]
-    events.append(Event("e-out", "fence, \"quoted\"", "a,b", "leave", t0 + 600, t0 + 601))
+    fence = 'fence, "quoted"'
+    events = [Event(f"e{i}", fence, obj, "enter", t0 + i, t0 + i + 1) for i, obj in enumerate(odd)]
+    events.append(Event("e-out", fence, "a,b", "leave", t0 + 600, t0 + 601))
     await insert(db, pg_schema, events)
     summary = await run(spark_config, pg_schema, DAYS[0])
     assert summary.events == len(events)
@@ -283,9 +284,9 @@ async def test_only_the_attempts_spark_kept_are_swapped_in(db: Any, pg_schema: s
     window = occupancy.Window(DAYS[0], 1)
     s = f'"{pg_schema}"'
     for task, entries in (("0.0", 99), ("0.1", 3)):
-        await db.execute(f"INSERT INTO {s}.occupancy_hourly_stage (run_id, task, fence_id, day, hour, entries, "
-                         "exits, mean_occupancy, peak_occupancy, stays) VALUES ('r1', $1, 'cafe', $2, 9, $3, "
-                         "0, 0.5, 1, 1)", task, DAYS[0], entries)
+        await db.execute(f"INSERT INTO {s}.occupancy_hourly_stage (run_id, task, fence_id, day, hour, "
+                         "entries, exits, mean_occupancy, peak_occupancy, stays) "
+                         "VALUES ('r1', $1, 'cafe', $2, 9, $3, 0, 0.5, 1, 1)", task, DAYS[0], entries)
     written = await asyncio.to_thread(lambda: asyncio.run(occupancy._swap(
         stack["postgres"]["dsn"], pg_schema, "r1", ["0.1"], window, {0: 3})))
     assert written["occupancy_hourly"] == 1
