@@ -239,13 +239,20 @@ def cover_rings(
         raise MemoryError("out of memory while covering")
     if rc != lib.HK_OK:
         raise ValueError(f"covering failed: bad arguments (code {rc})")
+    nodes, boundary = int(out.nodes), int(out.boundary_cells) if out.n else 0
+    ranges, interior = _take_ranges(out)
+    return ranges, interior, nodes, boundary
+
+
+def _take_ranges(out: Any) -> tuple[U64, npt.NDArray[np.bool_]]:
+    """A C covering's ranges and flags copied into numpy; the C buffers freed."""
     try:
         n = out.n
         if n == 0:
-            return np.empty((0, 2), np.uint64), np.empty(0, bool), int(out.nodes), 0
+            return np.empty((0, 2), np.uint64), np.empty(0, bool)
         ranges = np.frombuffer(ffi.buffer(out.ranges, 16 * n), dtype=np.uint64).reshape(n, 2).copy()
         interior = np.frombuffer(ffi.buffer(out.interior, n), dtype=np.uint8).astype(bool)
-        return ranges, interior, int(out.nodes), int(out.boundary_cells)
+        return ranges, interior
     finally:
         lib.hk_covering_free(out)
 
@@ -284,15 +291,8 @@ def cover_many(
         raise MemoryError("out of memory while covering")
     if rc != lib.HK_OK:
         raise ValueError(f"covering failed: bad arguments (code {rc})")
-    try:
-        total = out.n
-        if total == 0:
-            return np.empty((0, 2), np.uint64), np.empty(0, bool), counts, status, nodes
-        ranges = np.frombuffer(ffi.buffer(out.ranges, 16 * total), dtype=np.uint64).reshape(total, 2).copy()
-        interior = np.frombuffer(ffi.buffer(out.interior, total), dtype=np.uint8).astype(bool)
-        return ranges, interior, counts, status, nodes
-    finally:
-        lib.hk_covering_free(out)
+    ranges, interior = _take_ranges(out)
+    return ranges, interior, counts, status, nodes
 
 
 COVER_OK: int = lib.HK_OK

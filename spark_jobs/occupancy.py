@@ -561,19 +561,14 @@ class Task:
         for batch in batches:
             for i in batch.column(0).to_pylist():
                 tag = f"{i}.{ctx.attemptNumber() if ctx else 0}"
-                rows = parse_events(asyncio.run(self.read(i)))
-                outs = [analyse(part, self.plan) for part in fence_chunks(rows, self.plan)] if rows.num_rows \
-                    else []
-                out = pa.concat_tables(outs) if outs else _table(0)
-                asyncio.run(self.stage([stage_csv(out, t, self.first, self.run_id, tag) for t in STAGE]))
-                day_rows = out.filter(pc.equal(out.column("kind"), DAY_EVENTS))
-                events = np.zeros(self.plan.days, np.int64)
-                np.add.at(events, day_rows.column("day").to_numpy(), day_rows.column("events").to_numpy())
+                events = asyncio.run(self.share(i, tag))
                 yield pa.RecordBatch.from_pydict({"task": [tag] * self.plan.days,
                                                   "day": np.arange(self.plan.days, dtype=np.int32),
                                                   "events": events})
 
-    async def read(self, i: int) -> bytes:
+    async def share(self, i: int, tag: str) -> np.ndarray:
+        """Partition i on one connection: read (COPY out), analyse, stage (COPY in); the
+        window's events per day."""
         import asyncpg
 
         chunks: list[bytes] = []
@@ -585,21 +580,22 @@ class Task:
         try:
             await conn.copy_from_query(f"SELECT * FROM ({self.sql}) AS q WHERE {self.predicates[i]}",
                                        output=sink, format="csv")
-        finally:
-            await conn.close()
-        return b"".join(chunks)
-
-    async def stage(self, tables: list[tuple[list[str], bytes]]) -> None:
-        import asyncpg
-
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            for table, (columns, data) in zip(STAGE, tables, strict=True):
+            rows = parse_events(b"".join(chunks))
+            chunks.clear()
+            outs = [analyse(part, self.plan) for part in fence_chunks(rows, self.plan)] if rows.num_rows \
+                else []
+            out = pa.concat_tables(outs) if outs else _table(0)
+            for table in STAGE:
+                columns, data = stage_csv(out, table, self.first, self.run_id, tag)
                 if data:
                     await conn.copy_to_table(f"{table}_stage", schema_name=self.schema,
                                              source=io.BytesIO(data), columns=columns, format="csv")
         finally:
             await conn.close()
+        day_rows = out.filter(pc.equal(out.column("kind"), DAY_EVENTS))
+        events = np.zeros(self.plan.days, np.int64)
+        np.add.at(events, day_rows.column("day").to_numpy(), day_rows.column("events").to_numpy())
+        return events
 
 
 # ---------------------------------------------------------------- SQL
