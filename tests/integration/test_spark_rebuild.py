@@ -192,13 +192,27 @@ async def test_a_live_resplit_balances_the_regions_and_every_fence_still_routes(
     x0, y0, x1, y1 = AREA
     points = [(float(x), float(y)) for x, y in zip(rng.uniform(x0, x1, 4000), rng.uniform(y0, y1, 4000),
                                                     strict=True)
-              if region_at(wm0, float(x), float(y)) == wm0.regions[0]][:24]
-    assert len(points) == 24, "the first region is too small to place the fences"
+              if region_at(wm0, float(x), float(y)) == wm0.regions[0]]
+    # at least 24 fences, and as many more as it takes to crowd the first region whatever is
+    # live already (the demo's fences, say): its load at twice the others' (imbalance >= 1.33)
+    conn = await asyncpg.connect(dsn)
+    try:
+        loads = {r["region"]: int(r["n"]) for r in await conn.fetch(
+            "SELECT region, sum(octet_length(ranges) / 16) AS n FROM fence_range GROUP BY region")}
+    finally:
+        await conn.close()
+    first, others = loads.get(wm0.regions[0], 0), sum(v for k, v in loads.items() if k != wm0.regions[0])
     made: dict[str, Polygon] = {}
     for i, (lon, lat) in enumerate(points):
+        if len(made) >= 24 and first >= 2 * others:
+            break
         fid = uid(f"frs{i}")
         made[fid] = circle(lon, lat, float(rng.uniform(200.0, 600.0)))
         await fences.put(FenceSpec(fid, made[fid], timeout_s=600), create=True)
+        for region, (ranges, _) in bindings(made[fid], wm0).per_region.items():
+            first, others = (first + len(ranges), others) if region == wm0.regions[0] else \
+                (first, others + len(ranges))
+    assert len(made) >= 24 and first >= 2 * others, "the first region is too small to crowd"
 
     amqp_url = pipeline["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
     cfg = JobConfig(postgres_url=dsn, amqp_url=amqp_url,
