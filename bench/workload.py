@@ -280,13 +280,19 @@ class CorePipeline:
 
     def define(self, fences: Sequence[Fence], ts: float = T0 - 1.0,
                max_ranges: int | None = MAX_RANGES, cells_per_radius: float = CELLS_PER_RADIUS,
-               timeout_s: float = NO_TIMEOUT_S) -> list[Event]:
-        """Bind every fence in the regions it touches and define it on its worker."""
+               timeout_s: float = NO_TIMEOUT_S, version: int = 1) -> list[Event]:
+        """Bind (or re-bind) every fence in the regions it touches or touched and define it
+        on its worker, with each region's re-check rows behind the definition (as the
+        sidecars do: exchanges/geo_sidecar.py)."""
         events: list[Event] = []
         for f in fences:
-            for region, b in fence_bindings(f, self.worldmap, 1, max_ranges, cells_per_radius).items():
-                self.geo[region].add_binding(b)
-            events += self.fence[self.ring.node_for(f.fence_id)].define(fence_def(f, 1, timeout_s), ts)
+            per_region = fence_bindings(f, self.worldmap, version, max_ranges, cells_per_radius)
+            worker = self.fence[self.ring.node_for(f.fence_id)]
+            events += worker.define(fence_def(f, version, timeout_s), ts)
+            for region, geo in self.geo.items():
+                recheck = geo.change(f.fence_id, version, per_region.get(region))
+                if recheck is not None and len(recheck.positions):
+                    events += worker.route(recheck)
         for geo in self.geo.values():
             geo.compact()
         return events

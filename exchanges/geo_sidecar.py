@@ -153,16 +153,23 @@ class GeoSidecar:
             return [shell.Out(self.fence_in, worker, control.drop_message(change), CONTENT_TYPE)]
         fid, version = change.fence.fence_id, change.fence.version
         known = self.core.known_version(fid)
-        if known is not None and version <= known:
+        if known is not None and version < known:
             return []  # stale: a newer version is applied already
-        binding = change.binding() if change.diff is None else await self.rebound(change)
-        if binding is None:  # the fence does not (or no longer) touch this region
-            self.core.remove_bindings([(fid, version)])
+        binding = None
+        if known != version:  # (the same version again: applied already, forwarded below)
+            binding = change.binding() if change.diff is None else await self.rebound(change)
+        # the fence's worker hears of every change through every region it was sent to, with
+        # the latest positions here to decide who is inside (XGeo.change)
+        recheck = self.core.change(fid, version, binding)
+        if recheck is None:
             return []
-        self.core.add_binding(binding)
-        log.info("fence %s v%d bound: %d ranges", fid, version, len(binding.ranges))
-        worker = self.core.worker_of(fid)
-        return [shell.Out(self.fence_in, worker, control.define_for_worker(change), CONTENT_TYPE)]
+        log.info("fence %s v%d %s; %d objects re-checked", fid, version,
+                 "applied already" if known == version else
+                 "unbound here" if binding is None else f"bound: {len(binding.ranges)} ranges",
+                 len(recheck.positions))
+        self.counters.bump("rechecks", len(recheck.positions))
+        body = control.define_for_worker(change, recheck, self.region)
+        return [shell.Out(self.fence_in, recheck.worker, body, CONTENT_TYPE)]
 
     async def rebound(self, change: control.Define) -> FenceBinding | None:
         """The new binding from a rebind's diff, or from the store when the diff does not fit

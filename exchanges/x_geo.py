@@ -14,6 +14,16 @@ persisted: with `announce_unknown` (the sidecar's setting) an object not seen si
 start (or since a session that ended with a batch unacked) goes to every worker once, so a
 worker that had it from before still hears of it.
 
+x-geo also keeps each object's latest position in the region (until a handover notice says
+it left): when a fence changes here (`change`), the latest positions of the objects in its
+old or new ranges go to its worker as *re-check* rows, right behind the definition, so the
+worker decides who is inside the new geometry from where each object is now, not from the
+last position it happened to be told (which, for an object that left its fences, can be
+anywhere). Rows routed before the change were routed with the old binding and carry its
+version; rows after it carry the new one. That is what makes a change exact against the
+positions in flight: each position is in exactly one of "routed before" or "routed after",
+and the re-check row is the latest of the first kind.
+
 A handover notice (x-ingress: the object went to another region, here is its new position)
 goes to *every* worker, flagged `notice`, and x-geo forgets the object. Every position
 carries, from x-ingress, a `gate`: the ts at which its object entered this region (0 if
@@ -34,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.contract import InvalidMessage
 from exchanges.object_codes import ObjectCodes, carry, distinct, grow
@@ -105,6 +116,14 @@ class WorkerBatch:
     # per position: the x-geo region it came through (region_code; 0: not said). A worker keeps
     # each region's rows of an object in order: a row is held while an earlier one is.
     origin: npt.NDArray[np.int64] | None = None
+    # per entry of `fences`: the version of the binding x-geo routed with (0: not said), so a
+    # worker judges a row routed just before its region applied a change against the
+    # geometry that region still had (see fence.state, "Fence changes")
+    versions: npt.NDArray[np.int64] | None = None
+    # per position: the index in `fences` of the fence whose change this row re-checks (-1:
+    # an ordinary position). A re-check row is its object's latest position in the region
+    # when the region applied the change; its candidates are that fence alone, or none.
+    recheck: npt.NDArray[np.int32] | None = None
 
     def notices(self) -> npt.NDArray[np.bool_]:
         return self.notice if self.notice is not None else np.zeros(len(self.positions), bool)
@@ -118,6 +137,12 @@ class WorkerBatch:
     def origins(self) -> npt.NDArray[np.int64]:
         return self.origin if self.origin is not None else np.zeros(len(self.positions), np.int64)
 
+    def fence_versions(self) -> npt.NDArray[np.int64]:
+        return self.versions if self.versions is not None else np.zeros(len(self.fences), np.int64)
+
+    def rechecks(self) -> npt.NDArray[np.int32]:
+        return self.recheck if self.recheck is not None else np.full(len(self.positions), -1, np.int32)
+
     def take(self, rows: npt.ArrayLike) -> WorkerBatch:
         """The positions at `rows` (in that order) with their candidates."""
         r = np.asarray(rows, np.int64)
@@ -130,7 +155,8 @@ class WorkerBatch:
                            self.interior[at], None if self.notice is None else self.notice[r],
                            None if self.gate is None else self.gate[r],
                            None if self.barrier is None else self.barrier[r],
-                           None if self.origin is None else self.origin[r])
+                           None if self.origin is None else self.origin[r], self.versions,
+                           None if self.recheck is None else self.recheck[r])
 
     def candidates(self, i: int) -> list[tuple[str, bool]]:
         lo, hi = int(self.ptr[i]), int(self.ptr[i + 1])
@@ -148,19 +174,24 @@ class WorkerBatch:
         worker = batches[0].worker
         if any(b.worker != worker for b in batches):
             raise ValueError(f"batches for different workers: {sorted({b.worker for b in batches})}")
-        number: dict[str, int] = {}
-        cands, ptrs, offset = [], [np.zeros(1, np.int64)], 0
+        # one entry per (fence, version): two regions may route one fence at two versions
+        number: dict[tuple[str, int], int] = {}
+        cands, ptrs, remaps, offset = [], [np.zeros(1, np.int64)], [], 0
         for b in batches:
-            remap = np.fromiter((number.setdefault(f, len(number)) for f in b.fences), np.int32,
-                                len(b.fences))
+            remap = np.fromiter((number.setdefault(k, len(number))
+                                 for k in zip(b.fences, b.fence_versions().tolist(), strict=True)),
+                                np.int32, len(b.fences))
+            remaps.append(remap)
             cands.append(remap[b.cand] if b.cand.size else np.empty(0, np.int32))
             ptrs.append(b.ptr[1:] + offset)
             offset += int(b.ptr[-1])
-        fences = list(number)
+        fences = [f for f, _ in number]
+        versioned = any(b.versions is not None for b in batches)
         noticed = any(b.notice is not None for b in batches)
         gated = any(b.gate is not None for b in batches)
         barred = any(b.barrier is not None for b in batches)
         said = any(b.origin is not None for b in batches)
+        rechecked = any(b.recheck is not None for b in batches)
         return WorkerBatch(
             worker, PositionBatch.concat([b.positions for b in batches]), np.concatenate(ptrs),
             fences, np.concatenate(cands), np.concatenate([b.interior for b in batches]),
@@ -168,6 +199,10 @@ class WorkerBatch:
             np.concatenate([b.gates() for b in batches]) if gated else None,
             np.concatenate([b.barriers() for b in batches]) if barred else None,
             np.concatenate([b.origins() for b in batches]) if said else None,
+            np.array([v for _, v in number], np.int64) if versioned else None,
+            np.concatenate([np.where(b.rechecks() >= 0, r[np.maximum(b.rechecks(), 0)], -1)
+                            if r.size else b.rechecks() for b, r in zip(batches, remaps, strict=True)]
+                           ).astype(np.int32) if rechecked else None,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -188,6 +223,10 @@ class WorkerBatch:
         if self.origin is not None and self.origin.size:
             first = int(self.origin[0])
             d["origin"] = first if (self.origin == first).all() else self.origin.astype("<i8").tobytes()
+        if self.versions is not None and self.versions.any():
+            d["versions"] = self.versions.astype("<i8").tobytes()
+        if self.recheck is not None and (self.recheck >= 0).any():
+            d["recheck"] = self.recheck.astype("<i4").tobytes()
         return d
 
     @staticmethod
@@ -205,6 +244,8 @@ class WorkerBatch:
         raw = d.get("origin")
         origin = None if raw is None else np.full(n, raw, np.int64) if isinstance(raw, int) \
             else np.frombuffer(raw, "<i8").astype(np.int64)
+        versions = np.frombuffer(d["versions"], "<i8").astype(np.int64) if d.get("versions") else None
+        recheck = np.frombuffer(d["recheck"], "<i4").astype(np.int32) if d.get("recheck") else None
         if d.get("handover"):  # a whole part of notices (wire of the first pipeline version)
             notice = np.ones(n, bool)
         if (ptr.size != n + 1 or (ptr.size and (ptr[0] != 0 or (np.diff(ptr) < 0).any()))
@@ -214,9 +255,14 @@ class WorkerBatch:
                 or (gate is not None and not np.isfinite(gate).all())
                 or (barrier is not None
                     and (barrier.size != n or notice is None or (barrier & ~notice).any()))
-                or (origin is not None and origin.size != n)):
+                or (origin is not None and origin.size != n)
+                or (versions is not None and (versions.size != len(fences) or (versions < 0).any()))
+                or (recheck is not None and (recheck.size != n or (recheck < -1).any()
+                                             or (recheck >= len(fences)).any()
+                                             or (notice is not None and (notice & (recheck >= 0)).any())))):
             raise ValueError("a worker batch whose columns do not fit together")
-        return WorkerBatch(d["worker"], pos, ptr, fences, cand, interior, notice, gate, barrier, origin)
+        return WorkerBatch(d["worker"], pos, ptr, fences, cand, interior, notice, gate, barrier, origin,
+                           versions, recheck)
 
 
 class XGeo:
@@ -241,13 +287,23 @@ class XGeo:
         self._index = RangeIndex()
         self._versions: dict[str, int] = {}  # bound fences, and the last version of removed ones
         self._worker_of_slot = np.zeros(0, dtype=np.int64)
+        self._version_of_slot = np.zeros(0, dtype=np.int64)
         self.forget_objects()
 
     def forget_objects(self) -> None:
-        """Drop what is known of objects (the workers each was routed to): after
-        a batch was routed and not delivered, its objects' memory is not to be trusted."""
+        """Drop what is known of objects (the workers each was routed to, their latest
+        positions): after a batch was routed and not delivered, its objects' memory is not to
+        be trusted."""
         self._objects = ObjectCodes()
         self._last_mask = np.zeros(0, dtype=np.int64)  # object code -> workers routed to last
+        # object code -> its latest position here (ts, lon, lat, h, gate) and whether it is
+        # still here (False once a notice said it left, or never seen)
+        self._lts = np.zeros(0, np.float64)
+        self._llon = np.zeros(0, np.float64)
+        self._llat = np.zeros(0, np.float64)
+        self._lh = np.zeros(0, np.uint64)
+        self._lgate = np.zeros(0, np.float64)
+        self._present = np.zeros(0, bool)
 
     def delete(self) -> None:
         self.create()
@@ -266,11 +322,10 @@ class XGeo:
         self._versions[binding.fence_id] = binding.version
         self._index.add(binding.fence_id, binding.ranges, binding.interior)
         slot = self._index.slot_of(binding.fence_id)
-        if slot >= self._worker_of_slot.size:
-            grown = np.zeros(max(64, 2 * slot + 2), dtype=np.int64)
-            grown[: self._worker_of_slot.size] = self._worker_of_slot
-            self._worker_of_slot = grown
+        self._worker_of_slot = grow(self._worker_of_slot, slot + 1, 0)
+        self._version_of_slot = grow(self._version_of_slot, slot + 1, 0)
         self._worker_of_slot[slot] = self._worker_index[self._ring.node_for(binding.fence_id)]
+        self._version_of_slot[slot] = binding.version
 
     def remove_bindings(self, bindings: Iterable[tuple[str, int]]) -> None:
         """Unbind (fence_id, version) pairs; idempotent, and a stale version is ignored."""
@@ -280,6 +335,66 @@ class XGeo:
                 continue
             self._versions[fence_id] = version
             self._index.remove(fence_id, missing_ok=True)
+
+    def change(self, fence_id: str, version: int, binding: FenceBinding | None) -> WorkerBatch | None:
+        """Apply a change of one fence (`binding`: its ranges here at `version`; None: it no
+        longer touches this region) and return the re-check rows for its worker: the latest
+        position of every object here that is in the fence's old or new ranges (the worker
+        judges their age: it enters none seen more than the fence's timeout before the change,
+        and times out those it has inside). The batch goes to the worker with the definition
+        even when empty (the worker counts the regions through which a change reached it).
+        This version applied already (a redelivery, or the bindings recovered from the store
+        since): no rows. None: an older version than the one applied (stale: not forwarded).
+        The rows' objects are marked as routed to that worker, so their next position goes
+        there even from outside the fence (the LEAVE is immediate)."""
+        if binding is not None and (binding.fence_id != fence_id or binding.version != version):
+            raise ValueError(f"binding {binding.fence_id} v{binding.version} given for {fence_id} v{version}")
+        known = self._versions.get(fence_id)
+        if known is not None and version < known:
+            return None
+        worker = self._ring.node_for(fence_id)
+        nothing = np.empty(0, np.int64)
+        if known == version:
+            return self._rechecks(worker, fence_id, version, nothing, nothing, np.empty(0, bool))
+        old = self.binding(fence_id)
+        if binding is None:
+            self.remove_bindings([(fence_id, version)])
+        else:
+            self.add_binding(binding)
+        if old is None and binding is None:
+            return self._rechecks(worker, fence_id, version, nothing, nothing, np.empty(0, bool))
+        n = len(self._objects)
+        here = np.flatnonzero(self._present[:n])
+        h = self._lh[here]
+        pick = hk.ranges_contain(old.ranges, h) if old is not None else np.zeros(here.size, bool)
+        row = hk.ranges_lookup(binding.ranges, h) if binding is not None else np.full(here.size, -1)
+        pick |= row >= 0
+        objs, row = here[pick], row[pick]
+        self._last_mask = grow(self._last_mask, n, self._all if self.announce_unknown else 0)
+        self._last_mask[objs] |= 1 << self._worker_index[worker]
+        interior = binding.interior[row[row >= 0]] if binding is not None else np.empty(0, bool)
+        return self._rechecks(worker, fence_id, version, objs, row, np.asarray(interior, bool))
+
+    def _rechecks(self, worker: str, fence_id: str, version: int, objs: npt.NDArray[np.int64],
+                  row: npt.NDArray[np.int64], interior: npt.NDArray[np.bool_]) -> WorkerBatch:
+        """Re-check rows of `fence_id` for these objects: a candidate (with its interior
+        flag) where the new ranges hold the latest position (row >= 0)."""
+        has = row >= 0
+        ptr = np.zeros(objs.size + 1, np.int64)
+        np.cumsum(has, out=ptr[1:])
+        ids = self._objects.ids
+        pos = PositionBatch([ids[c] for c in objs.tolist()], self._llon[objs], self._llat[objs],
+                            self._lts[objs], self._lh[objs])
+        return WorkerBatch(worker, pos, ptr, [fence_id], np.zeros(int(ptr[-1]), np.int32), interior,
+                           None, self._lgate[objs], None, np.full(objs.size, self._origin, np.int64),
+                           np.array([version], np.int64), np.zeros(objs.size, np.int32))
+
+    def latest(self, object_id: str) -> dict[str, float] | None:
+        """The object's latest position in this region, or None (never seen, or it left)."""
+        c = self._objects.get(object_id)
+        if c is None or c >= self._present.size or not self._present[c]:
+            return None
+        return {"ts": float(self._lts[c]), "lon": float(self._llon[c]), "lat": float(self._llat[c])}
 
     def binding(self, fence_id: str) -> FenceBinding | None:
         """What is bound for `fence_id` (at the version last applied), or None."""
@@ -367,12 +482,21 @@ class XGeo:
         targets = now | carry(codes, now, self._last_mask)  # a notice's `now` is 0: forgotten
         if notice is not None:
             targets[notice] = self._all
+        if gate is not None:
+            # an object's first position in this region (its gate is its own ts: it came in
+            # from another one) goes to every worker: each decides from it, as this region
+            # has the fences, what the object is in now (its notice only opens the gate)
+            came_in = gate == batch.ts
+            if notice is not None:
+                came_in &= ~notice
+            targets[came_in] = self._all
         barrier = None
         if announced is not None:
             targets[announced] = self._all
             barrier = announced & notice if notice is not None else None
             if barrier is not None and not barrier.any():
                 barrier = None
+        self._remember(batch, codes, notice, gate)
         out = {}
         local = np.empty(n, np.int64)
         for wi, worker in enumerate(self.workers):
@@ -388,8 +512,32 @@ class XGeo:
                 worker, batch.take(pts), ptr, self._index.fence_of_slot(slots), cand, m.interior[sel],
                 None if notice is None else notice[pts], None if gate is None else gate[pts],
                 None if barrier is None else barrier[pts], np.full(pts.size, self._origin, np.int64),
+                self._version_of_slot[slots],
             )
         return out
+
+    def _remember(self, batch: PositionBatch, codes: npt.NDArray[np.int64],
+                  notice: npt.NDArray[np.bool_] | None, gate: npt.NDArray[np.float64] | None) -> None:
+        """Each object's latest position here (its last row in the batch, if not older than
+        the one known); a notice says it is no longer here."""
+        m = len(self._objects)
+        self._lts = grow(self._lts, m, -np.inf)
+        self._llon, self._llat = grow(self._llon, m, np.nan), grow(self._llat, m, np.nan)
+        self._lh, self._lgate = grow(self._lh, m, 0), grow(self._lgate, m, 0.0)
+        self._present = grow(self._present, m, False)
+        if distinct(codes, m):
+            last = np.arange(codes.size)
+        else:
+            order = np.argsort(codes, kind="stable")
+            c = codes[order]
+            last = order[np.r_[c[1:] != c[:-1], True]]
+        obj = codes[last]
+        newer = batch.ts[last] >= self._lts[obj]
+        last, obj = last[newer], obj[newer]
+        self._lts[obj] = batch.ts[last]
+        self._llon[obj], self._llat[obj], self._lh[obj] = batch.lon[last], batch.lat[last], batch.h[last]
+        self._lgate[obj] = 0.0 if gate is None else gate[last]
+        self._present[obj] = True if notice is None else ~notice[last]
 
     # -- state for `geofence inspect geo` ---------------------------------------------------
 

@@ -4,17 +4,21 @@
                                       "rebind" {fence, ts, bits, base_version, add, add_interior,
                                                 remove, digest}   (fence/binding_diff.py)
                                       "drop" {fence_id, version, ts}
-    x-geo --x-fence.in (key = the fence's worker)--> x-fence: "define" {fence, ts} / "drop"
+    x-geo --x-fence.in (key = the fence's worker)--> x-fence: "define" {fence, ts, recheck} / "drop"
 
 A change goes to the regions the fence touched before or touches now (a delete to every
 region). A region that keeps the fence gets a "rebind": only the ranges that changed, against
 the version it has (it reads the fence's bindings from the store when that does not fit); a
 region the fence enters gets a whole "define"; a region it leaves a "define" with no ranges,
-which unbinds it. Only the regions
-that bind the fence forward its definition to x-fence, on the very path its positions take
-(x-fence.in, federated): so x-fence always has the definition before the first position
-routed by that binding. Several regions forward the same version; x-fence keeps the first
-and ignores the rest (version order), as it ignores anything older than what it knows.
+which unbinds it. Every region
+that binds or bound the fence forwards its definition to x-fence, on the very path its
+positions take (x-fence.in, federated): so x-fence always has the definition before the
+first position routed by that binding. With it goes `recheck`: a worker batch of the latest
+position of each object in the region that is in the fence's old or new ranges
+(exchanges.x_geo.XGeo.change), from which x-fence decides who is inside the new geometry.
+Several regions forward the same version; x-fence defines the first and ignores the rest
+(version order), as it ignores anything older than what it knows; each one's re-check rows
+apply.
 
 Definitions carry the geometry as GeoJSON and the change time `ts` (epoch seconds): the
 time of the fence_changed / fence_deleted events, the same on every replay.
@@ -22,6 +26,7 @@ time of the fence_changed / fence_deleted events, the same on every replay.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +36,7 @@ import shapely.geometry
 
 from exchanges.batch import pack
 from exchanges.contract import InvalidMessage
-from exchanges.x_geo import FenceBinding
+from exchanges.x_geo import FenceBinding, WorkerBatch
 from fence.binding_diff import Diff
 from fence.spec import FenceSpec, InvalidFence, check_fence_id, check_geometry, check_timeout
 from fence.state import FenceDef
@@ -48,6 +53,12 @@ class Define:
     interior: npt.NDArray[np.bool_] | None = None
     diff: Diff | None = None  # a rebind: the ranges that changed since base_version
     base_version: int = 0
+    recheck: WorkerBatch | None = None  # only on x-fence.in: the region's re-check rows
+    # the regions the change was sent to (each forwards it to the worker, which keeps the
+    # replaced version's geometry until all have: see fence.state, "Fence changes"), and on
+    # x-fence.in the region that forwarded this copy
+    regions: tuple[str, ...] = ()
+    region: str = ""
 
     def binding(self) -> FenceBinding | None:
         """The x-geo binding, or None when the fence does not touch the region."""
@@ -73,21 +84,26 @@ def fence_def(spec: FenceSpec, version: int) -> FenceDef:
 
 
 def define_for_region(fence: FenceDef, ts: float, bits: int, ranges: npt.NDArray[np.uint64],
-                      interior: npt.NDArray[np.bool_]) -> bytes:
-    return pack(DEFINE, fence=fence_json(fence), ts=ts, bits=bits,
+                      interior: npt.NDArray[np.bool_], regions: Sequence[str] = ()) -> bytes:
+    return pack(DEFINE, fence=fence_json(fence), ts=ts, bits=bits, regions=list(regions),
                 ranges=np.ascontiguousarray(ranges, "<u8").tobytes(),
                 interior=np.ascontiguousarray(interior, np.uint8).tobytes())
 
 
-def rebind_for_region(fence: FenceDef, ts: float, bits: int, base_version: int, d: Diff) -> bytes:
+def rebind_for_region(fence: FenceDef, ts: float, bits: int, base_version: int, d: Diff,
+                      regions: Sequence[str] = ()) -> bytes:
     return pack(REBIND, fence=fence_json(fence), ts=ts, bits=bits, base_version=base_version,
+                regions=list(regions),
                 add=np.ascontiguousarray(d.add, "<u8").tobytes(),
                 add_interior=np.ascontiguousarray(d.add_interior, np.uint8).tobytes(),
                 remove=np.ascontiguousarray(d.remove, "<u8").tobytes(), digest=d.digest)
 
 
-def define_for_worker(d: Define) -> bytes:
-    return pack(DEFINE, fence=fence_json(d.fence), ts=d.ts)
+def define_for_worker(d: Define, recheck: WorkerBatch | None = None, region: str = "") -> bytes:
+    extra: dict[str, Any] = {"regions": list(d.regions), "region": region} if region else {}
+    if recheck is not None and len(recheck.positions):
+        extra["recheck"] = recheck.to_wire()
+    return pack(DEFINE, fence=fence_json(d.fence), ts=d.ts, **extra)
 
 
 def drop_message(d: Drop) -> bytes:
@@ -123,13 +139,32 @@ def _flags(raw: Any, n: int, what: str) -> npt.NDArray[np.bool_]:
     return flags
 
 
+def _regions(msg: dict[str, Any]) -> tuple[str, ...]:
+    raw = msg.get("regions", [])
+    if not isinstance(raw, list) or len(raw) > 256 or not all(
+            isinstance(r, str) and 0 < len(r) <= 64 for r in raw):
+        raise ValueError("regions: a list of region names expected")
+    return tuple(raw)
+
+
 def _define(msg: dict[str, Any]) -> Define:
     fence = _fence(msg["fence"])
+    regions = _regions(msg)
     if "ranges" not in msg:
-        return Define(fence, _ts(msg["ts"]))
+        recheck = None
+        if msg.get("recheck") is not None:
+            recheck = WorkerBatch.from_wire(msg["recheck"])
+            if (recheck.fences != [fence.fence_id] or (recheck.rechecks() != 0).any()
+                    or (recheck.fence_versions() != fence.version).any()
+                    or (np.diff(recheck.ptr) > 1).any()):
+                raise ValueError(f"re-check rows that are not all of fence {fence.fence_id} v{fence.version}")
+        region = msg.get("region", "")
+        if not isinstance(region, str) or len(region) > 64:
+            raise ValueError("region: a region name expected")
+        return Define(fence, _ts(msg["ts"]), recheck=recheck, regions=regions, region=region)
     ranges = _ranges(msg["ranges"], "ranges")
     return Define(fence, _ts(msg["ts"]), int(msg["bits"]), ranges,
-                  _flags(msg["interior"], len(ranges), "ranges"))
+                  _flags(msg["interior"], len(ranges), "ranges"), regions=regions)
 
 
 def _ranges(raw: Any, what: str) -> npt.NDArray[np.uint64]:
@@ -154,7 +189,7 @@ def _rebind(msg: dict[str, Any]) -> Define:
     if base >= fence.version:
         raise ValueError(f"base_version {base} is not older than version {fence.version}")
     d = Diff(add, add_interior, _ranges(msg["remove"], "remove"), digest)
-    return Define(fence, _ts(msg["ts"]), int(msg["bits"]), diff=d, base_version=base)
+    return Define(fence, _ts(msg["ts"]), int(msg["bits"]), diff=d, base_version=base, regions=_regions(msg))
 
 
 def _version(v: Any) -> int:

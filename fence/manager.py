@@ -163,19 +163,20 @@ class FenceManager:
         record = saved.record
         ts = record.updated_at.timestamp()
         outs, sent = [], 0
-        for region in self.regions:  # the regions the fence touched or touches, diffs where both
+        # the regions the fence touched or touches: each gets the change and forwards it
+        told = [r for r in self.regions if saved.previous.get(r) is not None or r in b.per_region]
+        for region in told:  # diffs where the region keeps the fence
             old, new = saved.previous.get(region), b.per_region.get(region)
             d = None if new is None or old is None else binding_diff.diff(old.ranges, old.interior, *new)
             if d is not None and old is not None and new is not None and d.size < len(new[0]):  # smaller
-                body = control.rebind_for_region(record.fence, ts, b.bits, old.version, d)
+                body = control.rebind_for_region(record.fence, ts, b.bits, old.version, d, told)
                 sent += d.size
             elif new is not None:  # new in the region, or a diff no smaller than the covering
-                body = control.define_for_region(record.fence, ts, b.bits, *new)
+                body = control.define_for_region(record.fence, ts, b.bits, *new, regions=told)
                 sent += len(new[0])
-            elif old is not None:
-                body = control.define_for_region(record.fence, ts, b.bits, _EMPTY_RANGES, _EMPTY_FLAGS)
             else:
-                continue
+                body = control.define_for_region(record.fence, ts, b.bits, _EMPTY_RANGES, _EMPTY_FLAGS,
+                                                 regions=told)
             outs.append(shell.Out(self._control[region], "", body, CONTENT_TYPE))
         await shell.publish_all(outs, self.counters)
         return Change(spec.fence_id, record.fence.version, tuple(sorted(b.per_region)), b.ranges, b.bits,
@@ -192,9 +193,10 @@ class FenceManager:
         if record is None:
             return False
         ts = record.updated_at.timestamp()  # the fence's own change time: x-fence sees no change
+        told = sorted(per_region)
         outs = [shell.Out(self._control[region], "", control.define_for_region(
-                    record.fence, ts, bits, *(b or (_EMPTY_RANGES, _EMPTY_FLAGS))), CONTENT_TYPE)
-                for region, b in sorted(per_region.items())]
+                    record.fence, ts, bits, *(b or (_EMPTY_RANGES, _EMPTY_FLAGS)), regions=told),
+                    CONTENT_TYPE) for region, b in sorted(per_region.items())]
         await shell.publish_all(outs, self.counters)
         return True
 

@@ -237,7 +237,13 @@ class FenceSidecar:
                     else:
                         steps.append(parts)
                 else:
-                    steps.append(control.parse(msg))
+                    change = control.parse(msg)
+                    recheck = change.recheck if isinstance(change, control.Define) else None
+                    if recheck is not None and recheck.worker != self.worker:
+                        raise InvalidMessage(f"re-check rows for worker {recheck.worker}, not {self.worker}")
+                    steps.append(change)
+                    if recheck is not None:
+                        steps.append([recheck])  # right behind its definition
             except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
                 outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "message"),
                                               t.fence_queue(self.worker), self.counters))
@@ -253,7 +259,7 @@ class FenceSidecar:
                         self.stream_ts = max(self.stream_ts, float(wb.positions.ts.max()))
                     events += self.core.route(wb, received_at)
                 elif isinstance(step, control.Define):
-                    events += self.core.define(step.fence, step.ts)
+                    events += self.core.define(step.fence, step.ts, step.regions, step.region)
                     log.info("fence %s v%d defined", step.fence.fence_id, step.fence.version)
                 else:
                     events += self.core.drop(step.fence_id, step.version, step.ts)

@@ -21,6 +21,23 @@ filter, so its answers are shapely's contains_xy), and by shapely itself for the
 C cannot decide (on or within rounding of an edge) and for fences that are not valid
 polygons.
 
+Fence changes. A definition alone decides nothing for objects: this worker's last position
+of an object is current only while the object is in one of its fences' ranges (x-geo routes
+it here then), and anywhere else it may be far behind. Each x-geo region that binds (or
+bound) the fence applies the change and sends, right behind the definition, a *re-check*
+row per object whose latest position there is in the fence's old or new ranges
+(exchanges.x_geo.XGeo.change). A re-check decides the object against the new geometry:
+ENTER (reason `entered` for a new fence, `fence_changed` for a replaced one) or LEAVE
+`fence_changed`, at the ts of that position: the one the decision comes from, as for every
+position (the change's own time would put the event after positions routed behind it, whose
+events it precedes). An object last seen more than `timeout_s` before the change is not
+entered (one inside that the new geometry holds stays until the timer LEAVEs it). Positions
+that a region routed before it
+applied the change carry the old binding's version and are judged against the geometry of
+that version (kept for the latest replaced one): so every position is judged against the
+fence as its region had it, and each object is decided at its region's change from its
+latest position there, whatever order the regions' streams reach this worker in.
+
 Time comes from the positions (ts), never from this process's clock: a restarted worker
 makes the same decisions, and the same inputs give the same event ids (a consumer can drop
 a redelivered event by its id).
@@ -29,6 +46,7 @@ a redelivered event by its id).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,6 +247,13 @@ class XFence:
         self._id_prefix: list[str] = []  # by code: "fence_id \x1f version \x1f" of event ids
         self._versions: dict[str, int] = {}  # also remembers deleted fences' last version
         self._timeout = np.zeros(0, np.float64)
+        self._version_of = np.zeros(0, np.int64)  # by code: the version defined
+        self._changed_at = np.zeros(0, np.float64)  # by code: its change time (re-check events)
+        self._created = np.zeros(0, bool)  # by code: that version created the fence (not a replace)
+        # by code, while a change is in transition (not every region it was sent to has
+        # forwarded it yet): the replaced version's geometry, and the regions still to come
+        self._prev: dict[int, tuple[int, BaseGeometry]] = {}
+        self._pending: dict[int, set[str]] = {}
         self._geoms = np.empty(0, dtype=object)
         self._edges = _Edges()
         self._keys = np.empty(0, np.uint64)  # sorted (object << 32 | fence)
@@ -239,6 +264,8 @@ class XFence:
         self.stale_positions = 0
         self.held_positions = 0
         self.holds_expired = 0
+        self.rechecks = 0
+        self.rechecks_superseded = 0
         # What changed since the last `fence.state_codec.changes` (the journal's record):
         # objects whose row or pairs changed, fences defined or dropped, the held positions.
         self._dirty_objs: list[I64] = []
@@ -248,44 +275,61 @@ class XFence:
 
     # -- fences ---------------------------------------------------------------------------
 
-    def define(self, fence: FenceDef, ts: float) -> list[Event]:
-        """Create or replace a fence at time ts. Known objects seen within the timeout are
-        re-checked against the new geometry: LEAVE / ENTER with reason fence_changed (ENTER
-        `entered` for a new fence). An older version than the one known is ignored."""
+    def define(self, fence: FenceDef, ts: float, regions: Sequence[str] = (),
+               region: str = "") -> list[Event]:
+        """Create or replace a fence at time ts (an older version than the one known is
+        ignored). Who is inside it is decided by the re-check rows that follow the definition
+        (see the module's docstring, "Fence changes"), not here: no events. `regions` are the
+        regions the change was sent to, `region` the one this copy came through: until every
+        one has forwarded it, positions routed with the replaced version may still come, and
+        its geometry is kept for them."""
         known = self._versions.get(fence.fence_id)
+        code = self._fence_code.get(fence.fence_id)
         if known is not None and fence.version <= known:
+            if fence.version == known and code is not None and code in self._pending:
+                self._pending[code].discard(region)
+                self._end_transitions()
             return []
         if not fence.timeout_s > 0:
             raise ValueError(f"fence {fence.fence_id}: timeout_s must be > 0, got {fence.timeout_s}")
         self._versions[fence.fence_id] = fence.version
         shapely.prepare(fence.geometry)
-        code = self._fence_code.get(fence.fence_id)
         replacing = code is not None
         if code is None:
             code = self._new_slot(fence.fence_id)
-        self._install(code, fence)
+        else:
+            old = self._fences[code]
+            if old is not None:
+                self._prev[code] = (old.version, old.geometry)
+        self._install(code, fence, ts, created=not replacing)
+        self._pending[code] = set(regions) - {region}
+        self._end_transitions()
         self._dirty_fences.add(code)
+        return []
 
-        old_mask = (self._keys & _LOW) == np.uint64(code)
-        old_objs = (self._keys[old_mask] >> _SHIFT).astype(np.int64)
-        old_since = self._since[old_mask]
-        n = len(self._objects.ids)
-        recent = np.flatnonzero(ts - self._last_ts[:n] <= fence.timeout_s)
-        inside = recent[shapely.contains_xy(fence.geometry, self._last_lon[recent], self._last_lat[recent])]
-        leaving = np.setdiff1d(old_objs, inside)
-        entering = np.setdiff1d(inside, old_objs)
-        events = self._events(np.r_[np.ones(leaving.size, np.int8), np.zeros(entering.size, np.int8)],
-                              np.full(leaving.size + entering.size, code, np.int64),
-                              np.r_[leaving, entering], np.full(leaving.size + entering.size, ts),
-                              (FENCE_CHANGED if replacing else ENTERED, FENCE_CHANGED))
-        # new pairs of this fence: stayers keep their since
-        stay_since = dict(zip(old_objs.tolist(), old_since.tolist(), strict=True))
-        since = np.array([stay_since.get(int(o), ts) for o in inside], dtype=np.float64)
-        self._replace_pairs(~old_mask, inside, np.full(inside.size, code, np.int64), since)
-        return events
+    def _end_transitions(self) -> None:
+        """Forget the replaced version of the fences that every region has forwarded the
+        change through, once no held row (waiting for a handover notice, routed before its
+        region's copy of the change) carries that version any more."""
+        done = [c for c, waiting in self._pending.items() if not waiting]
+        if not done:
+            return
+        held: set[tuple[str, int]] = set()
+        for items in self._held.values():
+            for wb, _ in items:
+                held.update(zip(wb.fences, wb.fence_versions().tolist(), strict=True))
+        for c in done:
+            prev = self._prev.get(c)
+            if prev is not None and (self._fence_names[c], prev[0]) in held:
+                continue
+            del self._pending[c]
+            if self._prev.pop(c, None) is not None:
+                self._dirty_fences.add(c)
 
     def drop(self, fence_id: str, version: int, ts: float) -> list[Event]:
-        """Delete a fence: LEAVE fence_deleted for everyone inside. Idempotent."""
+        """Delete a fence: LEAVE fence_deleted for everyone inside, at ts (the delete's time)
+        or, for an object seen inside after it (routed by a region that had not applied the
+        delete yet), at its last position's time: never before what the object did. Idempotent."""
         known = self._versions.get(fence_id)
         if known is not None and version < known:
             return []
@@ -297,10 +341,12 @@ class XFence:
         mask = (self._keys & _LOW) == np.uint64(code)
         objs = (self._keys[mask] >> _SHIFT).astype(np.int64)
         events = self._events(np.ones(objs.size, np.int8), np.full(objs.size, code, np.int64), objs,
-                              np.full(objs.size, ts), (ENTERED, FENCE_DELETED))
+                              np.maximum(ts, self._last_ts[objs]), (ENTERED, FENCE_DELETED))
         self._keys, self._since = self._keys[~mask], self._since[~mask]
         self._fences[code] = None
         self._geoms[code] = None
+        self._prev.pop(code, None)
+        self._pending.pop(code, None)
         self._edges.drop(code)
         self._dirty_fences.add(code)
         return events
@@ -313,14 +359,20 @@ class XFence:
         self._fence_names.append(fence_id)
         self._id_prefix.append("")
         self._timeout = grow(self._timeout, code + 1, 0.0)
+        self._version_of = grow(self._version_of, code + 1, 0)
+        self._changed_at = grow(self._changed_at, code + 1, 0.0)
+        self._created = grow(self._created, code + 1, False)
         self._geoms = grow(self._geoms, code + 1, None)
         return code
 
-    def _install(self, code: int, fence: FenceDef) -> None:
-        """Fence `code` is `fence` (its slot exists)."""
+    def _install(self, code: int, fence: FenceDef, changed_at: float, created: bool) -> None:
+        """Fence `code` is `fence`, changed at `changed_at` (its slot exists)."""
         self._fences[code] = fence
         self._id_prefix[code] = f"{fence.fence_id}\x1f{fence.version}\x1f"
         self._timeout[code] = fence.timeout_s
+        self._version_of[code] = fence.version
+        self._changed_at[code] = changed_at
+        self._created[code] = created
         self._geoms[code] = fence.geometry
         self._edges.put(code, fence.geometry)
 
@@ -356,9 +408,9 @@ class XFence:
                 self._held_dirty = True
                 keep = np.flatnonzero(~blocked)
                 wb, codes = wb.take(keep), codes[keep]
-        events = self._route(wb, codes)
-        if self._held and wb.notice is not None and wb.notice.any():
-            events += self._release(None)
+        events = self._route(*self._with_opened(wb, codes))
+        if self._pending:
+            self._end_transitions()
         return events
 
     # Longest wait for a handover notice. The notice always comes (x-ingress sends it with the
@@ -394,6 +446,37 @@ class XFence:
     def _release(self, now: float | None) -> list[Event]:
         """Apply the held positions whose gate opened (with `now`: also those held HOLD_S),
         all in one batch, so each object's are taken in time order."""
+        ready, codes = self._ready(now)
+        if not ready:
+            return []
+        events = self._route(*self._with_opened(WorkerBatch.concat(ready), np.array(codes, np.int64)))
+        if self._pending:
+            self._end_transitions()
+        return events
+
+    def _with_opened(self, wb: WorkerBatch, codes: I64) -> tuple[WorkerBatch, I64]:
+        """`wb` and, behind it, the held rows its notices open (and those these open in
+        turn), to be routed as one batch: a notice and the position it opens (the object's
+        position in the region it went to: the same instant) are then one observation, which
+        unites what each says. Routed apart, a notice judged against a fence's new version
+        and the position routed with its old one would LEAVE and ENTER at one instant."""
+        parts, part_codes = [wb], [codes]
+        while self._held and parts[-1].notice is not None and parts[-1].notice.any():
+            last, last_codes = parts[-1], part_codes[-1]
+            assert last.notice is not None
+            np.maximum.at(self._ho_ts, last_codes[last.notice], last.positions.ts[last.notice])
+            ready, ready_codes = self._ready(None)
+            if not ready:
+                break
+            parts.append(WorkerBatch.concat(ready))
+            part_codes.append(np.array(ready_codes, np.int64))
+        if len(parts) == 1:
+            return wb, codes
+        return WorkerBatch.concat(parts), np.concatenate(part_codes)
+
+    def _ready(self, now: float | None) -> tuple[list[WorkerBatch], list[int]]:
+        """Take out the held rows whose gate is open (with `now`: also those held HOLD_S),
+        each region's rows of an object in order; with their object codes."""
         ready: list[WorkerBatch] = []
         codes: list[int] = []
         for c in list(self._held):
@@ -414,28 +497,94 @@ class XFence:
                 self._held[c] = keep
             else:
                 del self._held[c]
-        if not ready:
-            return []
-        self._held_dirty = True
-        wb = WorkerBatch.concat(ready)
-        events = self._route(wb, np.array(codes, np.int64))
-        if self._held and wb.notice is not None and wb.notice.any():  # a released notice opens more
-            events += self._release(None)
-        return events
+        if ready:
+            self._held_dirty = True
+        return ready, codes
 
     def _route(self, wb: WorkerBatch, codes: I64) -> list[Event]:
+        """Ordinary rows and re-check rows, in row order (each object's rows are in order)."""
+        rc = wb.recheck
+        if rc is None or not (rc >= 0).any():
+            return self._route_positions(wb, codes)
+        is_rc = rc >= 0
+        cuts = np.flatnonzero(is_rc[1:] != is_rc[:-1]) + 1
+        events: list[Event] = []
+        for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, is_rc.size].tolist(), strict=True):
+            part = wb if (lo, hi) == (0, is_rc.size) else wb.take(np.arange(lo, hi))
+            apply = self._apply_rechecks if is_rc[lo] else self._route_positions
+            events += apply(part, codes[lo:hi])
+        return events
+
+    def _apply_rechecks(self, wb: WorkerBatch, codes: I64) -> list[Event]:
+        """Re-check rows (every row one): each decides its object against the current
+        version of its fence (see the module's docstring, "Fence changes"). A row for a
+        version this worker no longer has (replaced again, or deleted) is superseded: the
+        newer change brings its own. A row older than the object's last known position is
+        stale, as any position."""
+        n = len(wb.positions)
+        ts = wb.positions.ts
+        code_of = np.fromiter((self._fence_code.get(f, -1) for f in wb.fences), np.int64, len(wb.fences))
+        rc = wb.rechecks()
+        f = code_of[rc]
+        ok = f >= 0
+        ok[ok] = wb.fence_versions()[rc[ok]] == self._version_of[f[ok]]
+        self.rechecks_superseded += int(n - np.count_nonzero(ok))
+        fresh_row = ok & (ts >= self._last_ts[codes])
+        self.stale_positions += int(np.count_nonzero(ok & ~fresh_row))
+        rows = np.flatnonzero(fresh_row)
+        if not rows.size:
+            return []
+        self.rechecks += int(rows.size)
+        # one decision per (object, fence): the latest row (two regions may both have had it)
+        key = (codes[rows].astype(np.uint64) << _SHIFT) | f[rows].astype(np.uint64)
+        order = np.lexsort((ts[rows], key))
+        rows, key = rows[order], key[order]
+        last = np.r_[key[1:] != key[:-1], True]
+        rows, key = rows[last], key[last]
+        obj, fc, t = codes[rows], f[rows], ts[rows]
+        newer = t > self._last_ts[obj]  # a position this worker was not sent
+        self._last_ts[obj[newer]] = t[newer]
+        self._last_lon[obj[newer]] = wb.positions.lon[rows[newer]]
+        self._last_lat[obj[newer]] = wb.positions.lat[rows[newer]]
+        self._dirty_objs.append(obj)
+        inside = np.diff(wb.ptr)[rows] > 0  # the row's candidate: the fence's new ranges hold it
+        row_interior = wb.interior[np.minimum(wb.ptr[rows], wb.interior.size - 1)] if wb.interior.size \
+            else np.zeros(rows.size, bool)
+        exact = np.flatnonzero(inside & ~row_interior)
+        if exact.size:
+            inside[exact] = self._contains(fc[exact], wb.positions.lon[rows[exact]],
+                                           wb.positions.lat[rows[exact]])
+        at = np.searchsorted(self._keys, key)
+        there = at < self._keys.size
+        there[there] = self._keys[at[there]] == key[there]
+        # an object silent longer than the timeout before the change is not entered (one
+        # inside stays, if the new geometry holds it, until the timer LEAVEs it)
+        enter = inside & ~there & (t >= self._changed_at[fc] - self._timeout[fc])
+        leave = ~inside & there
+        created = self._created[fc]
+        new_in, changed_in = enter & created, enter & ~created
+        events = self._events(np.r_[np.zeros(int(new_in.sum()), np.int8), np.ones(int(leave.sum()), np.int8)],
+                              np.r_[fc[new_in], fc[leave]], np.r_[obj[new_in], obj[leave]],
+                              np.r_[t[new_in], t[leave]], (ENTERED, FENCE_CHANGED))
+        if changed_in.any():
+            events += self._events(np.zeros(int(changed_in.sum()), np.int8), fc[changed_in], obj[changed_in],
+                                   t[changed_in], (FENCE_CHANGED, FENCE_CHANGED))
+            events.sort(key=lambda e: (e.ts, e.object_id, e.fence_id, e.event))
+        self._replace_sorted(at[leave], key[enter], t[enter])
+        return events
+
+    def _route_positions(self, wb: WorkerBatch, codes: I64) -> list[Event]:
         pos = wb.positions
         if len(pos) == 0:
             return []
         if wb.notice is not None and wb.notice.any():  # the region it came from is done with it
             np.maximum.at(self._ho_ts, codes[wb.notice], pos.ts[wb.notice])
             self._dirty_objs.append(codes[wb.notice])
-            if wb.barrier is not None and wb.barrier.any():  # barriers: nothing more
-                keep = np.flatnonzero(~wb.barrier)
-                wb, codes = wb.take(keep), codes[keep]
-                pos = wb.positions
-                if len(pos) == 0:
-                    return []
+            keep = np.flatnonzero(~wb.notice)  # a notice opens gates, and says nothing more
+            wb, codes = wb.take(keep), codes[keep]
+            pos = wb.positions
+            if len(pos) == 0:
+                return []
         obs = self._observations(codes, pos.ts)
         self._dirty_objs.append(obs.objs)
         c_pos, c_fence = self._inside(wb, obs, codes)
@@ -550,8 +699,7 @@ class XFence:
 
     def _inside(self, wb: WorkerBatch, obs: _Observations, codes: I64) -> tuple[I64, I64]:
         """Candidate (position, fence code) pairs of fresh positions that pass the exact
-        test (skipped on interior blocks); candidates of unknown fences are counted, dropped.
-        A notice's candidates are the fences its object may be in (see route), all exact."""
+        test (skipped on interior blocks); candidates of unknown fences are counted, dropped."""
         n = len(wb.positions)
         c_pos = np.repeat(np.arange(n), np.diff(wb.ptr))
         if wb.fences:
@@ -562,39 +710,38 @@ class XFence:
             c_fence = np.empty(0, np.int64)
         keep = c_fence >= 0
         self.unknown_fence_candidates += c_fence.size - int(np.count_nonzero(keep))
-        interior = wb.interior
-        if wb.notice is not None and wb.notice.any():
-            n_pos, n_fence = self._notice_candidates(wb.notice, codes, c_pos[keep], c_fence[keep])
-            c_pos, c_fence = np.r_[c_pos, n_pos], np.r_[c_fence, n_fence]
-            keep = np.r_[keep, np.ones(n_pos.size, bool)]
-            interior = np.r_[interior, np.zeros(n_pos.size, bool)]
         if not c_fence.size:
             return c_pos, c_fence
+        interior = wb.interior
         keep &= obs.pos_seq[c_pos] >= 0  # stale positions have no observation
-        at = np.flatnonzero(keep & ~interior)
+        exact = keep & ~interior
+        if wb.versions is not None:  # candidates routed with another version than defined here
+            said = wb.versions[wb.cand]
+            older = np.flatnonzero(keep & (said != 0) & (said != self._version_of[np.maximum(c_fence, 0)]))
+            if older.size:
+                exact[older] = False
+                keep[older] = self._contains_as_routed(c_fence[older], said[older], interior[older],
+                                                       wb.positions.lon[c_pos[older]],
+                                                       wb.positions.lat[c_pos[older]])
+        at = np.flatnonzero(exact)
         if at.size:
             keep[at] = self._contains(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
         return c_pos[keep], c_fence[keep]
 
-    def _notice_candidates(self, notice: npt.NDArray[np.bool_], codes: I64, c_pos: I64, c_fence: I64
-                           ) -> tuple[I64, I64]:
-        """(notice position, fence) for every fence its object is in (stored) or is a
-        candidate for in this batch; few: notices come with objects crossing regions."""
-        rows = np.flatnonzero(notice)
-        objs = np.unique(codes[rows])
-        fences: dict[int, set[int]] = {int(o): set() for o in objs.tolist()}
-        for k in self._keys[self._stored_pairs(objs)].tolist():
-            fences[k >> 32].add(k & 0xFFFFFFFF)
-        mine = np.isin(codes[c_pos], objs)
-        for o, f in zip(codes[c_pos[mine]].tolist(), c_fence[mine].tolist(), strict=True):
-            fences[o].add(f)
-        out_pos: list[int] = []
-        out_fence: list[int] = []
-        for r, o in zip(rows.tolist(), codes[rows].tolist(), strict=True):
-            fs = sorted(f for f in fences[o] if self._fences[f] is not None)
-            out_pos += [r] * len(fs)
-            out_fence += fs
-        return np.array(out_pos, np.int64), np.array(out_fence, np.int64)
+    def _contains_as_routed(self, fences: I64, versions: I64, interior: npt.NDArray[np.bool_], x: F64,
+                            y: F64) -> npt.NDArray[np.bool_]:
+        """Candidates x-geo routed with another version of their fence than this worker has
+        (a region that had not applied a change yet): judged against that version's
+        geometry when it is the one replaced last (its interior flags hold for it), else
+        exactly against the current one. Rare: only positions in flight across a change."""
+        out = np.zeros(fences.size, bool)
+        for i, (c, v) in enumerate(zip(fences.tolist(), versions.tolist(), strict=True)):
+            prev = self._prev.get(c)
+            if prev is not None and prev[0] == v:
+                out[i] = bool(interior[i]) or bool(shapely.contains_xy(prev[1], x[i], y[i]))
+            else:
+                out[i] = bool(self._contains(np.array([c], np.int64), x[i:i + 1], y[i:i + 1])[0])
+        return out
 
     def _contains(self, fences: I64, x: F64, y: F64) -> npt.NDArray[np.bool_]:
         """shapely.contains_xy(fence, x, y) elementwise: in C, and by shapely where C is unsure."""
@@ -686,7 +833,8 @@ class XFence:
                 "inside_pairs": int(self._keys.size),
                 "unknown_fence_candidates": self.unknown_fence_candidates,
                 "stale_positions": self.stale_positions, "held_positions": self.held_positions,
-                "held_now": sum(map(len, self._held.values())), "holds_expired": self.holds_expired}
+                "held_now": sum(map(len, self._held.values())), "holds_expired": self.holds_expired,
+                "rechecks": self.rechecks, "rechecks_superseded": self.rechecks_superseded}
 
     # -- internals ------------------------------------------------------------------------
 

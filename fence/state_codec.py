@@ -28,7 +28,8 @@ from exchanges.x_geo import WorkerBatch
 from fence.state import _LOW, _SHIFT, FenceDef, XFence
 
 FORMAT = 1
-_STATS = ("unknown_fence_candidates", "stale_positions", "held_positions", "holds_expired")
+_STATS = ("unknown_fence_candidates", "stale_positions", "held_positions", "holds_expired", "rechecks",
+          "rechecks_superseded")
 U64 = npt.NDArray[np.uint64]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -42,17 +43,38 @@ def _a(raw: bytes, dtype: str, to: Any) -> npt.NDArray[Any]:
     return np.frombuffer(raw, dtype).astype(to)
 
 
-def _fence(d: FenceDef | None) -> dict[str, Any] | None:
+def _fence(x: XFence, code: int) -> dict[str, Any] | None:
+    """Fence `code` as stored: its definition, change time, whether that version created
+    it, and the geometry of the version it replaced (positions routed before a region
+    applied the change are judged against it)."""
+    d = x._fences[code]
     if d is None:
         return None
+    prev = x._prev.get(code)
     return {"id": d.fence_id, "version": d.version, "wkb": shapely.to_wkb(d.geometry),
-            "timeout_s": d.timeout_s, "name": d.name}
+            "timeout_s": d.timeout_s, "name": d.name, "ts": float(x._changed_at[code]),
+            "created": bool(x._created[code]),
+            "prev": None if prev is None else [prev[0], shapely.to_wkb(prev[1])],
+            "pending": sorted(x._pending.get(code, ()))}
 
 
-def _unfence(d: dict[str, Any]) -> FenceDef:
+def _unfence(x: XFence, code: int, d: dict[str, Any]) -> None:
+    """Install fence `code` from `_fence`'s dict (a record of before re-checks: changed at 0,
+    a replace, no previous geometry)."""
     geometry = shapely.from_wkb(d["wkb"])
     shapely.prepare(geometry)
-    return FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"])
+    x._install(code, FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"]),
+               float(d.get("ts", 0.0)), bool(d.get("created", False)))
+    prev = d.get("prev")
+    x._pending.pop(code, None)
+    if prev is None:
+        x._prev.pop(code, None)
+    else:
+        old = shapely.from_wkb(prev[1])
+        shapely.prepare(old)
+        x._prev[code] = (int(prev[0]), old)
+        if d.get("pending"):
+            x._pending[code] = {str(r) for r in d["pending"]}
 
 
 def _held(x: XFence) -> list[list[Any]]:
@@ -81,7 +103,7 @@ def snapshot(x: XFence) -> dict[str, Any]:
         "format": FORMAT, "worker": x.worker, "ids": list(x._objects.ids),
         "last_ts": _b(x._last_ts[:n], "<f8"), "last_lon": _b(x._last_lon[:n], "<f8"),
         "last_lat": _b(x._last_lat[:n], "<f8"), "ho_ts": _b(x._ho_ts[:n], "<f8"),
-        "fences": [_fence(d) for d in x._fences], "names": list(x._fence_names),
+        "fences": [_fence(x, c) for c in range(len(x._fences))], "names": list(x._fence_names),
         "versions": dict(x._versions),
         "keys": _b(x._keys, "<u8"), "since": _b(x._since, "<f8"),
         "held": _held(x), "stats": {k: getattr(x, k) for k in _STATS},
@@ -107,7 +129,7 @@ def restore(data: dict[str, Any]) -> XFence:
         if d is None:
             del x._fence_code[name]  # dropped: the slot stays, unused
         else:
-            x._install(code, _unfence(d))
+            _unfence(x, code, d)
             x._fence_code[name] = code
     x._versions = {str(k): int(v) for k, v in data["versions"].items()}
     x._keys = _a(data["keys"], "<u8", np.uint64)
@@ -143,7 +165,7 @@ def changes(x: XFence, n_persisted: int) -> dict[str, Any] | None:
         "objs": _b(objs, "<i8"), "last_ts": _b(x._last_ts[objs], "<f8"),
         "last_lon": _b(x._last_lon[objs], "<f8"), "last_lat": _b(x._last_lat[objs], "<f8"),
         "ho_ts": _b(x._ho_ts[objs], "<f8"),
-        "fences": [[c, x._fence_names[c], _fence(x._fences[c])] for c in fences.tolist()],
+        "fences": [[c, x._fence_names[c], _fence(x, c)] for c in fences.tolist()],
         "versions": {f: x._versions[f] for f in {*(x._fence_names[c] for c in fences.tolist()),
                                                  *x._dirty_versions}},
         "keys": _b(x._keys[take], "<u8"), "since": _b(x._since[take], "<f8"),
@@ -177,9 +199,11 @@ def apply(x: XFence, record: dict[str, Any]) -> None:
                 del x._fence_code[name]
             x._fences[code] = None
             x._geoms[code] = None
+            x._prev.pop(code, None)
+            x._pending.pop(code, None)
             x._edges.drop(code)
         else:
-            x._install(code, _unfence(d))
+            _unfence(x, code, d)
             x._fence_code[name] = code
         fences.append(code)
     x._versions.update({str(k): int(v) for k, v in record["versions"].items()})
@@ -215,9 +239,13 @@ def equal(a: XFence, b: XFence) -> list[str]:
         if fa is None or fb is None:
             if (fa is None) != (fb is None):
                 diffs.append(f"fence {c}")
-        elif ((fa.fence_id, fa.version, fa.timeout_s, fa.name) !=
-                (fb.fence_id, fb.version, fb.timeout_s, fb.name)
-              or not fa.geometry.equals_exact(fb.geometry, 0)):
+        elif ((fa.fence_id, fa.version, fa.timeout_s, fa.name, a._changed_at[c], a._created[c]) !=
+                (fb.fence_id, fb.version, fb.timeout_s, fb.name, b._changed_at[c], b._created[c])
+              or not fa.geometry.equals_exact(fb.geometry, 0)
+              or a._pending.get(c) != b._pending.get(c)
+              or (a._prev.get(c) is None) != (b._prev.get(c) is None)
+              or (c in a._prev and (a._prev[c][0] != b._prev[c][0]
+                                    or not a._prev[c][1].equals_exact(b._prev[c][1], 0)))):
             diffs.append(f"fence {c}")
     if _held(a) != _held(b):
         diffs.append("held positions")

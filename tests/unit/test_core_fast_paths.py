@@ -50,6 +50,16 @@ def pipeline(single_path: bool = True) -> tuple[XGeo, XFence]:
     return geo, fence
 
 
+def change(geo: XGeo, fence: XFence, fid: str, version: int, geom: shapely.Geometry, ts: float,
+           timeout: float = 60.0) -> list:  # type: ignore[type-arg]
+    """A fence change as the pipeline makes it: x-geo binds and gives its re-check rows,
+    which follow the definition to the worker."""
+    cov = hk.cover(geom, 21).to_bits(INDEX_BITS)
+    recheck = geo.change(fid, version, FenceBinding(fid, version, cov.ranges, cov.interior))
+    events = fence.define(FenceDef(fid, version, geom, timeout), ts)
+    return events + (fence.route(recheck) if recheck is not None else [])
+
+
 def feed(geo: XGeo, fence: XFence, points: list[tuple[str, float, float, float]]) -> list[tuple]:  # type: ignore[type-arg]
     out = []
     for wb in geo.route(positions(points)).values():
@@ -91,24 +101,24 @@ def test_a_stayer_keeps_its_since(single_path: bool) -> None:
     assert state(fence)["east"] == [("o", 12.0)] and state(fence)["west"] == []
 
 
-def notice(wb: WorkerBatch) -> WorkerBatch:
-    """The same positions with no candidates: a handover notice from the region left."""
+def bare(wb: WorkerBatch) -> WorkerBatch:
+    """The same positions with no candidates (a region whose binding does not hold them)."""
     n = len(wb.positions)
     return WorkerBatch(wb.worker, wb.positions, np.zeros(n + 1, np.int64), [], np.empty(0, np.int32),
                        np.empty(0, bool))
 
 
-@pytest.mark.parametrize("order", ["notice first", "notice last", "one batch"])
+@pytest.mark.parametrize("order", ["bare first", "bare last", "one batch"])
 def test_observations_at_one_ts_are_united(order: str) -> None:
-    """A handover notice (no candidates) and the routed position of the same update, in
-    either order or together: no LEAVE / ENTER of a fence the object stays in."""
+    """One update seen twice (a fence bound in two regions during a change), once with no
+    candidates, in either order or together: what the copies say is united."""
     geo, fence = pipeline()
     feed(geo, fence, [("o", 9.505, 47.105, 1.0)])  # in west
     wb = geo.route(positions([("o", 9.5051, 47.1051, 2.0)]))["w0"]  # still in west
-    parts = [notice(wb), wb] if order != "notice last" else [wb, notice(wb)]
+    parts = [bare(wb), wb] if order != "bare last" else [wb, bare(wb)]
     events = fence.route(WorkerBatch.concat(parts)) if order == "one batch" else \
         [e for p in parts for e in fence.route(p)]
-    if order == "notice first":  # the notice alone says "in nothing": the exit is told, then undone
+    if order == "bare first":  # the bare copy alone says "in nothing": the exit is told, then undone
         assert [(e.event, e.fence_id) for e in events] == [("leave", "west"), ("enter", "west")]
     else:
         assert events == []
@@ -116,14 +126,18 @@ def test_observations_at_one_ts_are_united(order: str) -> None:
 
 
 def test_handover_notices_are_taken_in_time_order() -> None:
-    """o is in west, goes to another region (t=2) and comes back outside west (t=3), all in
-    one ingress batch: the worker hears of the exit at t=2."""
+    """o is in west, goes to another region (t=3) and comes back outside west (t=4), all in
+    one ingress batch: the region it went to sends its first position there to every worker,
+    so the worker hears of the exit at t=3; the notice, in line with the positions, only
+    opens that position's gate."""
     geo, fence = pipeline()
+    other = XGeo("b", ["w0"], OneWorker())
     feed(geo, fence, [("o", 9.505, 47.105, 1.0)])
     here = positions([("o", 9.505, 47.1051, 2.0), ("o", 9.495, 47.105, 4.0)])
     gone = positions([("o", 9.60, 47.20, 3.0)])
-    out = geo.route(here, left=gone)
-    events = [(e.event, e.fence_id, e.ts) for e in fence.route(out["w0"])]
+    out = geo.route(here, left=gone, gate=np.array([0.0, 4.0]))
+    there = other.route(gone, gate=np.array([3.0]))  # no fences there: still sent, it came in
+    events = [(e.event, e.fence_id, e.ts) for e in fence.route(WorkerBatch.concat([out["w0"], there["w0"]]))]
     assert events == [("leave", "west", 3.0)]
     assert geo.objects() == {}
 
@@ -145,7 +159,7 @@ def test_worker_batch_concat_renumbers_candidates() -> None:
     geo, _ = pipeline()
     a = geo.route(positions([("o", 9.505, 47.105, 1.0)]))["w0"]
     b = geo.route(positions([("p", 9.515, 47.1001, 1.0)]))["w0"]
-    ab = WorkerBatch.concat([a, notice(a), b])
+    ab = WorkerBatch.concat([a, bare(a), b])
     assert ab.positions.ids == ["o", "o", "p"]
     assert [sorted(f for f, _ in ab.candidates(i)) for i in range(3)] == [["west"], [], ["east", "ring"]]
     assert WorkerBatch.concat([a]) is a
@@ -265,13 +279,14 @@ def test_event_ids_are_those_of_event_id() -> None:
     for wb in geo.route(positions([("o", 9.505, 47.105, 1.5), ("p", 9.515, 47.1001, 2.25),
                                    ("o", 9.515, 47.1001, 1e9 + 0.1)])).values():
         events += fence.route(wb)
-    events += fence.define(FenceDef("west", 2, box(9.51, 47.10, 9.52, 47.11), 60.0), 3.0)
+    events += change(geo, fence, "west", 2, box(9.51, 47.10, 9.52, 47.11), 3.0, timeout=2e9)
     events += fence.drop("ring", 2, 4.0)
     events += fence.expire(now=2e9)
     assert {e.reason for e in events} == {"entered", "exited", "fence_changed", "fence_deleted", "timeout"}
     version = {"west": 1, "east": 1, "ring": 1}
     for e in events:
-        v = 2 if e.fence_id == "west" and e.reason != "exited" and e.ts >= 3.0 else version[e.fence_id]
+        # west's change decided at v2 (fence_changed), and its timer ran after it
+        v = 2 if e.fence_id == "west" and e.reason in ("fence_changed", "timeout") else version[e.fence_id]
         assert e.event_id == event_id(e.fence_id, v, e.object_id, e.event, e.reason, e.ts)
         assert e == Event(e.event, e.fence_id, e.object_id, e.ts, e.reason, e.event_id)
 

@@ -41,10 +41,13 @@ class Pipeline:
             self.define(fid, g, ts=0.0)
 
     def define(self, fid: str, geom: shapely.Geometry, ts: float) -> list:  # type: ignore[type-arg]
+        """As the pipeline changes a fence: x-geo binds it and re-checks the objects it has
+        in the old or new ranges, behind the definition."""
         v = self.version[fid] = self.version.get(fid, 0) + 1
         cov = hk.cover(geom, 21).to_bits(INDEX_BITS)
-        self.geo.add_binding(FenceBinding(fid, v, cov.ranges, cov.interior))
-        return self.fence.define(FenceDef(fid, v, geom, self.timeout), ts)
+        recheck = self.geo.change(fid, v, FenceBinding(fid, v, cov.ranges, cov.interior))
+        events = self.fence.define(FenceDef(fid, v, geom, self.timeout), ts)
+        return events + (self.fence.route(recheck) if recheck is not None else [])
 
     def feed(self, points: list[tuple[str, float, float, float]]) -> list[tuple[str, str, str, float, str]]:
         ids = [p[0] for p in points]
@@ -118,7 +121,7 @@ def test_timeout_leave_and_reentry() -> None:
 
 def test_fence_moved_under_a_still_object() -> None:
     p = Pipeline()
-    # the worker re-checks the objects it knows: q is known, being inside east
+    # x-geo re-checks the objects whose latest position is in the old or new ranges
     p.feed([("o", 9.505, 47.105, 10.0), ("q", 9.519, 47.109, 10.0)])
     ev = p.define("west", box(9.515, 47.105, 9.525, 47.115), ts=20.0)  # moved onto q
     assert sorted((e.event, e.object_id, e.reason) for e in ev) == [
