@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,6 +88,10 @@ class Event:
     ts: float
     reason: str
     event_id: str
+    # the time of the position the decision came from (not on the wire): `ts` is it, or the
+    # fence's change time when that is later (a fence's events are never dated before the
+    # change that made its current version); the event id hashes this one
+    position_ts: float = field(default=float("nan"), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"event": self.event, "fence_id": self.fence_id, "object_id": self.object_id,
@@ -98,7 +102,7 @@ class Event:
 # garbage collector tracks, and setting the slots directly skips the frozen __init__'s
 # object.__setattr__ per field.
 _EVENT_SLOTS = tuple(getattr(Event, f).__set__
-                     for f in ("event", "fence_id", "object_id", "ts", "reason", "event_id"))
+                     for f in ("event", "fence_id", "object_id", "ts", "reason", "event_id", "position_ts"))
 
 
 def event_id(fence_id: str, version: int, object_id: str, event: str, reason: str, ts: float) -> str:
@@ -565,12 +569,12 @@ class XFence:
         new_in, changed_in = enter & created, enter & ~created
         events = self._events(np.r_[np.zeros(int(new_in.sum()), np.int8), np.ones(int(leave.sum()), np.int8)],
                               np.r_[fc[new_in], fc[leave]], np.r_[obj[new_in], obj[leave]],
-                              np.r_[t[new_in], t[leave]], (ENTERED, FENCE_CHANGED))
+                              np.r_[t[new_in], t[leave]], (ENTERED, FENCE_CHANGED), dated=True)
         if changed_in.any():
             events += self._events(np.zeros(int(changed_in.sum()), np.int8), fc[changed_in], obj[changed_in],
-                                   t[changed_in], (FENCE_CHANGED, FENCE_CHANGED))
+                                   t[changed_in], (FENCE_CHANGED, FENCE_CHANGED), dated=True)
             events.sort(key=lambda e: (e.ts, e.object_id, e.fence_id, e.event))
-        self._replace_sorted(at[leave], key[enter], t[enter])
+        self._replace_sorted(at[leave], key[enter], np.maximum(t[enter], self._changed_at[fc[enter]]))
         return events
 
     def _route_positions(self, wb: WorkerBatch, codes: I64) -> list[Event]:
@@ -624,11 +628,11 @@ class XFence:
             np.r_[entering & _LOW, leaving & _LOW].astype(np.int64),
             obs.objs[np.r_[group_in, group_out]],
             obs.obs_ts[np.r_[group_in, group_out]],  # the one observation of each object
-            (ENTERED, EXITED),
+            (ENTERED, EXITED), dated=True,
         )
         since = np.empty(new.size)
         since[stays] = self._since[stored_at[j[stays]]]
-        since[~stays] = obs.obs_ts[group_in]
+        since[~stays] = np.maximum(obs.obs_ts[group_in], self._changed_at[(entering & _LOW).astype(np.int64)])
         self._replace_sorted(stored_at, new, since)
         return events
 
@@ -646,14 +650,15 @@ class XFence:
             np.r_[pairs.fence[enter], pairs.fence[leave]],
             obs.objs[np.r_[g_in, g_out]],
             np.r_[obs.ts_of(g_in, pairs.seq[enter]), obs.ts_of(g_out, pairs.seq[leave] + 1)],
-            (ENTERED, EXITED),
+            (ENTERED, EXITED), dated=True,
         )
         # final state: the runs reaching the object's last observation, since their first
         run_of = np.cumsum(pairs.run_start) - 1
         first = np.flatnonzero(pairs.run_start)[run_of[final]]
         since = pairs.since[first]
         fresh = ~pairs.stored[first]
-        since[fresh] = obs.ts_of(pairs.group[first[fresh]], pairs.seq[first[fresh]])
+        since[fresh] = np.maximum(obs.ts_of(pairs.group[first[fresh]], pairs.seq[first[fresh]]),
+                                  self._changed_at[pairs.fence[first[fresh]]])
         new_keys = (obs.objs[pairs.group[final]].astype(np.uint64) << _SHIFT) | \
             pairs.fence[final].astype(np.uint64)
         self._replace_sorted(stored_at, new_keys, since)
@@ -876,14 +881,18 @@ class XFence:
         self._keys, self._since = keys[order], np.concatenate([kept_since, since])[order]
 
     def _events(self, kind: npt.NDArray[np.int8], fence: I64, obj: I64, ts: F64,
-                reasons: tuple[str, str]) -> list[Event]:
+                reasons: tuple[str, str], dated: bool = False) -> list[Event]:
         """Events (kind 0 = ENTER with reasons[0], 1 = LEAVE with reasons[1]) ordered by
-        (ts, object_id, fence_id, event), with their stable ids."""
+        (ts, object_id, fence_id, event), with their stable ids (a hash of `ts`). `dated`:
+        `ts` are the times of the positions decided from, and an event is dated no earlier
+        than its fence's change time (a position routed just after its region applied a
+        change may be older than the change: its event must not precede the re-check's)."""
         if not kind.size:
             return []
+        shown = np.maximum(ts, self._changed_at[fence]) if dated else ts
         order = np.lexsort((kind, _name_rank(fence, self._fence_names),
-                            _name_rank(obj, self._objects.ids), ts))
-        kind, ts = kind[order], ts[order]
+                            _name_rank(obj, self._objects.ids), ts, shown))
+        kind, ts, shown = kind[order], ts[order], shown[order]
         f_codes, names, oids = fence[order].tolist(), self._fence_names, self._objects.ids
         object_ids = [oids[o] for o in obj[order].tolist()]
         # event_id()'s text is fence prefix + object id + a tail per (kind, ts): the events
@@ -894,8 +903,9 @@ class XFence:
         ids = [blake2b((prefix[f] + o + tails[i]).encode(), digest_size=16).hexdigest()
                for f, o, i in zip(f_codes, object_ids, (kind * instants.size + at).tolist(), strict=True)]
         new, out = object.__new__, []
-        s_event, s_fence, s_object, s_ts, s_reason, s_id = _EVENT_SLOTS
-        for k, f, o, t, i in zip(kind.tolist(), f_codes, object_ids, ts.tolist(), ids, strict=True):
+        s_event, s_fence, s_object, s_ts, s_reason, s_id, s_pos = _EVENT_SLOTS
+        for k, f, o, t, d, i in zip(kind.tolist(), f_codes, object_ids, shown.tolist(), ts.tolist(), ids,
+                                    strict=True):
             e = new(Event)
             s_event(e, _KINDS[k])
             s_fence(e, names[f])
@@ -903,5 +913,6 @@ class XFence:
             s_ts(e, t)
             s_reason(e, reasons[k])
             s_id(e, i)
+            s_pos(e, d)
             out.append(e)
         return out

@@ -287,7 +287,8 @@ def test_event_ids_are_those_of_event_id() -> None:
     for e in events:
         # west's change decided at v2 (fence_changed), and its timer ran after it
         v = 2 if e.fence_id == "west" and e.reason in ("fence_changed", "timeout") else version[e.fence_id]
-        assert e.event_id == event_id(e.fence_id, v, e.object_id, e.event, e.reason, e.ts)
+        assert e.event_id == event_id(e.fence_id, v, e.object_id, e.event, e.reason, e.position_ts)
+        assert e.ts >= e.position_ts
         assert e == Event(e.event, e.fence_id, e.object_id, e.ts, e.reason, e.event_id)
 
 
