@@ -205,6 +205,9 @@ class GeoSidecar:
         if limit:
             objects = self.core.objects()
             out["objects"] = dict(list(objects.items())[:limit])
+        object_id = msg.get("object_id")
+        if object_id is not None:
+            out["object"] = {"id": str(object_id), "latest": self.core.latest(str(object_id))}
         return out
 
 

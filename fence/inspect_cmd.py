@@ -93,7 +93,13 @@ async def _run(args: argparse.Namespace) -> Any:
     if target == "object":
         answers = await asyncio.gather(*(ask(fences_url, t.FENCE_CONTROL_EXCHANGE, w, {"object_id": args.id})
                                          for w in settings.workers))
-        return {"object_id": args.id, "fences": sorted(f for a in answers for f in a["object"]["fences"])}
+        regions = await asyncio.gather(*(ask(conn["amqp"][t.region_vhost(r)], t.GEO_CONTROL_EXCHANGE, "",
+                                             {"limit": 0, "object_id": args.id}) for r in settings.regions))
+        latest = {r: a["object"]["latest"] for r, a in zip(settings.regions, regions, strict=True)
+                  if a["object"]["latest"] is not None}
+        return {"object_id": args.id, "fences": sorted(f for a in answers for f in a["object"]["fences"]),
+                "latest": latest,  # per region whose x-geo has the object (one, unless in transit)
+                "workers": {w: a["object"] for w, a in zip(settings.workers, answers, strict=True)}}
     if target == "worker":
         return await ask(fences_url, t.FENCE_CONTROL_EXCHANGE, args.worker,
                          {"fences": True, "limit": args.limit})
@@ -111,7 +117,13 @@ def _human(target: str, data: Any) -> str:
                   for o in data["occupants"]]
         return "\n".join(lines)
     if target == "object":
-        return f"object {data['object_id']} is in: {', '.join(data['fences']) or '(no fence)'}"
+        lines = [f"object {data['object_id']} is in: {', '.join(data['fences']) or '(no fence)'}"]
+        for region, p in sorted(data["latest"].items()):
+            lines.append(f"  latest position (region {region}): {p['lon']:.6f}, {p['lat']:.6f} "
+                         f"at {p['ts']:.3f}")
+        if not data["latest"]:
+            lines.append("  no region has a position of it (never seen, or not since a restart)")
+        return "\n".join(lines)
     if target == "ring":
         lines = [f"{w:<10} share {s:6.1%}" for w, s in data["shares"].items()]
         lines += [f"fence {f}: worker {nodes[0]} (then {', '.join(nodes[1:]) or '-'})"

@@ -326,7 +326,8 @@ class FenceSidecar:
                 "occupants": self.core.occupants(d.fence_id)}
         object_id = msg.get("object_id")
         if object_id is not None:
-            out["object"] = {"id": object_id, "fences": self.core.fences_of(str(object_id))}
+            out["object"] = {"id": object_id, "fences": self.core.fences_of(str(object_id)),
+                             "last_seen": self.core.last_seen(str(object_id))}
         if msg.get("fences"):
             out["fences"] = self.core.fences()
         return out

@@ -826,6 +826,13 @@ class XFence:
         return [{"object_id": self._objects.ids[o], "since": float(s), "last_seen": float(self._last_ts[o])}
                 for o, s in zip(objs, self._since[mask], strict=True)]
 
+    def last_seen(self, object_id: str) -> float | None:
+        """The time of the object's last position this worker was sent (it is sent an
+        object's positions while they are in one of its fences' ranges; elsewhere, the
+        object is in none of its fences and this time goes stale)."""
+        code = self._objects.get(object_id)
+        return None if code is None or not np.isfinite(self._last_ts[code]) else float(self._last_ts[code])
+
     def fences_of(self, object_id: str) -> list[str]:
         code = self._objects.get(object_id)
         if code is None:
