@@ -398,11 +398,9 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
     conn = load_connection_settings()
     run_id = uuid.uuid4().hex[:6]
     fs, st = renamed(fences, stream, run_id)
-    shift = time.time() - float(stream.ts.min())  # the rounds, now
-    st = dataclasses.replace(st, ts=st.ts + shift)
     rename_f = {f.fence_id: g.fence_id for f, g in zip(fences, fs, strict=True)}
     rename_o = dict(zip(stream.object_ids, st.object_ids, strict=True))
-    ref = sorted((e, rename_f[f], rename_o[o], ts + shift, r) for e, f, o, ts, r in reference)
+    ref: list[wl.EventTuple] = []
     result = BrokerRun(mode, len(fs), len(st.object_ids), len(st), rate)
 
     stored, confirmed = [0], [0]
@@ -414,6 +412,11 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
         t0 = time.perf_counter()
         await put_fences(conn, fs, done=stored)
         result.setup_s = time.perf_counter() - t0
+        # the rounds from now: the positions come after their fences exist (a fence's events
+        # are never dated before its creation)
+        shift = time.time() - float(stream.ts.min())
+        st = dataclasses.replace(st, ts=st.ts + shift)
+        ref = sorted((e, rename_f[f], rename_o[o], ts + shift, r) for e, f, o, ts, r in reference)
         await sink.start()
         bodies = gateway_bodies(st, batch) if mode == "amqp" else []
         if idle:

@@ -88,12 +88,35 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, ModuleType |
     return parser, chosen
 
 
+# Settings errors of every command (an unknown GEOFENCE_* key, a bad value): "module:class".
+SETTINGS_ERRORS = ("deploy.local_stack:SettingsError", "exchanges.shell:ConfigError")
+
+
+def _settings_error(exc: BaseException) -> bool:
+    """Is `exc` a settings error (of a module the command has imported)?"""
+    for spec in SETTINGS_ERRORS:
+        module_name, name = spec.split(":")
+        module = sys.modules.get(module_name)
+        if module is not None and isinstance(exc, getattr(module, name)):
+            return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, module = build_parser(argv)
     args = parser.parse_args(argv)
     assert module is not None
-    rc: int = module.run(args)
+    try:
+        rc: int = module.run(args)
+    except Exception as exc:
+        # one behaviour for every command: a clear one-line error, exit 2 (as `status` had)
+        if not _settings_error(exc):
+            raise
+        more = (getattr(args, "target", None), getattr(args, "action", None))
+        words = [args.command, *(str(w) for w in more if w)]
+        print(f"geofence {' '.join(words)}: error: {exc}", file=sys.stderr)
+        return 2
     return rc
 
 

@@ -389,12 +389,11 @@ class XFence:
         one object with the same ts are one observation, and what they say is united: so an
         observation at the object's last known ts can add fences, never remove one.
 
-        A barrier notice (x-ingress announcing an object it had not seen since its start,
-        see ingress/core.py) only opens gates. A handover notice (the object left a region;
-        its position is in another one) is checked exactly against every fence the object
-        may be in (its stored fences and the candidates of its other positions in the
-        batch): it LEAVEs those it left; the region it went to routes the same position, and
-        that observation adds the fences there. A gated position waits (held here) until
+        A notice (a handover: the object left a region; or a barrier: x-ingress announcing
+        an object it had not seen since its start, see ingress/core.py) only opens gates:
+        the region the object went to sends its first position there to every worker, and
+        that position decides what the object is in (applied in one batch with the notice
+        that opens it, see `_with_opened`). A gated position waits (held here) until
         the notice of the region its object came from was applied (see exchanges.x_geo),
         then is applied with the others of its object in time order; a row behind a held
         row of the same object and region waits with it. `received_at` (the caller's clock)

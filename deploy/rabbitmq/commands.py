@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from deploy import local_stack as ls
 from deploy.rabbitmq import apply as ap
-from deploy.rabbitmq import devices
+from deploy.rabbitmq import device_bulk, devices
 from deploy.rabbitmq.plan import Current, api_function, plan, render, section
 
 
@@ -19,12 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         sub.add_parser("show", help="print every command of the topology, as for an empty "
                                     "broker (passwords masked)")
         return
-    a = sub.add_parser("add", help="create a device user (prints its password once)")
-    a.add_argument("object_id")
+    a = sub.add_parser("add", help="create a device user (prints its password once); --file: many")
+    a.add_argument("object_id", nargs="?")
     a.add_argument("--password-stdin", action="store_true",
                    help="read the password from the first line of stdin")
+    a.add_argument("--file", help="object ids, one a line ('-' for stdin): created in bulk, "
+                                  "devices already there keep their password (idempotent)")
+    a.add_argument("--out", help="with --file: write the credentials CSV here (mode 600), "
+                                 "not to stdout")
     r = sub.add_parser("remove", help="delete a device user, its connections and MQTT queues")
-    r.add_argument("object_id")
+    r.add_argument("object_id", nargs="?")
+    r.add_argument("--file", help="object ids, one a line ('-' for stdin)")
     sub.add_parser("list", help="list the device users")
 
 
@@ -75,11 +81,39 @@ def _topology(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -
     return 0
 
 
+def _bulk(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> int:
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    ids = device_bulk.parse_ids(text, devices.RESERVED)
+    broker = device_bulk.Broker(ap.management(settings, pw).request)
+    if args.action == "remove":
+        device_bulk.remove_many(broker, ids, _progress)
+        return 0
+    rows = device_bulk.add_many(broker, ids, _progress)
+    out = device_bulk.credentials_csv(rows)
+    if args.out:
+        path = Path(args.out)
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(out)
+    else:
+        sys.stdout.write(out)
+    created = sum(p is not None for _, p in rows)
+    print(f"{created:,} devices added, {len(rows) - created:,} were there already (rights set again)"
+          + (f"; credentials in {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
+
+
 def _device(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> int:
     if args.action == "list":
         for name in devices.list_devices(settings, pw):
             print(name)
         return 0
+    if getattr(args, "file", None):
+        if args.object_id or getattr(args, "password_stdin", False):
+            raise devices.DeviceError("--file takes the ids from the file: no ID, no --password-stdin")
+        return _bulk(args, settings, pw)
+    if not args.object_id:
+        raise devices.DeviceError("an object id, or --file with one per line")
     object_id: str = args.object_id
     if args.action == "remove":
         devices.remove(settings, pw, object_id, _progress)
@@ -102,6 +136,6 @@ def run(args: argparse.Namespace) -> int:
         if command == "topology":
             return _topology(args, settings, pw)
         return _device(args, settings, pw)
-    except (ls.SettingsError, ls.StackError) as exc:
+    except (ls.SettingsError, ls.StackError, device_bulk.BulkError, OSError) as exc:
         print(f"geofence {command} {args.action}: error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, devices.DeviceError) else 2
+        return 1 if isinstance(exc, devices.DeviceError | device_bulk.BulkError | OSError) else 2

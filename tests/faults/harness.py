@@ -818,14 +818,13 @@ class FaultRun:
         self.run_id = f"ft{uuid.uuid4().hex[:6]}"
         fences, stream = bm.renamed(work.fences, work.stream, self.run_id)
         self.prefix = f"b{self.run_id}-"
-        shift = time.time() - float(stream.ts.min())
-        self.stream = dataclasses.replace(stream, ts=stream.ts + shift)
+        self.stream = stream
         self.fences = fences
         rename_f = {f.fence_id: g.fence_id for f, g in zip(work.fences, fences, strict=True)}
         rename_o = dict(zip(work.stream.object_ids, stream.object_ids, strict=True))
-        self.reference = [(e, rename_f[f], rename_o[o], ts + shift, r) for e, f, o, ts, r in work.reference]
-        self.where = bm.update_index(self.stream)
-        self.end_ts = float(self.stream.ts.max())
+        self.reference = [(e, rename_f[f], rename_o[o], ts, r) for e, f, o, ts, r in work.reference]
+        self._bad_at: list[int] = []
+        self._shift_to_now()
         self.faults: list[Fault] = []
         self.dead_letters: list[DeadLetter] = []
         self.probe = QueueProbe(stack)
@@ -833,7 +832,6 @@ class FaultRun:
         self.collector = EventCollector(stack.conn, f"{q}.events", self.prefix)
         self.dlq = [DeadLetterWatch(stack.conn, v, f"{q}.dead-letters", self.prefix, self.dead_letters)
                     for v in stack.topology.vhosts]
-        self.bodies = self._bodies()
         self.publisher = Publisher(stack.conn["users"][t.GATEWAY_USER][t.INGRESS_VHOST], self.bodies, rate)
         self._publishing: asyncio.Task[None] | None = None
         self._recoveries: list[asyncio.Task[None]] = []
@@ -844,9 +842,22 @@ class FaultRun:
         self.started = 0.0
         self.pipeline_queues: list[tuple[str, str]] = []
 
+    def _shift_to_now(self) -> None:
+        """The stream's times (and the reference's) from now on: a run's positions come
+        after its fences exist (a fence's events are never dated before its creation)."""
+        shift = time.time() - float(self.stream.ts.min())
+        self.stream = dataclasses.replace(self.stream, ts=self.stream.ts + shift)
+        self.reference = [(e, f, o, ts + shift, r) for e, f, o, ts, r in self.reference]
+        self.where = bm.update_index(self.stream)
+        self.end_ts = float(self.stream.ts.max())
+        self.bodies = self._bodies()
+
     def _bodies(self) -> list[Body]:
         bodies = [Body(lo, hi, data) for lo, hi, data in bm.gateway_bodies(self.stream, BATCH)]
-        at = sorted(self.rng.choice(np.arange(1, len(bodies)), BAD_INPUTS, replace=False).tolist())
+        if not self._bad_at:  # drawn once: the seed's moments stay the same
+            drawn = self.rng.choice(np.arange(1, len(bodies)), BAD_INPUTS, replace=False)
+            self._bad_at = sorted(drawn.tolist())
+        at = self._bad_at
         for k, i in enumerate(reversed(at)):  # bad inputs between good batches: no valid position
             n = BAD_INPUTS - 1 - k
             lo = bodies[i].lo
@@ -874,6 +885,8 @@ class FaultRun:
         self.pipeline_queues = await self._pipeline_queues()
         self._fences_stored = True
         await bm.put_fences(self.stack.conn, self.fences)
+        self._shift_to_now()  # the stream starts once the fences are stored
+        self.publisher = Publisher(self.publisher.url, self.bodies, self.rate)
 
     async def _pipeline_queues(self) -> list[tuple[str, str]]:
         """The queues a position passes through on its way to an event: the sidecars'

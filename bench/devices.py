@@ -1,0 +1,90 @@
+"""Device onboarding benchmark: `geofence device add --file` (definitions imports through
+the management API) against `geofence device add ID` (broker CLI calls), in one run, on
+the running local stack.
+
+Figures, not tests: `.venv/bin/python bench/devices.py [--devices 10000] [--single 10]`.
+It creates devices named `bench-dev-<run>-<i>`, checks that a sample has the rights of a
+single `device add` and that a second import changes nothing, then removes them all.
+Target (issue 16): 10,000 devices in under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+
+from deploy import local_stack as ls
+from deploy.rabbitmq import apply as ap
+from deploy.rabbitmq import device_bulk, devices
+
+TARGET_S = 60.0
+
+
+def main() -> int:
+    ap_ = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap_.add_argument("--devices", type=int, default=10_000)
+    ap_.add_argument("--single", type=int, default=10, help="devices added one by one, for the ratio")
+    args = ap_.parse_args()
+    settings = ls.Settings.from_env()
+    pw = ls.load_secrets(settings)
+    mgmt = ap.management(settings, pw)
+    broker = device_bulk.Broker(mgmt.request)
+    run = uuid.uuid4().hex[:6]
+    ids = [f"bench-dev-{run}-{i}" for i in range(args.devices)]
+    singles = [f"bench-one-{run}-{i}" for i in range(args.single)]
+
+    def bar(line: str) -> None:
+        print(f"\r{line.strip():<40}", end="", file=sys.stderr, flush=True)
+
+    try:
+        t0 = time.perf_counter()
+        rows = device_bulk.add_many(broker, ids, bar)
+        bulk_s = time.perf_counter() - t0
+        print(file=sys.stderr)
+        assert sum(p is not None for _, p in rows) == len(ids), "not every device was new"
+        t0 = time.perf_counter()
+        again = device_bulk.add_many(broker, ids, bar)
+        again_s = time.perf_counter() - t0
+        print(file=sys.stderr)
+        assert all(p is None for _, p in again), "a second import created devices"
+        t0 = time.perf_counter()
+        for i in singles:
+            devices.add(settings, pw, i, None, lambda s: None)
+        single_s = (time.perf_counter() - t0) / max(1, len(singles))
+        # a sample of the bulk devices has exactly the rights of a single `device add`
+        def rights(user: str) -> tuple[object, ...]:
+            perms = mgmt.get(f"api/users/{user}/permissions")
+            topics = mgmt.get(f"api/users/{user}/topic-permissions")
+            tags = mgmt.get(f"api/users/{user}")["tags"]
+            return (sorted((p["vhost"], p["configure"].replace(user, "U"), p["write"].replace(user, "U"),
+                            p["read"].replace(user, "U")) for p in perms),
+                    sorted((p["exchange"], p["write"], p["read"]) for p in topics), sorted(tags))
+        sample = range(0, len(ids), max(1, len(ids) // 20))
+        same = all(rights(ids[k]) == rights(singles[0]) for k in sample)
+    finally:
+        t0 = time.perf_counter()
+        removed = device_bulk.remove_many(broker, ids + singles, lambda s: None)
+        remove_s = time.perf_counter() - t0
+    per_bulk_ms = 1000 * bulk_s / len(ids)
+    print(f"{'path':<42} {'devices':>8} {'seconds':>9} {'ms/device':>10}")
+    print(f"{'device add --file (definitions import)':<42} {len(ids):>8,} {bulk_s:>9.2f} "
+          f"{per_bulk_ms:>10.2f}")
+    print(f"{'device add --file again (idempotent)':<42} {len(ids):>8,} {again_s:>9.2f} "
+          f"{1000 * again_s / len(ids):>10.2f}")
+    print(f"{'device add ID, one by one':<42} {len(singles):>8,} {single_s * len(singles):>9.2f} "
+          f"{1000 * single_s:>10.2f}")
+    print(f"{'device remove --file':<42} {removed:>8,} {remove_s:>9.2f} "
+          f"{1000 * remove_s / max(1, removed):>10.2f}")
+    one_by_one = single_s * len(ids)
+    ok = bulk_s < TARGET_S and same
+    print(f"SUMMARY {'OK' if ok else 'MISSED'}: {len(ids):,} devices in {bulk_s:.1f} s (target < "
+          f"{TARGET_S:.0f} s: {TARGET_S / bulk_s:.1f}x under), {one_by_one / bulk_s:,.0f}x faster than "
+          f"one by one ({single_s:.2f} s a device: {one_by_one / 60:.0f} min for them all); rights as "
+          f"`device add`: {same}; second import changed nothing")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

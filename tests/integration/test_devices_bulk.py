@@ -1,0 +1,82 @@
+"""`geofence device add --file` / `remove --file` on the live broker: devices by the
+thousand, with exactly the rights `geofence device add` gives one, idempotent."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import uuid
+from pathlib import Path
+
+from deploy.local_stack import ConnectionSettings
+from tests.integration.clients import Device, MqttDevice, api, geofence, q
+
+Rights = tuple[list[tuple[str, ...]], list[tuple[str, ...]], list[str]]
+
+
+def rights(stack: ConnectionSettings, user: str) -> Rights:
+    """(permissions, topic permissions, tags) with the user's name replaced by USER."""
+    def plain(v: str) -> str:
+        return v.replace(user, "USER")
+
+    perms = [(p["vhost"], plain(p["configure"]), plain(p["write"]), plain(p["read"]))
+             for p in api(stack, f"api/users/{q(user)}/permissions")]
+    topics = [(p["vhost"], p["exchange"], plain(p["write"]), plain(p["read"]))
+              for p in api(stack, f"api/users/{q(user)}/topic-permissions")]
+    tags = api(stack, f"api/users/{q(user)}")["tags"]
+    return sorted(perms), sorted(topics), sorted(tags if isinstance(tags, list) else tags.split(","))
+
+
+def test_a_file_of_devices_gets_the_rights_of_device_add_and_a_second_run_changes_nothing(
+        stack: ConnectionSettings, device: Device, tmp_path: Path) -> None:
+    run = uuid.uuid4().hex[:8]
+    ids = [f"bulk-{run}-{i}" for i in range(300)]
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_text("# the fleet\n" + "\n".join(ids) + "\n\n" + ids[0] + "\n")
+    creds = tmp_path / "creds.csv"
+    try:
+        done = geofence("device", "add", "--file", str(ids_file), "--out", str(creds))
+        assert done.returncode == 0, done.stderr
+        assert "300 devices added, 0 were there already" in done.stderr
+        assert oct(creds.stat().st_mode & 0o777) == "0o600"
+        rows = list(csv.DictReader(io.StringIO(creds.read_text())))
+        assert [r["object_id"] for r in rows] == ids and all(len(r["password"]) >= 24 for r in rows)
+        assert not any(r["password"] in done.stdout + done.stderr for r in rows)
+
+        # the same rights as one `geofence device add` (the fixture's device)
+        assert rights(stack, ids[7]) == rights(stack, device.object_id)
+        # and they work: it logs in over MQTT with its password and publishes its positions
+        dev = MqttDevice(stack, Device(ids[7], rows[7]["password"]))
+        try:
+            body = json.dumps({"lon": 9.5, "lat": 47.1, "ts": 1.7e9})
+            info = dev.client.publish(f"positions/{ids[7]}", body, qos=1)
+            assert dev.expect("puback") == info.mid
+        finally:
+            dev.close()
+
+        again = geofence("device", "add", "--file", str(ids_file))
+        assert again.returncode == 0, again.stderr
+        assert "0 devices added, 300 were there already" in again.stderr
+        assert all(r["password"] == "" for r in csv.DictReader(io.StringIO(again.stdout)))
+        still = MqttDevice(stack, Device(ids[7], rows[7]["password"]))  # its password was kept
+        still.close()
+    finally:
+        removed = geofence("device", "remove", "--file", str(ids_file))
+        assert removed.returncode == 0, removed.stderr
+    assert all(api(stack, f"api/users/{q(i)}") is None for i in ids[:5] + ids[-5:])
+
+
+def test_a_bad_line_or_a_non_device_user_refuses_the_whole_file(stack: ConnectionSettings,
+                                                                 tmp_path: Path) -> None:
+    run = uuid.uuid4().hex[:8]
+    bad = tmp_path / "bad.txt"
+    bad.write_text(f"ok-{run}\nnot ok\n")
+    done = geofence("device", "add", "--file", str(bad))
+    assert done.returncode == 1 and "line 2" in done.stderr and "nothing done" in done.stderr
+    assert api(stack, f"api/users/ok-{run}") is None
+    other = tmp_path / "other.txt"
+    other.write_text(f"ok-{run}\nfederation\n")  # a sidecar user of the topology
+    done = geofence("device", "add", "--file", str(other))
+    assert done.returncode == 1 and "federation" in done.stderr
+    assert api(stack, f"api/users/ok-{run}") is None

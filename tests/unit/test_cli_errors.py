@@ -1,0 +1,37 @@
+"""Every `geofence` command answers a settings error (an unknown GEOFENCE_* variable) the
+same way: one line on stderr naming the command and the variable, exit code 2, no
+traceback. The error comes before any service is contacted."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy import cli
+
+COMMANDS = [["status"], ["device", "list"], ["topology", "show"], ["fence", "list"], ["fence", "show", "f1"],
+            ["fence", "add", "/nonexistent.geojson"], ["fence", "remove", "f1"], ["inspect", "object", "o1"],
+            ["inspect", "fence", "f1"], ["inspect", "ring"], ["inspect", "worldmap"], ["inspect", "topology"],
+            ["dlq", "list"]]
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
+def test_an_unknown_setting_is_one_line_and_exit_2(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GEOFENCE_HOSTT", "127.0.0.1")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"geofence {argv[0]}") and "GEOFENCE_HOSTT" in err
+    assert "did you mean GEOFENCE_HOST" in err
+
+
+def test_other_errors_are_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(args: object) -> int:
+        raise RuntimeError("a bug")
+
+    parser, module = cli.build_parser(["status"])
+    assert module is not None
+    monkeypatch.setattr(module, "run", boom)
+    monkeypatch.setattr(cli, "build_parser", lambda argv: (parser, module))
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["status"])
