@@ -154,12 +154,28 @@ class WorkerBatch:
         ptr = np.zeros(r.size + 1, np.int64)
         np.cumsum(counts, out=ptr[1:])
         at = np.repeat(lo - ptr[:-1], counts) + np.arange(int(ptr[-1]))
-        return WorkerBatch(self.worker, self.positions.take(r), ptr, self.fences, self.cand[at],
+        cand, fences, versions = self.cand[at], self.fences, self.versions
+        recheck = None if self.recheck is None else self.recheck[r]
+        if len(fences) > 4 * (cand.size + r.size) + 16:
+            # a few rows of a batch naming many fences (a position held for a notice): keep
+            # only the fences they name, so what is held, and merged again, stays small
+            used = np.zeros(len(fences), bool)
+            used[cand] = True
+            if recheck is not None:
+                used[recheck[recheck >= 0]] = True
+            keep = np.flatnonzero(used)
+            number = np.full(len(fences), -1, np.int32)
+            number[keep] = np.arange(keep.size, dtype=np.int32)
+            cand = number[cand]
+            fences = [fences[i] for i in keep.tolist()]
+            versions = None if versions is None else versions[keep]
+            recheck = None if recheck is None else np.where(recheck >= 0, number[np.maximum(recheck, 0)], -1
+                                                             ).astype(np.int32)
+        return WorkerBatch(self.worker, self.positions.take(r), ptr, fences, cand,
                            self.interior[at], None if self.notice is None else self.notice[r],
                            None if self.gate is None else self.gate[r],
                            None if self.barrier is None else self.barrier[r],
-                           None if self.origin is None else self.origin[r], self.versions,
-                           None if self.recheck is None else self.recheck[r])
+                           None if self.origin is None else self.origin[r], versions, recheck)
 
     def candidates(self, i: int) -> list[tuple[str, bool]]:
         lo, hi = int(self.ptr[i]), int(self.ptr[i + 1])
