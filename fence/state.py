@@ -290,8 +290,9 @@ class XFence:
         known = self._versions.get(fence.fence_id)
         code = self._fence_code.get(fence.fence_id)
         if known is not None and fence.version <= known:
-            if fence.version == known and code is not None and code in self._pending:
+            if fence.version == known and code is not None and region in self._pending.get(code, ()):
                 self._pending[code].discard(region)
+                self._dirty_fences.add(code)
                 self._end_transitions()
             return []
         if not fence.timeout_s > 0:

@@ -178,3 +178,36 @@ def test_a_snapshot_of_another_format_or_damaged_is_refused() -> None:
         codec.restore({**data, "keys": keys[::-1].tobytes()})
     with pytest.raises(ValueError, match="rows"):
         codec.restore({**data, "last_ts": b""})
+
+
+def test_a_change_in_transition_survives_the_snapshot_and_the_journal() -> None:
+    """The change time, whether the version created the fence, and while not every region
+    has forwarded a change, the replaced geometry and the regions still to come."""
+    x = XFence("w0")
+    x.define(FenceDef("f", 1, box(9.50, 47.10, 9.51, 47.11), 60.0), 100.0)
+    n = len(x._objects)
+    codec.snapshot(x)
+    x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "a")
+    record = codec.changes(x, n)
+    assert record is not None
+    copy = codec.restore(codec.snapshot(x))
+    assert codec.equal(x, copy) == []
+    code = x._fence_code["f"]
+    assert copy._pending[code] == {"b", "c"} and copy._prev[code][0] == 1 and copy._changed_at[code] == 200.0
+    assert not copy._created[code]
+    replayed = XFence("w0")
+    replayed.define(FenceDef("f", 1, box(9.50, 47.10, 9.51, 47.11), 60.0), 100.0)
+    codec.apply(replayed, msgpack.unpackb(msgpack.packb(record)))
+    assert codec.equal(x, replayed) == []
+    # the other regions forward it: recorded one by one, and the transition ends
+    x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "b")
+    one = codec.changes(x, len(x._objects))
+    assert one is not None
+    codec.apply(replayed, msgpack.unpackb(msgpack.packb(one)))
+    assert replayed._pending[code] == {"c"}
+    x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "c")
+    assert code not in x._prev and code not in x._pending
+    end = codec.changes(x, len(x._objects))
+    assert end is not None
+    codec.apply(replayed, msgpack.unpackb(msgpack.packb(end)))
+    assert codec.equal(x, replayed) == [] and code not in replayed._prev
