@@ -22,8 +22,10 @@ from hilbert_c.covering import (
     ranges_lookup,
 )
 from hilbert_c.kernel import (
+    COORD_SLACK_DEG,
     MAX_BITS,
     MIN_BITS,
+    clamp_lonlat,
     decode,
     decode_many,
     encode,
@@ -33,6 +35,7 @@ from hilbert_c.kernel import (
 )
 
 __all__ = [
+    "COORD_SLACK_DEG",
     "MAX_BITS",
     "MIN_BITS",
     "Covering",
@@ -40,6 +43,7 @@ __all__ = [
     "as_geometry",
     "cell_size_m",
     "circle",
+    "clamp_lonlat",
     "coarsen",
     "cover",
     "decode",

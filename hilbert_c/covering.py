@@ -183,6 +183,10 @@ def as_geometry(geometry: Any) -> Polygon | MultiPolygon:
         raise InvalidGeometry(f"expected a Polygon or MultiPolygon, got {kind}")
     if geometry.is_empty:
         raise InvalidGeometry("the geometry is empty")
+    coords = shapely.get_coordinates(geometry)
+    lon, lat = kernel.clamp_lonlat(coords[:, 0], coords[:, 1])
+    if not (np.array_equal(lon, coords[:, 0]) and np.array_equal(lat, coords[:, 1])):
+        geometry = shapely.set_coordinates(geometry, np.column_stack([lon, lat]))  # noise at the edge
     for p, poly in enumerate(_polygons(geometry)):
         for r, ring in enumerate([poly.exterior, *poly.interiors]):
             _check_ring(np.asarray(ring.coords)[:, :2], p, r)
@@ -376,8 +380,9 @@ def _from_geojson(obj: Mapping[str, Any]) -> Any:
                 raise InvalidGeometry(f"ring {r} of polygon {p} is not an array of positions") from None
             if arr.ndim != 2 or arr.shape[1] < 2 or len(arr) == 0:
                 raise InvalidGeometry(f"ring {r} of polygon {p} is not an array of [lon, lat] positions")
-            _check_ring(arr[:, :2], p, r)
-            arrays.append(arr[:, :2])
+            arr = np.column_stack(kernel.clamp_lonlat(arr[:, 0], arr[:, 1]))
+            _check_ring(arr, p, r)
+            arrays.append(arr)
         built.append(Polygon(arrays[0], arrays[1:]))
     return built[0] if kind == "Polygon" else MultiPolygon(built)
 

@@ -130,6 +130,28 @@ def _as_f64_pair(lon: npt.ArrayLike, lat: npt.ArrayLike) -> tuple[F64, F64]:
     return lo, la
 
 
+# Real polygons carry float noise at the edges of the world (Natural Earth's Russia has a vertex
+# at lon 180.00000000000006): a coordinate this close outside [-180, 180] x [-90, 90] is the
+# edge itself and is clamped onto it; anything further out stays an error.
+COORD_SLACK_DEG = 1e-9
+
+
+def clamp_lonlat(lon: npt.ArrayLike, lat: npt.ArrayLike) -> tuple[F64, F64]:
+    """lon / lat (arrays) with the values within COORD_SLACK_DEG outside the world clamped
+    onto its edge; every other value (NaN, far out) as it was, for the checks to refuse."""
+    lo = np.asarray(lon, dtype=np.float64)
+    la = np.asarray(lat, dtype=np.float64)
+    return _clamp(lo, 180.0), _clamp(la, 90.0)
+
+
+def _clamp(v: F64, edge: float) -> F64:
+    over = (np.abs(v) > edge) & (np.abs(v) <= edge + COORD_SLACK_DEG)
+    if not over.any():
+        return v
+    out: F64 = np.where(over, np.copysign(edge, v), v)
+    return out
+
+
 def _coord_error(lon: float, lat: float, index: int | None) -> ValueError:
     where = "" if index is None else f" at index {index}"
     return ValueError(
@@ -152,7 +174,7 @@ def lonlat_to_grid(lon: Any, lat: Any, bits: int = 26) -> Any:
     _check_bits(bits)
     scalar = np.ndim(lon) == 0 and np.ndim(lat) == 0
     try:
-        lo, la = _as_f64_pair(lon, lat)
+        lo, la = _as_f64_pair(*clamp_lonlat(lon, lat))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"invalid coordinate: lon={lon!r}, lat={lat!r}: {exc}") from None
     xs = np.empty(lo.shape, dtype=np.uint32)

@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from exchanges.batch import PositionBatch, extra_problem
+from hilbert_c import clamp_lonlat
 
 MAX_BODY_BYTES = 256 * 1024  # a single MQTT position is ~100 bytes; a gateway batch ~100 KB
 MAX_BATCH = 50_000
@@ -151,6 +152,7 @@ def _columns(items: list[Any]) -> Decoded:
         if problem:
             reasons[i] = f"position {i}: {problem}"
         extra.append(rest or None)
+    lon, lat = clamp_lonlat(lon, lat)  # float noise at the world's edge is the edge
     # column checks: the first failing rule names the position
     for name, col, lo, hi in (("lon", lon, -180.0, 180.0), ("lat", lat, -90.0, 90.0),
                               ("ts", ts, TS_MIN, TS_MAX)):

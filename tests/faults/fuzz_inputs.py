@@ -26,6 +26,7 @@ from typing import Any
 import msgpack
 import orjson
 
+from hilbert_c import COORD_SLACK_DEG
 from ingress.positions import MAX_BATCH, MAX_BODY_BYTES, TS_MAX, TS_MIN
 
 TS = 1_700_000_000.0
@@ -186,10 +187,13 @@ class Fuzzer:
         return r.choice(options)()
 
     def outside(self, lo: float, hi: float) -> float | int:
-        """A number just (or far) outside [lo, hi]."""
+        """A number just (or far) outside [lo, hi] (for a coordinate, beyond the float noise
+        at the world's edge that is taken as the edge: hilbert_c.COORD_SLACK_DEG)."""
         r = self.rng
-        return r.choice([math.nextafter(hi, math.inf), math.nextafter(lo, -math.inf), math.floor(hi) + 1,
-                         math.ceil(lo) - 1, hi + r.uniform(0, 1e3), lo - r.uniform(0, 1e3), hi * 1000])
+        up = math.nextafter(hi + 2 * COORD_SLACK_DEG, math.inf)
+        down = math.nextafter(lo - 2 * COORD_SLACK_DEG, -math.inf)
+        return r.choice([up, down, math.floor(hi) + 1, math.ceil(lo) - 1, up + r.uniform(0, 1e3),
+                         down - r.uniform(0, 1e3), hi * 1000])
 
     def number(self, lo: float, hi: float) -> float | int:
         r = self.rng
