@@ -25,7 +25,8 @@ from shapely.geometry import Polygon
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.range_index import INDEX_BITS
-from exchanges.x_geo import FenceBinding, WorkerBatch, XGeo
+from exchanges.worker_batch import WorkerBatch
+from exchanges.x_geo import FenceBinding, XGeo
 from fence import reference
 from fence.hash_ring import HashRing
 from fence.state import Event, FenceDef, XFence

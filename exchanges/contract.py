@@ -26,6 +26,12 @@ class InvalidMessage(ValueError):
         self.reason = reason
 
 
+# What decoding and validating a message may raise for input that cannot be processed: the
+# message is dead-lettered with the reason (every shell, one path). Anything else is a bug:
+# the process stops unacked (crash-only) and the message comes back.
+BAD_INPUT: tuple[type[Exception], ...] = (InvalidMessage, ValueError, KeyError, TypeError)
+
+
 class ExchangeType(Protocol[B, M, R]):
     def create(self) -> None:
         """The exchange comes into being (empty)."""

@@ -27,7 +27,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 from exchanges import shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, RegionBatch, pack, unpack
-from exchanges.contract import InvalidMessage
+from exchanges.contract import BAD_INPUT, InvalidMessage
 from exchanges.x_geo import FenceBinding, XGeo
 from fence import binding_diff, control, store
 from fence.binding_diff import DiffMismatch
@@ -104,7 +104,7 @@ class GeoSidecar:
                 else:
                     raise InvalidMessage(f"unknown message kind {msg['kind']!r} on {t.GEO_POSITIONS_QUEUE}")
                 self.core.validate(rb.batch)
-            except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
+            except BAD_INPUT as exc:
                 outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "batch"),
                                               t.GEO_POSITIONS_QUEUE, self.counters))
                 continue
@@ -137,7 +137,7 @@ class GeoSidecar:
                         outs += [out] if out else []
                     else:
                         outs += await self.apply(control.parse(msg))
-                except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
+                except BAD_INPUT as exc:
                     outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "control"),
                                                   t.GEO_CONTROL_QUEUE, self.counters))
                 await shell.publish_all(outs, self.counters)

@@ -36,7 +36,8 @@ import shapely.geometry
 
 from exchanges.batch import pack
 from exchanges.contract import InvalidMessage
-from exchanges.x_geo import FenceBinding, WorkerBatch
+from exchanges.worker_batch import WorkerBatch
+from exchanges.x_geo import FenceBinding
 from fence.binding_diff import Diff
 from fence.spec import FenceSpec, InvalidFence, check_fence_id, check_geometry, check_timeout
 from fence.state import FenceDef

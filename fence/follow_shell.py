@@ -22,7 +22,7 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from exchanges import shell
 from exchanges import topology as t
 from exchanges.batch import PositionBatch, unpack
-from exchanges.contract import InvalidMessage
+from exchanges.contract import BAD_INPUT, InvalidMessage
 from fence import store
 from fence.follow import FollowCore, Move, circle
 from fence.manager import FenceManager
@@ -66,7 +66,7 @@ class Follower:
                 if msg["kind"] != FOLLOW:
                     raise InvalidMessage(f"unknown message kind {msg['kind']!r} on {t.FOLLOW_QUEUE}")
                 b = PositionBatch.from_wire(msg["batch"])
-            except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
+            except BAD_INPUT as exc:
                 outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "follow batch"),
                                               t.FOLLOW_QUEUE, self.counters))
                 continue

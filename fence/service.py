@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncpg
 
+from exchanges.ids import OBJECT_ID_RULE, is_object_id
 from fence import store
 from fence.follow import circle
 from fence.manager import Change, FenceManager, WorkerUnavailable
@@ -95,11 +96,9 @@ def _fence_id(raw: Any) -> str:
 
 
 def _object_id(raw: Any) -> str:
-    from deploy.rabbitmq.definitions import OBJECT_ID_RE
-
-    if not isinstance(raw, str) or not OBJECT_ID_RE.fullmatch(raw):
-        raise ApiError(422, f"object id {shown(raw)}: 1-64 characters from A-Z a-z 0-9 _ -, starting with a "
-                            "letter or digit")
+    if not is_object_id(raw):
+        raise ApiError(422, f"object id {shown(raw)}: {OBJECT_ID_RULE}")
+    assert isinstance(raw, str)
     return raw
 
 

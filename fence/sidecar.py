@@ -43,8 +43,8 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 from exchanges import shell
 from exchanges import topology as t
 from exchanges.batch import unpack
-from exchanges.contract import InvalidMessage
-from exchanges.x_geo import WorkerBatch
+from exchanges.contract import BAD_INPUT, InvalidMessage
+from exchanges.worker_batch import WorkerBatch
 from fence import control, state_codec, store
 from fence.hash_ring import HashRing
 from fence.journal import Recovered, StateDir
@@ -244,7 +244,7 @@ class FenceSidecar:
                     steps.append(change)
                     if recheck is not None:
                         steps.append([recheck])  # right behind its definition
-            except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
+            except BAD_INPUT as exc:
                 outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "message"),
                                               t.fence_queue(self.worker), self.counters))
         async with self.lock:
@@ -306,7 +306,7 @@ class FenceSidecar:
                 out = shell.reply(self.out_ch, m, self.inspect(msg))
                 if out is not None:
                     outs.append(out)
-            except (InvalidMessage, ValueError, KeyError, TypeError) as exc:
+            except BAD_INPUT as exc:
                 outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "control"),
                                               t.fence_control_queue(self.worker), self.counters))
         await shell.publish_all(outs, self.counters)

@@ -57,7 +57,7 @@ from shapely.geometry import MultiPolygon, Polygon
 from shapely.geometry.base import BaseGeometry
 
 from exchanges.object_codes import ObjectCodes, distinct, grow
-from exchanges.x_geo import WorkerBatch
+from exchanges.worker_batch import WorkerBatch
 from hilbert_c import kernel
 
 ENTER, LEAVE = "enter", "leave"

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import shapely
 
-from exchanges.x_geo import WorkerBatch
+from exchanges.worker_batch import WorkerBatch
 from fence.state import _LOW, _SHIFT, FenceDef, XFence
 
 FORMAT = 1

@@ -24,12 +24,12 @@ import numpy as np
 import orjson
 
 from exchanges.batch import PositionBatch, extra_problem
+from exchanges.ids import is_object_id
 from hilbert_c import clamp_lonlat
 
 MAX_BODY_BYTES = 256 * 1024  # a single MQTT position is ~100 bytes; a gateway batch ~100 KB
 MAX_BATCH = 50_000
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
-OBJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # fullmatch: "$" would let "id\n" in
 # Timestamps: epoch seconds between 2000-01-01 and 2100-01-01 (ms by mistake is refused).
 TS_MIN, TS_MAX = 946_684_800.0, 4_102_444_800.0
 _KNOWN = ("id", "lon", "lat", "ts")
@@ -50,7 +50,7 @@ class Refused(ValueError):
 
 def object_id_from_routing_key(routing_key: str) -> str:
     prefix, _, oid = routing_key.partition(".")
-    if prefix != "positions" or not OBJECT_ID.fullmatch(oid):
+    if prefix != "positions" or not is_object_id(oid):
         raise Refused(f"routing key {routing_key[:80]!r} is not positions.<object_id> "
                       "(object ids are 1-64 of A-Z a-z 0-9 _ -, starting with a letter or digit)")
     return oid
@@ -144,7 +144,7 @@ def _columns(items: list[Any]) -> Decoded:
                 ", ".join(repr(k) for k in missing)
         oid = p.get("id")
         ids.append(oid if isinstance(oid, str) else "")
-        if i not in reasons and not (isinstance(oid, str) and OBJECT_ID.fullmatch(oid)):
+        if i not in reasons and not is_object_id(oid):
             reasons[i] = f"position {i}: id {str(oid)[:80]!r} is not an object id (1-64 of A-Z a-z 0-9 _ -)"
         lon[i], lat[i], ts[i] = _number(p.get("lon")), _number(p.get("lat")), _number(p.get("ts"))
         rest = {k: v for k, v in p.items() if k not in _KNOWN}

@@ -56,6 +56,7 @@ from typing import Any
 from urllib.parse import quote
 
 from exchanges import topology as t
+from exchanges.ids import check_object_id
 from exchanges.topology import Topology
 
 INPUT_QUEUE_MAX_LENGTH = 1_000_000  # messages; at ~300 B each, ~300 MB of backlog per queue
@@ -75,9 +76,6 @@ FEDERATION_PREFIX = "federation: "  # queues and exchanges a federation link cre
 DEFAULT_VHOST = "/"
 DEFAULT_EXCHANGE = "amq.default"  # the name permission checks give the default exchange
 ADMIN_TAGS = ("administrator",)
-# A device's object id is its RabbitMQ user name, MQTT client id and a routing-key word:
-# no dots, no regex or shell specials, not starting with "-" (it goes into argv).
-OBJECT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _REGEX_SPECIALS = frozenset(".^$*+?{}[]\\|()")
 
 
@@ -400,13 +398,6 @@ def matching_policy(pols: Iterable[Policy], vhost: str, name: str, apply_to: str
 
 
 # --------------------------------------------------------------------------- devices
-
-
-def check_object_id(object_id: str) -> str:
-    if not OBJECT_ID_RE.fullmatch(object_id):
-        raise ValueError(f"object id {object_id!r}: 1-64 characters from A-Z a-z 0-9 _ -, "
-                         "starting with a letter or digit")
-    return object_id
 
 
 def device_queues(object_id: str) -> tuple[str, str]:

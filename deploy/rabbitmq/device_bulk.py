@@ -26,6 +26,7 @@ from typing import Any
 
 from deploy.rabbitmq import definitions as d
 from exchanges import topology as t
+from exchanges.ids import check_object_id
 
 HASHING = "rabbit_password_hashing_sha256"
 CHUNK = 2_000  # users per definitions import
@@ -54,7 +55,7 @@ def parse_ids(text: str, reserved: Iterable[str]) -> list[str]:
         if not line:
             continue
         try:
-            d.check_object_id(line)
+            check_object_id(line)
         except ValueError as exc:
             bad.append(f"line {n}: {exc}")
             continue

@@ -19,6 +19,7 @@ from deploy.rabbitmq.apply import management, run_steps
 from deploy.rabbitmq.management import Management, ManagementError
 from deploy.rabbitmq.plan import api_path, ctl, device_steps
 from exchanges import topology as t
+from exchanges.ids import check_object_id
 
 RESERVED = frozenset({t.ADMIN_USER, "guest", *d.SIDECAR_USERS})
 
@@ -46,7 +47,7 @@ def _user(mgmt: Management, name: str) -> dict[str, object] | None:
 
 def _checked(object_id: str) -> str:
     try:
-        d.check_object_id(object_id)
+        check_object_id(object_id)
     except ValueError as exc:
         raise DeviceError(str(exc)) from None
     if object_id in RESERVED:

@@ -15,7 +15,8 @@ import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.object_codes import carry, distinct
 from exchanges.range_index import INDEX_BITS, group_order
-from exchanges.x_geo import FenceBinding, WorkerBatch, XGeo, dense_numbers
+from exchanges.worker_batch import WorkerBatch
+from exchanges.x_geo import FenceBinding, XGeo, dense_numbers
 from fence.state import FenceDef, XFence, _polygon_edges
 from hilbert_c import kernel
 

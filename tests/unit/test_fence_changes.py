@@ -34,7 +34,8 @@ from shapely.geometry import box
 import hilbert_c as hk
 from exchanges.batch import PositionBatch, RegionBatch
 from exchanges.range_index import INDEX_BITS
-from exchanges.x_geo import FenceBinding, WorkerBatch, XGeo
+from exchanges.worker_batch import WorkerBatch
+from exchanges.x_geo import FenceBinding, XGeo
 from fence.hash_ring import HashRing
 from fence.spec import bindings
 from fence.state import Event, FenceDef, XFence

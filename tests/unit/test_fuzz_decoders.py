@@ -58,7 +58,8 @@ from exchanges import topology as t
 from exchanges.batch import PositionBatch, RegionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
 from exchanges.geo_sidecar import GeoSidecar
-from exchanges.x_geo import FenceBinding, WorkerBatch, XGeo
+from exchanges.worker_batch import WorkerBatch
+from exchanges.x_geo import FenceBinding, XGeo
 from fence import control, store
 from fence import sidecar as fence_sidecar_module
 from fence.auth import Reason, Unauthenticated, User

@@ -12,7 +12,7 @@ import pytest
 from shapely.geometry import box
 
 from exchanges.batch import PositionBatch
-from exchanges.x_geo import WorkerBatch
+from exchanges.worker_batch import WorkerBatch
 from fence import state_codec as codec
 from fence.state import Event, FenceDef, XFence
 

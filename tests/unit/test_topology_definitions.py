@@ -13,6 +13,7 @@ import pytest
 
 from deploy.rabbitmq import definitions as d
 from exchanges import topology as t
+from exchanges.ids import check_object_id
 from exchanges.topology import Topology
 
 ENDPOINT = d.Endpoint("127.0.0.1", 5672)
@@ -317,11 +318,11 @@ def test_device_resource_permissions() -> None:
                                  "a{username}"])
 def test_bad_object_ids_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="object id"):
-        d.check_object_id(bad)
+        check_object_id(bad)
     with pytest.raises(ValueError):
         d.device_permission(bad)
 
 
 @pytest.mark.parametrize("good", ["a", "dev-1", "Truck_42", "x" * 64, "0"])
 def test_good_object_ids(good: str) -> None:
-    assert d.check_object_id(good) == good
+    assert check_object_id(good) == good

@@ -10,7 +10,8 @@ import hilbert_c as hk
 from exchanges.batch import PositionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
 from exchanges.range_index import INDEX_BITS
-from exchanges.x_geo import FenceBinding, WorkerBatch, XGeo
+from exchanges.worker_batch import WorkerBatch
+from exchanges.x_geo import FenceBinding, XGeo
 
 
 class FixedRing:
