@@ -14,62 +14,42 @@ Two modules from the same C sources, because of one trade-off:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 
-CDEF = """
-typedef struct {
-    uint64_t *ranges;
-    uint8_t *interior;
-    int64_t n;
-    int64_t nodes;
-    int64_t boundary_cells;
-    int max_level;
-} hk_covering;
+# The C signatures are written once, in hilbert.h: the cdefs are read from it. cffi's cdef
+# takes declarations and `#define NAME ...` constants, so comments, the include guard and the
+# #includes are dropped, and each integer #define becomes `#define NAME ...` (its value comes
+# from the compiler). The scalar calls go to `_scalar` only, everything else to `_kernel`.
+SCALAR_CALLS = ("hk_encode", "hk_decode", "axes_to_line_2D_26b")
 
-void line_to_axes_2D_26b(uint64_t h, uint32_t *x, uint32_t *y);
-int64_t hk_encode_many(const uint32_t *xs, const uint32_t *ys, uint64_t *hs, size_t n, int bits);
-int64_t hk_decode_many(const uint64_t *hs, uint32_t *xs, uint32_t *ys, size_t n, int bits);
-int64_t hk_lonlat_to_grid(const double *lon, const double *lat, uint32_t *xs, uint32_t *ys,
-                          size_t n, int bits);
-int64_t hk_lonlat_to_unit(const double *lon, const double *lat, double *us, double *vs,
-                          size_t n, int bits);
-int64_t hk_grid_to_lonlat(const uint32_t *xs, const uint32_t *ys, double *lon, double *lat,
-                          size_t n, int bits);
-int hk_cover(const double *lon, const double *lat, const int64_t *ring_ends, int64_t n_rings,
-             int bits, int max_level, int64_t max_nodes, hk_covering *out);
-void hk_covering_free(hk_covering *c);
-int hk_cover_many(const double *lon, const double *lat, const int64_t *ring_ends,
-                  const int64_t *poly_rings, int64_t n_polys, const int32_t *bits, int out_bits,
-                  int64_t max_nodes, hk_covering *out, int64_t *counts, int32_t *status,
-                  int64_t *nodes);
-void hk_points_in_polygons(const double *ax, const double *ay, const double *bx, const double *by,
-                           const int64_t *edge_lo, const int64_t *edge_hi,
-                           const double *px, const double *py, size_t n, uint8_t *out);
-int64_t hk_match_sorted(const uint64_t *keys, size_t n_keys, const uint64_t *needles, size_t n,
-                        int64_t *hit, int64_t *at);
 
-#define HK_OK ...
-#define HK_E_BITS ...
-#define HK_E_COORD ...
-#define HK_E_NOMEM ...
-#define HK_E_BUDGET ...
-#define HK_E_RINGS ...
-#define HK_PIP_OUT ...
-#define HK_PIP_IN ...
-#define HK_PIP_UNSURE ...
-#define HK_MIN_BITS ...
-#define HK_MAX_BITS ...
-"""
+def cdefs(header: str) -> tuple[str, str]:
+    """(the `_kernel` cdef, the `_scalar` cdef) from hilbert.h's text."""
+    text = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
+    defines = [f"#define {m.group(1)} ..." for m in re.finditer(r"^#define\s+(HK_\w+)\s+\S+", text, re.M)]
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    types = [m.group(0) for m in re.finditer(r"typedef\s+struct\s*\{[^}]*\}\s*\w+\s*;", body)]
+    body = re.sub(r"typedef\s+struct\s*\{[^}]*\}\s*\w+\s*;", "", body)
+    calls = [" ".join(m.group(0).split()) for m in re.finditer(r"[^;{}]+\([^;{}]*\)\s*;", body)]
 
-SCALAR_CDEF = """
-uint64_t hk_encode(int64_t x, int64_t y, int bits);
-uint64_t hk_decode(uint64_t h, int bits);
-uint64_t axes_to_line_2D_26b(uint32_t x, uint32_t y);
-"""
+    def name(decl: str) -> str:
+        found = re.search(r"(\w+)\s*\(", decl)
+        assert found is not None, decl
+        return found.group(1)
+
+    kernel = [c for c in calls if name(c) not in SCALAR_CALLS]
+    scalar = [c for c in calls if name(c) in SCALAR_CALLS]
+    if len(scalar) != len(SCALAR_CALLS):
+        raise RuntimeError(f"hilbert.h does not declare every scalar call {SCALAR_CALLS}")
+    return "\n".join([*types, *kernel, *defines]), "\n".join(scalar)
+
+
+CDEF, SCALAR_CDEF = cdefs((HERE / "hilbert.h").read_text())
 
 # Appended after cffi's own helper macros and before the wrappers it generates: the
 # wrappers of this module then neither drop the GIL nor touch errno.
