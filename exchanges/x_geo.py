@@ -28,8 +28,8 @@ A handover notice (x-ingress: the object went to another region, here is its new
 goes to *every* worker, flagged `notice`, and x-geo forgets the object. The notice only opens
 gates (below): the region the object went to decides what it is in there, since an object's
 first position in a region (its gate is its own ts) goes to every worker, each deciding from
-it, as that region has the fences (one that had the object inside a fence elsewhere LEAVEs). Every position
-carries, from x-ingress, a `gate`: the ts at which its object entered this region (0 if
+it, as that region has the fences (one that had the object inside a fence elsewhere LEAVEs).
+Every position carries, from x-ingress, a `gate`: the ts at which its object entered this region (0 if
 unknown). A worker holds a position until it has seen the notice of the region the object
 came from (notice ts >= gate), so the positions of one object reach its fences in time order
 even though each region's stream to a worker is ordered only within itself; the notice

@@ -739,13 +739,18 @@ class XFence:
         (a region that had not applied a change yet): judged against that version's
         geometry when it is the one replaced last (its interior flags hold for it), else
         exactly against the current one. Rare: only positions in flight across a change."""
+        kept = self._prev
+        pairs = zip(fences.tolist(), versions.tolist(), strict=True)
+        as_old = np.fromiter((c in kept and kept[c][0] == v for c, v in pairs), bool, fences.size)
         out = np.zeros(fences.size, bool)
-        for i, (c, v) in enumerate(zip(fences.tolist(), versions.tolist(), strict=True)):
-            prev = self._prev.get(c)
-            if prev is not None and prev[0] == v:
-                out[i] = bool(interior[i]) or bool(shapely.contains_xy(prev[1], x[i], y[i]))
-            else:
-                out[i] = bool(self._contains(np.array([c], np.int64), x[i:i + 1], y[i:i + 1])[0])
+        now = np.flatnonzero(~as_old)
+        if now.size:  # that version is gone: the current one, exactly (one call)
+            out[now] = self._contains(fences[now], x[now], y[now])
+        old = np.flatnonzero(as_old & ~interior)
+        if old.size:
+            geoms = np.array([kept[c][1] for c in fences[old].tolist()], dtype=object)
+            out[old] = shapely.contains_xy(geoms, x[old], y[old])
+        out[as_old & interior] = True
         return out
 
     def _contains(self, fences: I64, x: F64, y: F64) -> npt.NDArray[np.bool_]:
@@ -866,11 +871,6 @@ class XFence:
         self._last_lat = grow(self._last_lat, m, np.nan)
         self._ho_ts = grow(self._ho_ts, m, 0.0)
         return codes
-
-    def _replace_pairs(self, keep: npt.NDArray[np.bool_], objs: I64, fences: I64, since: F64) -> None:
-        new = (objs.astype(np.uint64) << _SHIFT) | fences.astype(np.uint64)
-        order = np.argsort(new)
-        self._merge_pairs(self._keys[keep], self._since[keep], new[order], since[order])
 
     def _replace_sorted(self, drop: I64, new: npt.NDArray[np.uint64], since: F64) -> None:
         """Drop the pairs at indices `drop`, add `new` (sorted keys)."""

@@ -58,7 +58,8 @@ def definitions_for(settings: ls.Settings, pw: ls.Secrets) -> d.Definitions:
 # --------------------------------------------------------------------------- reading the broker
 
 
-def _tags(raw: object) -> tuple[str, ...]:
+def tags_of(raw: object) -> tuple[str, ...]:
+    """A management API user's `tags`: a list, or "a,b" on older brokers."""
     if isinstance(raw, str):  # older brokers: "a,b"
         return tuple(x for x in raw.split(",") if x)
     return tuple(str(x) for x in raw) if isinstance(raw, list | tuple) else ()
@@ -68,7 +69,7 @@ def read_broker(mgmt: Management, defs: d.Definitions) -> Current:
     ours = set(defs.vhosts)
     cur = Current(federation_api=mgmt.exists("api/federation-links"))
     cur.vhosts = {v["name"] for v in mgmt.get("api/vhosts?columns=name")}
-    cur.users = {u["name"]: CurrentUser(_tags(u.get("tags")), u.get("password_hash", ""),
+    cur.users = {u["name"]: CurrentUser(tags_of(u.get("tags")), u.get("password_hash", ""),
                                         u.get("hashing_algorithm", ""))
                  for u in mgmt.get("api/users")}
     cur.permissions = {(p["user"], p["vhost"]): (p["configure"], p["write"], p["read"])

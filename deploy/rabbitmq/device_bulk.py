@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy.rabbitmq import definitions as d
+from deploy.rabbitmq.apply import tags_of
+from deploy.rabbitmq.plan import api_path
 from exchanges import topology as t
 from exchanges.ids import check_object_id
 
@@ -78,19 +80,12 @@ class Plan:
 def plan(ids: list[str], users: list[dict[str, Any]]) -> Plan:
     """Which ids are new and which are devices already (`users`: GET api/users);
     BulkError for an id that is a user of another kind."""
-    kinds = {str(u["name"]): _tags(u) for u in users}
+    kinds = {str(u["name"]): tags_of(u.get("tags")) for u in users}
     others = [i for i in ids if i in kinds and t.DEVICE_TAG not in kinds[i]]
     if others:
         raise BulkError(f"{len(others)} id(s) are RabbitMQ users that are not devices, nothing done: "
                         f"{', '.join(others[:10])}")
     return Plan([i for i in ids if i not in kinds], [i for i in ids if i in kinds])
-
-
-def _tags(user: dict[str, Any]) -> list[str]:
-    raw = user.get("tags")
-    if isinstance(raw, str):
-        return [x for x in raw.split(",") if x]
-    return [str(x) for x in raw] if isinstance(raw, list) else []
 
 
 def definitions(new: list[tuple[str, str]], existing: list[str]) -> dict[str, Any]:
@@ -150,23 +145,19 @@ def add_many(broker: Broker, ids: list[str], say: Callable[[str], None],
 def remove_many(broker: Broker, ids: list[str], say: Callable[[str], None]) -> int:
     """Delete the device users among `ids` (one bulk delete), close their connections and
     delete their MQTT subscription queues; how many were devices."""
-    kinds = {str(u["name"]): _tags(u) for u in broker.users()}
+    kinds = {str(u["name"]): tags_of(u.get("tags")) for u in broker.users()}
     gone = [i for i in ids if t.DEVICE_TAG in kinds.get(i, [])]
     for start in range(0, len(gone), CHUNK):
         broker.request("POST", "api/users/bulk-delete", {"users": gone[start:start + CHUNK]})
     wanted = set(gone)
     for conn in broker.request("GET", "api/connections?columns=name,user") or []:
         if conn.get("user") in wanted:
-            broker.request("DELETE", "api/connections/" + _q(conn["name"]))
+            broker.request("DELETE", api_path("connections", conn["name"]))
     queues = {q for i in gone for q in d.device_queues(i)}
-    for q in broker.request("GET", f"api/queues/{_q(t.INGRESS_VHOST)}?columns=name") or []:
+    for q in broker.request("GET", api_path("queues", t.INGRESS_VHOST) + "?columns=name") or []:
         if q["name"] in queues:
-            broker.request("DELETE", f"api/queues/{_q(t.INGRESS_VHOST)}/{_q(q['name'])}")
+            broker.request("DELETE", api_path("queues", t.INGRESS_VHOST, q["name"]))
     say(f"  {len(gone):,} devices removed ({len(ids) - len(gone):,} of the ids were not devices)")
     return len(gone)
 
 
-def _q(name: str) -> str:
-    from urllib.parse import quote
-
-    return quote(name, safe="")

@@ -15,7 +15,7 @@ import secrets
 
 from deploy import local_stack as ls
 from deploy.rabbitmq import definitions as d
-from deploy.rabbitmq.apply import management, run_steps
+from deploy.rabbitmq.apply import management, run_steps, tags_of
 from deploy.rabbitmq.management import Management, ManagementError
 from deploy.rabbitmq.plan import api_path, ctl, device_steps
 from exchanges import topology as t
@@ -26,13 +26,6 @@ RESERVED = frozenset({t.ADMIN_USER, "guest", *d.SIDECAR_USERS})
 
 class DeviceError(ls.StackError):
     pass
-
-
-def _tags(user: dict[str, object]) -> list[str]:
-    raw = user.get("tags")
-    if isinstance(raw, str):
-        return [x for x in raw.split(",") if x]
-    return [str(x) for x in raw] if isinstance(raw, list) else []
 
 
 def _user(mgmt: Management, name: str) -> dict[str, object] | None:
@@ -78,7 +71,7 @@ def remove(settings: ls.Settings, pw: ls.Secrets, object_id: str, say: ls.Say) -
     user = _user(mgmt, object_id)
     if user is None:
         raise DeviceError(f"no device {object_id!r}")
-    if t.DEVICE_TAG not in _tags(user):
+    if t.DEVICE_TAG not in tags_of(user.get("tags")):
         raise DeviceError(f"RabbitMQ user {object_id!r} is not a device (no {t.DEVICE_TAG} tag)")
     run_steps([ctl("delete_user", object_id)], mgmt, pw.values(), say)
     for conn in mgmt.get("api/connections?columns=name,user"):
@@ -92,7 +85,7 @@ def remove(settings: ls.Settings, pw: ls.Secrets, object_id: str, say: ls.Say) -
 
 def list_devices(settings: ls.Settings, pw: ls.Secrets) -> list[str]:
     users = management(settings, pw).get("api/users")
-    return sorted(str(u["name"]) for u in users if t.DEVICE_TAG in _tags(u))
+    return sorted(str(u["name"]) for u in users if t.DEVICE_TAG in tags_of(u.get("tags")))
 
 
 def mqtt_login(object_id: str) -> str:
