@@ -349,7 +349,19 @@ class Intake:
     suspect that kills the process again spends only its own deliveries: the broker
     dead-letters it at the delivery limit (policy), and the messages behind it keep theirs.
     With `set_prefetch`, a session starts at prefetch 1 and opens to `prefetch` at the first
-    message that is not a suspect (suspects, being returned messages, come first)."""
+    message that is not a suspect (suspects, being returned messages, come first).
+
+    Order across a crash (the routing roles need their queue's order: an object's positions,
+    a region's handover notices). A quorum queue gives back a dead consumer's unacked
+    messages in order, ahead of the rest, when it drops that consumer; two things break it:
+    - a new consumer taking messages before the broker dropped the dead one (it takes newer
+      messages first): `start` waits until the queue has no consumer (the instance lock
+      already says no live one holds it);
+    - several consumers of one process holding messages when it dies: the queue gives each
+      consumer's back in turn, in the order of their tags, not of delivery. A prefetch
+      change needs a new consumer (RabbitMQ applies basic.qos to consumers created after
+      it), so the old one is cancelled and the new one created only once everything the old
+      one delivered was handed out and settled: one consumer holds messages at any time."""
 
     def __init__(self, queue: AbstractQueue, max_batch: int, exclusive: bool = True, prefetch: int = 0,
                  set_prefetch: Callable[[int], Awaitable[None]] | None = None) -> None:
@@ -368,6 +380,9 @@ class Intake:
         self.received = 0
         self.cancelled = asyncio.Event()  # the broker cancelled the consumer (queue deleted)
         self.current_prefetch = prefetch if set_prefetch is None else 1
+        self._want: int | None = None  # a prefetch for the next consumer (see the class)
+        self._fresh_seen = False  # a first delivery came in this session
+        self.late_returns = 0  # returned messages that came behind a first delivery
 
     @classmethod
     def on(cls, queue: AbstractQueue, max_batch: int, prefetch: int, exclusive: bool = True) -> Intake:
@@ -398,16 +413,21 @@ class Intake:
         log.log(logging.WARNING if new < now else logging.INFO,
                 "%s: confirms took %.2fs: prefetch %d -> %d", self.queue.name, seconds, now, new)
         self.current_prefetch = new
-        await self._apply_prefetch(new)
+        self._want = new  # applied between batches (see _switch_consumer)
 
-    async def _apply_prefetch(self, n: int) -> None:
-        """RabbitMQ applies basic.qos only to consumers created after it, so the consumer is
-        created again. Cancelling does not return what was delivered: those messages stay
-        this channel's, in order, ahead of what the new consumer gets."""
-        assert self._set_prefetch is not None
-        await self._set_prefetch(n)
-        if self._tag is not None and not self._stopping:
+    async def _switch_consumer(self) -> None:
+        """Between batches: a wanted prefetch change. The consumer is cancelled first, then
+        created again with the new prefetch once what it delivered was handed out (and, the
+        caller settling each batch before asking for the next, settled)."""
+        if self._want is None or self._stopping or self._set_prefetch is None:
+            return
+        if self._tag is not None:
             await self.queue.cancel(self._tag)
+            self._tag = None
+            await asyncio.sleep(0)  # deliveries read before the cancel-ok land in the buffer
+        if not self._buf:
+            want, self._want = self._want, None
+            await self._set_prefetch(want)
             self._tag = await self.queue.consume(self._on_message, exclusive=self.exclusive)
 
     @property
@@ -415,8 +435,14 @@ class Intake:
         """The backlog found at the start was received, and nothing waits in the buffer."""
         return self.received >= self.backlog and not self._buf
 
+    # How long `start` waits for the broker to drop a dead predecessor's consumer. It drops
+    # it as soon as it sees the connection gone, which the instance lock already waited for.
+    PREDECESSOR_WAIT_S = 30.0
+
     async def start(self) -> None:
         declared = getattr(self.queue, "declaration_result", None)
+        if self.exclusive:
+            declared = await self._without_predecessor() or declared
         self.backlog = int(getattr(declared, "message_count", 0) or 0)
         if self._set_prefetch is not None:
             await self._set_prefetch(1)
@@ -428,6 +454,28 @@ class Intake:
             underlay = await channel.get_underlay_channel()
             underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
 
+    async def _without_predecessor(self) -> Any:
+        """Polls the queue (passive declares) until it has no consumer, or PREDECESSOR_WAIT_S
+        passed (then it says so and goes on); the last declare-ok (None without a channel)."""
+        channel = getattr(self.queue, "channel", None)
+        if channel is None:  # the unit tests' fake queue
+            return None
+        started = time.monotonic()
+        while True:
+            declared = (await channel.declare_queue(self.queue.name, passive=True)).declaration_result
+            consumers = int(getattr(declared, "consumer_count", 0) or 0)
+            waited = time.monotonic() - started
+            if not consumers:
+                if waited > 0.05:
+                    log.info("%s: the previous consumer was dropped after %.2fs; consuming", self.queue.name,
+                             waited)
+                return declared
+            if waited > self.PREDECESSOR_WAIT_S:
+                log.warning("%s still has %d consumer(s) after %.0fs: consuming anyway (the order of its "
+                            "returned messages is not guaranteed)", self.queue.name, consumers, waited)
+                return declared
+            await asyncio.sleep(0.05)
+
     async def _on_cancel(self, frame: Basic.Cancel) -> None:
         if frame.consumer_tag == self._tag:
             log.warning("the broker cancelled the consumer of %s", self.queue.name)
@@ -437,10 +485,19 @@ class Intake:
         self.received += 1
         self._buf.append(message)
         self._ready.set()
+        if getattr(message, "redelivered", False):
+            if self._fresh_seen:
+                self.late_returns += 1
+                if self.late_returns == 1:
+                    log.warning("%s: a returned message came behind a first delivery (the broker gave "
+                                "back a dead consumer's messages late): order is not guaranteed here",
+                                self.queue.name)
+        else:
+            self._fresh_seen = True
         if not self._opened and delivery_count(message) < SUSPECT_DELIVERIES:
             self._opened = True
             self.current_prefetch = self.prefetch
-            await self._apply_prefetch(self.prefetch)
+            self._want = self.prefetch  # applied between batches (see _switch_consumer)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -451,6 +508,7 @@ class Intake:
 
     async def batches(self) -> AsyncIterator[list[AbstractIncomingMessage]]:
         while True:
+            await self._switch_consumer()
             if not self._buf:
                 if self._stopping:
                     return

@@ -365,11 +365,13 @@ class FakeQueue:
         self.callback: Callable[[Any], Awaitable[None]] | None = None
         self.consume_kwargs: dict[str, Any] = {}
         self.cancelled: list[str] = []
+        self.consumers = 0
 
     async def consume(self, callback: Callable[[Any], Awaitable[None]], **kwargs: Any) -> str:
         self.callback = callback
         self.consume_kwargs = kwargs
-        return "ctag-1"
+        self.consumers += 1
+        return f"ctag-{self.consumers}"
 
     async def cancel(self, tag: str) -> None:
         self.cancelled.append(tag)
@@ -524,15 +526,73 @@ async def started_managed(max_batch: int, prefetch: int) -> tuple[Intake, FakeQu
     return intake, q, qos
 
 
+async def next_after(it: AsyncGenerator[list[AbstractIncomingMessage], None], q: FakeQueue,
+                     *messages: FakeMessage) -> list[int]:
+    """The next batch when `messages` arrive once the caller asked for it (the buffer empty)."""
+    pending = asyncio.ensure_future(anext(it))
+    for _ in range(5):  # let the iterator reach its wait on the empty buffer
+        await asyncio.sleep(0)
+    await q.deliver(*messages)
+    return numbers(await pending)
+
+
 async def test_a_managed_intake_starts_at_prefetch_one_and_opens_at_the_first_normal_message() -> None:
     intake, q, qos = await started_managed(10, 500)
     assert qos == [1]
     await q.deliver(FakeMessage(0, deliveries=3), FakeMessage(1, deliveries=2))
+    it = batches(intake)
+    assert [numbers(await anext(it)) for _ in range(2)] == [[0], [1]]
     assert qos == [1]  # suspects keep it at one
     await q.deliver(FakeMessage(2, deliveries=1))  # delivered once before: not a suspect
-    assert qos == [1, 500]
-    await q.deliver(FakeMessage(3, deliveries=4))
-    assert qos == [1, 500]  # opened once
+    assert numbers(await anext(it)) == [2]
+    assert qos == [1] and q.cancelled == ["ctag-1"]  # cancelled; the next consumer once [2] is settled
+    assert await next_after(it, q, FakeMessage(3, deliveries=4)) == [3]
+    assert qos == [1, 500] and q.consumers == 2
+    assert await next_after(it, q, FakeMessage(4, deliveries=4)) == [4]
+    assert qos == [1, 500] and q.consumers == 2  # opened once
+    await intake.stop()
+
+
+async def test_one_consumer_holds_messages_at_a_time() -> None:
+    """A prefetch change cancels the consumer and creates the next only once everything the
+    old one delivered was handed out: a crash can never leave two consumers holding messages
+    (the queue would give them back consumer by consumer, out of order)."""
+    intake, q, qos = await started_managed(2, 1000)
+    await q.deliver(FakeMessage(0))
+    it = batches(intake)
+    assert numbers(await anext(it)) == [0]  # consumer 1 cancelled before it is handed out
+    assert q.cancelled == ["ctag-1"] and q.consumers == 1
+    await q.deliver(FakeMessage(1))  # a delivery read before the cancel-ok: still consumer 1's
+    assert numbers(await anext(it)) == [1]
+    assert q.consumers == 1  # not before the buffer is empty
+    pending = asyncio.ensure_future(anext(it))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert q.consumers == 2 and qos == [1, 1000]
+    await q.deliver(*(FakeMessage(i) for i in range(2, 7)))
+    assert numbers(await pending) == [2, 3]
+    await intake.confirm_lag(3.0)  # halve: consumer 2 still holds 4, 5, 6
+    assert numbers(await anext(it)) == [4, 5]
+    assert q.cancelled == ["ctag-1", "ctag-2"] and q.consumers == 2
+    assert numbers(await anext(it)) == [6]
+    pending = asyncio.ensure_future(anext(it))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert q.consumers == 3 and qos == [1, 1000, 500]
+    pending.cancel()
+    await intake.stop()
+
+
+async def test_a_returned_message_behind_a_first_delivery_is_counted() -> None:
+    intake, q = await started(10)
+    first, returned = FakeMessage(0), FakeMessage(1, deliveries=1)
+    returned.redelivered = True  # type: ignore[attr-defined]
+    early = FakeMessage(2, deliveries=1)
+    early.redelivered = True  # type: ignore[attr-defined]
+    await q.deliver(early, first)
+    assert intake.late_returns == 0  # returns first, then first deliveries: in order
+    await q.deliver(returned)
+    assert intake.late_returns == 1
     await intake.stop()
 
 
@@ -641,15 +701,22 @@ async def test_confirm_lag_halves_the_prefetch_and_restores_it() -> None:
     await intake.confirm_lag(5.0)  # not opened yet (no message): nothing to slow
     assert qos == [1]
     await q.deliver(FakeMessage(0))
+    it = batches(intake)
+    assert numbers(await anext(it)) == [0]
+    assert await next_after(it, q, FakeMessage(1)) == [1]
     assert qos == [1, 1000]
     for _ in range(6):
         await intake.confirm_lag(2.0)
-    assert qos == [1, 1000, 500, 250, 125, 64]  # halved down to the floor, not below
+    assert intake.current_prefetch == 64  # halved down to the floor, not below
+    assert await next_after(it, q, FakeMessage(2)) == [2]
+    assert qos == [1, 1000, 64]  # one new consumer, between batches
     await intake.confirm_lag(0.5)  # in between: kept
     assert intake.current_prefetch == 64
     for _ in range(6):
         await intake.confirm_lag(0.01)
-    assert qos[6:] == [128, 256, 512, 1000] and intake.current_prefetch == 1000
+    assert intake.current_prefetch == 1000
+    assert await next_after(it, q, FakeMessage(3)) == [3]
+    assert qos == [1, 1000, 64, 1000] and q.consumers == 4
     await intake.stop()
 
 
