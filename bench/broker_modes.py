@@ -40,12 +40,13 @@ import workload as wl
 import hilbert_c as hk
 from deploy.local_stack import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from deploy.rabbitmq import apply as rabbit
+from exchanges import routing_store
 from exchanges import topology as t
-from exchanges.range_index import INDEX_BITS
+from exchanges.worldmap import AREA
+from exchanges.x_geo.range_index import INDEX_BITS
 from fence import store
 from fence.manager import FenceManager
 from fence.spec import FenceSpec
-from ingress.worldmap import AREA
 
 TIMEOUT_S = 7 * 86400.0
 DRAIN_DEADLINE_S = 180.0
@@ -348,7 +349,7 @@ async def parking_spots(conn: ConnectionSettings, box: wl.Box = wl.DEFAULT_BOX,
                         margin_m: float = PARK_MARGIN_M) -> list[tuple[float, float]]:
     """One point per region of the stored worldmap, in the local stack's AREA and margin_m
     outside the box (so outside every fence of the workload), the farthest from the box."""
-    wm = await store.read_worldmap(conn["postgres"]["dsn"])
+    wm = await routing_store.read_worldmap(conn["postgres"]["dsn"])
     if wm is None:
         return []
     x0, y0, x1, y1 = AREA

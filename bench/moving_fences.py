@@ -63,11 +63,12 @@ from e2e import Progress, table
 
 from deploy import local_stack as ls
 from deploy import sidecars
+from deploy.inspect_cmd import ask
+from exchanges import routing_store
 from exchanges import topology as t
 from fence import store
 from fence.follow import EARTH_M_PER_DEG, circle
 from fence.follow_shell import MOVE_CONCURRENCY
-from fence.inspect_cmd import ask
 from fence.manager import Change, FenceManager
 from fence.spec import FenceSpec, Follow
 
@@ -663,7 +664,7 @@ async def run(args: argparse.Namespace) -> int:
     info: dict[str, Any] = {}
     b: PartB | None = None
     a_error = b_error = ""
-    pg = await store.connect(stack.dsn)
+    pg = await routing_store.connect(stack.dsn)
     try:
         async with stack.manager() as m:
             try:

@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ingress.worldmap import AREA
+from exchanges.worldmap import AREA
 from spark_jobs import rebuild_bindings
 from spark_jobs.session import JobConfig, clone_schema, spark_session
 

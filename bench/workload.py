@@ -24,15 +24,16 @@ from shapely.geometry import Polygon
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
-from exchanges.range_index import INDEX_BITS
+from exchanges.fence_def import FenceDef
+from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo import FenceBinding, XGeo
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.range_index import INDEX_BITS
 from fence import reference
-from fence.hash_ring import HashRing
-from fence.state import Event, FenceDef, XFence
+from fence.state import Event, XFence
 from hilbert_c.covering import EARTH_RADIUS_M
 from ingress.core import XIngress
-from ingress.worldmap import Worldmap
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -284,7 +285,7 @@ class CorePipeline:
                timeout_s: float = NO_TIMEOUT_S, version: int = 1) -> list[Event]:
         """Bind (or re-bind) every fence in the regions it touches or touched and define it
         on its worker, with each region's re-check rows behind the definition (as the
-        sidecars do: exchanges/geo_sidecar.py)."""
+        sidecars do: exchanges/x_geo/sidecar.py)."""
         events: list[Event] = []
         for f in fences:
             per_region = fence_bindings(f, self.worldmap, version, max_ranges, cells_per_radius)

@@ -30,7 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "x-fence": ("deploy.sidecar_cmd", "run one x-fence worker (ENTER / LEAVE events out)"),
     "fence-archiver": ("deploy.sidecar_cmd", "run the events archiver (fence.events -> PostgreSQL)"),
     "api": ("deploy.sidecar_cmd", "run the fence service: HTTP and AMQP fence API, moving fences"),
-    "fence": ("fence.manage", "add, replace, remove, list fences (GeoJSON)"),
+    "fence": ("deploy.fence_cmd", "add, replace, remove, list fences (GeoJSON)"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
     "dlq": ("deploy.dlq_cmd", "dead-lettered messages: list, replay"),
     "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),
@@ -41,12 +41,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 INSPECT_TARGETS: dict[str, tuple[str, str]] = {
     "topology": ("deploy.rabbitmq.inspect_cmd",
                  "vhosts, queues (messages, consumers, policy), federation links"),
-    "fence": ("fence.inspect_cmd", "a fence: definition, worker, occupants (live, from x-fence)"),
-    "object": ("fence.inspect_cmd", "an object: the fences it is in (live, from x-fence)"),
-    "geo": ("fence.inspect_cmd", "an x-geo region: bindings, tracked objects, counters"),
-    "worker": ("fence.inspect_cmd", "an x-fence worker: fences, counters"),
-    "ring": ("fence.inspect_cmd", "the consistent-hash ring: workers, shares, a fence's worker"),
-    "worldmap": ("fence.inspect_cmd", "the worldmap: which Hilbert intervals each region owns"),
+    "fence": ("deploy.inspect_cmd", "a fence: definition, worker, occupants (live, from x-fence)"),
+    "object": ("deploy.inspect_cmd", "an object: the fences it is in (live, from x-fence)"),
+    "geo": ("deploy.inspect_cmd", "an x-geo region: bindings, tracked objects, counters"),
+    "worker": ("deploy.inspect_cmd", "an x-fence worker: fences, counters"),
+    "ring": ("deploy.inspect_cmd", "the consistent-hash ring: workers, shares, a fence's worker"),
+    "worldmap": ("deploy.inspect_cmd", "the worldmap: which Hilbert intervals each region owns"),
 }
 # `geofence spark JOB`: the nightly jobs (each also a spark-submit entry point)
 SPARK_JOBS: dict[str, tuple[str, str]] = {

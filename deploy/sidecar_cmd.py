@@ -16,7 +16,7 @@ from typing import Any
 
 from exchanges import shell
 
-ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.geo_sidecar", "x-fence": "fence.sidecar",
+ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.x_geo.sidecar", "x-fence": "fence.sidecar",
          "fence-archiver": "fence.archive", "api": "fence.api_server"}
 
 

@@ -143,15 +143,16 @@ def running(settings: ls.Settings) -> dict[str, bool]:
 
 async def prepare_database(dsn: str, regions: tuple[str, ...], say: ls.Say) -> None:
     from deploy.migrate import migrate
+    from exchanges import routing_store
+    from exchanges.worldmap import Worldmap
     from fence import store
-    from ingress.worldmap import Worldmap
 
     applied = await migrate(dsn)
     if applied:
         say(f"postgres: migrations applied: {', '.join(applied)}")
-    conn = await store.connect(dsn)
+    conn = await routing_store.connect(dsn)
     try:
-        wm = await store.latest_worldmap(conn)
+        wm = await routing_store.latest_worldmap(conn)
         if wm is None or set(wm.regions) != set(regions):
             version = 1 if wm is None else wm.version + 1
             new = Worldmap.over_area(list(regions), version=version)

@@ -133,7 +133,7 @@ class RegionBatch:
     the handover notices of objects that left it (flagged `notice`; the position is the one
     in the region they went to); `gate` is, per row, the ts its object entered the region
     (this one for a position, the one it left for a notice; 0: unknown), see
-    exchanges/x_geo.py. One message, so the x-geo sees an object's notices and positions in
+    exchanges/x_geo/core.py. One message, so the x-geo sees an object's notices and positions in
     the order they happened.
 
     `announced` flags the first position of an object x-ingress had not seen since its

@@ -1,5 +1,5 @@
 """The asyncio shell every sidecar shares: configuration, connections, intake, publishing,
-dead-lettering, lifecycle. The roles' shells (ingress/sidecar.py, exchanges/geo_sidecar.py,
+dead-lettering, lifecycle. The roles' shells (ingress/sidecar.py, exchanges/x_geo/sidecar.py,
 fence/sidecar.py) only decode, call their core, publish what it returns and settle.
 
 Invariants:

@@ -22,7 +22,7 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
-from exchanges import shell
+from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.contract import InvalidMessage
 from fence import store
@@ -110,7 +110,7 @@ class Archiver:
         while True:
             try:
                 if self._pg is None or self._pg.is_closed():
-                    self._pg = await store.connect(self.config.postgres_url)
+                    self._pg = await routing_store.connect(self.config.postgres_url)
                 return await store.archive_events(self._pg, rows)
             # InterfaceError includes a connection left inside a transaction by a store
             # cancelled with its session (archive_events refuses it): replaced like a lost one

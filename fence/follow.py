@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from shapely.geometry import Polygon
 
-from fence.spec import InvalidFence
+from exchanges.fence_def import InvalidFence
 
 EARTH_M_PER_DEG = 111_320.0
 SEGMENTS = 32  # vertices of a circle: its area is within 0.7% of the true circle's

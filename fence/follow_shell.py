@@ -23,10 +23,11 @@ from exchanges import shell
 from exchanges import topology as t
 from exchanges.batch import PositionBatch, unpack
 from exchanges.contract import BAD_INPUT, InvalidMessage
+from exchanges.fence_def import InvalidFence
 from fence import store
 from fence.follow import FollowCore, Move, circle
 from fence.manager import FenceManager
-from fence.spec import FenceSpec, InvalidFence
+from fence.spec import FenceSpec
 
 log = logging.getLogger("geofence")
 REFRESH_S = 2.0

@@ -3,7 +3,7 @@
 Used by `geofence fence`, the HTTP and AMQP fence API and the follower. The store is written
 first and the control messages are sent after the commit, confirmed: see fence/store.py for
 what a crash in between means. A change reaches the regions the fence touched or touches, as
-a diff where a region keeps it (see fence/control.py); a delete reaches every region.
+a diff where a region keeps it (see exchanges/control.py); a delete reaches every region.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractConnection, AbstractExchange, AbstractIncomingMessage
 
-from exchanges import shell
+from exchanges import binding_diff, control, routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
-from fence import binding_diff, control, store
-from fence.hash_ring import HashRing
+from exchanges.hash_ring import HashRing
+from exchanges.worldmap import Worldmap
+from fence import store
 from fence.spec import FenceSpec, bindings
-from ingress.worldmap import Worldmap
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class FenceManager:
     async def __aenter__(self) -> FenceManager:
         try:
             self.pool: asyncpg.Pool = await asyncpg.create_pool(
-                self.postgres_url, min_size=1, max_size=POOL_SIZE, init=store.init_connection)
+                self.postgres_url, min_size=1, max_size=POOL_SIZE, init=routing_store.init_connection)
             self._stack.push_async_callback(self.pool.close)
             for vhost in (*(t.region_vhost(r) for r in self.regions), t.FENCES_VHOST):
                 # robust: a long-lived API process outlives broker restarts (channels and the
@@ -146,9 +146,9 @@ class FenceManager:
         refuses another user's fence, `follow_ts` a follow move older than the fence's."""
         async with self.pool.acquire() as conn:
             for attempt in range(3):  # a worldmap change (nightly re-split) in between: cut again
-                version = await store.latest_worldmap_version(conn)
+                version = await routing_store.latest_worldmap_version(conn)
                 if self._worldmap is None or self._worldmap.version != version:
-                    self._worldmap = await store.latest_worldmap(conn)  # parsed once per version
+                    self._worldmap = await routing_store.latest_worldmap(conn)  # parsed once per version
                 wm = self._worldmap
                 if wm is None:
                     raise RuntimeError("no worldmap stored: run `geofence up`")

@@ -27,10 +27,10 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 
 from exchanges import shell
 from exchanges import topology as t
+from exchanges.fence_def import shown
 from fence.api import Verifier
 from fence.auth import AuthUnavailable, Unauthenticated
 from fence.service import ApiError, Caller, FenceService
-from fence.spec import shown
 
 log = logging.getLogger("geofence")
 

@@ -22,22 +22,19 @@ from typing import Any
 
 import asyncpg
 
-from exchanges.ids import OBJECT_ID_RULE, is_object_id
-from fence import store
-from fence.follow import circle
-from fence.manager import Change, FenceManager, WorkerUnavailable
-from fence.spec import (
+from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
-    FenceSpec,
-    Follow,
     InvalidFence,
     check_fence_id,
     check_name,
     check_timeout,
-    from_feature,
-    named_fence_id,
     shown,
 )
+from exchanges.ids import OBJECT_ID_RULE, is_object_id
+from fence import store
+from fence.follow import circle
+from fence.manager import Change, FenceManager, WorkerUnavailable
+from fence.spec import FenceSpec, Follow, from_feature, named_fence_id
 
 MAX_LIST = 1000
 MAX_EVENTS = 10_000

@@ -40,13 +40,13 @@ from typing import Any
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
-from exchanges import shell
+from exchanges import control, routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import unpack
 from exchanges.contract import BAD_INPUT, InvalidMessage
+from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
-from fence import control, state_codec, store
-from fence.hash_ring import HashRing
+from fence import state_codec, store
 from fence.journal import Recovered, StateDir
 from fence.journal import pack as journal_pack
 from fence.state import Event, XFence
@@ -98,7 +98,8 @@ class FenceSidecar:
                          self.core.stats())
             else:
                 log.info("no state in %s: a new worker", self.journal.path)
-        records = await store.read_until_stopped(self.config.postgres_url, store.live_fences, "fences", stop)
+        records = await routing_store.read_until_stopped(self.config.postgres_url, store.live_fences,
+                                                         "fences", stop)
         if records is None:
             return False
         mine = [r for r in records if self.ring.node_for(r.fence.fence_id) == self.worker]
@@ -117,7 +118,8 @@ class FenceSidecar:
     async def _tombstones(self, fence_ids: list[str], stop: asyncio.Event) -> list[tuple[str, int, float]]:
         async def read(conn: Any) -> list[tuple[str, int, float]]:
             return await store.deleted_fences(conn, fence_ids)
-        return await store.read_until_stopped(self.config.postgres_url, read, "deleted fences", stop) or []
+        got = await routing_store.read_until_stopped(self.config.postgres_url, read, "deleted fences", stop)
+        return got or []
 
     async def close(self) -> None:
         """At a clean stop: a snapshot, so the next start replays no journal; not of a core

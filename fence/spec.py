@@ -10,32 +10,30 @@ that need the exact polygon test stays small).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import shapely
 from shapely.geometry import MultiPolygon, Polygon, mapping
 
-import hilbert_c as hk
-from exchanges.range_index import INDEX_BITS
+from exchanges.fence_def import (
+    DEFAULT_TIMEOUT_S,
+    FenceDef,
+    InvalidFence,
+    check_fence_id,
+    check_geometry,
+    check_name,
+    check_timeout,
+)
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.range_index import INDEX_BITS
 from hilbert_c.covering import Covering, _flatten, coarsen, cover_flat
-from ingress.worldmap import Worldmap
 
-FENCE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-MAX_VERTICES = 10_000
 MAX_RANGES = 4_096
 CELLS_ACROSS = 64  # cells across the fence's larger bbox side
 MIN_BITS, MAX_BITS = 10, 24
-MAX_EXTENT_DEG = 10.0  # a fence larger than this is refused (the covering grows with area)
-DEFAULT_TIMEOUT_S = 300.0
-
-
-class InvalidFence(ValueError):
-    """What is wrong with a fence, in words a user can act on."""
 
 
 @dataclass(frozen=True)
@@ -61,53 +59,13 @@ class FenceSpec:
     def geojson(self) -> dict[str, Any]:
         return dict(mapping(self.geometry))
 
+    def definition(self, version: int) -> FenceDef:
+        """The fence as the roles carry it, at `version`."""
+        return FenceDef(self.fence_id, version, self.geometry, self.timeout_s, self.name)
+
     def bbox(self) -> tuple[float, float, float, float]:
         x0, y0, x1, y1 = self.geometry.bounds
         return float(x0), float(y0), float(x1), float(y1)
-
-
-def shown(value: Any, limit: int = 80) -> str:
-    """A value as an error message names it: its repr, cut to `limit` characters (the input
-    may be huge; an integer of thousands of digits has no repr at all)."""
-    if isinstance(value, int) and value.bit_length() > 128:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
-def check_fence_id(fence_id: Any) -> str:
-    if not isinstance(fence_id, str) or not FENCE_ID_RE.fullmatch(fence_id):
-        raise InvalidFence(f"fence id {shown(fence_id)}: 1-64 characters from A-Z a-z 0-9 _ -, "
-                           "starting with a letter or digit")
-    return fence_id
-
-
-def check_timeout(value: Any) -> float:
-    # compared as given, never converted first: an integer beyond float range (JSON has no
-    # limit) must be refused, not raise OverflowError; NaN fails every comparison
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 7 * 86400:
-        raise InvalidFence(f"timeout_s {shown(value)}: a number of seconds in (0, 604800]")
-    return float(value)
-
-
-def check_name(name: Any) -> str:
-    """A fence's name: text PostgreSQL can store (no NUL character, no lone surrogate)."""
-    if not isinstance(name, str) or len(name) > 200:
-        raise InvalidFence("name must be a string of at most 200 characters")
-    if not is_storable(name):
-        raise InvalidFence(f"name {shown(name)}: a NUL character or invalid Unicode (a lone surrogate)")
-    return name
-
-
-def is_storable(text: str) -> bool:
-    """PostgreSQL's text refuses NUL, and UTF-8 has no lone surrogates (JSON's "\\ud800")."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def named_fence_id(feature: Mapping[str, Any]) -> Any:
@@ -140,60 +98,6 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
         raise InvalidFence("the Feature has no geometry object")
     return FenceSpec(check_fence_id(fid), check_geometry(geometry), name,
                      check_timeout(props.get("timeout_s", DEFAULT_TIMEOUT_S)), owner)
-
-
-def check_geometry(geometry: Any) -> Polygon | MultiPolygon:
-    if isinstance(geometry, Mapping):
-        n = _check_positions(geometry)
-        if n > MAX_VERTICES:
-            raise InvalidFence(f"the polygon has {n} vertices; at most {MAX_VERTICES} are accepted")
-    try:
-        geom = hk.as_geometry(geometry)
-    except hk.InvalidGeometry as exc:
-        raise InvalidFence(str(exc)) from None
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
-        raise InvalidFence(f"not a GeoJSON Polygon or MultiPolygon: {exc}") from None
-    n = int(shapely.get_num_coordinates(geom))
-    if n > MAX_VERTICES:
-        raise InvalidFence(f"the polygon has {n} vertices; at most {MAX_VERTICES} are accepted")
-    x0, y0, x1, y1 = geom.bounds
-    if x0 < -180 or x1 > 180 or y0 < -90 or y1 > 90:
-        raise InvalidFence(RANGE_MESSAGE)
-    if max(x1 - x0, y1 - y0) > MAX_EXTENT_DEG:
-        raise InvalidFence(f"the fence spans {max(x1 - x0, y1 - y0):.1f} degrees; at most "
-                           f"{MAX_EXTENT_DEG} are accepted")
-    return geom
-
-
-_POSITION_DEPTH = {"Polygon": 2, "MultiPolygon": 3}  # list levels above a [lon, lat] position
-RANGE_MESSAGE = "coordinates must be lon in [-180, 180] and lat in [-90, 90]"
-
-
-def _check_positions(geometry: Mapping[str, Any]) -> int:
-    """The number of positions of a GeoJSON (Multi)Polygon, each checked to hold JSON numbers
-    before the kernel converts them: numpy would take "9.5" and true as numbers, and raise
-    OverflowError on an integer beyond float range. What has another shape is left to
-    `hk.as_geometry`, which says what is wrong with it."""
-    kind = geometry.get("type")
-    depth = _POSITION_DEPTH.get(kind) if isinstance(kind, str) else None
-    if depth is None:
-        return 0
-
-    def walk(v: Any, level: int) -> int:
-        if not isinstance(v, list | tuple):
-            return 0
-        if level < depth:
-            return sum(walk(c, level + 1) for c in v)
-        for x in v:
-            if isinstance(x, list | tuple):
-                continue  # nested too deep: not a position (as_geometry refuses it)
-            if isinstance(x, bool) or not isinstance(x, int | float):
-                raise InvalidFence(f"coordinates must be numbers, not {shown(x)}")
-            if isinstance(x, int) and not -180 <= x <= 180:  # before float() can overflow
-                raise InvalidFence(RANGE_MESSAGE)
-        return 1
-
-    return walk(geometry.get("coordinates"), 0)
 
 
 # --------------------------------------------------------------------------- bindings

@@ -26,7 +26,7 @@ of an object is current only while the object is in one of its fences' ranges (x
 it here then), and anywhere else it may be far behind. Each x-geo region that binds (or
 bound) the fence applies the change and sends, right behind the definition, a *re-check*
 row per object whose latest position there is in the fence's old or new ranges
-(exchanges.x_geo.XGeo.change). A re-check decides the object against the new geometry:
+(exchanges.x_geo.core.XGeo.change). A re-check decides the object against the new geometry:
 ENTER (reason `entered` for a new fence, `fence_changed` for a replaced one) or LEAVE
 `fence_changed`, at the ts of that position: the one the decision comes from, as for every
 position (the change's own time would put the event after positions routed behind it, whose
@@ -56,6 +56,7 @@ import shapely
 from shapely.geometry import MultiPolygon, Polygon
 from shapely.geometry.base import BaseGeometry
 
+from exchanges.fence_def import FenceDef
 from exchanges.object_codes import ObjectCodes, distinct, grow
 from exchanges.worker_batch import WorkerBatch
 from hilbert_c import kernel
@@ -71,13 +72,6 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 
-@dataclass(frozen=True, eq=False)
-class FenceDef:
-    fence_id: str
-    version: int
-    geometry: BaseGeometry  # Polygon / MultiPolygon in lon/lat
-    timeout_s: float
-    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

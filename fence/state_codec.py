@@ -24,8 +24,9 @@ import numpy as np
 import numpy.typing as npt
 import shapely
 
+from exchanges.fence_def import FenceDef
 from exchanges.worker_batch import WorkerBatch
-from fence.state import _LOW, _SHIFT, FenceDef, XFence
+from fence.state import _LOW, _SHIFT, XFence
 
 FORMAT = 1
 _STATS = ("unknown_fence_candidates", "stale_positions", "held_positions", "holds_expired", "rechecks",

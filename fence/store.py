@@ -9,11 +9,7 @@ the store ahead of the sidecars, and re-applying the change (any later version) 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -21,10 +17,12 @@ from typing import Any, TypeVar
 import asyncpg
 import numpy as np
 
-from exchanges.x_geo import FenceBinding
-from fence.spec import Bindings, FenceSpec, Follow, check_geometry
-from fence.state import FenceDef
-from ingress.worldmap import Worldmap
+from exchanges.control import fence_json
+from exchanges.fence_def import FenceDef, check_geometry
+from exchanges.routing_store import binding_of, latest_worldmap_version
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.core import FenceBinding
+from fence.spec import Bindings, FenceSpec, Follow
 
 log = logging.getLogger("geofence")
 T = TypeVar("T")
@@ -66,8 +64,6 @@ class FenceRecord:
     follow_ts: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        from fence.control import fence_json
-
         return {**fence_json(self.fence), "owner": self.owner,
                 "created_at": self.created_at.isoformat(), "updated_at": self.updated_at.isoformat(),
                 "regions": list(self.regions),
@@ -80,41 +76,6 @@ class Saved:
 
     record: FenceRecord
     previous: dict[str, FenceBinding]
-
-
-async def init_connection(conn: asyncpg.Connection) -> None:
-    """jsonb in and out as Python objects (pass to asyncpg.connect / create_pool `init`)."""
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
-
-
-async def connect(dsn: str) -> asyncpg.Connection:
-    conn = await asyncpg.connect(dsn)
-    await init_connection(conn)
-    return conn
-
-
-async def read_until_stopped(dsn: str, read: Callable[[asyncpg.Connection], Awaitable[T | None]],
-                             what: str, stop: asyncio.Event) -> T | None:
-    """What `read` returns, retried with backoff while PostgreSQL is away or `read` finds
-    nothing yet (None); None once `stop` is set. A sidecar starts with this."""
-    from exchanges.shell import Backoff
-
-    backoff = Backoff()
-    while not stop.is_set():
-        try:
-            conn = await connect(dsn)
-            try:
-                found = await read(conn)
-            finally:
-                await conn.close()
-            if found is not None:
-                return found
-            log.warning("no %s stored yet", what)
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("cannot read the %s: %s", what, exc)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), backoff.next())
-    return None
 
 
 async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindings,
@@ -173,7 +134,7 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
             spec.follow.object_id if spec.follow else None, spec.follow.radius_m if spec.follow else None,
             follow_ts if spec.follow else None)
         version = stored["version"]
-        previous = {r["region"]: _binding(r) for r in await conn.fetch(
+        previous = {r["region"]: binding_of(r) for r in await conn.fetch(
             "DELETE FROM fence_range WHERE fence_id = $1 "
             "RETURNING fence_id, region, version, ranges, interior",
             spec.fence_id)}
@@ -217,12 +178,6 @@ def _record(row: asyncpg.Record) -> FenceRecord:
               else Follow(row["follow_object"], float(row["follow_radius_m"])))
     return FenceRecord(fence, row["owner"], row["created_at"], row["updated_at"],
                        tuple(row["regions"] or ()), follow, row["follow_ts"])
-
-
-def _binding(row: asyncpg.Record) -> FenceBinding:
-    return FenceBinding(row["fence_id"], int(row["version"]),
-                        np.frombuffer(row["ranges"], "<u8").astype(np.uint64).reshape(-1, 2),
-                        np.frombuffer(row["interior"], np.uint8).astype(bool))
 
 
 _SELECT = """SELECT f.id, f.name, f.owner, f.geometry, f.timeout_s, f.version, f.created_at,
@@ -269,25 +224,6 @@ async def following(conn: asyncpg.Connection, object_ids: list[str] | None = Non
     return [_record(r) for r in rows]
 
 
-async def followed_objects(conn: asyncpg.Connection) -> set[str]:
-    rows = await conn.fetch("SELECT DISTINCT follow_object FROM fence WHERE deleted_at IS NULL "
-                            "AND follow_object IS NOT NULL")
-    return {r["follow_object"] for r in rows}
-
-
-async def region_bindings(conn: asyncpg.Connection, region: str) -> list[FenceBinding]:
-    """What x-geo `region` must have bound (its `recover` source)."""
-    rows = await conn.fetch("SELECT fence_id, version, ranges, interior FROM fence_range "
-                            "WHERE region = $1 ORDER BY fence_id", region)
-    return [_binding(r) for r in rows]
-
-
-async def region_binding(conn: asyncpg.Connection, region: str, fence_id: str) -> FenceBinding | None:
-    row = await conn.fetchrow("SELECT fence_id, version, ranges, interior FROM fence_range "
-                              "WHERE region = $1 AND fence_id = $2", region, fence_id)
-    return None if row is None else _binding(row)
-
-
 # --------------------------------------------------------------------------- events archive
 
 EVENT_COLUMNS = ("event_id", "fence_id", "object_id", "event", "reason", "ts")
@@ -327,25 +263,6 @@ async def fence_owner(conn: asyncpg.Connection, fence_id: str) -> str | None:
     return owner
 
 
-async def latest_worldmap(conn: asyncpg.Connection) -> Worldmap | None:
-    row = await conn.fetchrow("SELECT body FROM worldmap ORDER BY version DESC LIMIT 1")
-    return None if row is None else Worldmap.from_json(row["body"])
-
-
-async def read_worldmap(dsn: str) -> Worldmap | None:
-    """The worldmap in force, on a connection of its own (tools, tests, benchmarks)."""
-    conn = await connect(dsn)
-    try:
-        return await latest_worldmap(conn)
-    finally:
-        await conn.close()
-
-
-async def latest_worldmap_version(conn: asyncpg.Connection) -> int:
-    v = await conn.fetchval("SELECT max(version) FROM worldmap")
-    return int(v or 0)
-
-
 async def save_worldmap(conn: asyncpg.Connection, worldmap: Worldmap) -> bool:
     """Store a map; False if that version exists already. Waits for the fence changes in
     flight (they hold WORLDMAP_LOCK shared) and makes later ones cut with this map."""
@@ -354,13 +271,6 @@ async def save_worldmap(conn: asyncpg.Connection, worldmap: Worldmap) -> bool:
         done = await conn.execute("INSERT INTO worldmap (version, body) VALUES ($1, $2) "
                                   "ON CONFLICT (version) DO NOTHING", worldmap.version, worldmap.to_json())
     return bool(done.endswith(" 1"))
-
-
-async def record_worldmap_seen(conn: asyncpg.Connection, instance: str, version: int) -> None:
-    """An x-ingress routes with worldmap `version` now."""
-    await conn.execute("INSERT INTO worldmap_seen (instance, version) VALUES ($1, $2) "
-                       "ON CONFLICT (instance) DO UPDATE SET version = EXCLUDED.version, seen_at = now()",
-                       instance, version)
 
 
 async def routing_versions(conn: asyncpg.Connection, within_s: float) -> dict[str, int]:

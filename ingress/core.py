@@ -8,7 +8,7 @@ LEAVE at once; without it the old region would never hear of the object again an
 fences would only see the object time out.
 
 It also remembers when each object entered its region, and gives every row its `gate`
-(exchanges/x_geo.py: a position's is its object's entry into its region, a notice's the
+(exchanges/x_geo/core.py: a position's is its object's entry into its region, a notice's the
 entry into the region it left), so the workers apply one object's positions in time order.
 
 Trade-off: that memory is one small int and one float per object in this process, so all positions of an
@@ -38,8 +38,8 @@ import numpy.typing as npt
 import hilbert_c as hk
 from exchanges.batch import PositionBatch, RegionBatch
 from exchanges.object_codes import ObjectCodes, carry, distinct, grow
-from exchanges.range_index import INDEX_BITS
-from ingress.worldmap import Worldmap
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.range_index import INDEX_BITS
 
 
 def entries(codes: npt.NDArray[np.int64], came_in: npt.NDArray[np.bool_], ts: npt.NDArray[np.float64],

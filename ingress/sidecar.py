@@ -27,10 +27,9 @@ from typing import Any
 import asyncpg
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from exchanges import shell
+from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, pack
-from fence import store
 from ingress.core import XIngress
 from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many
 
@@ -148,18 +147,18 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, regions: Sequence[st
         if stop.is_set():
             return
         try:
-            conn = await store.connect(pg_url)
+            conn = await routing_store.connect(pg_url)
             try:
-                if await store.latest_worldmap_version(conn) > core.worldmap.version:
-                    wm = await store.latest_worldmap(conn)
+                if await routing_store.latest_worldmap_version(conn) > core.worldmap.version:
+                    wm = await routing_store.latest_worldmap(conn)
                     unknown = sorted(set(wm.regions) - set(regions)) if wm is not None else []
                     if wm is not None and unknown:
                         log.error("worldmap version %d routes to regions %s this deployment does not "
                                   "have; keeping version %d", wm.version, unknown, core.worldmap.version)
                     elif wm is not None and core.set_worldmap(wm):
                         log.info("worldmap version %d loaded: regions %s", wm.version, ", ".join(wm.regions))
-                await store.record_worldmap_seen(conn, instance, core.worldmap.version)
-                followed = frozenset(await store.followed_objects(conn))
+                await routing_store.record_worldmap_seen(conn, instance, core.worldmap.version)
+                followed = frozenset(await routing_store.followed_objects(conn))
                 if followed != sidecar.followed:
                     log.info("%d objects followed by fences", len(followed))
                     sidecar.followed = followed
@@ -173,7 +172,8 @@ async def main(config: shell.SidecarConfig) -> int:
     stop = asyncio.Event()
     shell.install_signal_handlers(stop)
     log.info("%s", config.describe())
-    wm = await store.read_until_stopped(config.postgres_url, store.latest_worldmap, "worldmap", stop)
+    wm = await routing_store.read_until_stopped(config.postgres_url, routing_store.latest_worldmap,
+                                                "worldmap", stop)
     if wm is None:
         return 0
     missing = sorted(set(wm.regions) - set(config.regions))

@@ -24,12 +24,12 @@ import numpy.typing as npt
 import orjson
 import pandas as pd
 
-from exchanges.range_index import INDEX_BITS
-from fence import binding_diff
+from exchanges import binding_diff
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.range_index import INDEX_BITS
 from fence.spec import MAX_RANGES, Bindings, Flat, bindings_of, choose_bits_bounds, covering
 from hilbert_c import kernel
 from hilbert_c.covering import DEFAULT_MAX_NODES, Covering, coarsen, flatten_geojson
-from ingress.worldmap import Worldmap
 
 U64 = npt.NDArray[np.uint64]
 BOOL = npt.NDArray[np.bool_]
@@ -428,7 +428,7 @@ def imbalance(loads: dict[str, int], regions: Iterable[str]) -> float:
 
 def diff_batch(batch: pd.DataFrame) -> pd.DataFrame:
     """Live (live_* columns, null when absent) against computed bindings of (region, fence):
-    the rows that differ, with the size of the minimal diff (fence.binding_diff) (DIFF_SCHEMA)."""
+    the rows that differ, with the size of the minimal diff (exchanges.binding_diff) (DIFF_SCHEMA)."""
     out: dict[str, list[Any]] = {k: [] for k in ("region", "fence_id", "version", "action", "ranges_before",
                                                   "ranges_after", "ranges_removed", "ranges_added", "bits",
                                                   "ranges", "interior")}

@@ -39,11 +39,12 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import numpy as np
 
+from exchanges import routing_store
+from exchanges.worldmap import Worldmap
 from fence import store
 from fence.manager import FenceManager
 from fence.spec import bindings, covering
 from hilbert_c.covering import _flatten
-from ingress.worldmap import Worldmap
 from spark_jobs import bindings_core as core
 from spark_jobs.session import Jdbc, JobConfig, check_schema, hash_predicates, partitions, spark_session
 
@@ -289,7 +290,7 @@ class Job:
             await conn.close()
 
     async def _worldmap(self) -> Worldmap:
-        wm = await store.read_worldmap(self.cfg.postgres_url)
+        wm = await routing_store.read_worldmap(self.cfg.postgres_url)
         if wm is None:
             raise SystemExit("no worldmap stored: run `geofence up` (or `geofence migrate` and the topology)")
         return wm
@@ -297,8 +298,8 @@ class Job:
     async def _store_worldmap(self, new: Worldmap, base: int) -> bool:
         conn = await asyncpg.connect(self.cfg.postgres_url)
         try:
-            await store.init_connection(conn)
-            if await store.latest_worldmap_version(conn) != base:
+            await routing_store.init_connection(conn)
+            if await routing_store.latest_worldmap_version(conn) != base:
                 return False
             stored = await store.save_worldmap(conn, new)
         finally:
@@ -371,8 +372,8 @@ class Job:
                     record = await store.get_fence(conn, fence_id)
                 except store.UnknownFence:
                     return False  # deleted: the delete dropped it everywhere
-                wm = await store.latest_worldmap(conn)
-                live = {r: await store.region_binding(conn, r, fence_id) for r in self.cfg.regions}
+                wm = await routing_store.latest_worldmap(conn)
+                live = {r: await routing_store.region_binding(conn, r, fence_id) for r in self.cfg.regions}
             assert wm is not None
             b = bindings(record.fence.geometry, wm)
             per_region: dict[str, Any] = dict(b.per_region)

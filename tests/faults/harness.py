@@ -63,11 +63,11 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 import hilbert_c as hk
 from deploy import local_stack as ls
 from deploy import sidecars
+from deploy.inspect_cmd import ask
+from exchanges import routing_store
 from exchanges import topology as t
-from exchanges.range_index import INDEX_BITS
-from fence import store
-from fence.hash_ring import HashRing
-from fence.inspect_cmd import ask
+from exchanges.hash_ring import HashRing
+from exchanges.x_geo.range_index import INDEX_BITS
 from fence.reference import EventTuple, compare
 from tests.faults import report
 
@@ -877,7 +877,7 @@ class FaultRun:
         await self.collector.start()
         for w in self.dlq:
             await w.start()
-        wm = await store.read_worldmap(self.stack.conn["postgres"]["dsn"])
+        wm = await routing_store.read_worldmap(self.stack.conn["postgres"]["dsn"])
         assert wm is not None, "no worldmap stored: run `geofence up`"
         self.regions = wm.regions
         gx, gy = hk.lonlat_to_grid(self.stream.lon, self.stream.lat, INDEX_BITS)

@@ -27,7 +27,7 @@ import pytest
 
 from deploy.local_stack import ConnectionSettings, Settings
 from exchanges import topology as t
-from fence.hash_ring import HashRing
+from exchanges.hash_ring import HashRing
 from tests.integration.clients import DEADLINE, geofence
 from tests.integration.test_fence_api import Account, account, feature, firebase  # noqa: F401 (fixture)
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)

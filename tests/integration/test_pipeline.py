@@ -33,12 +33,13 @@ from shapely.geometry import Point, Polygon, box
 import hilbert_c as hk
 from deploy import sidecars
 from deploy.local_stack import ConnectionSettings, Settings
+from exchanges import routing_store
 from exchanges import topology as t
-from exchanges.range_index import INDEX_BITS
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.range_index import INDEX_BITS
 from fence import store
 from fence.manager import FenceManager
 from fence.spec import FenceSpec
-from ingress.worldmap import Worldmap
 from tests.integration.clients import DEADLINE, Device, MqttDevice, api, poll, q, text
 
 EVENT_DEADLINE = 30.0
@@ -259,7 +260,7 @@ def watcher(pipeline: ConnectionSettings) -> Iterator[MqttWatcher]:
 
 
 async def worldmap(stack: ConnectionSettings) -> Worldmap:
-    wm = await store.read_worldmap(stack["postgres"]["dsn"])
+    wm = await routing_store.read_worldmap(stack["postgres"]["dsn"])
     assert wm is not None
     return wm
 
@@ -359,7 +360,7 @@ async def test_fence_moved_under_an_object(pipeline: ConnectionSettings, fences:
 
 
 async def change_time(stack: ConnectionSettings, fence_id: str, deleted: bool = False) -> float:
-    conn = await store.connect(stack["postgres"]["dsn"])
+    conn = await routing_store.connect(stack["postgres"]["dsn"])
     try:
         when = await conn.fetchval("SELECT updated_at FROM fence WHERE id = $1", fence_id)
     finally:

@@ -15,13 +15,13 @@ from shapely.geometry import MultiPolygon, Point, Polygon, box, mapping
 
 import hilbert_c as hk
 from deploy.local_stack import ConnectionSettings, Settings
+from exchanges import routing_store
 from exchanges import topology as t
-from exchanges.range_index import INDEX_BITS
-from fence import store
+from exchanges.worldmap import AREA, Worldmap
+from exchanges.x_geo.range_index import INDEX_BITS
 from fence.manager import FenceManager
 from fence.spec import MAX_RANGES, FenceSpec, bindings, choose_bits
 from hilbert_c.covering import circle
-from ingress.worldmap import AREA, Worldmap
 from spark_jobs import rebuild_bindings
 from spark_jobs.bindings_core import to_bytes
 from spark_jobs.session import JobConfig, clone_schema
@@ -68,7 +68,7 @@ def shapes(n: int) -> list[Polygon | MultiPolygon]:
 async def test_dry_run_coverings_equal_the_kernel_and_the_diff_is_the_drift(
         spark: Any, spark_config: JobConfig, pg_schema: str, stack: ConnectionSettings) -> None:
     dsn = stack["postgres"]["dsn"]
-    wm = await store.read_worldmap(dsn)
+    wm = await routing_store.read_worldmap(dsn)
     assert wm is not None
     geoms = shapes(30)
     ids = [f"rb-{i:02d}" for i in range(len(geoms))]
@@ -136,7 +136,7 @@ async def test_a_fence_with_a_lost_binding_is_repaired_and_routes_again(
     fid, obj = uid("frb"), uid("obj")
     geom = box(9.590, 47.100, 9.600, 47.110)
     change = await fences.put(FenceSpec(fid, geom, timeout_s=600), create=True)
-    wm = await store.read_worldmap(pipeline["postgres"]["dsn"])
+    wm = await routing_store.read_worldmap(pipeline["postgres"]["dsn"])
     assert wm is not None
     b = bindings(geom, wm)
     region = region_at(wm, 9.595, 47.105)  # where the object will report from
@@ -146,7 +146,7 @@ async def test_a_fence_with_a_lost_binding_is_repaired_and_routes_again(
     await fences.applied()
     conn = await asyncpg.connect(pipeline["postgres"]["dsn"])
     try:
-        assert await store.region_binding(conn, region, fid) is None
+        assert await routing_store.region_binding(conn, region, fid) is None
 
         cfg = JobConfig(postgres_url=pipeline["postgres"]["dsn"],
                         amqp_url=pipeline["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])],
@@ -161,7 +161,7 @@ async def test_a_fence_with_a_lost_binding_is_repaired_and_routes_again(
             "repair", region, "add", "applied")
         assert (row["ranges_before"], row["ranges_removed"]) == (0, 0)
         assert row["ranges_after"] == row["ranges_added"] == len(b.per_region[region][0])
-        restored = await store.region_binding(conn, region, fid)
+        restored = await routing_store.region_binding(conn, region, fid)
         assert restored is not None and restored.version == change.version
         assert to_bytes(restored.ranges, restored.interior) == to_bytes(*b.per_region[region])
         version = await conn.fetchval("SELECT version FROM fence WHERE id = $1", fid)
@@ -186,7 +186,7 @@ async def test_a_live_resplit_balances_the_regions_and_every_fence_still_routes(
     bindings are its cut under the new map, and a position inside a fence still ENTERs."""
     settings = Settings.from_env()
     dsn = pipeline["postgres"]["dsn"]
-    wm0 = await store.read_worldmap(dsn)
+    wm0 = await routing_store.read_worldmap(dsn)
     assert wm0 is not None and len(wm0.regions) >= 2
     rng = np.random.default_rng(11)
     x0, y0, x1, y1 = AREA
@@ -243,14 +243,14 @@ async def check_resplit(report: rebuild_bindings.Report, wm0: Worldmap, made: di
     assert report.worldmap_after == report.worldmap_before + 1 and report.worldmap_before == wm0.version
     # (other tests' fences may be live too: the loads are the whole map's)
     assert report.imbalance_after < report.imbalance_before and report.imbalance_after <= 1.3, report.line()
-    wm1 = await store.read_worldmap(dsn)
+    wm1 = await routing_store.read_worldmap(dsn)
     assert wm1 is not None and wm1.version == report.worldmap_after and wm1.regions == wm0.regions
     conn = await asyncpg.connect(dsn)
     try:
         for fid, geom in made.items():
             want = bindings(geom, wm1).per_region
             for region in settings.regions:
-                live = await store.region_binding(conn, region, fid)
+                live = await routing_store.region_binding(conn, region, fid)
                 if region not in want:
                     assert live is None, (fid, region)
                 else:

@@ -1,4 +1,4 @@
-"""fence.binding_diff: a diff applied to the version it was made from gives the new version
+"""exchanges.binding_diff: a diff applied to the version it was made from gives the new version
 exactly; applied to anything else it refuses (DiffMismatch), never a wrong set of ranges."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hilbert_c as hk
-from exchanges.range_index import INDEX_BITS
-from fence import binding_diff as bd
+from exchanges import binding_diff as bd
+from exchanges.x_geo.range_index import INDEX_BITS
 
 
 def covering(lon: float, lat: float, radius_deg: float, bits: int = 18) -> tuple[np.ndarray, np.ndarray]:

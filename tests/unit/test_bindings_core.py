@@ -12,9 +12,9 @@ import shapely
 from shapely.geometry import MultiPolygon, Polygon, box, mapping
 
 import hilbert_c as hk
+from exchanges.worldmap import AREA, Worldmap
 from fence.spec import MAX_RANGES, bindings, choose_bits, covering
 from hilbert_c.covering import _flatten, circle, flatten_geojson
-from ingress.worldmap import AREA, Worldmap
 from spark_jobs import bindings_core as core
 
 WM = Worldmap.over_area(["a", "b", "c"])

@@ -13,11 +13,12 @@ from shapely.geometry import MultiPolygon, Polygon, box
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
+from exchanges.fence_def import FenceDef
 from exchanges.object_codes import carry, distinct
-from exchanges.range_index import INDEX_BITS, group_order
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo import FenceBinding, XGeo, dense_numbers
-from fence.state import FenceDef, XFence, _polygon_edges
+from exchanges.x_geo.core import FenceBinding, XGeo, dense_numbers
+from exchanges.x_geo.range_index import INDEX_BITS, group_order
+from fence.state import XFence, _polygon_edges
 from hilbert_c import kernel
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import hilbert_c as hk
-from exchanges.range_index import INDEX_BITS
-from ingress.worldmap import Worldmap
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.range_index import INDEX_BITS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import workload as wl  # bench/ is not a package

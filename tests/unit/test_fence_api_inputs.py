@@ -20,12 +20,12 @@ from shapely.geometry import box
 from starlette.types import Receive, Scope, Send
 
 from exchanges import shell
+from exchanges.fence_def import FenceDef
 from fence import store
 from fence.api import BodyLimit, create_app
 from fence.auth import Reason, Unauthenticated, User
 from fence.rpc import RpcServer
 from fence.service import ApiError, Caller, FenceService
-from fence.state import FenceDef
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 YARD = box(9.500, 47.100, 9.510, 47.110)

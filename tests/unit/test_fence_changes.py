@@ -33,14 +33,15 @@ from shapely.geometry import box
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch, RegionBatch
-from exchanges.range_index import INDEX_BITS
+from exchanges.fence_def import FenceDef
+from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo import FenceBinding, XGeo
-from fence.hash_ring import HashRing
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.range_index import INDEX_BITS
 from fence.spec import bindings
-from fence.state import Event, FenceDef, XFence
+from fence.state import Event, XFence
 from ingress.core import XIngress
-from ingress.worldmap import Worldmap
 
 LON0, LAT0, LON1, LAT1 = 9.50, 47.10, 9.53, 47.12  # about 2.3 km x 2.2 km
 PACIFIC = (-140.0, -50.0)

@@ -1,4 +1,4 @@
-"""fence/control.py: control messages through the real wire codec (exchanges.batch pack/unpack)."""
+"""exchanges/control.py: control messages through the real wire codec (exchanges.batch pack/unpack)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from shapely.geometry import MultiPolygon, box, mapping
 
+from exchanges import control
 from exchanges.batch import pack, unpack
 from exchanges.contract import InvalidMessage
-from exchanges.x_geo import FenceBinding
-from fence import control
-from fence.control import DEFINE, DROP, Define, Drop
+from exchanges.control import DEFINE, DROP, Define, Drop
+from exchanges.fence_def import FenceDef
+from exchanges.x_geo.core import FenceBinding
 from fence.spec import from_feature
-from fence.state import FenceDef
 
 YARD = box(9.500, 47.100, 9.510, 47.110)
 TS = 1_700_000_000.25
@@ -24,7 +24,7 @@ TS = 1_700_000_000.25
 def fence(version: int = 3, geometry: Any = YARD) -> FenceDef:
     s = from_feature({"type": "Feature", "geometry": dict(mapping(geometry)),
                       "properties": {"id": "yard-1", "name": "Yard", "timeout_s": 90}})
-    return control.fence_def(s, version)
+    return s.definition(version)
 
 
 RANGES = np.array([[10, 19], [40, 40], [2**52 - 5, 2**52 - 1]], dtype=np.uint64)

@@ -1,4 +1,4 @@
-"""fence/control.py "rebind": the ranges that changed since base_version (fence/binding_diff.py),
+"""exchanges/control.py "rebind": the ranges that changed since base_version (exchanges/binding_diff.py),
 through the real wire codec, and what a rebind message is refused for."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import numpy.typing as npt
 import pytest
 
 import hilbert_c as hk
+from exchanges import binding_diff as bd
+from exchanges import control
 from exchanges.batch import unpack
-from exchanges.range_index import INDEX_BITS
-from fence import binding_diff as bd
-from fence import control
-from fence.control import REBIND, Define
+from exchanges.control import REBIND, Define
+from exchanges.fence_def import FenceDef
+from exchanges.x_geo.range_index import INDEX_BITS
 from fence.follow import circle
-from fence.state import FenceDef
 from tests.unit.test_fence_control import DELETE, TS, edited, refusal
 
 U64 = npt.NDArray[np.uint64]

@@ -16,13 +16,14 @@ from shapely.geometry import box
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
-from exchanges.range_index import INDEX_BITS
+from exchanges.fence_def import FenceDef
+from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo import FenceBinding, XGeo
-from fence.hash_ring import HashRing
-from fence.state import ENTER, ENTERED, EXITED, LEAVE, Event, FenceDef, XFence
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.range_index import INDEX_BITS
+from fence.state import ENTER, ENTERED, EXITED, LEAVE, Event, XFence
 from ingress.core import XIngress
-from ingress.worldmap import Worldmap
 
 Cand = list[tuple[str, bool]]
 Ev = tuple[str, str, str, str, float]  # (kind, fence, object, reason, ts)

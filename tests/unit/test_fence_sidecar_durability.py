@@ -19,10 +19,10 @@ from shapely.geometry import box
 
 from exchanges import shell
 from exchanges.batch import PositionBatch, pack
-from exchanges.x_geo import FenceBinding, XGeo
-from fence.hash_ring import HashRing
+from exchanges.fence_def import FenceDef
+from exchanges.hash_ring import HashRing
+from exchanges.x_geo.core import FenceBinding, XGeo
 from fence.sidecar import FenceSidecar
-from fence.state import FenceDef
 
 TS = 1_700_000_000.0
 FENCE = FenceDef("f-1", 1, box(-20.0, -10.0, 20.0, 10.0), 300.0, "near 0,0")

@@ -17,23 +17,19 @@ import shapely
 from shapely.geometry import MultiPolygon, Polygon, box, mapping
 
 import hilbert_c as hk
-from exchanges.range_index import INDEX_BITS
-from fence import spec
-from fence.spec import (
+from exchanges import fence_def
+from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
-    MAX_BITS,
     MAX_EXTENT_DEG,
-    MAX_RANGES,
     MAX_VERTICES,
-    MIN_BITS,
     InvalidFence,
-    bindings,
     check_fence_id,
     check_geometry,
-    choose_bits,
-    from_feature,
 )
-from ingress.worldmap import Worldmap
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.range_index import INDEX_BITS
+from fence import spec
+from fence.spec import MAX_BITS, MAX_RANGES, MIN_BITS, bindings, choose_bits, from_feature
 
 YARD = box(9.500, 47.100, 9.510, 47.110)
 
@@ -314,12 +310,12 @@ def test_names_postgresql_cannot_store_are_refused(name: str) -> None:
 
 
 def test_shown_keeps_messages_short_and_printable() -> None:
-    assert spec.shown("a\x00b") == "'a\\x00b'"
-    assert spec.shown(10**400) == "an integer of about 401 digits"  # from its bits: exact or one more
-    assert spec.shown(10**5000).startswith("an integer of")  # no repr beyond 4,300 digits
-    long = spec.shown("x" * 1000)
+    assert fence_def.shown("a\x00b") == "'a\\x00b'"
+    assert fence_def.shown(10**400) == "an integer of about 401 digits"  # from its bits: exact or one more
+    assert fence_def.shown(10**5000).startswith("an integer of")  # no repr beyond 4,300 digits
+    long = fence_def.shown("x" * 1000)
     assert len(long) == 80 and long.endswith("\u2026")
-    assert spec.shown("A" * 65) == repr("A" * 65)  # an id one too long is shown whole
+    assert fence_def.shown("A" * 65) == repr("A" * 65)  # an id one too long is shown whole
 
 
 def test_extent_limit() -> None:

@@ -11,9 +11,10 @@ from shapely.geometry import box
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
-from exchanges.range_index import INDEX_BITS
-from exchanges.x_geo import FenceBinding, XGeo
-from fence.state import FenceDef, XFence
+from exchanges.fence_def import FenceDef
+from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.range_index import INDEX_BITS
+from fence.state import XFence
 
 
 class OneWorker:

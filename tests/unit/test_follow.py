@@ -11,6 +11,7 @@ import shapely
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exchanges.fence_def import InvalidFence
 from fence.follow import (
     EARTH_M_PER_DEG,
     MIN_INTERVAL_S,
@@ -21,7 +22,6 @@ from fence.follow import (
     circle,
     distance_m,
 )
-from fence.spec import InvalidFence
 
 LON, LAT = 9.52, 47.14  # somewhere in the Rhine valley
 TS = 1_700_000_000.0

@@ -52,25 +52,26 @@ from hypothesis import strategies as st
 from shapely.geometry import Polygon, box
 
 import hilbert_c as hk
-from exchanges import geo_sidecar as geo_sidecar_module
-from exchanges import shell
+from exchanges import control, shell
 from exchanges import topology as t
 from exchanges.batch import PositionBatch, RegionBatch, pack, unpack
+from exchanges.binding_diff import diff as binding_diff
 from exchanges.contract import InvalidMessage
-from exchanges.geo_sidecar import GeoSidecar
+from exchanges.fence_def import FenceDef, InvalidFence
+from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo import FenceBinding, XGeo
-from fence import control, store
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo import sidecar as geo_sidecar_module
+from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.sidecar import GeoSidecar
 from fence import sidecar as fence_sidecar_module
+from fence import store
 from fence.auth import Reason, Unauthenticated, User
-from fence.binding_diff import diff as binding_diff
-from fence.hash_ring import HashRing
 from fence.manager import Change
 from fence.rpc import RpcServer
 from fence.service import ApiError, Caller, FenceService
 from fence.sidecar import FenceSidecar
-from fence.spec import InvalidFence, from_feature
-from fence.state import FenceDef
+from fence.spec import from_feature
 from ingress.core import XIngress
 from ingress.positions import (
     MAX_BATCH,
@@ -82,7 +83,6 @@ from ingress.positions import (
     decode_mqtt_many,
 )
 from ingress.sidecar import IngressSidecar
-from ingress.worldmap import Worldmap
 from tests.faults.fuzz_inputs import RPC_OPS, Fuzzer, msgpack_bytes, nested
 
 # Examples per property (hypothesis runs max_examples of each): 10,000 or more in all. Several
@@ -709,7 +709,7 @@ class FakeManager:
     async def put(self, spec: Any, expected: int | None = None, create: bool | None = None,
                   owner: str | None = None, follow_ts: float | None = None) -> Change:
         now = datetime.now(UTC)
-        record = store.FenceRecord(control.fence_def(spec, 1), owner or "", now, now, ("a",), spec.follow)
+        record = store.FenceRecord(spec.definition(1), owner or "", now, now, ("a",), spec.follow)
         return Change(spec.fence_id, 1, ("a",), 1, 20, "w0", record=record)
 
     async def remove(self, fence_id: str, expected: int | None, owner: str) -> Change:

@@ -1,4 +1,4 @@
-"""The consistent-hash ring spreading fences over x-fence workers (fence/hash_ring.py)."""
+"""The consistent-hash ring spreading fences over x-fence workers (exchanges/hash_ring.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fence.hash_ring import DEFAULT_VNODES_PER_WEIGHT, HashRing, position
+from exchanges.hash_ring import DEFAULT_VNODES_PER_WEIGHT, HashRing, position
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [f"fence:{i}" for i in range(100_000)]
@@ -58,7 +58,7 @@ def test_same_ring_twice_same_owners() -> None:
 def test_same_owners_in_another_process() -> None:
     keys = KEYS[:2000]
     code = (
-        "import json, sys\nfrom fence.hash_ring import HashRing\n"
+        "import json, sys\nfrom exchanges.hash_ring import HashRing\n"
         "keys = json.load(sys.stdin)\n"
         "ring = HashRing({'x-fence-0': 1, 'x-fence-1': 2, 'x-fence-2': 3})\n"
         "print(json.dumps([ring.nodes_for(k, 2) for k in keys]))\n"

@@ -6,9 +6,9 @@ import numpy as np
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
-from exchanges.range_index import INDEX_BITS
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.range_index import INDEX_BITS
 from ingress.core import XIngress
-from ingress.worldmap import Worldmap
 
 WEST, EAST = (9.40, 47.10), (9.60, 47.10)
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hilbert_c as hk
-from exchanges.range_index import INDEX_BITS, RangeIndex
+from exchanges.x_geo.range_index import INDEX_BITS, RangeIndex
 
 TOP = 4**INDEX_BITS - 1
 

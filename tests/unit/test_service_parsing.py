@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from shapely.geometry import MultiPolygon, box, shape
 
+from exchanges.fence_def import FenceDef
 from fence import service
 from fence.follow import circle
 from fence.service import ApiError, _object_id, _version, feature, parse_bbox
 from fence.spec import Follow
-from fence.state import FenceDef
 from fence.store import FenceRecord
 
 YARD = box(9.500, 47.100, 9.510, 47.110)

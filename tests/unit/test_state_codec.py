@@ -12,9 +12,10 @@ import pytest
 from shapely.geometry import box
 
 from exchanges.batch import PositionBatch
+from exchanges.fence_def import FenceDef
 from exchanges.worker_batch import WorkerBatch
 from fence import state_codec as codec
-from fence.state import Event, FenceDef, XFence
+from fence.state import Event, XFence
 
 GEOMS = {"A": box(9.500, 47.100, 9.510, 47.110), "B": box(9.520, 47.100, 9.530, 47.110),
          "C": box(9.505, 47.105, 9.525, 47.108)}  # overlaps A and B

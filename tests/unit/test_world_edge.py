@@ -14,7 +14,7 @@ import pytest
 from shapely.geometry import Polygon
 
 import hilbert_c as hk
-from fence.spec import InvalidFence, check_geometry
+from exchanges.fence_def import InvalidFence, check_geometry
 from ingress.positions import decode_batch
 
 NOISY = 180.00000000000006  # Natural Earth's Russia

@@ -51,8 +51,8 @@ import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.contract import InvalidMessage
 from exchanges.object_codes import ObjectCodes, carry, distinct, grow
-from exchanges.range_index import INDEX_BITS, RangeIndex
 from exchanges.worker_batch import WorkerBatch
+from exchanges.x_geo.range_index import INDEX_BITS, RangeIndex
 
 MAX_WORKERS = 63  # worker sets are bitmasks in an int64
 

@@ -18,9 +18,11 @@ from typing import Any
 
 import asyncpg
 
+from exchanges import routing_store
+from exchanges.fence_def import InvalidFence, check_timeout
 from fence import store
 from fence.manager import FenceManager
-from fence.spec import FenceSpec, InvalidFence, check_timeout, from_feature
+from fence.spec import FenceSpec, from_feature
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -84,7 +86,7 @@ def connection() -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
 async def _run(args: argparse.Namespace) -> int:
     amqp, pg, regions, workers = connection()
     if args.action in ("list", "show"):
-        conn = await store.connect(pg)
+        conn = await routing_store.connect(pg)
         try:
             if args.action == "show":
                 print(json.dumps((await store.get_fence(conn, args.id)).to_json(), indent=2))

@@ -3,7 +3,7 @@ routed to the x-fence workers through x-fence.in (federated to gf-fences), and t
 changes of x-geo.control applied to the range index and forwarded to the fence's worker.
 
 Recovery: at start the bindings of the region are read from PostgreSQL (fence_range, see
-fence/store.py) and `recover`ed; control messages queued meanwhile are applied after, and the
+exchanges/routing_store.py) and `recover`ed; control messages queued meanwhile are applied after, and the
 version order makes replays harmless.
 
 One lock orders "change the index + forward the definition" against "route + publish": a
@@ -24,14 +24,13 @@ from typing import Any
 import numpy as np
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
-from exchanges import shell
+from exchanges import binding_diff, control, routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, RegionBatch, pack, unpack
+from exchanges.binding_diff import DiffMismatch
 from exchanges.contract import BAD_INPUT, InvalidMessage
-from exchanges.x_geo import FenceBinding, XGeo
-from fence import binding_diff, control, store
-from fence.binding_diff import DiffMismatch
-from fence.hash_ring import HashRing
+from exchanges.hash_ring import HashRing
+from exchanges.x_geo.core import FenceBinding, XGeo
 
 log = logging.getLogger("geofence")
 POSITIONS, HANDOVER = "positions", "handover"
@@ -51,8 +50,8 @@ class GeoSidecar:
         self.unacked = False
 
     async def recover(self, stop: asyncio.Event) -> bool:
-        bindings = await store.read_until_stopped(
-            self.config.postgres_url, lambda conn: store.region_bindings(conn, self.region),
+        bindings = await routing_store.read_until_stopped(
+            self.config.postgres_url, lambda conn: routing_store.region_bindings(conn, self.region),
             "fence bindings", stop)
         if bindings is None:
             return False
@@ -188,9 +187,9 @@ class GeoSidecar:
         except DiffMismatch as exc:
             self.counters.bump("rebinds_from_store")
             log.warning("fence %s v%d: %s; reading its bindings from the store", fid, version, exc)
-            conn = await store.connect(self.config.postgres_url)
+            conn = await routing_store.connect(self.config.postgres_url)
             try:
-                stored = await store.region_binding(conn, self.region, fid)
+                stored = await routing_store.region_binding(conn, self.region, fid)
             finally:
                 await conn.close()
             return None if stored is None else FenceBinding(fid, version, stored.ranges, stored.interior)

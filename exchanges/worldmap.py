@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from exchanges.range_index import INDEX_BITS
+import hilbert_c as hk
+from exchanges.x_geo.range_index import INDEX_BITS
 
 U64 = npt.NDArray[np.uint64]
 TOP = (1 << (2 * INDEX_BITS)) - 1  # last index of the curve
@@ -64,8 +65,6 @@ class Worldmap:
                   version: int = 1) -> Worldmap:
         """Equal shares of an area (lon_min, lat_min, lon_max, lat_max; default the local
         stack's AREA) for each region: the map `geofence up` stores when there is none."""
-        import hilbert_c as hk  # the kernel, only when a map is computed
-
         x0, y0, x1, y1 = AREA if bbox is None else bbox
         lon, lat = np.meshgrid(np.linspace(x0, x1, 256), np.linspace(y0, y1, 256))
         gx, gy = hk.lonlat_to_grid(lon.ravel(), lat.ravel(), INDEX_BITS)

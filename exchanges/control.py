@@ -2,7 +2,7 @@
 
     manager --x-geo.control--> x-geo: "define" {fence, ts, bits, ranges, interior}
                                       "rebind" {fence, ts, bits, base_version, add, add_interior,
-                                                remove, digest}   (fence/binding_diff.py)
+                                                remove, digest}   (exchanges/binding_diff.py)
                                       "drop" {fence_id, version, ts}
     x-geo --x-fence.in (key = the fence's worker)--> x-fence: "define" {fence, ts, recheck} / "drop"
 
@@ -15,7 +15,7 @@ that binds or bound the fence forwards its definition to x-fence, on the very pa
 positions take (x-fence.in, federated): so x-fence always has the definition before the
 first position routed by that binding. With it goes `recheck`: a worker batch of the latest
 position of each object in the region that is in the fence's old or new ranges
-(exchanges.x_geo.XGeo.change), from which x-fence decides who is inside the new geometry.
+(exchanges.x_geo.core.XGeo.change), from which x-fence decides who is inside the new geometry.
 Several regions forward the same version; x-fence defines the first and ignores the rest
 (version order), as it ignores anything older than what it knows; each one's re-check rows
 apply.
@@ -35,12 +35,11 @@ import numpy.typing as npt
 import shapely.geometry
 
 from exchanges.batch import pack
+from exchanges.binding_diff import Diff
 from exchanges.contract import InvalidMessage
+from exchanges.fence_def import FenceDef, InvalidFence, check_fence_id, check_geometry, check_timeout
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo import FenceBinding
-from fence.binding_diff import Diff
-from fence.spec import FenceSpec, InvalidFence, check_fence_id, check_geometry, check_timeout
-from fence.state import FenceDef
+from exchanges.x_geo.core import FenceBinding
 
 DEFINE, REBIND, DROP, INSPECT = "define", "rebind", "drop", "inspect"
 
@@ -79,9 +78,6 @@ def fence_json(fence: FenceDef) -> dict[str, Any]:
     return {"id": fence.fence_id, "version": fence.version, "name": fence.name,
             "timeout_s": fence.timeout_s, "geometry": dict(shapely.geometry.mapping(fence.geometry))}
 
-
-def fence_def(spec: FenceSpec, version: int) -> FenceDef:
-    return FenceDef(spec.fence_id, version, spec.geometry, spec.timeout_s, spec.name)
 
 
 def define_for_region(fence: FenceDef, ts: float, bits: int, ranges: npt.NDArray[np.uint64],

@@ -17,8 +17,8 @@ import numpy as np
 
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
-from fence.control import INSPECT
-from fence.hash_ring import HashRing
+from exchanges.control import INSPECT
+from exchanges.hash_ring import HashRing
 
 RPC_TIMEOUT_S = 10.0
 
@@ -77,9 +77,9 @@ async def _run(args: argparse.Namespace) -> Any:
                 "fences": {f: ring.nodes_for(f, len(ring.nodes)) for f in args.fence}}
     conn = ls.load_connection_settings(settings)
     if target == "worldmap":
-        from fence import store
+        from exchanges import routing_store
 
-        wm = await store.read_worldmap(conn["postgres"]["dsn"])
+        wm = await routing_store.read_worldmap(conn["postgres"]["dsn"])
         if wm is None:
             raise RuntimeError("no worldmap stored: run `geofence up`")
         return wm.to_json()

@@ -1,0 +1,135 @@
+"""A fence definition as every role carries it (x-geo forwards it, x-fence judges with it,
+the fence service stores it) and the checks a definition passes wherever it comes in: the id,
+the timeout, the name, the geometry (GeoJSON (Multi)Polygon within the world, a bounded
+number of vertices and extent). Errors are InvalidFence, in words a user can act on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import shapely
+from shapely.geometry import MultiPolygon, Polygon
+from shapely.geometry.base import BaseGeometry
+
+import hilbert_c as hk
+
+FENCE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+MAX_VERTICES = 10_000
+MAX_EXTENT_DEG = 10.0  # a fence larger than this is refused (the covering grows with area)
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, eq=False)
+class FenceDef:
+    fence_id: str
+    version: int
+    geometry: BaseGeometry  # Polygon / MultiPolygon in lon/lat
+    timeout_s: float
+    name: str = ""
+
+
+class InvalidFence(ValueError):
+    """What is wrong with a fence, in words a user can act on."""
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A value as an error message names it: its repr, cut to `limit` characters (the input
+    may be huge; an integer of thousands of digits has no repr at all)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def check_fence_id(fence_id: Any) -> str:
+    if not isinstance(fence_id, str) or not FENCE_ID_RE.fullmatch(fence_id):
+        raise InvalidFence(f"fence id {shown(fence_id)}: 1-64 characters from A-Z a-z 0-9 _ -, "
+                           "starting with a letter or digit")
+    return fence_id
+
+
+def check_timeout(value: Any) -> float:
+    # compared as given, never converted first: an integer beyond float range (JSON has no
+    # limit) must be refused, not raise OverflowError; NaN fails every comparison
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 7 * 86400:
+        raise InvalidFence(f"timeout_s {shown(value)}: a number of seconds in (0, 604800]")
+    return float(value)
+
+
+def check_name(name: Any) -> str:
+    """A fence's name: text PostgreSQL can store (no NUL character, no lone surrogate)."""
+    if not isinstance(name, str) or len(name) > 200:
+        raise InvalidFence("name must be a string of at most 200 characters")
+    if not is_storable(name):
+        raise InvalidFence(f"name {shown(name)}: a NUL character or invalid Unicode (a lone surrogate)")
+    return name
+
+
+def is_storable(text: str) -> bool:
+    """PostgreSQL's text refuses NUL, and UTF-8 has no lone surrogates (JSON's "\\ud800")."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_geometry(geometry: Any) -> Polygon | MultiPolygon:
+    if isinstance(geometry, Mapping):
+        n = _check_positions(geometry)
+        if n > MAX_VERTICES:
+            raise InvalidFence(f"the polygon has {n} vertices; at most {MAX_VERTICES} are accepted")
+    try:
+        geom = hk.as_geometry(geometry)
+    except hk.InvalidGeometry as exc:
+        raise InvalidFence(str(exc)) from None
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
+        raise InvalidFence(f"not a GeoJSON Polygon or MultiPolygon: {exc}") from None
+    n = int(shapely.get_num_coordinates(geom))
+    if n > MAX_VERTICES:
+        raise InvalidFence(f"the polygon has {n} vertices; at most {MAX_VERTICES} are accepted")
+    x0, y0, x1, y1 = geom.bounds
+    if x0 < -180 or x1 > 180 or y0 < -90 or y1 > 90:
+        raise InvalidFence(RANGE_MESSAGE)
+    if max(x1 - x0, y1 - y0) > MAX_EXTENT_DEG:
+        raise InvalidFence(f"the fence spans {max(x1 - x0, y1 - y0):.1f} degrees; at most "
+                           f"{MAX_EXTENT_DEG} are accepted")
+    return geom
+
+
+_POSITION_DEPTH = {"Polygon": 2, "MultiPolygon": 3}  # list levels above a [lon, lat] position
+RANGE_MESSAGE = "coordinates must be lon in [-180, 180] and lat in [-90, 90]"
+
+
+def _check_positions(geometry: Mapping[str, Any]) -> int:
+    """The number of positions of a GeoJSON (Multi)Polygon, each checked to hold JSON numbers
+    before the kernel converts them: numpy would take "9.5" and true as numbers, and raise
+    OverflowError on an integer beyond float range. What has another shape is left to
+    `hk.as_geometry`, which says what is wrong with it."""
+    kind = geometry.get("type")
+    depth = _POSITION_DEPTH.get(kind) if isinstance(kind, str) else None
+    if depth is None:
+        return 0
+
+    def walk(v: Any, level: int) -> int:
+        if not isinstance(v, list | tuple):
+            return 0
+        if level < depth:
+            return sum(walk(c, level + 1) for c in v)
+        for x in v:
+            if isinstance(x, list | tuple):
+                continue  # nested too deep: not a position (as_geometry refuses it)
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise InvalidFence(f"coordinates must be numbers, not {shown(x)}")
+            if isinstance(x, int) and not -180 <= x <= 180:  # before float() can overflow
+                raise InvalidFence(RANGE_MESSAGE)
+        return 1
+
+    return walk(geometry.get("coordinates"), 0)

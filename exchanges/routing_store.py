@@ -1,0 +1,108 @@
+"""What the routing roles read from PostgreSQL (asyncpg), and how they connect: the worldmap
+(x-ingress), a region's fence bindings (x-geo's `recover`), the objects fences follow
+(x-ingress taps their positions). The fence service writes these (fence/store.py, one
+transaction per change); the roles only read, each retrying while PostgreSQL is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+import numpy as np
+
+from exchanges.shell import Backoff
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.core import FenceBinding
+
+log = logging.getLogger("geofence")
+T = TypeVar("T")
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """jsonb in and out as Python objects (pass to asyncpg.connect / create_pool `init`)."""
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def connect(dsn: str) -> asyncpg.Connection:
+    conn = await asyncpg.connect(dsn)
+    await init_connection(conn)
+    return conn
+
+
+async def read_until_stopped(dsn: str, read: Callable[[asyncpg.Connection], Awaitable[T | None]],
+                             what: str, stop: asyncio.Event) -> T | None:
+    """What `read` returns, retried with backoff while PostgreSQL is away or `read` finds
+    nothing yet (None); None once `stop` is set. A sidecar starts with this."""
+    backoff = Backoff()
+    while not stop.is_set():
+        try:
+            conn = await connect(dsn)
+            try:
+                found = await read(conn)
+            finally:
+                await conn.close()
+            if found is not None:
+                return found
+            log.warning("no %s stored yet", what)
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("cannot read the %s: %s", what, exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), backoff.next())
+    return None
+
+
+def binding_of(row: asyncpg.Record) -> FenceBinding:
+    return FenceBinding(row["fence_id"], int(row["version"]),
+                        np.frombuffer(row["ranges"], "<u8").astype(np.uint64).reshape(-1, 2),
+                        np.frombuffer(row["interior"], np.uint8).astype(bool))
+
+
+async def followed_objects(conn: asyncpg.Connection) -> set[str]:
+    rows = await conn.fetch("SELECT DISTINCT follow_object FROM fence WHERE deleted_at IS NULL "
+                            "AND follow_object IS NOT NULL")
+    return {r["follow_object"] for r in rows}
+
+
+async def region_bindings(conn: asyncpg.Connection, region: str) -> list[FenceBinding]:
+    """What x-geo `region` must have bound (its `recover` source)."""
+    rows = await conn.fetch("SELECT fence_id, version, ranges, interior FROM fence_range "
+                            "WHERE region = $1 ORDER BY fence_id", region)
+    return [binding_of(r) for r in rows]
+
+
+async def region_binding(conn: asyncpg.Connection, region: str, fence_id: str) -> FenceBinding | None:
+    row = await conn.fetchrow("SELECT fence_id, version, ranges, interior FROM fence_range "
+                              "WHERE region = $1 AND fence_id = $2", region, fence_id)
+    return None if row is None else binding_of(row)
+
+
+async def latest_worldmap(conn: asyncpg.Connection) -> Worldmap | None:
+    row = await conn.fetchrow("SELECT body FROM worldmap ORDER BY version DESC LIMIT 1")
+    return None if row is None else Worldmap.from_json(row["body"])
+
+
+async def read_worldmap(dsn: str) -> Worldmap | None:
+    """The worldmap in force, on a connection of its own (tools, tests, benchmarks)."""
+    conn = await connect(dsn)
+    try:
+        return await latest_worldmap(conn)
+    finally:
+        await conn.close()
+
+
+async def latest_worldmap_version(conn: asyncpg.Connection) -> int:
+    v = await conn.fetchval("SELECT max(version) FROM worldmap")
+    return int(v or 0)
+
+
+async def record_worldmap_seen(conn: asyncpg.Connection, instance: str, version: int) -> None:
+    """An x-ingress routes with worldmap `version` now."""
+    await conn.execute("INSERT INTO worldmap_seen (instance, version) VALUES ($1, $2) "
+                       "ON CONFLICT (instance) DO UPDATE SET version = EXCLUDED.version, seen_at = now()",
+                       instance, version)
