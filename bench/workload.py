@@ -31,7 +31,8 @@ from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding, XGeo
 from exchanges.x_geo.range_index import INDEX_BITS
 from fence import reference
-from fence.state import Event, XFence
+from fence.x_fence.core import XFence
+from fence.x_fence.events import Event
 from hilbert_c.covering import EARTH_RADIUS_M
 from ingress.core import XIngress
 

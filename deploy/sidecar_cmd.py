@@ -16,8 +16,8 @@ from typing import Any
 
 from exchanges import shell
 
-ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.x_geo.sidecar", "x-fence": "fence.sidecar",
-         "fence-archiver": "fence.archive", "api": "fence.api_server"}
+ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.x_geo.sidecar",
+         "x-fence": "fence.x_fence.sidecar", "fence-archiver": "fence.archive", "api": "fence.api_server"}
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:

@@ -55,7 +55,7 @@ class Define:
     base_version: int = 0
     recheck: WorkerBatch | None = None  # only on x-fence.in: the region's re-check rows
     # the regions the change was sent to (each forwards it to the worker, which keeps the
-    # replaced version's geometry until all have: see fence.state, "Fence changes"), and on
+    # replaced version's geometry until all have: see fence.x_fence.core, "Fence changes"), and on
     # x-fence.in the region that forwarded this copy
     regions: tuple[str, ...] = ()
     region: str = ""

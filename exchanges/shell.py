@@ -1,6 +1,6 @@
 """The asyncio shell every sidecar shares: configuration, connections, intake, publishing,
 dead-lettering, lifecycle. The roles' shells (ingress/sidecar.py, exchanges/x_geo/sidecar.py,
-fence/sidecar.py) only decode, call their core, publish what it returns and settle.
+fence/x_fence/sidecar.py) only decode, call their core, publish what it returns and settle.
 
 Invariants:
 - A message is settled in one place (`settle`), after everything it caused is confirmed by

@@ -36,7 +36,7 @@ class WorkerBatch:
     origin: npt.NDArray[np.int64] | None = None
     # per entry of `fences`: the version of the binding x-geo routed with (0: not said), so a
     # worker judges a row routed just before its region applied a change against the
-    # geometry that region still had (see fence.state, "Fence changes")
+    # geometry that region still had (see fence.x_fence.core, "Fence changes")
     versions: npt.NDArray[np.int64] | None = None
     # per position: the index in `fences` of the fence whose change this row re-checks (-1:
     # an ordinary position). A re-check row is its object's latest position in the region

@@ -26,7 +26,7 @@ from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.contract import InvalidMessage
 from fence import store
-from fence.state import REASONS
+from fence.x_fence.events import REASONS
 
 log = logging.getLogger("geofence")
 Row = tuple[str, str, str, str, str, float]

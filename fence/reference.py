@@ -17,7 +17,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from fence.state import ENTER, ENTERED, EXITED, LEAVE
+from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
 

@@ -4,7 +4,7 @@ The defect this guards against: a worker learns an object's position only while 
 it there, so its "last position" of an object that left its fences can be anywhere the object
 has long left. A fence created (or moved) over such a place used to ENTER the object from
 there. Now each region's x-geo re-checks, behind the change, the objects whose latest position
-it holds in the fence's old or new ranges (fence/state.py, "Fence changes").
+it holds in the fence's old or new ranges (fence/x_fence/core.py, "Fence changes").
 
 Positions come as AMQP gateway batches (`ingress.batches`), fences through `geofence fence
 add` (the CLI) and the HTTP API; what the pipeline believes is read back with `geofence

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from exchanges.contract import InvalidMessage
 from fence import store
 from fence.archive import event_row
-from fence.state import ENTER, LEAVE, REASONS, Event, event_id
+from fence.x_fence.events import ENTER, LEAVE, REASONS, Event, event_id
 
 TS = 1_700_000_000.125
 GOOD: dict[str, Any] = {"event": "enter", "fence_id": "yard-1", "object_id": "truck-7", "ts": TS,

@@ -18,7 +18,8 @@ from exchanges.object_codes import carry, distinct
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import FenceBinding, XGeo, dense_numbers
 from exchanges.x_geo.range_index import INDEX_BITS, group_order
-from fence.state import XFence, _polygon_edges
+from fence.x_fence.core import XFence
+from fence.x_fence.shapes import polygon_edges
 from hilbert_c import kernel
 
 
@@ -184,7 +185,7 @@ SHAPES = [
 def hard_points(geom: Polygon | MultiPolygon, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Random points around the shape, its vertices, points on and a hair off its edges,
     and points level with its vertices."""
-    ax, ay, bx, by = _polygon_edges(geom)  # type: ignore[misc]
+    ax, ay, bx, by = polygon_edges(geom)  # type: ignore[misc]
     x0, y0, x1, y1 = geom.bounds
     w, h = x1 - x0, y1 - y0
     t = rng.uniform(0, 1, (ax.size, 20))
@@ -200,7 +201,7 @@ def hard_points(geom: Polygon | MultiPolygon, rng: np.random.Generator) -> tuple
 @pytest.mark.parametrize("geom", SHAPES, ids=lambda g: g.geom_type)
 def test_point_in_polygon_answers_only_what_shapely_answers(geom: Polygon | MultiPolygon) -> None:
     x, y = hard_points(geom, np.random.default_rng(1))
-    edges = _polygon_edges(geom)
+    edges = polygon_edges(geom)
     assert edges is not None
     n = x.size
     got = kernel.points_in_polygons(edges, np.zeros(n, np.int64), np.full(n, edges[0].size, np.int64), x, y)
@@ -212,12 +213,12 @@ def test_point_in_polygon_answers_only_what_shapely_answers(geom: Polygon | Mult
 
 
 def test_point_in_polygon_defers_what_it_cannot_see() -> None:
-    edges = _polygon_edges(box(0, 0, 1, 1))
+    edges = polygon_edges(box(0, 0, 1, 1))
     assert edges is not None
     got = kernel.points_in_polygons(edges, np.array([-1, 0, 0]), np.array([-1, 4, 4]),
                                     np.array([0.5, np.nan, 0.5]), np.array([0.5, 0.5, 0.5]))
     assert got.tolist() == [kernel.PIP_UNSURE, kernel.PIP_UNSURE, kernel.PIP_IN]
-    assert _polygon_edges(Polygon([(0, 0), (2, 2), (2, 0), (0, 2)])) is None  # bow-tie: shapely decides
+    assert polygon_edges(Polygon([(0, 0), (2, 2), (2, 0), (0, 2)])) is None  # bow-tie: shapely decides
     with pytest.raises(ValueError, match="beyond"):
         kernel.points_in_polygons(edges, np.array([0]), np.array([9]), np.array([0.5]), np.array([0.5]))
 
@@ -274,7 +275,7 @@ def test_carry_with_and_without_repeated_objects(codes: list[int]) -> None:
 
 def test_event_ids_are_those_of_event_id() -> None:
     """x-fence spells event_id()'s text itself (a tail per instant): same ids."""
-    from fence.state import Event, event_id
+    from fence.x_fence.events import Event, event_id
 
     geo, fence = pipeline()
     events: list[Event] = []

@@ -8,7 +8,7 @@ the script (`sync`) or in a random interleaving (`race`): positions in flight wh
 is being changed, regions applying a change at different moments, one region's stream
 overtaking the other's.
 
-The reference applies the documented rule (fence/state.py, "Fence changes") to the
+The reference applies the documented rule (fence/x_fence/core.py, "Fence changes") to the
 positions alone, in each object's time order: a position is judged against the fence as its
 region had it when routing it; when a region applies a change, each object whose latest
 position is in that region is decided against the new geometry (ENTER `entered` for a new
@@ -40,7 +40,8 @@ from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding, XGeo
 from exchanges.x_geo.range_index import INDEX_BITS
 from fence.spec import bindings
-from fence.state import Event, XFence
+from fence.x_fence.core import XFence
+from fence.x_fence.events import Event
 from ingress.core import XIngress
 
 LON0, LAT0, LON1, LAT1 = 9.50, 47.10, 9.53, 47.12  # about 2.3 km x 2.2 km

@@ -22,7 +22,8 @@ from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding, XGeo
 from exchanges.x_geo.range_index import INDEX_BITS
-from fence.state import ENTER, ENTERED, EXITED, LEAVE, Event, XFence
+from fence.x_fence.core import XFence
+from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE, Event
 from ingress.core import XIngress
 
 Cand = list[tuple[str, bool]]

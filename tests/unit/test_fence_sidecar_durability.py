@@ -22,7 +22,7 @@ from exchanges.batch import PositionBatch, pack
 from exchanges.fence_def import FenceDef
 from exchanges.hash_ring import HashRing
 from exchanges.x_geo.core import FenceBinding, XGeo
-from fence.sidecar import FenceSidecar
+from fence.x_fence.sidecar import FenceSidecar
 
 TS = 1_700_000_000.0
 FENCE = FenceDef("f-1", 1, box(-20.0, -10.0, 20.0, 10.0), 300.0, "near 0,0")
@@ -62,7 +62,7 @@ def publishing(fail: bool = False) -> Iterator[list[shell.Out]]:
 def sidecar(journal_dir: Path) -> FenceSidecar:
     config = shell.SidecarConfig("x-fence", "w0", "amqp://t@localhost/", "postgresql://t@localhost/",
                                  ("a",), ("w0",), journal_dir=str(journal_dir))
-    with mock.patch("fence.sidecar.HashRing", lambda workers: HashRing(list(workers))):
+    with mock.patch("fence.x_fence.sidecar.HashRing", lambda workers: HashRing(list(workers))):
         sc = FenceSidecar(config)
     sc.dlx, sc.events, sc.events_mqtt = (cast(Any, Exchange(n)) for n in
                                          ("dead-letters", "fence.events", "fence.events.mqtt"))

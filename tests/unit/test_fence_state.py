@@ -14,7 +14,7 @@ from exchanges.batch import PositionBatch
 from exchanges.fence_def import FenceDef
 from exchanges.x_geo.core import FenceBinding, XGeo
 from exchanges.x_geo.range_index import INDEX_BITS
-from fence.state import XFence
+from fence.x_fence.core import XFence
 
 
 class OneWorker:

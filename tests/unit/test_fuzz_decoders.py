@@ -64,14 +64,14 @@ from exchanges.worldmap import Worldmap
 from exchanges.x_geo import sidecar as geo_sidecar_module
 from exchanges.x_geo.core import FenceBinding, XGeo
 from exchanges.x_geo.sidecar import GeoSidecar
-from fence import sidecar as fence_sidecar_module
 from fence import store
 from fence.auth import Reason, Unauthenticated, User
 from fence.manager import Change
 from fence.rpc import RpcServer
 from fence.service import ApiError, Caller, FenceService
-from fence.sidecar import FenceSidecar
 from fence.spec import from_feature
+from fence.x_fence import sidecar as fence_sidecar_module
+from fence.x_fence.sidecar import FenceSidecar
 from ingress.core import XIngress
 from ingress.positions import (
     MAX_BATCH,

@@ -688,7 +688,7 @@ def test_journal_dir_and_persistence() -> None:
 
 
 def test_x_fence_refuses_to_run_durably_without_a_journal_dir() -> None:
-    from fence.sidecar import FenceSidecar
+    from fence.x_fence.sidecar import FenceSidecar
 
     with pytest.raises(ConfigError, match="GEOFENCE_JOURNAL_DIR"):
         FenceSidecar(SidecarConfig.from_env("x-fence", "w0", ENV))

@@ -14,8 +14,9 @@ from shapely.geometry import box
 from exchanges.batch import PositionBatch
 from exchanges.fence_def import FenceDef
 from exchanges.worker_batch import WorkerBatch
-from fence import state_codec as codec
-from fence.state import Event, XFence
+from fence.x_fence import codec
+from fence.x_fence.core import XFence
+from fence.x_fence.events import Event
 
 GEOMS = {"A": box(9.500, 47.100, 9.510, 47.110), "B": box(9.520, 47.100, 9.530, 47.110),
          "C": box(9.505, 47.105, 9.525, 47.108)}  # overlaps A and B
@@ -106,22 +107,22 @@ def fresh() -> XFence:
 @pytest.mark.parametrize("seed", range(12))
 def test_journal_records_rebuild_the_same_core_after_every_operation(seed: int) -> None:
     x = fresh()
-    mirror = codec.restore(roundtrip(codec.snapshot(x)))
-    assert codec.equal(x, mirror) == []
+    mirror = XFence.restore(roundtrip(x.snapshot()))
+    assert codec.differences(x.state(), mirror.state()) == []
     n = len(x._objects)
     ops = Ops(seed)
     for step in range(150):
         op = ops.next()
         run(x, op)
-        record = codec.changes(x, n)
+        record = x.changes(n)
         if record is not None:
             record = roundtrip(record)
-            codec.apply(mirror, record)
-            assert codec.equal(x, mirror) == [], (seed, step, op[0])
-            codec.apply(mirror, record)  # a record replayed twice: the same state
-            assert codec.equal(x, mirror) == [], (seed, step, "twice")
+            mirror.apply(record)
+            assert codec.differences(x.state(), mirror.state()) == [], (seed, step, op[0])
+            mirror.apply(record)  # a record replayed twice: the same state
+            assert codec.differences(x.state(), mirror.state()) == [], (seed, step, "twice")
         n = len(x._objects)
-        assert codec.changes(x, n) is None  # nothing left over
+        assert x.changes(n) is None  # nothing left over
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -130,29 +131,29 @@ def test_a_restored_core_emits_the_same_events_as_the_original(seed: int) -> Non
     ops = Ops(seed)
     for _ in range(80):
         run(x, ops.next())
-    y = codec.restore(roundtrip(codec.snapshot(x)))
-    assert codec.equal(x, y) == []
+    y = XFence.restore(roundtrip(x.snapshot()))
+    assert codec.differences(x.state(), y.state()) == []
     assert x.stats() == y.stats()
     for _ in range(80):
         op = ops.next()
         assert key(run(x, op)) == key(run(y, op))
-    assert codec.equal(x, y) == []
+    assert codec.differences(x.state(), y.state()) == []
 
 
 def test_the_snapshot_covers_what_changes_would_report() -> None:
     x = fresh()
     x.route(at("o1", SPOTS[0], 100.0, ["A", "C"]))
-    assert codec.changes(x, 0) is not None
+    assert x.changes(0) is not None
     x.route(at("o1", SPOTS[1], 110.0, ["B"], gate=110.0))  # held: waits for a notice
-    codec.snapshot(x)
-    assert codec.changes(x, len(x._objects)) is None
+    x.snapshot()
+    assert x.changes(len(x._objects)) is None
 
 
 def test_held_positions_survive_and_are_released_after_a_restore() -> None:
     x = fresh()
     x.route(at("o1", SPOTS[0], 100.0, ["A"]))
     assert x.route(at("o1", SPOTS[1], 110.0, ["B"], gate=110.0)) == []
-    y = codec.restore(roundtrip(codec.snapshot(x)))
+    y = XFence.restore(roundtrip(x.snapshot()))
     assert y.stats()["held_now"] == 1
     got = key(y.route(at("o1", SPOTS[1], 110.0, notice=True)))
     assert [(e[0], e[1]) for e in got] == [("leave", "A"), ("enter", "B")]
@@ -161,24 +162,24 @@ def test_held_positions_survive_and_are_released_after_a_restore() -> None:
 def test_a_record_from_the_future_is_refused() -> None:
     x = fresh()
     x.route(at("o1", SPOTS[0], 100.0, ["A"]))
-    record = codec.changes(x, 0)
+    record = x.changes(0)
     assert record is not None
     with pytest.raises(ValueError, match="starts at object 5"):
-        codec.apply(fresh(), {**record, "n0": 5})
+        fresh().apply({**record, "n0": 5})
 
 
 def test_a_snapshot_of_another_format_or_damaged_is_refused() -> None:
-    data = codec.snapshot(fresh())
+    data = fresh().snapshot()
     with pytest.raises(ValueError, match="format"):
-        codec.restore({**data, "format": 99})
+        XFence.restore({**data, "format": 99})
     x = fresh()
     x.route(WorkerBatch.concat([at("o1", SPOTS[0], 100.0, ["A"]), at("o2", SPOTS[2], 100.0, ["A", "C"])]))
-    data = codec.snapshot(x)
+    data = x.snapshot()
     keys = np.frombuffer(data["keys"], "<u8")
     with pytest.raises(ValueError, match="sorted"):
-        codec.restore({**data, "keys": keys[::-1].tobytes()})
+        XFence.restore({**data, "keys": keys[::-1].tobytes()})
     with pytest.raises(ValueError, match="rows"):
-        codec.restore({**data, "last_ts": b""})
+        XFence.restore({**data, "last_ts": b""})
 
 
 def test_a_change_in_transition_survives_the_snapshot_and_the_journal() -> None:
@@ -187,28 +188,28 @@ def test_a_change_in_transition_survives_the_snapshot_and_the_journal() -> None:
     x = XFence("w0")
     x.define(FenceDef("f", 1, box(9.50, 47.10, 9.51, 47.11), 60.0), 100.0)
     n = len(x._objects)
-    codec.snapshot(x)
+    x.snapshot()
     x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "a")
-    record = codec.changes(x, n)
+    record = x.changes(n)
     assert record is not None
-    copy = codec.restore(codec.snapshot(x))
-    assert codec.equal(x, copy) == []
+    copy = XFence.restore(x.snapshot())
+    assert codec.differences(x.state(), copy.state()) == []
     code = x._fence_code["f"]
     assert copy._pending[code] == {"b", "c"} and copy._prev[code][0] == 1 and copy._changed_at[code] == 200.0
     assert not copy._created[code]
     replayed = XFence("w0")
     replayed.define(FenceDef("f", 1, box(9.50, 47.10, 9.51, 47.11), 60.0), 100.0)
-    codec.apply(replayed, msgpack.unpackb(msgpack.packb(record)))
-    assert codec.equal(x, replayed) == []
+    replayed.apply(msgpack.unpackb(msgpack.packb(record)))
+    assert codec.differences(x.state(), replayed.state()) == []
     # the other regions forward it: recorded one by one, and the transition ends
     x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "b")
-    one = codec.changes(x, len(x._objects))
+    one = x.changes(len(x._objects))
     assert one is not None
-    codec.apply(replayed, msgpack.unpackb(msgpack.packb(one)))
+    replayed.apply(msgpack.unpackb(msgpack.packb(one)))
     assert replayed._pending[code] == {"c"}
     x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "c")
     assert code not in x._prev and code not in x._pending
-    end = codec.changes(x, len(x._objects))
+    end = x.changes(len(x._objects))
     assert end is not None
-    codec.apply(replayed, msgpack.unpackb(msgpack.packb(end)))
-    assert codec.equal(x, replayed) == [] and code not in replayed._prev
+    replayed.apply(msgpack.unpackb(msgpack.packb(end)))
+    assert codec.differences(x.state(), replayed.state()) == [] and code not in replayed._prev

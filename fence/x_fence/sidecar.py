@@ -6,7 +6,8 @@ one message per event for the fence's subscribers and the object's).
 
 Durability: the core's state (who is inside which fence since when, each object's last
 position and handover time, positions held for a notice) lives in a snapshot plus a journal
-under GEOFENCE_JOURNAL_DIR (fence/journal.py, records from fence/state_codec.py). Per batch:
+under GEOFENCE_JOURNAL_DIR (fence/x_fence/journal.py; records from XFence.changes, formats in
+fence/x_fence/codec.py). Per batch:
 route, publish the events and wait for their confirms, append one record and fdatasync it,
 then ack the batch. A crash before the sync leaves the batch unacked: it is redelivered and
 routed again from the older state, giving the same events with the same ids (duplicates a
@@ -46,10 +47,11 @@ from exchanges.batch import unpack
 from exchanges.contract import BAD_INPUT, InvalidMessage
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
-from fence import state_codec, store
-from fence.journal import Recovered, StateDir
-from fence.journal import pack as journal_pack
-from fence.state import Event, XFence
+from fence import store
+from fence.x_fence.core import XFence
+from fence.x_fence.events import Event
+from fence.x_fence.journal import Recovered, StateDir
+from fence.x_fence.journal import pack as journal_pack
 
 log = logging.getLogger("geofence")
 EXPIRE_EVERY_S = 1.0
@@ -83,9 +85,9 @@ class FenceSidecar:
         """The core from the snapshot and the journal (a new core if there are none)."""
         assert self.journal is not None
         got = self.journal.load()
-        self.core = state_codec.restore(got.snapshot) if got.snapshot is not None else XFence(self.worker)
+        self.core = XFence.restore(got.snapshot) if got.snapshot is not None else XFence(self.worker)
         for record in got.records:
-            state_codec.apply(self.core, record)
+            self.core.apply(record)
         return got
 
     async def recover(self, stop: asyncio.Event) -> bool:
@@ -157,7 +159,7 @@ class FenceSidecar:
                 await shell.publish_all(self.event_outs(self.pending), self.counters)
                 self.pending = []
             if self.journal is not None and not self.started:
-                snapshot = state_codec.snapshot(self.core)
+                snapshot = self.core.snapshot()
                 await asyncio.to_thread(self.journal.start, snapshot)
                 self.n_persisted = len(self.core._objects)
                 self.started = True
@@ -168,7 +170,7 @@ class FenceSidecar:
             self.unpersisted = False  # nothing to reload from (persistence off: the benchmark's)
             return
         started = time.perf_counter()
-        record = state_codec.changes(self.core, self.n_persisted)
+        record = self.core.changes(self.n_persisted)
         if record is not None:
             before = self.journal.journal_bytes
             self.journal.append(record)
@@ -187,7 +189,7 @@ class FenceSidecar:
         instant (written by the caller with journal.rotate_finish, off the event loop)."""
         assert self.journal is not None
         gen = self.journal.rotate_begin()
-        data = journal_pack(state_codec.snapshot(self.core))
+        data = journal_pack(self.core.snapshot())
         self.n_persisted = len(self.core._objects)
         return gen, data
 

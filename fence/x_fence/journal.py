@@ -1,5 +1,5 @@
 """The durable state of one x-fence worker: a snapshot plus an append-only journal, in a
-directory of its own (GEOFENCE_JOURNAL_DIR). The records are fence/state_codec.py's.
+directory of its own (GEOFENCE_JOURNAL_DIR). The records are XFence.changes (formats: fence/x_fence/codec.py).
 
     snapshot-<gen>.bin   the whole state when journal <gen> was started
     journal-<gen>.log    the records since: [u32 length][u32 crc32][msgpack payload] ...
@@ -16,7 +16,7 @@ is opened first, then the snapshot of the state at that instant is written besid
 deleted. Recovery takes the newest complete snapshot and replays every journal from its
 generation on, in order; so a crash at any point of a rotation loses nothing.
 
-Trade-off: records hold final values (see state_codec), so a record is larger than an
+Trade-off: records hold final values (see fence/x_fence/codec.py), so a record is larger than an
 operation log would be (every pair of each touched object), but replay needs no routing
 code, is idempotent and cannot diverge from what the live core did.
 """

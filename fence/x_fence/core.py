@@ -47,62 +47,37 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import shapely
-from shapely.geometry import MultiPolygon, Polygon
 from shapely.geometry.base import BaseGeometry
 
 from exchanges.fence_def import FenceDef
 from exchanges.object_codes import ObjectCodes, distinct, grow
 from exchanges.worker_batch import WorkerBatch
+from fence.x_fence import codec
+from fence.x_fence.events import (
+    ENTERED,
+    EVENT_SLOTS,
+    EXITED,
+    FENCE_CHANGED,
+    FENCE_DELETED,
+    KINDS,
+    TIMEOUT,
+    Event,
+)
+from fence.x_fence.shapes import Edges
 from hilbert_c import kernel
 
-ENTER, LEAVE = "enter", "leave"
-ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED = (
-    "entered", "exited", "timeout", "fence_changed", "fence_deleted")
-REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED)
 _LOW = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
-_KINDS = (ENTER, LEAVE)  # event kind codes 0, 1 (also their order among equal ts, object, fence)
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    event: str  # enter | leave
-    fence_id: str
-    object_id: str
-    ts: float
-    reason: str
-    event_id: str
-    # the time of the position the decision came from (not on the wire): `ts` is it, or the
-    # fence's change time when that is later (a fence's events are never dated before the
-    # change that made its current version); the event id hashes this one
-    position_ts: float = field(default=float("nan"), compare=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"event": self.event, "fence_id": self.fence_id, "object_id": self.object_id,
-                "ts": self.ts, "reason": self.reason, "event_id": self.event_id}
-
-
-# Events are made by the thousand per batch. Slots (no __dict__) halve the objects the
-# garbage collector tracks, and setting the slots directly skips the frozen __init__'s
-# object.__setattr__ per field.
-_EVENT_SLOTS = tuple(getattr(Event, f).__set__
-                     for f in ("event", "fence_id", "object_id", "ts", "reason", "event_id", "position_ts"))
-
-
-def event_id(fence_id: str, version: int, object_id: str, event: str, reason: str, ts: float) -> str:
-    """Stable id: the same decision on the same input always gets the same id."""
-    text = f"{fence_id}\x1f{version}\x1f{object_id}\x1f{event}\x1f{reason}\x1f{ts!r}"
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,66 +120,6 @@ class _Pairs:
     since: F64  # meaningful where stored
     run_start: npt.NDArray[np.bool_]
     run_end: npt.NDArray[np.bool_]
-
-
-class _Edges:
-    """Every fence's polygon edges in flat columns, for the exact test in C
-    (`kernel.points_in_polygons`): the answers it gives are GEOS's, and it leaves the few
-    points it cannot decide (on or within rounding of an edge) to shapely. A fence whose
-    geometry is not a valid polygon has no edges here: shapely decides for it."""
-
-    def __init__(self) -> None:
-        self.columns = tuple(np.empty(0) for _ in range(4))  # ax, ay, bx, by
-        self.used = 0  # rows in use (live or dead)
-        self.lo = np.zeros(0, np.int64)  # per fence code: its rows, or -1
-        self.hi = np.zeros(0, np.int64)
-
-    def put(self, code: int, geometry: BaseGeometry) -> None:
-        self.lo, self.hi = grow(self.lo, code + 1, -1), grow(self.hi, code + 1, -1)
-        self.lo[code] = self.hi[code] = -1
-        edges = _polygon_edges(geometry)
-        if edges is None:
-            return
-        if self.used + len(edges[0]) > self.columns[0].size and self._dead() > self.used // 2:
-            self._compact()
-        n, at = len(edges[0]), self.used
-        self.columns = tuple(grow(c, at + n, 0.0) for c in self.columns)
-        for column, values in zip(self.columns, edges, strict=True):
-            column[at:at + n] = values
-        self.lo[code], self.hi[code], self.used = at, at + n, at + n
-
-    def drop(self, code: int) -> None:
-        if code < self.lo.size:
-            self.lo[code] = self.hi[code] = -1
-
-    def locate(self, codes: I64, x: F64, y: F64) -> npt.NDArray[np.uint8]:
-        cols = tuple(c[: self.used] for c in self.columns)
-        return kernel.points_in_polygons(cols, self.lo[codes], self.hi[codes], x, y)  # type: ignore[arg-type]
-
-    def _dead(self) -> int:
-        live = self.lo >= 0
-        return self.used - int((self.hi[live] - self.lo[live]).sum())
-
-    def _compact(self) -> None:
-        live = np.flatnonzero(self.lo >= 0)
-        rows = np.concatenate([np.arange(self.lo[c], self.hi[c]) for c in live]) if live.size \
-            else np.empty(0, np.int64)
-        self.columns = tuple(c[rows] for c in self.columns)
-        sizes = self.hi[live] - self.lo[live]
-        self.lo[live] = np.cumsum(sizes) - sizes
-        self.hi[live] = np.cumsum(sizes)
-        self.used = int(rows.size)
-
-
-def _polygon_edges(geometry: BaseGeometry) -> tuple[F64, F64, F64, F64] | None:
-    """(ax, ay, bx, by) of every ring's edges, or None unless a valid (Multi)Polygon."""
-    if not isinstance(geometry, Polygon | MultiPolygon) or geometry.is_empty or not geometry.is_valid:
-        return None
-    polys = list(geometry.geoms) if isinstance(geometry, MultiPolygon) else [geometry]
-    rings = [np.asarray(r.coords, dtype=np.float64)[:, :2] for p in polys for r in (p.exterior, *p.interiors)]
-    a = np.concatenate([r[:-1] for r in rings])  # rings are closed: last == first
-    b = np.concatenate([r[1:] for r in rings])
-    return a[:, 0].copy(), a[:, 1].copy(), b[:, 0].copy(), b[:, 1].copy()
 
 
 def _pair_order(group: I64, fence: I64, seq: I64, n_sorted: int, n_groups: int, n_fences: int,
@@ -253,7 +168,7 @@ class XFence:
         self._prev: dict[int, tuple[int, BaseGeometry]] = {}
         self._pending: dict[int, set[str]] = {}
         self._geoms = np.empty(0, dtype=object)
-        self._edges = _Edges()
+        self._edges = Edges()
         self._keys = np.empty(0, np.uint64)  # sorted (object << 32 | fence)
         self._since = np.empty(0, np.float64)
         self._ho_ts = np.zeros(0, np.float64)  # per object: the latest handover notice applied
@@ -264,7 +179,7 @@ class XFence:
         self.holds_expired = 0
         self.rechecks = 0
         self.rechecks_superseded = 0
-        # What changed since the last `fence.state_codec.changes` (the journal's record):
+        # What changed since the last `changes` (the journal's record):
         # objects whose row or pairs changed, fences defined or dropped, the held positions.
         self._dirty_objs: list[I64] = []
         self._dirty_fences: set[int] = set()
@@ -847,6 +762,160 @@ class XFence:
                 "held_now": sum(map(len, self._held.values())), "holds_expired": self.holds_expired,
                 "rechecks": self.rechecks, "rechecks_superseded": self.rechecks_superseded}
 
+    # -- persistence (the formats: fence/x_fence/codec.py) --------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """The whole state as plain data (what a snapshot holds), without side effects."""
+        n = len(self._objects)
+        return {
+            "format": codec.FORMAT, "worker": self.worker, "ids": list(self._objects.ids),
+            **{name: codec.pack_array(getattr(self, f"_{name}")[:n], "<f8") for name in codec.ROWS},
+            "fences": [self._stored(c) for c in range(len(self._fences))], "names": list(self._fence_names),
+            "codes": dict(self._fence_code), "versions": dict(self._versions),
+            "keys": codec.pack_array(self._keys, "<u8"), "since": codec.pack_array(self._since, "<f8"),
+            "held": codec.pack_held(self._held), "stats": {k: getattr(self, k) for k in codec.STATS},
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state; also clears what `changes` would report (the snapshot has it)."""
+        data = self.state()
+        self._clean()
+        return data
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> XFence:
+        """The core a snapshot describes (ValueError if it is of another format or damaged)."""
+        if data.get("format") != codec.FORMAT:
+            raise ValueError(f"x-fence snapshot format {data.get('format')!r}, "
+                             f"this code reads {codec.FORMAT}")
+        x = cls(str(data["worker"]))
+        ids = list(data["ids"])
+        x._objects.codes(ids)
+        if x._objects.ids != ids:
+            raise ValueError("x-fence snapshot: object ids repeat")
+        n = len(ids)
+        for name in codec.ROWS:
+            values = codec.unpack_array(data[name], "<f8", np.float64)
+            if values.size != n:
+                raise ValueError(f"x-fence snapshot: {name} has {values.size} rows for {n} objects")
+            setattr(x, f"_{name}", values)
+        for code, (name, d) in enumerate(zip(data["names"], data["fences"], strict=True)):
+            x._new_slot(name)
+            if d is None:
+                del x._fence_code[name]  # dropped: the slot stays, unused
+            else:
+                x._put_stored(code, codec.unpack_fence(d))
+                x._fence_code[name] = code
+        x._versions = {str(k): int(v) for k, v in data["versions"].items()}
+        x._keys = codec.unpack_array(data["keys"], "<u8", np.uint64)
+        x._since = codec.unpack_array(data["since"], "<f8", np.float64)
+        if x._keys.size != x._since.size or (x._keys.size > 1 and (x._keys[1:] <= x._keys[:-1]).any()):
+            raise ValueError("x-fence snapshot: inside pairs are not sorted and unique")
+        x._held = codec.unpack_held(data["held"])
+        x._set_stats(data["stats"])
+        return x
+
+    def changes(self, n_persisted: int) -> dict[str, Any] | None:
+        """What changed since the last call (None: nothing), as one journal record.
+        `n_persisted` is the number of object ids the journal already holds; the record
+        carries the ids after them."""
+        n = len(self._objects)
+        if (not self._dirty_objs and not self._dirty_fences and not self._dirty_versions
+                and not self._held_dirty and n == n_persisted):
+            return None
+        objs = np.unique(np.concatenate(self._dirty_objs)) if self._dirty_objs else np.empty(0, np.int64)
+        fences = np.array(sorted(self._dirty_fences), np.int64)
+        take = np.zeros(self._keys.size, bool)
+        if objs.size:
+            take[self._stored_pairs(objs)] = True
+        if fences.size:
+            take |= np.isin((self._keys & _LOW).astype(np.int64), fences)
+        names = {*(self._fence_names[c] for c in fences.tolist()), *self._dirty_versions}
+        record = {
+            "n0": n_persisted, "new_ids": self._objects.ids[n_persisted:n],
+            "objs": codec.pack_array(objs, "<i8"),
+            **{name: codec.pack_array(getattr(self, f"_{name}")[objs], "<f8") for name in codec.ROWS},
+            "fences": [[c, self._fence_names[c], self._stored(c)] for c in fences.tolist()],
+            "versions": {f: self._versions[f] for f in names},
+            "keys": codec.pack_array(self._keys[take], "<u8"),
+            "since": codec.pack_array(self._since[take], "<f8"),
+            "held": codec.pack_held(self._held) if self._held_dirty else None,
+            "stats": {k: getattr(self, k) for k in codec.STATS},
+        }
+        self._clean()
+        return record
+
+    def apply(self, record: dict[str, Any]) -> None:
+        """Replay one record of `changes` (in journal order)."""
+        n0 = int(record["n0"])
+        if n0 > len(self._objects):
+            raise ValueError(f"x-fence journal: a record starts at object {n0}, "
+                             f"the state has {len(self._objects)}")
+        new_ids = list(record["new_ids"])[len(self._objects) - n0:]  # a replayed record's ids are known
+        if new_ids:
+            self._codes(new_ids)
+        objs = codec.unpack_array(record["objs"], "<i8", np.int64)
+        for name in codec.ROWS:
+            getattr(self, f"_{name}")[objs] = codec.unpack_array(record[name], "<f8", np.float64)
+        fences = []
+        for code, name, d in record["fences"]:
+            if code > len(self._fences):
+                raise ValueError(f"x-fence journal: fence code {code} after {len(self._fences)} codes")
+            if code == len(self._fences):
+                self._new_slot(name)
+                del self._fence_code[name]
+            if d is None:
+                if self._fence_code.get(name) == code:
+                    del self._fence_code[name]
+                self._fences[code] = None
+                self._geoms[code] = None
+                self._prev.pop(code, None)
+                self._pending.pop(code, None)
+                self._edges.drop(code)
+            else:
+                self._put_stored(code, codec.unpack_fence(d))
+                self._fence_code[name] = code
+            fences.append(code)
+        self._versions.update({str(k): int(v) for k, v in record["versions"].items()})
+        keys = self._keys
+        drop = (np.isin((keys >> _SHIFT).astype(np.int64), objs)
+                | np.isin((keys & _LOW).astype(np.int64), fences))
+        new_keys = codec.unpack_array(record["keys"], "<u8", np.uint64)
+        new_since = codec.unpack_array(record["since"], "<f8", np.float64)
+        order = np.argsort(new_keys, kind="stable")
+        self._merge_pairs(keys[~drop], self._since[~drop], new_keys[order], new_since[order])
+        if record["held"] is not None:
+            self._held = codec.unpack_held(record["held"])
+        self._set_stats(record["stats"])
+        self._clean()
+
+    def _stored(self, code: int) -> dict[str, Any] | None:
+        d = self._fences[code]
+        if d is None:
+            return None
+        stored = codec.StoredFence(d, float(self._changed_at[code]), bool(self._created[code]),
+                                   self._prev.get(code), frozenset(self._pending.get(code, ())))
+        return codec.pack_fence(stored)
+
+    def _put_stored(self, code: int, f: codec.StoredFence) -> None:
+        """Install a stored fence in slot `code` (its slot exists), with its transition."""
+        self._install(code, f.fence, f.changed_at, f.created)
+        self._pending.pop(code, None)
+        if f.prev is None:
+            self._prev.pop(code, None)
+        else:
+            self._prev[code] = f.prev
+            if f.pending:
+                self._pending[code] = set(f.pending)
+
+    def _set_stats(self, stats: dict[str, Any]) -> None:
+        for k, v in stats.items():
+            if k in codec.STATS:
+                setattr(self, k, int(v))
+
+    def _clean(self) -> None:
+        self._dirty_objs, self._dirty_fences, self._dirty_versions, self._held_dirty = [], set(), set(), False
+
     # -- internals ------------------------------------------------------------------------
 
     def _fence_ids(self, keys: npt.NDArray[np.uint64]) -> list[str]:
@@ -899,16 +968,16 @@ class XFence:
         # event_id()'s text is fence prefix + object id + a tail per (kind, ts): the events
         # of a batch share a few instants, so each tail (and its float repr) is made once
         instants, at = np.unique(ts, return_inverse=True)
-        tails = [f"\x1f{_KINDS[k]}\x1f{reasons[k]}\x1f{t!r}" for k in (0, 1) for t in instants.tolist()]
+        tails = [f"\x1f{KINDS[k]}\x1f{reasons[k]}\x1f{t!r}" for k in (0, 1) for t in instants.tolist()]
         prefix, blake2b = self._id_prefix, hashlib.blake2b
         ids = [blake2b((prefix[f] + o + tails[i]).encode(), digest_size=16).hexdigest()
                for f, o, i in zip(f_codes, object_ids, (kind * instants.size + at).tolist(), strict=True)]
         new, out = object.__new__, []
-        s_event, s_fence, s_object, s_ts, s_reason, s_id, s_pos = _EVENT_SLOTS
+        s_event, s_fence, s_object, s_ts, s_reason, s_id, s_pos = EVENT_SLOTS
         for k, f, o, t, d, i in zip(kind.tolist(), f_codes, object_ids, shown.tolist(), ts.tolist(), ids,
                                     strict=True):
             e = new(Event)
-            s_event(e, _KINDS[k])
+            s_event(e, KINDS[k])
             s_fence(e, names[f])
             s_object(e, o)
             s_ts(e, t)
