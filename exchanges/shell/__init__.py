@@ -45,6 +45,7 @@ from exchanges.shell.intake import (
 from exchanges.shell.lifecycle import (
     EXIT_TOOK_OVER,
     Session,
+    Sidecar,
     install_signal_handlers,
     periodic,
     run_session,
@@ -68,6 +69,7 @@ __all__ = [
     "Out",
     "PublishRefused",
     "Session",
+    "Sidecar",
     "SidecarConfig",
     "SidecarFault",
     "TookOver",

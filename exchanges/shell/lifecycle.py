@@ -19,12 +19,13 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from aio_pika.abc import AbstractConnection
 
 from exchanges.shell.config import SidecarConfig
 from exchanges.shell.connections import BROKER_GONE, Backoff, TookOver, connection_lost
+from exchanges.shell.counters import Counters
 from exchanges.shell.intake import Intake
 
 log = logging.getLogger("geofence")
@@ -33,10 +34,32 @@ Session = Callable[[asyncio.Event], Awaitable[None]]
 EXIT_TOOK_OVER = 75  # EX_TEMPFAIL: restart me (systemd's Restart=on-failure does)
 
 
+class Sidecar(Protocol):
+    """What `run_sidecar` needs of the object `make(config)` gives: a role's sidecar
+    (exchanges/geo_sidecar.py, fence/sidecar.py; ingress/sidecar.py and fence/archive.py,
+    which start it themselves, have the same shape)."""
+
+    @property
+    def counters(self) -> Counters: ...
+
+    async def recover(self, stop: asyncio.Event) -> bool:
+        """Its state rebuilt from durable sources, before the first session; False when `stop`
+        came first (then it ends without serving)."""
+        ...
+
+    async def session(self, stop: asyncio.Event) -> None:
+        """One session (a `Session`): returns when `stop` is set, raises when the broker goes."""
+        ...
+
+    async def close(self) -> None:
+        """At a clean stop, after the last session (not after a takeover: the state is stale)."""
+        ...
+
+
 async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str,
-                      make: Callable[[SidecarConfig], Any]) -> int:
-    """`main` of a sidecar that recovers its state, then serves: `make(config)` gives an
-    object with `recover(stop) -> bool`, `session(stop)` and `counters`."""
+                      make: Callable[[SidecarConfig], Sidecar]) -> int:
+    """`main` of a sidecar that recovers its state, then serves: `make(config)` gives a
+    `Sidecar`."""
     if config.instance not in instances:
         log.error("%s %r is not one of %s", role, config.instance, list(instances))
         return 2
@@ -51,9 +74,7 @@ async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str
     except TookOver as exc:  # its state is stale: no close (an x-fence would snapshot it)
         log.error("%s", exc)
         return EXIT_TOOK_OVER
-    close = getattr(sidecar, "close", None)
-    if close is not None:
-        await close()
+    await sidecar.close()
     log.info("stopped: %s", sidecar.counters.line())
     return 0
 
