@@ -63,6 +63,10 @@ class Archiver:
         self._pg: asyncpg.Connection | None = None
         self._stop = asyncio.Event()
 
+    async def recover(self, stop: asyncio.Event) -> bool:
+        """Nothing to recover: the archive is in PostgreSQL (shell.Sidecar)."""
+        return True
+
     async def session(self, stop: asyncio.Event) -> None:
         self._stop = stop
         cfg = self.config

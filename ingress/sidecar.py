@@ -51,6 +51,13 @@ class IngressSidecar:
         # ends with some, the memory goes (each object is announced again, as after a restart)
         self.unconfirmed = 0
 
+    async def recover(self, stop: asyncio.Event) -> bool:
+        """Nothing to recover: `main` read the worldmap the core is built on (shell.Sidecar)."""
+        return True
+
+    async def close(self) -> None:
+        """Nothing to keep at a stop: a restart starts with no objects' memory (each is announced again)."""
+
     # -- session -----------------------------------------------------------------------------
 
     async def session(self, stop: asyncio.Event) -> None:

@@ -285,7 +285,7 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     fed = f"^{regex_escape(FEDERATION_PREFIX)}"
     found = [Permission(t.ADMIN_USER, v, EVERYTHING, EVERYTHING, EVERYTHING)
              for v in (DEFAULT_VHOST, *topology.vhosts)]
-    # configure: only each role's instance lock (an exclusive queue, see exchanges/shell.py)
+    # configure: only each role's instance lock (an exclusive queue, see exchanges/shell/connections.py)
     found.append(Permission(t.INGRESS_USER, ingress, exactly(t.INGRESS_LOCK), exactly(dlx, t.FOLLOW_EXCHANGE),
                             exactly(t.POSITIONS_QUEUE, t.BATCHES_QUEUE)))
     found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)

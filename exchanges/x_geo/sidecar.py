@@ -59,6 +59,9 @@ class GeoSidecar:
         log.info("recovered %d fence bindings of region %s", len(bindings), self.region)
         return True
 
+    async def close(self) -> None:
+        """Nothing to keep at a stop: the bindings are recovered from the store at the start."""
+
     # -- session -----------------------------------------------------------------------------
 
     async def session(self, stop: asyncio.Event) -> None:

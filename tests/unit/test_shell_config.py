@@ -1,4 +1,4 @@
-"""exchanges/shell.py without a broker: configuration, URL masking, counters, backoff, and the
+"""exchanges/shell/ without a broker: configuration, URL masking, counters, backoff, and the
 intake / settle machinery with small fakes of aio-pika's queue and messages."""
 
 from __future__ import annotations
@@ -624,7 +624,7 @@ async def test_a_failing_batch_ends_the_sidecar_without_settling(monkeypatch: py
     async def publish_all(outs: list[shell.Out], counters: Counters, deadline: float | None = None) -> None:
         sent.extend(outs)
 
-    monkeypatch.setattr(shell, "publish_all", publish_all)
+    monkeypatch.setattr(shell.publish, "publish_all", publish_all)  # where run_batches looks it up
     with pytest.raises(shell.SidecarFault, match="a bug"):
         await shell.run_batches(intake, handle, Counters(), cast(Any, FakeExchange()))
     assert all(m.acks == [] for m in ms) and sent == []
@@ -641,7 +641,7 @@ async def test_a_suspect_failing_alone_is_dead_lettered_with_the_error_then_the_
     async def publish_all(outs: list[shell.Out], counters: Counters, deadline: float | None = None) -> None:
         sent.extend(outs)
 
-    monkeypatch.setattr(shell, "publish_all", publish_all)
+    monkeypatch.setattr(shell.publish, "publish_all", publish_all)  # where run_batches looks it up
 
     async def handle(batch: list[AbstractIncomingMessage]) -> None:
         raise KeyError("boom")

@@ -1,0 +1,118 @@
+"""Connections to the broker: opening connections and channels on a session's exit stack,
+the single-instance lock of a routing role, watching for a lost connection, and the
+reconnect/retry `Backoff`.
+
+Invariants:
+- Everything opened is registered on the session's `AsyncExitStack` and closed with it, in
+  reverse order (channels before their connection), quietly and within 5 s each: a broker
+  that went away does not hang the end of a session.
+- The broker going away ends the session: `connection_lost` raises, and every error in
+  `BROKER_GONE` is the broker's, not a fault of the sidecar (`lifecycle.serve` reconnects;
+  unacked input is redelivered to the next session).
+- A routing role runs one instance at a time (`InstanceLock`, an exclusive queue owned by
+  the session's connection); an instance that got the lock after standing by ends
+  (`TookOver`): what it holds in memory is stale.
+
+Trade-off: channels use publisher confirms (a returned mandatory message raises), except
+with GEOFENCE_PERSISTENCE=off (benchmarks only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Sequence
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from exchanges.shell.config import SidecarConfig
+
+log = logging.getLogger("geofence")
+
+BROKER_GONE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
+               ConnectionError, OSError)
+
+
+class Backoff:
+    def __init__(self, first: float = 0.2, cap: float = 10.0) -> None:
+        self.first, self.cap, self._next = first, cap, first
+
+    def reset(self) -> None:
+        self._next = self.first
+
+    def next(self) -> float:
+        delay = self._next * random.uniform(0.8, 1.2)
+        self._next = min(self.cap, self._next * 2)
+        return delay
+
+
+async def open_connection(config: SidecarConfig, vhost: str, stack: contextlib.AsyncExitStack
+                          ) -> AbstractConnection:
+    conn = await aio_pika.connect(config.amqp_for(vhost), timeout=10)
+    stack.push_async_callback(_close_quietly, conn)
+    return conn
+
+
+async def _close_quietly(closable: AbstractConnection | AbstractChannel) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(closable.close(), 5)
+
+
+async def open_channel(conn: AbstractConnection, stack: contextlib.AsyncExitStack,
+                       prefetch: int = 0, confirms: bool = True) -> AbstractChannel:
+    """A channel with publisher confirms (returned mandatory messages raise). Without
+    confirms (GEOFENCE_PERSISTENCE=off, benchmarks only) what it publishes is transient."""
+    ch = await conn.channel(publisher_confirms=confirms, on_return_raises=confirms)
+    stack.push_async_callback(_close_quietly, ch)
+    if prefetch:
+        await ch.set_qos(prefetch_count=prefetch)
+    return ch
+
+
+class InstanceLocked(ConnectionError):
+    """Another instance of this role holds its lock: this one stands by (retries)."""
+
+
+class TookOver(Exception):
+    """This process was locked out, then got the lock: another instance ran meanwhile, so
+    what it holds in memory is stale. It ends, to be restarted and recover (crash-only)."""
+
+
+class InstanceLock:
+    """The single-instance guard of a routing role (two x-ingress, or two x-geo of a region,
+    or two x-fence of a worker, would each see part of an object's positions). An exclusive
+    queue is the lock: owned by the session's connection, deleted by the broker with it.
+    Exclusive consumers alone are no guard: a role consumes several queues, and a prefetch
+    change consumes again (a gap another instance can take)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.locked_out = False
+
+    async def acquire(self, conn: AbstractConnection, stack: contextlib.AsyncExitStack) -> None:
+        ch = await open_channel(conn, stack)  # its own: a refused declare closes the channel
+        try:
+            await ch.declare_queue(self.name, exclusive=True, auto_delete=True, durable=False)
+        except aiormq.exceptions.ChannelLockedResource as exc:
+            if not self.locked_out:
+                log.error("another instance holds %s: standing by until it goes", self.name)
+            self.locked_out = True
+            raise InstanceLocked(f"{self.name} is held by another instance") from exc
+        if self.locked_out:
+            raise TookOver(f"got {self.name} after another instance held it: restarting to recover")
+
+
+async def connection_lost(conns: Sequence[AbstractConnection]) -> None:
+    """Returns (raising) when any of the connections closes. Through the close callbacks:
+    aio-pika's `closed()` does not resolve when the broker closes the connection."""
+    lost = asyncio.Event()
+    for c in conns:
+        c.close_callbacks.add(lambda *_: lost.set())
+        if c.is_closed:
+            lost.set()
+    await lost.wait()
+    raise ConnectionError("broker connection closed")

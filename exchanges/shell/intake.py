@@ -1,0 +1,286 @@
+"""Consuming: `Intake` (one queue, handed out in batches; suspects one at a time; order
+across a crash: see the class), `run_batches` (the loop of one input queue) and `settle`.
+
+Invariants:
+- A message is settled in one place (`settle`), after everything it caused is confirmed by
+  the broker. One channel per consumed queue and one batch in flight per channel, so the
+  batch's messages are exactly the channel's unacked deliveries up to the last one: a single
+  `ack(multiple=True)` settles the batch (one frame instead of thousands).
+- A batch that fails for a reason that is not the broker's ends the process unsettled
+  (`SidecarFault`, crash-only): the input comes back, a suspect alone, and a suspect that
+  fails alone is dead-lettered with the error as its reason.
+
+`run_batches` publishes through `publish.publish_all` looked up on the module at the call
+(a test replacing it patches exchanges.shell.publish, not the package's re-export).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractQueue
+from pamqp.commands import Basic
+
+from exchanges.contract import InvalidMessage
+from exchanges.shell import publish
+from exchanges.shell.connections import BROKER_GONE
+from exchanges.shell.counters import Counters
+
+log = logging.getLogger("geofence")
+
+
+SUSPECT_DELIVERIES = 2  # x-delivery-count: unsettled this many times before (crashes, cuts)
+
+
+def delivery_count(message: AbstractIncomingMessage) -> int:
+    """How many times the broker handed this message out before without a settlement
+    (a quorum queue's x-delivery-count; 0 for a first delivery)."""
+    raw = (message.headers or {}).get("x-delivery-count", 0)
+    return raw if isinstance(raw, int) else 0
+
+
+class Intake:
+    """Consumes one queue and hands out batches: everything that has arrived, up to
+    `max_batch`. Under low load that is one message (no added latency); under load the
+    messages that arrived while the previous batch was processed (throughput).
+
+    Suspects: a message delivered SUSPECT_DELIVERIES times or more without a settlement
+    was in flight during two crashes (or cuts); it may be what crashed the sidecar. Suspects
+    are handed out one at a time, and while they come the channel's prefetch is 1, so a
+    suspect that kills the process again spends only its own deliveries: the broker
+    dead-letters it at the delivery limit (policy), and the messages behind it keep theirs.
+    With `set_prefetch`, a session starts at prefetch 1 and opens to `prefetch` at the first
+    message that is not a suspect (suspects, being returned messages, come first).
+
+    Order across a crash (the routing roles need their queue's order: an object's positions,
+    a region's handover notices). A quorum queue gives back a dead consumer's unacked
+    messages in order, ahead of the rest, when it drops that consumer; two things break it:
+    - a new consumer taking messages before the broker dropped the dead one (it takes newer
+      messages first): `start` waits until the queue has no consumer (the instance lock
+      already says no live one holds it);
+    - several consumers of one process holding messages when it dies: the queue gives each
+      consumer's back in turn, in the order of their tags, not of delivery. A prefetch
+      change needs a new consumer (RabbitMQ applies basic.qos to consumers created after
+      it), so the old one is cancelled and the new one created only once everything the old
+      one delivered was handed out and settled: one consumer holds messages at any time."""
+
+    def __init__(self, queue: AbstractQueue, max_batch: int, exclusive: bool = True, prefetch: int = 0,
+                 set_prefetch: Callable[[int], Awaitable[None]] | None = None) -> None:
+        self.queue = queue
+        self.max_batch = max_batch
+        self.exclusive = exclusive
+        self.prefetch = prefetch
+        self._set_prefetch = set_prefetch
+        self._opened = set_prefetch is None
+        self._buf: deque[AbstractIncomingMessage] = deque()
+        self._ready = asyncio.Event()
+        self._tag: str | None = None
+        self._stopping = False
+        self.suspects = 0
+        self.backlog = 0  # messages ready in the queue when the session started
+        self.received = 0
+        self.cancelled = asyncio.Event()  # the broker cancelled the consumer (queue deleted)
+        self.current_prefetch = prefetch if set_prefetch is None else 1
+        self._want: int | None = None  # a prefetch for the next consumer (see the class)
+        self._fresh_seen = False  # a first delivery came in this session
+        self.late_returns = 0  # returned messages that came behind a first delivery
+
+    @classmethod
+    def on(cls, queue: AbstractQueue, max_batch: int, prefetch: int, exclusive: bool = True) -> Intake:
+        """An intake that manages its channel's prefetch (see the class)."""
+        async def set_prefetch(n: int) -> None:
+            await queue.channel.set_qos(prefetch_count=n)
+        return cls(queue, max_batch, exclusive, prefetch, set_prefetch)
+
+    # Back-pressure: when what a batch publishes takes long to be confirmed downstream (a
+    # full queue refusing, a slow consumer, a broker paging), taking more in only grows the
+    # messages held here; the prefetch is halved (not below PREFETCH_FLOOR) while confirms
+    # take over LAG_HIGH_S, and doubled back while they come within LAG_LOW_S. The backlog
+    # stays in the broker's queue, whose length limit pushes back on the publishers.
+    LAG_HIGH_S = 1.0
+    LAG_LOW_S = 0.2
+    PREFETCH_FLOOR = 64
+
+    async def confirm_lag(self, seconds: float) -> None:
+        if self._set_prefetch is None or not self._opened:
+            return
+        now = self.current_prefetch
+        if seconds > self.LAG_HIGH_S and now > self.PREFETCH_FLOOR:
+            new = max(self.PREFETCH_FLOOR, now // 2)
+        elif seconds < self.LAG_LOW_S and now < self.prefetch:
+            new = min(self.prefetch, now * 2)
+        else:
+            return
+        log.log(logging.WARNING if new < now else logging.INFO,
+                "%s: confirms took %.2fs: prefetch %d -> %d", self.queue.name, seconds, now, new)
+        self.current_prefetch = new
+        self._want = new  # applied between batches (see _switch_consumer)
+
+    async def _switch_consumer(self) -> None:
+        """Between batches: a wanted prefetch change. The consumer is cancelled first, then
+        created again with the new prefetch once what it delivered was handed out (and, the
+        caller settling each batch before asking for the next, settled)."""
+        if self._want is None or self._stopping or self._set_prefetch is None:
+            return
+        if self._tag is not None:
+            await self.queue.cancel(self._tag)
+            self._tag = None
+            await asyncio.sleep(0)  # deliveries read before the cancel-ok land in the buffer
+        if not self._buf:
+            want, self._want = self._want, None
+            await self._set_prefetch(want)
+            self._tag = await self.queue.consume(self._on_message, exclusive=self.exclusive)
+
+    @property
+    def caught_up(self) -> bool:
+        """The backlog found at the start was received, and nothing waits in the buffer."""
+        return self.received >= self.backlog and not self._buf
+
+    # How long `start` waits for the broker to drop a dead predecessor's consumer. It drops
+    # it as soon as it sees the connection gone, which the instance lock already waited for.
+    PREDECESSOR_WAIT_S = 30.0
+
+    async def start(self) -> None:
+        declared = getattr(self.queue, "declaration_result", None)
+        if self.exclusive:
+            declared = await self._without_predecessor() or declared
+        self.backlog = int(getattr(declared, "message_count", 0) or 0)
+        if self._set_prefetch is not None:
+            await self._set_prefetch(1)
+        # exclusive (the default): a second instance of a routing role would break per-object
+        # ordering; services whose requests are independent (the fence API) share their queue
+        self._tag = await self.queue.consume(self._on_message, exclusive=self.exclusive)
+        channel = getattr(self.queue, "channel", None)
+        if channel is not None:  # a real queue (the unit tests' fake has none)
+            underlay = await channel.get_underlay_channel()
+            underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+
+    async def _without_predecessor(self) -> Any:
+        """Polls the queue (passive declares) until it has no consumer, or PREDECESSOR_WAIT_S
+        passed (then it says so and goes on); the last declare-ok (None without a channel)."""
+        channel = getattr(self.queue, "channel", None)
+        if channel is None:  # the unit tests' fake queue
+            return None
+        started = time.monotonic()
+        while True:
+            declared = (await channel.declare_queue(self.queue.name, passive=True)).declaration_result
+            consumers = int(getattr(declared, "consumer_count", 0) or 0)
+            waited = time.monotonic() - started
+            if not consumers:
+                if waited > 0.05:
+                    log.info("%s: the previous consumer was dropped after %.2fs; consuming", self.queue.name,
+                             waited)
+                return declared
+            if waited > self.PREDECESSOR_WAIT_S:
+                log.warning("%s still has %d consumer(s) after %.0fs: consuming anyway (the order of its "
+                            "returned messages is not guaranteed)", self.queue.name, consumers, waited)
+                return declared
+            await asyncio.sleep(0.05)
+
+    async def _on_cancel(self, frame: Basic.Cancel) -> None:
+        if frame.consumer_tag == self._tag:
+            log.warning("the broker cancelled the consumer of %s", self.queue.name)
+            self.cancelled.set()
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self.received += 1
+        self._buf.append(message)
+        self._ready.set()
+        if getattr(message, "redelivered", False):
+            if self._fresh_seen:
+                self.late_returns += 1
+                if self.late_returns == 1:
+                    log.warning("%s: a returned message came behind a first delivery (the broker gave "
+                                "back a dead consumer's messages late): order is not guaranteed here",
+                                self.queue.name)
+        else:
+            self._fresh_seen = True
+        if not self._opened and delivery_count(message) < SUSPECT_DELIVERIES:
+            self._opened = True
+            self.current_prefetch = self.prefetch
+            self._want = self.prefetch  # applied between batches (see _switch_consumer)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._ready.set()
+        if self._tag is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.queue.cancel(self._tag), 5)
+
+    async def batches(self) -> AsyncIterator[list[AbstractIncomingMessage]]:
+        while True:
+            await self._switch_consumer()
+            if not self._buf:
+                if self._stopping:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            await asyncio.sleep(0)  # let deliveries already read from the socket land
+            if delivery_count(self._buf[0]) >= SUSPECT_DELIVERIES:
+                self.suspects += 1
+                yield [self._buf.popleft()]
+                continue
+            n = 1
+            limit = min(len(self._buf), self.max_batch)
+            while n < limit and delivery_count(self._buf[n]) < SUSPECT_DELIVERIES:
+                n += 1
+            yield [self._buf.popleft() for _ in range(n)]
+
+
+def reason_of(exc: Exception, what: str) -> str:
+    """The dead-letter reason for an input a role could not decode."""
+    return exc.reason if isinstance(exc, InvalidMessage) else f"malformed {what}: {exc}"
+
+
+class SidecarFault(RuntimeError):
+    """A batch failed for a reason that is not the broker's: the process ends (crash-only:
+    its state is rebuilt from durable sources at the restart) and the input comes back."""
+
+
+async def run_batches(intake: Intake, handle: Callable[[list[AbstractIncomingMessage]], Awaitable[None]],
+                      counters: Counters, dead_letters: AbstractExchange | None = None) -> None:
+    """The loop of one input queue: each batch handled, then settled.
+
+    A handler that raises (a bug, not bad input: bad input is dead-lettered by the handler)
+    ends the process unsettled. Its messages come back, and once they are suspects (see
+    Intake) one at a time: a suspect the handler fails on alone is the culprit, and goes to
+    `dead_letters` with the error as its reason before the process ends."""
+    async for messages in intake.batches():
+        counters.batch(len(messages))
+        try:
+            async with settle(messages):
+                await handle(messages)
+        except BROKER_GONE:
+            raise
+        except Exception as exc:
+            if isinstance(exc, ExceptionGroup) and exc.subgroup(BROKER_GONE) is not None:
+                raise
+            log.error("a batch of %d from %s failed: %r", len(messages), intake.queue.name, exc,
+                      exc_info=exc)
+            m = messages[0]
+            if len(messages) == 1 and delivery_count(m) >= SUSPECT_DELIVERIES and dead_letters is not None:
+                reason = (f"internal error on delivery {delivery_count(m) + 1}: {exc!r} "
+                          "(the sidecar failed on this message alone)")
+                await publish.publish_all(
+                    [publish.dead_letter(dead_letters, m, reason, intake.queue.name, counters)], counters)
+                await m.ack()
+            raise SidecarFault(f"{intake.queue.name}: {exc!r}") from exc
+
+
+@contextlib.asynccontextmanager
+async def settle(messages: Sequence[AbstractIncomingMessage]) -> AsyncIterator[None]:
+    """Ack in one place: after the block (and everything it published) succeeded. If the
+    broker went away nothing is acked: the messages come back to the next session."""
+    yield
+    if messages:
+        try:
+            await messages[-1].ack(multiple=True)
+        except Exception as exc:  # the channel or connection went away under the ack
+            raise ConnectionError(f"ack failed: {exc!r}") from exc
