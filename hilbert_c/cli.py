@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import hilbert_c as hk
+
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     sub = parser.add_subparsers(dest="kernel_command", required=True)
@@ -26,8 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import hilbert_c as hk
-
     try:
         if args.kernel_command == "encode":
             if args.cell:

@@ -10,9 +10,9 @@ import inspect
 import pytest
 
 from exchanges import shell
-from exchanges.geo_sidecar import GeoSidecar
+from exchanges.x_geo.sidecar import GeoSidecar
 from fence.archive import Archiver
-from fence.sidecar import FenceSidecar
+from fence.x_fence.sidecar import FenceSidecar
 from ingress.sidecar import IngressSidecar
 
 CONFIG = shell.SidecarConfig("x-geo", "a", "amqp://t@localhost/", "postgresql://t@localhost/",
