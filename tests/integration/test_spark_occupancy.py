@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 
 from deploy.local_stack import ConnectionSettings
-from spark_jobs import occupancy
+from spark_jobs import occupancy, occupancy_core
 from spark_jobs.occupancy_reference import Event, Result, compute, epoch
 from spark_jobs.session import JobConfig
 
@@ -235,29 +235,30 @@ async def test_a_day_without_data_and_a_failed_run(
 def test_the_core_gives_the_same_rows_in_chunks() -> None:
     events = generate(seed=5)
     window = occupancy.Window(DAYS[-1], len(DAYS))
-    plan = occupancy.Plan(window.w0, window.days)
+    plan = occupancy_core.Plan(window.w0, window.days)
     inside = [e for e in events if window.w0 <= e.t < window.w1]
     rows = pa.table({
         "fence_id": [e.fence_id for e in inside], "object_id": [e.object_id for e in inside],
         "kind": pa.array(np.zeros(len(inside)), pa.int16()), "enter": [e.event == "enter" for e in inside],
         "t": [e.t for e in inside], "ts": [e.ts for e in inside]})
-    chunks = list(occupancy.fence_chunks(rows, plan, events=40))
+    chunks = list(occupancy_core.fence_chunks(rows, plan, events=40))
     assert len(chunks) > 2 and sum(c.num_rows for c in chunks) == rows.num_rows
 
     def normal(table: pa.Table) -> list[tuple[Any, ...]]:
         rows = table.to_pylist()
         events = [0] * len(DAYS)  # the events of a day: one row per chunk, summed by the job
         for r in rows:
-            if r["kind"] == occupancy.DAY_EVENTS:
+            if r["kind"] == occupancy_core.DAY_EVENTS:
                 events[r["day"]] += r["events"]
         rest = (tuple(round(v, 9) if isinstance(v, float) else v for v in r.values())
-                for r in rows if r["kind"] != occupancy.DAY_EVENTS)
+                for r in rows if r["kind"] != occupancy_core.DAY_EVENTS)
         return [tuple(events), *sorted(rest, key=repr)]
 
-    whole = occupancy.analyse(rows, plan)
-    assert normal(pa.concat_tables([occupancy.analyse(c, plan) for c in chunks])) == normal(whole)
-    assert {r["kind"] for r in whole.to_pylist()} == {occupancy.HOURLY, occupancy.OPEN, occupancy.DAY_EVENTS,
-                                                     occupancy.BUSIEST, occupancy.FORECAST}
+    whole = occupancy_core.analyse(rows, plan)
+    assert normal(pa.concat_tables([occupancy_core.analyse(c, plan) for c in chunks])) == normal(whole)
+    assert {r["kind"] for r in whole.to_pylist()} == {occupancy_core.HOURLY, occupancy_core.OPEN,
+                                                     occupancy_core.DAY_EVENTS, occupancy_core.BUSIEST,
+                                                     occupancy_core.FORECAST}
 
 
 async def test_ids_with_quotes_commas_braces_and_newlines_survive_both_copies(
