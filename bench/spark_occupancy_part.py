@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from deploy.migrate import MIGRATIONS_DIR
 from spark_jobs import occupancy
 from spark_jobs.session import JobConfig, check_schema
 
@@ -208,7 +209,7 @@ async def _prepare(dsn: str, schema: str, ev: Events, progress: Progress) -> Non
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await occupancy.create_tables(conn, schema)
+        await occupancy.create_tables(conn, schema, MIGRATIONS_DIR)
         # the job reads by the BRIN indexes only: without the B-trees (event_id's primary key
         # above all: random keys) the COPY is several times faster, and the job the same
         for name, how in await conn.fetch(

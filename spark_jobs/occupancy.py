@@ -468,16 +468,16 @@ async def _unstage(dsn: str, schema: str, run_id: str) -> None:
         await conn.close()
 
 
-async def create_tables(conn: Any, schema: str) -> None:
+async def create_tables(conn: Any, schema: str, migrations_dir: Path) -> None:
     """For tests and benchmarks: in `schema`, a copy of public.fence_event (clone_schema) and
-    this job's tables and indexes, made by the job's migration itself."""
-    from deploy.migrate import MIGRATIONS_DIR
-
+    this job's tables and indexes, made by the job's migrations (MIGRATIONS) themselves, read
+    from `migrations_dir`: the project's, deploy.migrate.MIGRATIONS_DIR, which the caller passes
+    (the job does not import deploy)."""
     await clone_schema(conn, schema, ("fence_event",))
     async with conn.transaction():
         await conn.execute(f'SET LOCAL search_path TO "{check_schema(schema)}"')
         for name in MIGRATIONS:
-            await conn.execute((MIGRATIONS_DIR / name).read_text())
+            await conn.execute((migrations_dir / name).read_text())
 
 
 # ---------------------------------------------------------------- command line

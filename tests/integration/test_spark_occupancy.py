@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 
 from deploy.local_stack import ConnectionSettings
+from deploy.migrate import MIGRATIONS_DIR
 from spark_jobs import occupancy
 from spark_jobs.occupancy_reference import Event, compute, epoch
 from spark_jobs.session import JobConfig
@@ -59,7 +60,7 @@ async def tables(conn: Any, schema: str) -> dict[str, list[tuple[Any, ...]]]:
 async def db(stack: ConnectionSettings, pg_schema: str) -> Any:
     conn = await asyncpg.connect(stack["postgres"]["dsn"])
     try:
-        await occupancy.create_tables(conn, pg_schema)
+        await occupancy.create_tables(conn, pg_schema, MIGRATIONS_DIR)
         yield conn
     finally:
         await conn.close()
