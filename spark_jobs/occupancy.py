@@ -74,7 +74,7 @@ import io
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -495,9 +495,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "occupancy-analyt
                         help="tasks, each reading a share of the fences (default: twice the cores)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, env: Mapping[str, str] | None = None,
+        also_known: Iterable[str] = ()) -> int:
+    """The job as the command line asks; settings from `env` (default: the process's) as
+    JobConfig.from_env reads them (`also_known`: the launcher's own GEOFENCE_* keys)."""
     try:
-        cfg = JobConfig.from_env(master=args.master, partitions=args.partitions)
+        cfg = JobConfig.from_env(env, also_known=also_known, master=args.master, partitions=args.partitions)
         day = args.day or dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)
         window = Window(day, args.days)
         check_schema(args.schema)

@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from deploy import spark_cmd
 from deploy.local_stack import ConnectionSettings
 from deploy.migrate import MIGRATIONS_DIR
 from spark_jobs import occupancy
@@ -113,10 +114,10 @@ async def test_day_by_day_equals_one_pass_and_a_late_event_is_taken_by_a_rerun(
     at_nine = epoch(DAYS[1]) + 9 * 3600
     late = Event("late-leave", "park", "parked", "leave", at_nine, at_nine + 7)
     await insert(db, pg_schema, [late])
-    parser = argparse.ArgumentParser()
-    occupancy.add_arguments(parser, "occupancy-analytics")
+    parser = argparse.ArgumentParser()  # as `geofence spark occupancy-analytics` runs it
+    spark_cmd.add_arguments(parser, "occupancy-analytics")
     args = parser.parse_args(["--day", DAYS[1].isoformat(), "--schema", pg_schema, "--master", "local[2]"])
-    assert await asyncio.to_thread(occupancy.run, args) == 0
+    assert await asyncio.to_thread(spark_cmd.run, args) == 0
     after = await tables(db, pg_schema)
     assert_matches(after, compute([*events, late], DAYS[0], DAYS[-1]), [DAYS[1]])
     for name, rows in before.items():  # the other days are as they were
