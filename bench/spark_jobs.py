@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from deploy.spark_cmd import job_config
 from exchanges.worldmap import AREA
 from spark_jobs import rebuild_bindings
 from spark_jobs.session import JobConfig, clone_schema, spark_session
@@ -142,7 +143,7 @@ def main() -> int:
             rc = rc or done.returncode
         print("\n".join(["", "SUMMARY spark_jobs (" + a.master + "):", *summaries]), flush=True)
         return rc
-    cfg = JobConfig.from_env(master=a.master)
+    cfg = job_config(master=a.master)  # the local stack's URLs unless GEOFENCE_*_URL are set
     print(f"bench: master {a.master}, {os.cpu_count()} cores, {cfg.masked()}", flush=True)
     lines = []
     ok = True

@@ -36,8 +36,10 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from deploy.migrate import MIGRATIONS_DIR
+from deploy.spark_cmd import job_config
 from spark_jobs import occupancy
-from spark_jobs.session import JobConfig, check_schema
+from spark_jobs.session import check_schema
 
 TARGET_EVENTS_PER_S = 500_000.0
 DAYS = 7
@@ -208,7 +210,7 @@ async def _prepare(dsn: str, schema: str, ev: Events, progress: Progress) -> Non
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await occupancy.create_tables(conn, schema)
+        await occupancy.create_tables(conn, schema, MIGRATIONS_DIR)
         # the job reads by the BRIN indexes only: without the B-trees (event_id's primary key
         # above all: random keys) the COPY is several times faster, and the job the same
         for name, how in await conn.fetch(
@@ -237,7 +239,7 @@ def bench_occupancy(events: int, schema: str, master: str, *, days: int = DAYS, 
     events, wall_s (the whole run, starting Spark included unless a session was running),
     events_per_s, the phases, rows written, the target and whether it was met."""
     check_schema(schema)
-    cfg = JobConfig.from_env(master=master, partitions=partitions or None)
+    cfg = job_config(master=master, partitions=partitions or None)
     progress = Progress(f"occupancy-analytics {events:,} events")
     progress.show("generating")
     t = time.perf_counter()

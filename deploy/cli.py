@@ -48,11 +48,12 @@ INSPECT_TARGETS: dict[str, tuple[str, str]] = {
     "ring": ("deploy.inspect_cmd", "the consistent-hash ring: workers, shares, a fence's worker"),
     "worldmap": ("deploy.inspect_cmd", "the worldmap: which Hilbert intervals each region owns"),
 }
-# `geofence spark JOB`: the nightly jobs (each also a spark-submit entry point)
+# `geofence spark JOB`: the nightly jobs (each also a spark-submit entry point), launched by
+# deploy.spark_cmd with the local stack's settings
 SPARK_JOBS: dict[str, tuple[str, str]] = {
-    "rebuild-bindings": ("spark_jobs.rebuild_bindings",
+    "rebuild-bindings": ("deploy.spark_cmd",
                          "recompute every fence's covering, repair live bindings, re-split the worldmap"),
-    "occupancy-analytics": ("spark_jobs.occupancy",
+    "occupancy-analytics": ("deploy.spark_cmd",
                             "per fence and hour: entries, exits, occupancy, dwell; busiest hours; forecast"),
 }
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"inspect": INSPECT_TARGETS, "spark": SPARK_JOBS}

@@ -31,7 +31,7 @@ import asyncio
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -113,6 +113,9 @@ class Job:
         self.first_diff: dict[str, int] = {}  # the first pass's differences, per action
         if self.live_apply and self.schema != "public":
             raise SystemExit("changes can only be applied to the live tables: use --dry-run with --schema")
+        if self.live_apply and not cfg.amqp_url:
+            raise SystemExit("applying changes needs GEOFENCE_AMQP_URL (the fence-manager user): set it, "
+                             "or use --dry-run")
 
     def say(self, text: str) -> None:
         if not self.args.quiet:
@@ -407,8 +410,11 @@ def _same(live: Any, new: Any) -> bool:
     return bool(core.to_bytes(live.ranges, live.interior) == core.to_bytes(*new))
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = JobConfig.from_env(master=args.master, partitions=args.partitions)
+def run(args: argparse.Namespace, env: Mapping[str, str] | None = None,
+        also_known: Iterable[str] = ()) -> int:
+    """The job as the command line asks; settings from `env` (default: the process's) as
+    JobConfig.from_env reads them (`also_known`: the launcher's own GEOFENCE_* keys)."""
+    cfg = JobConfig.from_env(env, also_known=also_known, master=args.master, partitions=args.partitions)
     spark = spark_session(cfg, "geofence-rebuild-bindings")
     try:
         report = Job(cfg, args).run(spark)

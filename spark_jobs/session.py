@@ -1,5 +1,10 @@
 """What every nightly job shares: its configuration, the Spark session and JDBC access.
 
+The configuration comes from the environment only (GEOFENCE_POSTGRES_URL, GEOFENCE_AMQP_URL,
+GEOFENCE_REGIONS, GEOFENCE_WORKERS and the Spark keys), as the systemd units set it; a job
+knows nothing of the local stack. Whoever launches a job from deploy/ (`geofence spark`,
+deploy/spark_cmd.py) puts the local stack's URLs in that environment.
+
 Trade-off: the jobs read and write PostgreSQL over JDBC (Debian's libpostgresql-jdbc-java,
 passed as spark.jars), so the executors do the I/O in parallel and nothing but small results
 goes through the driver; the driver uses asyncpg only for the few statements JDBC cannot do
@@ -12,17 +17,20 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
+
+from exchanges import topology as t
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"  # Debian's libpostgresql-jdbc-java
-ENV_KEYS = ("GEOFENCE_POSTGRES_URL", "GEOFENCE_AMQP_URL", "GEOFENCE_SPARK_MASTER", "GEOFENCE_JDBC_JAR",
-            "GEOFENCE_SPARK_PARTITIONS")
+ENV_KEYS = ("GEOFENCE_POSTGRES_URL", "GEOFENCE_AMQP_URL", "GEOFENCE_REGIONS", "GEOFENCE_WORKERS",
+            "GEOFENCE_SPARK_MASTER", "GEOFENCE_JDBC_JAR", "GEOFENCE_SPARK_PARTITIONS")
+SPARK_PREFIX = "GEOFENCE_SPARK_"  # the jobs' own namespace: only ENV_KEYS' keys start with it
 
 
 class ConfigError(ValueError):
@@ -40,42 +48,41 @@ class JobConfig:
     workers: tuple[str, ...] = field(default=())
 
     @staticmethod
-    def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> JobConfig:
-        """From GEOFENCE_* variables, else the local stack's settings; `overrides` (command-line
-        flags) win. Unknown GEOFENCE_SPARK_* keys are refused, so a typo is not ignored."""
+    def from_env(env: Mapping[str, str] | None = None, *, also_known: Iterable[str] = (),
+                 **overrides: Any) -> JobConfig:
+        """From the GEOFENCE_* variables of `env` (default: the process's); `overrides`
+        (command-line flags) win. Regions and workers default to the topology's. A GEOFENCE_*
+        key that is neither the job's (ENV_KEYS), a sidecar's (one file may serve both) nor in
+        `also_known` (the launcher's own keys) is refused, so a typo is not ignored."""
         env = os.environ if env is None else env
-        unknown = sorted(k for k in env if k.startswith("GEOFENCE_SPARK_") and k not in ENV_KEYS)
+        known = {*ENV_KEYS, *t.SIDECAR_ENV_KEYS, *also_known}
+        unknown = sorted(k for k in env if k.startswith("GEOFENCE_") and k not in known)
         if unknown:
             raise ConfigError(f"unknown settings {', '.join(unknown)}; known: {', '.join(ENV_KEYS)}")
-        from deploy import local_stack as ls
-        from exchanges import topology as t
-
-        # the stack's settings (regions, workers, ports) from the same environment, less the
-        # keys that are the job's own (the stack refuses keys it does not know)
-        settings = ls.Settings.from_env({k: v for k, v in env.items()
-                                         if k not in ENV_KEYS or k in t.SIDECAR_ENV_KEYS})
-        pg, amqp = env.get("GEOFENCE_POSTGRES_URL", ""), env.get("GEOFENCE_AMQP_URL", "")
-        if not (pg and amqp):
-            pw = ls.load_secrets(settings)
-            pg = pg or ls.postgres_dsn(settings, pw.postgres_password)
-            amqp = amqp or ls.amqp_url(settings, pw.users[t.MANAGER_USER], "/", t.MANAGER_USER)
         try:
             partitions = int(env.get("GEOFENCE_SPARK_PARTITIONS", "0"))
         except ValueError:
             raise ConfigError("GEOFENCE_SPARK_PARTITIONS must be an integer") from None
         values: dict[str, Any] = {
-            "postgres_url": pg, "amqp_url": amqp,
+            "postgres_url": env.get("GEOFENCE_POSTGRES_URL", ""),
+            "amqp_url": env.get("GEOFENCE_AMQP_URL", ""),
             "master": env.get("GEOFENCE_SPARK_MASTER", ""),
             "jdbc_jar": env.get("GEOFENCE_JDBC_JAR", DEFAULT_JDBC_JAR),
             "partitions": partitions,
-            "regions": tuple(settings.regions), "workers": tuple(settings.workers),
+            "regions": t.Topology.regions, "workers": t.Topology.workers,
         }
+        for key, name in (("GEOFENCE_REGIONS", "regions"), ("GEOFENCE_WORKERS", "workers")):
+            if key in env:
+                values[name] = tuple(n.strip() for n in env[key].split(","))
         values.update({k: v for k, v in overrides.items() if v is not None})
         cfg = JobConfig(**values)
         cfg.check()
         return cfg
 
     def check(self) -> None:
+        if not self.postgres_url:
+            raise ConfigError("no PostgreSQL URL: set GEOFENCE_POSTGRES_URL (`geofence spark` takes the "
+                              "local stack's)")
         if not self.postgres_url.startswith(("postgresql://", "postgres://")):
             raise ConfigError("the PostgreSQL URL must be postgresql://user:password@host:port/db")
         if self.partitions < 0:
@@ -83,6 +90,10 @@ class JobConfig:
         if not os.path.exists(self.jdbc_jar) and "://" not in self.jdbc_jar:
             raise ConfigError(f"no JDBC driver at {self.jdbc_jar}: install libpostgresql-jdbc-java "
                               "(bash deploy/setup.sh does) or set GEOFENCE_JDBC_JAR")
+        try:
+            t.Topology(self.regions, self.workers)
+        except ValueError as exc:
+            raise ConfigError(f"GEOFENCE_REGIONS / GEOFENCE_WORKERS: {exc}") from None
 
     def masked(self) -> str:
         master = self.master or "spark-submit's or local[*]"

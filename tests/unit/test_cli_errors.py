@@ -11,7 +11,7 @@ from deploy import cli
 COMMANDS = [["status"], ["device", "list"], ["topology", "show"], ["fence", "list"], ["fence", "show", "f1"],
             ["fence", "add", "/nonexistent.geojson"], ["fence", "remove", "f1"], ["inspect", "object", "o1"],
             ["inspect", "fence", "f1"], ["inspect", "ring"], ["inspect", "worldmap"], ["inspect", "topology"],
-            ["dlq", "list"]]
+            ["dlq", "list"], ["spark", "rebuild-bindings"], ["spark", "occupancy-analytics"]]
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)

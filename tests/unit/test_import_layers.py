@@ -90,7 +90,8 @@ def test_no_function_level_import_of_the_project() -> None:
             rel = str(path.relative_to(ROOT))
             found += [f"{rel}:{line} imports {name}" for name, line, inside in project_imports(path)
                       if inside and (rel, name) not in LAZY]
-    assert found == [], "imports inside functions (move them up, or list the reason in LAZY):\n" + "\n".join(found)
+    assert found == [], ("imports inside functions (move them up, or list the reason in LAZY):\n"
+                         + "\n".join(found))
 
 
 @pytest.mark.parametrize("key", sorted(LAZY))

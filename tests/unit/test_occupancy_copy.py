@@ -10,7 +10,7 @@ import math
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from spark_jobs import occupancy
+from spark_jobs import occupancy, occupancy_core
 
 
 def test_copy_csv_is_parsed_with_nulls_empty_strings_infinities_and_quotes_told_apart() -> None:
@@ -38,10 +38,11 @@ def test_object_lists_become_text_array_literals_every_element_quoted() -> None:
 
 
 def test_staged_rows_are_the_tables_columns_with_dates_and_exact_floats() -> None:
-    out = occupancy._table(2, kind=occupancy.HOURLY, fence_id=pa.array(["cafe", "a,b"]),
-                           day=pa.array([0, 2], pa.int32()), hour=pa.array([9, 23], pa.int16()),
-                           entries=[1, 0], exits=[0, 1], mean_occupancy=[1 / 3, 0.1], peak_occupancy=[1, 1],
-                           stays=[1, 0], dwell_p50_s=[12.5, float("nan")], dwell_p90_s=[12.5, float("nan")])
+    out = occupancy_core.core_table(
+        2, kind=occupancy_core.HOURLY, fence_id=pa.array(["cafe", "a,b"]), day=pa.array([0, 2], pa.int32()),
+        hour=pa.array([9, 23], pa.int16()), entries=[1, 0], exits=[0, 1], mean_occupancy=[1 / 3, 0.1],
+        peak_occupancy=[1, 1], stays=[1, 0], dwell_p50_s=[12.5, float("nan")],
+        dwell_p90_s=[12.5, float("nan")])
     columns, data = occupancy.stage_csv(out, "occupancy_hourly", dt.date(2024, 3, 4), "run-1", "3.1")
     assert columns == ["run_id", "task", "fence_id", "day", "hour", "entries", "exits", "mean_occupancy",
                        "peak_occupancy", "stays", "dwell_p50_s", "dwell_p90_s"]
