@@ -47,7 +47,7 @@ from pamqp.commands import Basic
 
 from deploy import dead_letters as dl
 from exchanges import topology as t
-from exchanges.shell import mask_url
+from exchanges.settings import mask
 
 CONNECT_TIMEOUT_S = 10.0
 CONFIRM_TIMEOUT_S = 10.0
@@ -134,7 +134,7 @@ def targets(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     base = args.amqp_url or env.get("GEOFENCE_AMQP_URL")
     if base:
         if urlsplit(base).scheme not in ("amqp", "amqps"):
-            raise UsageError(f"{mask_url(base)!r} is not an amqp:// URL")
+            raise UsageError(f"{mask(base)!r} is not an amqp:// URL")
         return {v: vhost_url(base, v) for v in wanted}
     try:
         conn = ls.load_connection_settings(settings)
@@ -157,11 +157,11 @@ async def connect(url: str, vhost: str) -> AbstractConnection:
         return await aio_pika.connect(url, timeout=CONNECT_TIMEOUT_S)
     except (aiormq.exceptions.ProbableAuthenticationError, aiormq.exceptions.AuthenticationError,
             aiormq.exceptions.ConnectionNotAllowed) as exc:  # refused login, unknown vhost
-        raise Unavailable(f"{vhost}: the broker refused the login {mask_url(url)} "
+        raise Unavailable(f"{vhost}: the broker refused the login {mask(url)} "
                           f"({_scrub(str(exc), url) or type(exc).__name__})") from None
     except (*BROKER_GONE, aiormq.exceptions.AMQPError) as exc:
         why = _scrub(str(exc), url) or type(exc).__name__
-        raise Unavailable(f"cannot connect to {mask_url(url)} ({why}): is the stack up? "
+        raise Unavailable(f"cannot connect to {mask(url)} ({why}): is the stack up? "
                           "(`geofence status`; `geofence up` starts it)") from None
 
 

@@ -28,6 +28,7 @@ import uvicorn
 
 from exchanges import shell
 from exchanges import topology as t
+from exchanges.settings import positive
 from fence.api import create_app
 from fence.auth import FirebaseVerifier
 from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
@@ -59,7 +60,7 @@ class ApiConfig:
         if env.get("GEOFENCE_API_HOST"):
             kw["host"] = env["GEOFENCE_API_HOST"]
         if env.get("GEOFENCE_API_PORT"):
-            port = shell._positive("GEOFENCE_API_PORT", env["GEOFENCE_API_PORT"], int)
+            port = positive("GEOFENCE_API_PORT", env["GEOFENCE_API_PORT"], int)
             if port > 65535:
                 raise shell.ConfigError(f"GEOFENCE_API_PORT={port}: not a TCP port")
             kw["port"] = port

@@ -87,10 +87,10 @@ import pyarrow.csv as pcsv
 if __package__ in (None, ""):  # spark-submit spark_jobs/occupancy.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from exchanges.settings import ConfigError
 from spark_jobs import occupancy_core as core
 from spark_jobs.occupancy_reference import DAY_S, LOOKBACK_DAYS, epoch
 from spark_jobs.session import (
-    ConfigError,
     JobConfig,
     check_schema,
     clone_schema,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from exchanges import topology as t
+from exchanges.settings import ConfigError, given, mask
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -32,9 +33,6 @@ ENV_KEYS = ("GEOFENCE_POSTGRES_URL", "GEOFENCE_AMQP_URL", "GEOFENCE_REGIONS", "G
             "GEOFENCE_SPARK_MASTER", "GEOFENCE_JDBC_JAR", "GEOFENCE_SPARK_PARTITIONS")
 SPARK_PREFIX = "GEOFENCE_SPARK_"  # the jobs' own namespace: only ENV_KEYS' keys start with it
 
-
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -54,11 +52,7 @@ class JobConfig:
         (command-line flags) win. Regions and workers default to the topology's. A GEOFENCE_*
         key that is neither the job's (ENV_KEYS), a sidecar's (one file may serve both) nor in
         `also_known` (the launcher's own keys) is refused, so a typo is not ignored."""
-        env = os.environ if env is None else env
-        known = {*ENV_KEYS, *t.SIDECAR_ENV_KEYS, *also_known}
-        unknown = sorted(k for k in env if k.startswith("GEOFENCE_") and k not in known)
-        if unknown:
-            raise ConfigError(f"unknown settings {', '.join(unknown)}; known: {', '.join(ENV_KEYS)}")
+        env = given(env, {*ENV_KEYS, *t.SIDECAR_ENV_KEYS, *also_known})
         try:
             partitions = int(env.get("GEOFENCE_SPARK_PARTITIONS", "0"))
         except ValueError:
@@ -100,12 +94,6 @@ class JobConfig:
         return (f"postgres={mask(self.postgres_url)} amqp={mask(self.amqp_url)} master={master} "
                 f"jdbc={self.jdbc_jar}")
 
-
-def mask(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return url.replace(f":{parts.password}@", ":****@", 1)
 
 
 @dataclass(frozen=True)

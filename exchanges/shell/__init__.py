@@ -3,7 +3,7 @@ dead-lettering, lifecycle. The roles' shells (ingress/sidecar.py, exchanges/x_ge
 fence/x_fence/sidecar.py) only decode, call their core, publish what it returns and settle.
 
 One module per concept, each with its invariants:
-- config: `SidecarConfig` from the GEOFENCE_* variables, `ConfigError`, `mask_url`;
+- config: `SidecarConfig` from the GEOFENCE_* variables (through exchanges/settings.py), `ConfigError`;
 - counters: `Counters`, `reason_key`;
 - connections: connections and channels, `InstanceLock`, `connection_lost`, `BROKER_GONE`,
   `Backoff`;
@@ -20,8 +20,8 @@ not the package's own (`run_batches` calls `publish.publish_all`): patch the mod
 caller looks the name up in.
 """
 
-from exchanges.shell.config import ENV_KEYS, ConfigError, SidecarConfig, mask_url, setup_logging
-from exchanges.shell.config import _positive as _positive  # fence/api_server.py: its port
+from exchanges.settings import ConfigError
+from exchanges.shell.config import ENV_KEYS, SidecarConfig, setup_logging
 from exchanges.shell.connections import (
     BROKER_GONE,
     Backoff,
@@ -77,7 +77,6 @@ __all__ = [
     "dead_letter",
     "delivery_count",
     "install_signal_handlers",
-    "mask_url",
     "open_channel",
     "open_connection",
     "periodic",

@@ -6,44 +6,26 @@ Invariants:
   naming the variable: an unknown GEOFENCE_* key (a typo is refused, not ignored), a missing
   or non-amqp/postgresql URL, a number that is not positive, a relative journal directory, a
   topology (regions, workers) that does not hold.
-- A password never reaches a log line or an error: every URL shown goes through `mask_url`.
+- A password never reaches a log line or an error: every URL shown goes through `mask`
+  (exchanges/settings.py, the one settings system every process uses).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from exchanges import topology as t
+from exchanges.settings import ConfigError, given, mask, positive
 
 ENV_KEYS = t.SIDECAR_ENV_KEYS
 
 
-class ConfigError(ValueError):
-    pass
 
-
-def mask_url(url: str) -> str:
-    """The URL with its password hidden, in the userinfo and in a ?password= parameter."""
-    parts = urlsplit(url)
-    if parts.password is not None:
-        url = url.replace(f":{parts.password}@", ":****@", 1)
-    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1****", url)
-
-
-def _positive(key: str, raw: str, kind: type[int] | type[float]) -> Any:
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise ConfigError(f"{key}={raw!r}: not a number") from None
-    if not value > 0:
-        raise ConfigError(f"{key}={raw!r}: must be positive")
-    return value
 
 
 @dataclass(frozen=True)
@@ -75,42 +57,37 @@ class SidecarConfig:
     @classmethod
     def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,
                  also_known: Iterable[str] = ()) -> SidecarConfig:
-        env = os.environ if environ is None else environ
-        given = {k: v for k, v in env.items() if k.startswith("GEOFENCE_")}
-        unknown = sorted(set(given) - set(ENV_KEYS) - set(also_known))
-        if unknown:
-            raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
-                              f"{', '.join(unknown)}; known: {', '.join(ENV_KEYS)}")
-        missing = [k for k in ("GEOFENCE_AMQP_URL", "GEOFENCE_POSTGRES_URL") if not given.get(k)]
+        env = given(environ, {*ENV_KEYS, *also_known})
+        missing = [k for k in ("GEOFENCE_AMQP_URL", "GEOFENCE_POSTGRES_URL") if not env.get(k)]
         if missing:
             raise ConfigError(f"{' and '.join(missing)} must be set "
                               "(`geofence status --json` shows the local stack's URLs)")
-        amqp = given["GEOFENCE_AMQP_URL"]
+        amqp = env["GEOFENCE_AMQP_URL"]
         if urlsplit(amqp).scheme not in ("amqp", "amqps"):
-            raise ConfigError(f"GEOFENCE_AMQP_URL={mask_url(amqp)!r}: not an amqp:// URL")
-        pg = given["GEOFENCE_POSTGRES_URL"]
+            raise ConfigError(f"GEOFENCE_AMQP_URL={mask(amqp)!r}: not an amqp:// URL")
+        pg = env["GEOFENCE_POSTGRES_URL"]
         if urlsplit(pg).scheme not in ("postgresql", "postgres"):
-            raise ConfigError(f"GEOFENCE_POSTGRES_URL={mask_url(pg)!r}: not a postgresql:// URL")
+            raise ConfigError(f"GEOFENCE_POSTGRES_URL={mask(pg)!r}: not a postgresql:// URL")
         kw: dict[str, Any] = {}
         for key, name in (("GEOFENCE_REGIONS", "regions"), ("GEOFENCE_WORKERS", "workers")):
-            if key in given:
-                kw[name] = tuple(n.strip() for n in given[key].split(","))
-        if "GEOFENCE_DRAIN_S" in given:
-            kw["drain_s"] = _positive("GEOFENCE_DRAIN_S", given["GEOFENCE_DRAIN_S"], float)
-        if "GEOFENCE_BATCH_MAX" in given:
-            kw["batch_max"] = _positive("GEOFENCE_BATCH_MAX", given["GEOFENCE_BATCH_MAX"], int)
-        if "GEOFENCE_PREFETCH" in given:
-            kw["prefetch"] = _positive("GEOFENCE_PREFETCH", given["GEOFENCE_PREFETCH"], int)
-        if "GEOFENCE_LOG_LEVEL" in given:
-            kw["log_level"] = given["GEOFENCE_LOG_LEVEL"].upper()
-        if given.get("GEOFENCE_JOURNAL_DIR"):
-            if not os.path.isabs(given["GEOFENCE_JOURNAL_DIR"]):
-                raise ConfigError(f"GEOFENCE_JOURNAL_DIR={given['GEOFENCE_JOURNAL_DIR']!r}: not absolute")
-            kw["journal_dir"] = given["GEOFENCE_JOURNAL_DIR"]
-        if "GEOFENCE_PERSISTENCE" in given:
-            value = given["GEOFENCE_PERSISTENCE"].strip().lower()
+            if key in env:
+                kw[name] = tuple(n.strip() for n in env[key].split(","))
+        if "GEOFENCE_DRAIN_S" in env:
+            kw["drain_s"] = positive("GEOFENCE_DRAIN_S", env["GEOFENCE_DRAIN_S"], float)
+        if "GEOFENCE_BATCH_MAX" in env:
+            kw["batch_max"] = positive("GEOFENCE_BATCH_MAX", env["GEOFENCE_BATCH_MAX"], int)
+        if "GEOFENCE_PREFETCH" in env:
+            kw["prefetch"] = positive("GEOFENCE_PREFETCH", env["GEOFENCE_PREFETCH"], int)
+        if "GEOFENCE_LOG_LEVEL" in env:
+            kw["log_level"] = env["GEOFENCE_LOG_LEVEL"].upper()
+        if env.get("GEOFENCE_JOURNAL_DIR"):
+            if not os.path.isabs(env["GEOFENCE_JOURNAL_DIR"]):
+                raise ConfigError(f"GEOFENCE_JOURNAL_DIR={env['GEOFENCE_JOURNAL_DIR']!r}: not absolute")
+            kw["journal_dir"] = env["GEOFENCE_JOURNAL_DIR"]
+        if "GEOFENCE_PERSISTENCE" in env:
+            value = env["GEOFENCE_PERSISTENCE"].strip().lower()
             if value not in ("on", "off"):
-                raise ConfigError(f"GEOFENCE_PERSISTENCE={given['GEOFENCE_PERSISTENCE']!r}: on or off")
+                raise ConfigError(f"GEOFENCE_PERSISTENCE={env['GEOFENCE_PERSISTENCE']!r}: on or off")
             kw["persistence"] = value == "on"
         config = cls(role, instance, amqp, pg, **kw)
         try:
@@ -136,7 +113,7 @@ class SidecarConfig:
         return urlunsplit(parts._replace(path="/" + quote(vhost, safe=""), query=q))
 
     def describe(self) -> str:
-        return (f"{self.name}: amqp {mask_url(self.amqp_url)}, postgres {mask_url(self.postgres_url)}, "
+        return (f"{self.name}: amqp {mask(self.amqp_url)}, postgres {mask(self.postgres_url)}, "
                 f"regions {','.join(self.regions)}, workers {','.join(self.workers)}, "
                 f"batch <= {self.batch_max}, prefetch {self.prefetch}, drain {self.drain_s:g}s"
                 + (f", journal {self.journal_dir}" if self.journal_dir else "")

@@ -17,7 +17,8 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from exchanges import shell
 from exchanges import topology as t
-from exchanges.shell import Backoff, ConfigError, Counters, Intake, SidecarConfig, mask_url, reason_key
+from exchanges.settings import mask
+from exchanges.shell import Backoff, ConfigError, Counters, Intake, SidecarConfig, reason_key
 
 AMQP = "amqp://geofence:amqp-s3cret@localhost:5672/"
 PG = "postgresql://geofence:pg-pa55word@localhost:5433/geofence"
@@ -42,13 +43,13 @@ def config(**env: str) -> SidecarConfig:
     ("amqp://user:@host/", "amqp://user:****@host/"),
 ])
 def test_mask_url_hides_the_password(url: str, masked: str) -> None:
-    assert mask_url(url) == masked
+    assert mask(url) == masked
 
 
 @pytest.mark.parametrize("url", ["amqp://user@host:5672/", "amqp://host/", "postgresql://localhost/geofence",
                                  "postgresql:///geofence?host=/run/pg", "not a url"])
 def test_mask_url_without_password_is_unchanged(url: str) -> None:
-    assert mask_url(url) == url
+    assert mask(url) == url
 
 
 # --------------------------------------------------------------------------- from_env

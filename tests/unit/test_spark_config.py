@@ -13,7 +13,8 @@ import pytest
 from deploy import cli, spark_cmd
 from deploy import local_stack as ls
 from exchanges import topology as t
-from spark_jobs.session import DEFAULT_JDBC_JAR, ConfigError, JobConfig
+from exchanges.settings import ConfigError
+from spark_jobs.session import DEFAULT_JDBC_JAR, JobConfig
 
 SPARK_JOBS_DIR = Path(__file__).resolve().parents[2] / "spark_jobs"
 
@@ -45,7 +46,7 @@ def test_flags_win_over_the_environment() -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("GEOFENCE_SPARK_MASTR", "local[*]", "unknown settings GEOFENCE_SPARK_MASTR"),
+    ("GEOFENCE_SPARK_MASTR", "local[*]", "unknown setting GEOFENCE_SPARK_MASTR"),
     ("GEOFENCE_SPARK_PARTITIONS", "many", "must be an integer"),
     ("GEOFENCE_SPARK_PARTITIONS", "-1", "partitions must be >= 0"),
     ("GEOFENCE_POSTGRES_URL", "mysql://x@y/z", "PostgreSQL URL"),
@@ -65,7 +66,7 @@ def test_the_job_reads_nothing_but_its_environment() -> None:
         JobConfig.from_env({**UNIT_ENV, "GEOFENCE_REGIONS": "a,,b"})
     # the local stack's keys are its launcher's: accepted when it says so, else refused
     stack_env = {**UNIT_ENV, "GEOFENCE_PG_PORT": "6543"}
-    with pytest.raises(ConfigError, match="unknown settings GEOFENCE_PG_PORT"):
+    with pytest.raises(ConfigError, match="unknown setting GEOFENCE_PG_PORT"):
         JobConfig.from_env(stack_env)
     assert JobConfig.from_env(stack_env, also_known=ls.ENV_KEYS).postgres_url == PG_URL
 
@@ -97,7 +98,7 @@ def test_geofence_spark_launches_each_job_and_refuses_a_typo(
     monkeypatch.setenv("GEOFENCE_SPARK_MASTR", "local[2]")
     assert cli.main(["spark", "occupancy-analytics", "--day", "2024-03-04"]) == 2
     err = capsys.readouterr().err
-    assert "unknown settings GEOFENCE_SPARK_MASTR" in err and "Traceback" not in err
+    assert "unknown setting GEOFENCE_SPARK_MASTR" in err and "Traceback" not in err
 
 
 def test_no_module_of_spark_jobs_imports_deploy() -> None:
