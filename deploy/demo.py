@@ -30,6 +30,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from deploy.settings import Settings, load_connection_settings
+
 OWNER = "demo"
 POI_RADIUS_M = 150.0
 TIMEOUT_S = 120.0  # a vehicle silent this long leaves its fences (timeout)
@@ -162,7 +164,6 @@ async def run_demo(args: argparse.Namespace) -> int:
     import aio_pika
     import numpy as np
 
-    from deploy import local_stack as ls
     from deploy import sidecars
     from deploy.osm_extract import OSM_CREDIT, road_network
     from deploy.traffic import Fleet
@@ -174,8 +175,8 @@ async def run_demo(args: argparse.Namespace) -> int:
         print(f"geofence demo: --rate in ({1 / TIMEOUT_S:.3f}, 20], --vehicles >= 1, --duration > 0",
               file=sys.stderr)
         return 2
-    settings = ls.Settings.from_env()
-    conn = ls.load_connection_settings(settings)
+    settings = Settings.from_env()
+    conn = load_connection_settings(settings)
     dead = [n for n, ok in sidecars.running(settings).items() if not ok]
     if dead:
         print(f"geofence demo: sidecar(s) {', '.join(dead)} not running: run `geofence up`", file=sys.stderr)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from deploy.local_stack import ConnectionSettings
+from deploy.settings import ConnectionSettings
 from spark_jobs import occupancy
 from spark_jobs.occupancy_reference import Event, Result, compute, epoch
 from spark_jobs.session import JobConfig
