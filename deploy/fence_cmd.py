@@ -20,6 +20,7 @@ import asyncpg
 
 from deploy.settings import Settings, amqp_url, load_secrets, postgres_dsn
 from exchanges import routing_store
+from exchanges import topology as t
 from exchanges.fence_def import InvalidFence, check_timeout
 from fence import store
 from fence.manager import FenceManager
@@ -72,8 +73,6 @@ def specs_from(path: str, fence_id: str | None, timeout: float | None) -> list[F
 
 def connection() -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     """(fence-manager AMQP URL, PostgreSQL URL, regions, workers)."""
-    from exchanges import topology as t
-
     settings = Settings.from_env()
     amqp, pg = os.environ.get("GEOFENCE_AMQP_URL"), os.environ.get("GEOFENCE_POSTGRES_URL")
     if not (amqp and pg):

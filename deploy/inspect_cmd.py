@@ -16,6 +16,7 @@ import aio_pika
 import numpy as np
 
 from deploy.settings import Settings, load_connection_settings
+from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
 from exchanges.control import INSPECT
@@ -76,8 +77,6 @@ async def _run(args: argparse.Namespace) -> Any:
                 "fences": {f: ring.nodes_for(f, len(ring.nodes)) for f in args.fence}}
     conn = load_connection_settings(settings)
     if target == "worldmap":
-        from exchanges import routing_store
-
         wm = await routing_store.read_worldmap(conn["postgres"]["dsn"])
         if wm is None:
             raise RuntimeError("no worldmap stored: run `geofence up`")
