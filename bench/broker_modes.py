@@ -38,8 +38,8 @@ import orjson
 import workload as wl
 
 import hilbert_c as hk
-from deploy.local_stack import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from deploy.rabbitmq import apply as rabbit
+from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.worldmap import AREA

@@ -15,9 +15,9 @@ import sys
 import time
 import uuid
 
-from deploy import local_stack as ls
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import device_bulk, devices
+from deploy.settings import Settings, load_secrets
 
 TARGET_S = 60.0
 
@@ -27,8 +27,8 @@ def main() -> int:
     ap_.add_argument("--devices", type=int, default=10_000)
     ap_.add_argument("--single", type=int, default=10, help="devices added one by one, for the ratio")
     args = ap_.parse_args()
-    settings = ls.Settings.from_env()
-    pw = ls.load_secrets(settings)
+    settings = Settings.from_env()
+    pw = load_secrets(settings)
     mgmt = ap.management(settings, pw)
     broker = device_bulk.Broker(mgmt.request)
     run = uuid.uuid4().hex[:6]

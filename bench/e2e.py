@@ -365,20 +365,20 @@ def mode_half(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes,
 
 def restart_pipeline(persistence: str) -> None:
     """`geofence up` with GEOFENCE_PERSISTENCE passed on: the sidecars run again with it."""
-    from deploy import local_stack as ls
     from deploy import sidecars
+    from deploy.settings import Settings, load_secrets
 
     os.environ["GEOFENCE_PERSISTENCE"] = persistence
-    settings = ls.Settings.from_env()
-    sidecars.up(settings, ls.load_secrets(settings), lambda line: None)
+    settings = Settings.from_env()
+    sidecars.up(settings, load_secrets(settings), lambda line: None)
 
 
 def journal_counters() -> dict[str, int]:
     """The x-fence workers' journal counters, summed (`geofence inspect worker`)."""
-    from deploy import local_stack as ls
+    from deploy.settings import Settings
 
     total: dict[str, int] = {}
-    for worker in ls.Settings.from_env().workers:
+    for worker in Settings.from_env().workers:
         done = subprocess.run([sys.executable, "-m", "deploy.cli", "inspect", "worker", worker, "--json"],
                               capture_output=True, text=True, timeout=60, check=True)
         counters = json.loads(done.stdout)["counters"]

@@ -18,7 +18,7 @@ import numpy as np
 from hilbertcurve.hilbertcurve import HilbertCurve
 
 import hilbert_c as hk
-from deploy.osm_extract import OSM_CREDIT, municipalities
+from deploy.demo.osm_extract import OSM_CREDIT, municipalities
 
 TARGETS = {
     "batch encode ns/pt": 10.0,

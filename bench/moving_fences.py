@@ -57,11 +57,13 @@ import httpx
 import numpy as np
 import orjson
 
+from deploy.processes import StackError, load_state
+from deploy.settings import ConnectionSettings, Settings, load_connection_settings
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e import Progress, table
 
-from deploy import local_stack as ls
 from deploy import sidecars
 from deploy.inspect_cmd import ask
 from exchanges import routing_store
@@ -107,8 +109,8 @@ def fmt(value: float, spec: str = ",.1f") -> str:
 
 @dataclass
 class Stack:
-    settings: ls.Settings
-    conn: ls.ConnectionSettings
+    settings: Settings
+    conn: ConnectionSettings
 
     @property
     def dsn(self) -> str:
@@ -141,8 +143,8 @@ class Stack:
         PostgreSQL (the postmaster and its backends), and "machine": the busy ticks of all
         cores (/proc/stat)."""
         records = dict(sidecars.load_records(self.settings))
-        with contextlib.suppress(OSError, ValueError, ls.StackError):
-            for name, svc in ls.load_state(self.settings.state_file).items():
+        with contextlib.suppress(OSError, ValueError, StackError):
+            for name, svc in load_state(self.settings.state_file).items():
                 if svc.process is not None and name in ("rabbitmq", "postgres"):
                     records[name] = {"pid": svc.process.pid, "start_ticks": svc.process.start_ticks}
         stats = {}
@@ -647,8 +649,8 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
 
 
 async def run(args: argparse.Namespace) -> int:
-    settings = ls.Settings.from_env()
-    stack = Stack(settings, ls.load_connection_settings(settings))
+    settings = Settings.from_env()
+    stack = Stack(settings, load_connection_settings(settings))
     rng = np.random.default_rng(args.seed)
     fleet = Fleet.make(args.fences, rng)
     status = ["connecting"]

@@ -18,10 +18,10 @@ from types import ModuleType
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("deploy.local_stack_cmd", "start the local stack (RabbitMQ, PostgreSQL, memcached)"),
-    "down": ("deploy.local_stack_cmd", "stop what `geofence up` started"),
-    "status": ("deploy.local_stack_cmd", "show the local stack; --json for connection settings"),
-    "demo": ("deploy.demo", "run the demo against the local stack"),
+    "up": ("deploy.stack_cmd", "start the local stack (RabbitMQ, PostgreSQL, memcached)"),
+    "down": ("deploy.stack_cmd", "stop what `geofence up` started"),
+    "status": ("deploy.stack_cmd", "show the local stack; --json for connection settings"),
+    "demo": ("deploy.demo.demo_cmd", "run the demo against the local stack"),
     "kernel": ("hilbert_c.cli", "Hilbert kernel tools: encode, decode, cover"),
     "topology": ("deploy.rabbitmq.commands", "the pipeline's RabbitMQ topology: apply, show"),
     "device": ("deploy.rabbitmq.commands", "device (MQTT) users: add, remove, list"),
@@ -90,7 +90,7 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, ModuleType |
 
 
 # Settings errors of every command (an unknown GEOFENCE_* key, a bad value): "module:class".
-SETTINGS_ERRORS = ("deploy.local_stack:SettingsError", "exchanges.shell:ConfigError")
+SETTINGS_ERRORS = ("deploy.settings:SettingsError", "exchanges.shell:ConfigError")
 
 
 def _settings_error(exc: BaseException) -> bool:

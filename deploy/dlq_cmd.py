@@ -46,6 +46,8 @@ from aio_pika.abc import (
 from pamqp.commands import Basic
 
 from deploy import dead_letters as dl
+from deploy.processes import StackError
+from deploy.settings import Settings, SettingsError, load_connection_settings
 from exchanges import topology as t
 from exchanges.settings import mask
 
@@ -118,12 +120,10 @@ def vhost_url(base: str, vhost: str) -> str:
 
 def targets(args: argparse.Namespace, environ: dict[str, str] | None = None) -> dict[str, str]:
     """{vhost: AMQP URL} for the vhosts asked for, in topology order."""
-    from deploy import local_stack as ls
-
     env = dict(os.environ) if environ is None else environ
     try:
-        settings = ls.Settings.from_env(env)
-    except ls.SettingsError as exc:
+        settings = Settings.from_env(env)
+    except SettingsError as exc:
         raise UsageError(str(exc)) from None
     vhosts = settings.topology.vhosts
     unknown = [v for v in args.vhost if v not in vhosts]
@@ -137,8 +137,8 @@ def targets(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
             raise UsageError(f"{mask(base)!r} is not an amqp:// URL")
         return {v: vhost_url(base, v) for v in wanted}
     try:
-        conn = ls.load_connection_settings(settings)
-    except ls.StackError as exc:
+        conn = load_connection_settings(settings)
+    except StackError as exc:
         raise Unavailable(f"the local stack is not set up ({exc}); start it with `geofence up`, "
                           "or pass --amqp-url for another broker") from None
     return {v: conn["amqp"][v] for v in wanted}

@@ -18,7 +18,9 @@ from typing import Any
 
 import asyncpg
 
+from deploy.settings import Settings, amqp_url, load_secrets, postgres_dsn
 from exchanges import routing_store
+from exchanges import topology as t
 from exchanges.fence_def import InvalidFence, check_timeout
 from fence import store
 from fence.manager import FenceManager
@@ -71,15 +73,12 @@ def specs_from(path: str, fence_id: str | None, timeout: float | None) -> list[F
 
 def connection() -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     """(fence-manager AMQP URL, PostgreSQL URL, regions, workers)."""
-    from deploy import local_stack as ls
-    from exchanges import topology as t
-
-    settings = ls.Settings.from_env()
+    settings = Settings.from_env()
     amqp, pg = os.environ.get("GEOFENCE_AMQP_URL"), os.environ.get("GEOFENCE_POSTGRES_URL")
     if not (amqp and pg):
-        pw = ls.load_secrets(settings)
-        amqp = amqp or ls.amqp_url(settings, pw.users[t.MANAGER_USER], "/", t.MANAGER_USER)
-        pg = pg or ls.postgres_dsn(settings, pw.postgres_password)
+        pw = load_secrets(settings)
+        amqp = amqp or amqp_url(settings, pw.users[t.MANAGER_USER], "/", t.MANAGER_USER)
+        pg = pg or postgres_dsn(settings, pw.postgres_password)
     return amqp, pg, settings.regions, settings.workers
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import aio_pika
 import numpy as np
 
+from deploy.settings import Settings, load_connection_settings
+from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
 from exchanges.control import INSPECT
@@ -66,19 +68,15 @@ async def ask(url: str, exchange: str, routing_key: str, request: dict[str, Any]
 
 
 async def _run(args: argparse.Namespace) -> Any:
-    from deploy import local_stack as ls
-
-    settings = ls.Settings.from_env()
+    settings = Settings.from_env()
     target = args.target
     ring = HashRing(list(settings.workers))
     if target == "ring":
         return {"workers": list(ring.nodes), "shares": ring.shares(),
                 "vnodes_per_weight": ring.vnodes_per_weight,
                 "fences": {f: ring.nodes_for(f, len(ring.nodes)) for f in args.fence}}
-    conn = ls.load_connection_settings(settings)
+    conn = load_connection_settings(settings)
     if target == "worldmap":
-        from exchanges import routing_store
-
         wm = await routing_store.read_worldmap(conn["postgres"]["dsn"])
         if wm is None:
             raise RuntimeError("no worldmap stored: run `geofence up`")

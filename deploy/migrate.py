@@ -18,6 +18,8 @@ from pathlib import Path
 
 import asyncpg
 
+from deploy.settings import load_connection_settings
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 FILE_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 LOCK_KEY = 0x67656F66  # "geof": the advisory lock held while migrating
@@ -98,9 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deploy import local_stack as ls
-
-    dsn = args.dsn or ls.load_connection_settings()["postgres"]["dsn"]
+    dsn = args.dsn or load_connection_settings()["postgres"]["dsn"]
     try:
         applied = asyncio.run(migrate(dsn))
     except (MigrationError, OSError, asyncpg.PostgresError) as exc:

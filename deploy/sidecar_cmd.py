@@ -14,6 +14,9 @@ import os
 import sys
 from typing import Any
 
+from deploy import sidecars
+from deploy.settings import ENV_KEYS as STACK_KEYS
+from deploy.settings import Settings, load_secrets
 from exchanges import shell
 
 ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.x_geo.sidecar",
@@ -30,16 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def local_environment(role: str, instance: str) -> dict[str, str]:
-    from deploy import local_stack as ls
-    from deploy import sidecars
-
-    settings = ls.Settings.from_env()
-    return sidecars.environment(settings, ls.load_secrets(settings), sidecars.Sidecar(role, instance))
+    settings = Settings.from_env()
+    return sidecars.environment(settings, load_secrets(settings), sidecars.Sidecar(role, instance))
 
 
 def run(args: argparse.Namespace) -> int:
-    from deploy.local_stack import ENV_KEYS as STACK_KEYS
-
     role: str = args.command
     instance: str = getattr(args, "instance", "")
     env = dict(os.environ)
@@ -48,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         if args.local:
             env.update(local_environment(role, instance))
         if role == "api":
-            from fence.api_server import ApiConfig
+            from fence.api_server import ApiConfig  # here: only the api role imports FastAPI
 
             api = ApiConfig.from_env(env, also_known=STACK_KEYS)
             config, main_config = api.sidecar, api
@@ -59,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"geofence {role}: error: {exc}", file=sys.stderr)
         return 2
     shell.setup_logging(config)
-    module = __import__(ROLES[role], fromlist=["main"])
+    module = __import__(ROLES[role], fromlist=["main"])  # by role: a sidecar imports only its own code
     rc: int = asyncio.run(module.main(main_config))
     return rc

@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from deploy import local_stack as ls
+from deploy.processes import ProcessId, Say, StackError, identify, port_open, process_identity, terminate
 from deploy.rabbitmq import definitions as d
+from deploy.rabbitmq.apply import management
+from deploy.rabbitmq.plan import api_path
+from deploy.settings import FIREBASE_PROJECT, Secrets, Settings, postgres_dsn
 from exchanges import topology as t
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,12 +73,12 @@ def passed_on(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: env[k] for k in PASSED_ON if env.get(k)}
 
 
-def environment(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar) -> dict[str, str]:
+def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
     user = USERS[sc.role]
     amqp = (f"amqp://{quote(user, safe='')}:{quote(pw.users[user], safe='')}@{settings.host}:"
             f"{settings.amqp_port}/?name={quote(sc.name, safe='')}")
     env = {"GEOFENCE_AMQP_URL": amqp,
-           "GEOFENCE_POSTGRES_URL": ls.postgres_dsn(settings, pw.postgres_password),
+           "GEOFENCE_POSTGRES_URL": postgres_dsn(settings, pw.postgres_password),
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}
     env.update(passed_on())
@@ -83,12 +86,12 @@ def environment(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar) -> dict[str,
         env["GEOFENCE_JOURNAL_DIR"] = str(settings.state_dir / "state" / sc.name)
     if sc.role == "api":
         env.update({"GEOFENCE_API_HOST": settings.host, "GEOFENCE_API_PORT": str(settings.api_port),
-                    "GEOFENCE_FIREBASE_PROJECT": ls.FIREBASE_PROJECT,
+                    "GEOFENCE_FIREBASE_PROJECT": FIREBASE_PROJECT,
                     "FIREBASE_AUTH_EMULATOR_HOST": f"{settings.host}:{settings.firebase_auth_port}"})
     return env
 
 
-def api_url(settings: ls.Settings) -> str:
+def api_url(settings: Settings) -> str:
     return f"http://{settings.host}:{settings.api_port}"
 
 
@@ -105,35 +108,35 @@ def code_digest() -> str:
 # --------------------------------------------------------------------------- records
 
 
-def _records_path(settings: ls.Settings) -> Path:
+def _records_path(settings: Settings) -> Path:
     return settings.state_dir / "sidecars.json"
 
 
-def load_records(settings: ls.Settings) -> dict[str, dict[str, Any]]:
+def load_records(settings: Settings) -> dict[str, dict[str, Any]]:
     try:
         data = json.loads(_records_path(settings).read_text())
     except FileNotFoundError:
         return {}
     except ValueError as exc:
-        raise ls.StackError(f"{_records_path(settings)} is damaged ({exc}); delete it") from None
+        raise StackError(f"{_records_path(settings)} is damaged ({exc}); delete it") from None
     return dict(data.get("sidecars", {}))
 
 
-def save_records(settings: ls.Settings, records: dict[str, dict[str, Any]]) -> None:
+def save_records(settings: Settings, records: dict[str, dict[str, Any]]) -> None:
     path = _records_path(settings)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"version": 1, "sidecars": records}, indent=2) + "\n")
     os.replace(tmp, path)
 
 
-def _process(rec: dict[str, Any] | None) -> ls.ProcessId | None:
+def _process(rec: dict[str, Any] | None) -> ProcessId | None:
     if not rec:
         return None
-    proc = ls.ProcessId(int(rec["pid"]), int(rec["start_ticks"]))
-    return proc if ls.process_identity(proc.pid) == proc else None
+    proc = ProcessId(int(rec["pid"]), int(rec["start_ticks"]))
+    return proc if process_identity(proc.pid) == proc else None
 
 
-def running(settings: ls.Settings) -> dict[str, bool]:
+def running(settings: Settings) -> dict[str, bool]:
     recs = load_records(settings)
     return {sc.name: _process(recs.get(sc.name)) is not None for sc in sidecars(settings.topology)}
 
@@ -141,7 +144,8 @@ def running(settings: ls.Settings) -> dict[str, bool]:
 # --------------------------------------------------------------------------- up / down
 
 
-async def prepare_database(dsn: str, regions: tuple[str, ...], say: ls.Say) -> None:
+async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say) -> None:
+    # here, not at the top: asyncpg, numpy and shapely, which `geofence status` and `down` do not need
     from deploy.migrate import migrate
     from exchanges import routing_store
     from exchanges.worldmap import Worldmap
@@ -162,8 +166,8 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: ls.Say) -> N
         await conn.close()
 
 
-def up(settings: ls.Settings, pw: ls.Secrets, say: ls.Say) -> None:
-    dsn = ls.postgres_dsn(settings, pw.postgres_password)
+def up(settings: Settings, pw: Secrets, say: Say) -> None:
+    dsn = postgres_dsn(settings, pw.postgres_password)
     asyncio.run(prepare_database(dsn, settings.regions, say))
     # the code and the settings passed on: a sidecar runs again when either changed
     digest = hashlib.sha256((code_digest() + json.dumps(passed_on(), sort_keys=True)).encode()).hexdigest()
@@ -185,55 +189,52 @@ def up(settings: ls.Settings, pw: ls.Secrets, say: ls.Say) -> None:
     wait_ready(settings, pw)
 
 
-def _log(settings: ls.Settings, name: str) -> Path:
+def _log(settings: Settings, name: str) -> Path:
     return settings.log_dir / f"{name}.log"
 
 
-def _launch(settings: ls.Settings, pw: ls.Secrets, sc: Sidecar, digest: str) -> dict[str, Any]:
+def _launch(settings: Settings, pw: Secrets, sc: Sidecar, digest: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GEOFENCE_")}
     env.update(environment(settings, pw, sc))
     env["PYTHONPATH"] = str(ROOT)
     with _log(settings, sc.name).open("a") as out:
         proc = subprocess.Popen(sc.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=env, cwd=str(ROOT), start_new_session=True)
-    ident = ls.identify(proc.pid)
+    ident = identify(proc.pid)
     return {"pid": ident.pid, "start_ticks": ident.start_ticks, "digest": digest}
 
 
-def _stop_one(settings: ls.Settings, records: dict[str, dict[str, Any]], name: str, say: ls.Say,
+def _stop_one(settings: Settings, records: dict[str, dict[str, Any]], name: str, say: Say,
               why: str) -> None:
     proc = _process(records.get(name))
     if proc is not None:
         say(f"{name}: stopping ({why})")
-        ls.terminate(proc, STOP_TIMEOUT_S, name)
+        terminate(proc, STOP_TIMEOUT_S, name)
     records.pop(name, None)
     save_records(settings, records)
 
 
-def down(settings: ls.Settings, say: ls.Say) -> None:
+def down(settings: Settings, say: Say) -> None:
     records = load_records(settings)
     for name in sorted(records):
         _stop_one(settings, records, name, say, "geofence down")
 
 
-def wait_ready(settings: ls.Settings, pw: ls.Secrets, timeout: float = READY_TIMEOUT_S) -> None:
+def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S) -> None:
     """Until every input queue has a consumer (and every sidecar still runs)."""
-    from deploy.rabbitmq.apply import management
-    from deploy.rabbitmq.plan import api_path
-
     mgmt = management(settings, pw)
     deadline = time.monotonic() + timeout
     missing: list[str] = []
     while time.monotonic() < deadline:
         dead = [n for n, ok in running(settings).items() if not ok]
         if dead:
-            raise ls.StackError(f"sidecar {', '.join(dead)} exited; see {_log(settings, dead[0])}")
+            raise StackError(f"sidecar {', '.join(dead)} exited; see {_log(settings, dead[0])}")
         missing = [f"{v}/{q}" for v, q in input_queues(settings.topology)
                    if not mgmt.get(api_path("queues", v, q)).get("consumers")]
-        if not ls.port_open(settings.host, settings.api_port):
+        if not port_open(settings.host, settings.api_port):
             missing.append(f"the fence API on {api_url(settings)}")
         if not missing:
             return
         time.sleep(0.3)
-    raise ls.StackError(f"no consumer on {', '.join(missing)} after {timeout:g}s; see the logs in "
+    raise StackError(f"no consumer on {', '.join(missing)} after {timeout:g}s; see the logs in "
                         f"{settings.log_dir}")

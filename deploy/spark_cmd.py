@@ -4,7 +4,7 @@ A job reads its settings from the environment only (spark_jobs.session.JobConfig
 systemd units give them. This launcher hands it the process's environment with what is not
 set taken from the local stack (`geofence up`): GEOFENCE_POSTGRES_URL and GEOFENCE_AMQP_URL
 (the fence-manager user) from its settings and secrets; the stack's own GEOFENCE_* keys are
-checked here (deploy.local_stack.Settings) and accepted by the job. The benchmarks build their
+checked here (deploy.settings.Settings) and accepted by the job. The benchmarks build their
 configuration the same way (`job_config`).
 """
 
@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from deploy import local_stack as ls
+from deploy import settings as ls
 from exchanges import topology as t
 from spark_jobs import session
 

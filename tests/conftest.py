@@ -10,12 +10,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from deploy.local_stack import (
-    ConnectionSettings,
-    SettingsError,
-    StackError,
-    load_connection_settings,
-)
+from deploy.processes import StackError
+from deploy.settings import ConnectionSettings, SettingsError, load_connection_settings
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
 HOW_TO_START = "start it with `.venv/bin/geofence up` (or `bash deploy/setup.sh none`)"

@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from deploy import local_stack as ls
+from deploy.processes import POLL_INTERVAL, Say, StackError, run
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.management import Management, ManagementError
 from deploy.rabbitmq.plan import (
@@ -28,20 +28,21 @@ from deploy.rabbitmq.plan import (
     set_topic_permissions,
     wrapper_safe,
 )
+from deploy.settings import Secrets, Settings, management_url
 from exchanges import topology as t
 
 STAMP_NAME = "rabbitmq-topology.sha256"
 
 
-class TopologyError(ls.StackError):
+class TopologyError(StackError):
     """The topology could not be read or applied."""
 
 
-def management(settings: ls.Settings, pw: ls.Secrets) -> Management:
-    return Management(ls.management_url(settings), t.ADMIN_USER, pw.rabbitmq_password)
+def management(settings: Settings, pw: Secrets) -> Management:
+    return Management(management_url(settings), t.ADMIN_USER, pw.rabbitmq_password)
 
 
-def passwords(pw: ls.Secrets) -> dict[str, str]:
+def passwords(pw: Secrets) -> dict[str, str]:
     found = {t.ADMIN_USER: pw.rabbitmq_password, **pw.users}
     missing = [u for u in d.SIDECAR_USERS if u not in found]
     if missing:
@@ -50,7 +51,7 @@ def passwords(pw: ls.Secrets) -> dict[str, str]:
     return found
 
 
-def definitions_for(settings: ls.Settings, pw: ls.Secrets) -> d.Definitions:
+def definitions_for(settings: Settings, pw: Secrets) -> d.Definitions:
     return d.build(settings.topology, d.Endpoint(settings.host, settings.amqp_port),
                    passwords(pw)[t.FEDERATION_USER])
 
@@ -103,7 +104,7 @@ def read_with_retry(mgmt: Management, defs: d.Definitions, timeout: float) -> Cu
         except ManagementError as exc:
             if (exc.status is not None and exc.status < 500) or time.monotonic() >= deadline:
                 raise TopologyError(f"cannot read the broker: {exc}") from None
-        time.sleep(ls.POLL_INTERVAL)
+        time.sleep(POLL_INTERVAL)
 
 
 def quick_check(mgmt: Management, defs: d.Definitions) -> bool:
@@ -111,14 +112,14 @@ def quick_check(mgmt: Management, defs: d.Definitions) -> bool:
     try:
         vhosts = {v["name"] for v in mgmt.get("api/vhosts?columns=name")}
         return set(defs.vhosts) <= vhosts and mgmt.exists("api/federation-links")
-    except ls.StackError:
+    except StackError:
         return False
 
 
 # --------------------------------------------------------------------------- running steps
 
 
-def run_steps(steps: list[Step], mgmt: Management, hidden: tuple[str, ...], say: ls.Say) -> None:
+def run_steps(steps: list[Step], mgmt: Management, hidden: tuple[str, ...], say: Say) -> None:
     for step in steps:
         say("  " + render(step, hidden))
         try:
@@ -127,18 +128,18 @@ def run_steps(steps: list[Step], mgmt: Management, hidden: tuple[str, ...], say:
                 if unsafe:
                     raise TopologyError(f"argument {unsafe[0]!r} would be changed by the "
                                         "rabbitmqctl wrapper's shell")
-                ls.run(step.argv, stdin=None if step.stdin is None else step.stdin + "\n")
+                run(step.argv, stdin=None if step.stdin is None else step.stdin + "\n")
             else:
                 mgmt.request(step.method, step.path, step.body)
-        except ls.StackError as exc:
+        except StackError as exc:
             raise TopologyError(mask(str(exc), hidden)) from None
 
 
-def _stamp_path(settings: ls.Settings) -> Path:
+def _stamp_path(settings: Settings) -> Path:
     return settings.state_dir / STAMP_NAME
 
 
-def apply(settings: ls.Settings, pw: ls.Secrets, say: ls.Say, dry_run: bool = False) -> list[Step]:
+def apply(settings: Settings, pw: Secrets, say: Say, dry_run: bool = False) -> list[Step]:
     """Compare everything and run what differs; returns the steps (run, or not if dry_run)."""
     defs = definitions_for(settings, pw)
     pws = passwords(pw)
@@ -157,7 +158,7 @@ def apply(settings: ls.Settings, pw: ls.Secrets, say: ls.Say, dry_run: bool = Fa
     return steps
 
 
-def write_stamp(settings: ls.Settings, digest: str) -> None:
+def write_stamp(settings: Settings, digest: str) -> None:
     path = _stamp_path(settings)
     tmp = path.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
@@ -167,14 +168,14 @@ def write_stamp(settings: ls.Settings, digest: str) -> None:
     os.replace(tmp, path)
 
 
-def read_stamp(settings: ls.Settings) -> str | None:
+def read_stamp(settings: Settings) -> str | None:
     try:
         return str(_stamp_path(settings).read_text().strip())
     except FileNotFoundError:
         return None
 
 
-def ensure(settings: ls.Settings, pw: ls.Secrets, say: ls.Say) -> None:
+def ensure(settings: Settings, pw: Secrets, say: Say) -> None:
     """`geofence up`: apply the topology unless nothing changed since the last apply."""
     defs = definitions_for(settings, pw)
     if read_stamp(settings) == defs.digest(passwords(pw)) and quick_check(management(settings, pw),

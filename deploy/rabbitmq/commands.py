@@ -6,10 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from deploy import local_stack as ls
+from deploy.processes import StackError
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import device_bulk, devices
 from deploy.rabbitmq.plan import Current, api_function, plan, render, section
+from deploy.settings import Secrets, Settings, SettingsError, load_secrets, management_url
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -42,7 +43,7 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def show_script(settings: ls.Settings, pw: ls.Secrets) -> str:
+def show_script(settings: Settings, pw: Secrets) -> str:
     """Every command of the topology for an empty broker, as a shell script (masked)."""
     defs = ap.definitions_for(settings, pw)
     pws = ap.passwords(pw)
@@ -56,7 +57,7 @@ def show_script(settings: ls.Settings, pw: ls.Secrets) -> str:
         "# `geofence topology apply` runs the lines that differ from the broker.",
         "set -e",
         ': "${GEOFENCE_PASSWORD:?the geofence user\'s password}"',
-        api_function(ls.management_url(settings)),
+        api_function(management_url(settings)),
     ]
     last = None
     for step in plan(defs, pws, Current.empty()):
@@ -67,7 +68,7 @@ def show_script(settings: ls.Settings, pw: ls.Secrets) -> str:
     return "\n".join(lines)
 
 
-def _topology(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> int:
+def _topology(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     if args.action == "show":
         print(show_script(settings, pw))
         return 0
@@ -81,7 +82,7 @@ def _topology(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -
     return 0
 
 
-def _bulk(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> int:
+def _bulk(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
     ids = device_bulk.parse_ids(text, devices.RESERVED)
     broker = device_bulk.Broker(ap.management(settings, pw).request)
@@ -103,7 +104,7 @@ def _bulk(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> in
     return 0
 
 
-def _device(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> int:
+def _device(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     if args.action == "list":
         for name in devices.list_devices(settings, pw):
             print(name)
@@ -131,11 +132,11 @@ def _device(args: argparse.Namespace, settings: ls.Settings, pw: ls.Secrets) -> 
 def run(args: argparse.Namespace) -> int:
     command: str = args.command
     try:
-        settings = ls.Settings.from_env()
-        pw = ls.load_secrets(settings)
+        settings = Settings.from_env()
+        pw = load_secrets(settings)
         if command == "topology":
             return _topology(args, settings, pw)
         return _device(args, settings, pw)
-    except (ls.SettingsError, ls.StackError, device_bulk.BulkError, OSError) as exc:
+    except (SettingsError, StackError, device_bulk.BulkError, OSError) as exc:
         print(f"geofence {command} {args.action}: error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, devices.DeviceError | device_bulk.BulkError | OSError) else 2

@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import secrets
 
-from deploy import local_stack as ls
+from deploy.processes import Say, StackError
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.apply import management, run_steps, tags_of
 from deploy.rabbitmq.management import Management, ManagementError
 from deploy.rabbitmq.plan import api_path, ctl, device_steps
+from deploy.settings import Secrets, Settings
 from exchanges import topology as t
 from exchanges.ids import check_object_id
 
 RESERVED = frozenset({t.ADMIN_USER, "guest", *d.SIDECAR_USERS})
 
 
-class DeviceError(ls.StackError):
+class DeviceError(StackError):
     pass
 
 
@@ -48,8 +49,8 @@ def _checked(object_id: str) -> str:
     return object_id
 
 
-def add(settings: ls.Settings, pw: ls.Secrets, object_id: str, password: str | None,
-        say: ls.Say) -> str:
+def add(settings: Settings, pw: Secrets, object_id: str, password: str | None,
+        say: Say) -> str:
     """Create the device user; returns its password (generated unless given)."""
     _checked(object_id)
     mgmt = management(settings, pw)
@@ -64,7 +65,7 @@ def add(settings: ls.Settings, pw: ls.Secrets, object_id: str, password: str | N
     return password
 
 
-def remove(settings: ls.Settings, pw: ls.Secrets, object_id: str, say: ls.Say) -> None:
+def remove(settings: Settings, pw: Secrets, object_id: str, say: Say) -> None:
     """Delete the device user, close its connections, delete its MQTT subscription queues."""
     _checked(object_id)
     mgmt = management(settings, pw)
@@ -83,7 +84,7 @@ def remove(settings: ls.Settings, pw: ls.Secrets, object_id: str, say: ls.Say) -
             say(f"  deleted queue {queue} in {t.INGRESS_VHOST}")
 
 
-def list_devices(settings: ls.Settings, pw: ls.Secrets) -> list[str]:
+def list_devices(settings: Settings, pw: Secrets) -> list[str]:
     users = management(settings, pw).get("api/users")
     return sorted(str(u["name"]) for u in users if t.DEVICE_TAG in tags_of(u.get("tags")))
 

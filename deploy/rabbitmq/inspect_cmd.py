@@ -9,10 +9,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from deploy import local_stack as ls
+from deploy.processes import StackError
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.plan import mask
+from deploy.settings import Settings, SettingsError, load_secrets
 from exchanges import topology as t
 
 
@@ -72,13 +73,13 @@ def report(topology: t.Topology, vhosts: set[str], queues: list[dict[str, Any]],
 
 def run(args: argparse.Namespace) -> int:
     try:
-        settings = ls.Settings.from_env()
-        pw = ls.load_secrets(settings)
+        settings = Settings.from_env()
+        pw = load_secrets(settings)
         mgmt = ap.management(settings, pw)
         vhosts = {v["name"] for v in mgmt.get("api/vhosts?columns=name")}
         queues = mgmt.get("api/queues?columns=vhost,name,messages,consumers,policy")
         links = mgmt.get("api/federation-links") if mgmt.exists("api/federation-links") else []
-    except (ls.SettingsError, ls.StackError) as exc:
+    except (SettingsError, StackError) as exc:
         print(f"geofence inspect topology: error: {exc}", file=sys.stderr)
         return 2
     lines, ok = report(settings.topology, vhosts, queues, links)

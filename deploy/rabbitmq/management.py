@@ -9,7 +9,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from deploy.local_stack import StackError
+from deploy.processes import StackError
 
 
 class ManagementError(StackError):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local_stack import ConnectionSettings, StackError
+from deploy.processes import StackError
+from deploy.settings import ConnectionSettings
 from tests.faults import harness, report
 
 FAULTS_DIR = Path(__file__).parent

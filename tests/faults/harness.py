@@ -61,9 +61,21 @@ import orjson
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 import hilbert_c as hk
-from deploy import local_stack as ls
 from deploy import sidecars
 from deploy.inspect_cmd import ask
+from deploy.processes import (
+    ProcessId,
+    ServiceRecord,
+    identify,
+    load_state,
+    process_identity,
+    save_state,
+    wait_gone,
+)
+from deploy.processes import terminate as terminate_process
+from deploy.services import rabbitmq_await, rabbitmq_launch, rabbitmq_pid, rabbitmq_stop
+from deploy.settings import ENV_PREFIX, ConnectionSettings, Settings, load_connection_settings, load_secrets
+from deploy.stack import up as stack_up
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.hash_ring import HashRing
@@ -152,9 +164,9 @@ class Stack:
     """The local stack's settings, secrets and process records, and what the suite does to them."""
 
     def __init__(self) -> None:
-        self.settings = ls.Settings.from_env()
-        self.pw = ls.load_secrets(self.settings)
-        self.conn = ls.load_connection_settings(self.settings)
+        self.settings = Settings.from_env()
+        self.pw = load_secrets(self.settings)
+        self.conn = load_connection_settings(self.settings)
         self.topology = self.settings.topology
         self.names = [sc.name for sc in sidecars.sidecars(self.topology)]
         self.ring = HashRing(list(self.settings.workers))
@@ -170,12 +182,12 @@ class Stack:
                 return sc
         raise ValueError(f"{name!r} is not a sidecar of the topology ({', '.join(self.names)})")
 
-    def process(self, name: str) -> ls.ProcessId | None:
+    def process(self, name: str) -> ProcessId | None:
         rec = sidecars.load_records(self.settings).get(name)
         if not rec:
             return None
-        proc = ls.ProcessId(int(rec["pid"]), int(rec["start_ticks"]))
-        return proc if ls.process_identity(proc.pid) == proc else None
+        proc = ProcessId(int(rec["pid"]), int(rec["start_ticks"]))
+        return proc if process_identity(proc.pid) == proc else None
 
     def dead(self) -> list[str]:
         return [n for n, ok in sidecars.running(self.settings).items() if not ok]
@@ -210,14 +222,14 @@ class Stack:
         os.kill(proc.pid, signal.SIGKILL)
         self._note(name, f"kill -9 {proc.pid}")
         self._reap(proc.pid)
-        ls.wait_gone(proc, 10, name)
+        wait_gone(proc, 10, name)
 
     def terminate(self, name: str) -> None:
         """SIGTERM (the sidecar drains), SIGKILL at the stack's stop deadline."""
         proc = self.process(name)
         if proc is not None:
             self._note(name, f"stopped (SIGTERM {proc.pid})")
-            ls.terminate(proc, sidecars.STOP_TIMEOUT_S, name)
+            terminate_process(proc, sidecars.STOP_TIMEOUT_S, name)
             self._reap(proc.pid)
 
     def launch(self, name: str) -> int:
@@ -225,7 +237,7 @@ class Stack:
         TcpProxy if it has one: `proxy_port`); recorded in sidecars.json."""
         sc = self.sidecar(name)
         amqp_port = self.proxy_port.get(name)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(ls.ENV_PREFIX)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
         env.update(sidecars.environment(self.settings, self.pw, sc))
         if amqp_port is not None:
             env["GEOFENCE_AMQP_URL"] = _with_port(env["GEOFENCE_AMQP_URL"], amqp_port)
@@ -235,7 +247,7 @@ class Stack:
             proc = subprocess.Popen(sc.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=env, cwd=str(sidecars.ROOT), start_new_session=True)
         self._children[proc.pid] = proc
-        ident = ls.identify(proc.pid)
+        ident = identify(proc.pid)
         records = sidecars.load_records(self.settings)
         # the digest `geofence up` recorded for this sidecar (the same code, from the same tree),
         # so `up` leaves it alone; a proxied one gets a digest no `up` wants, so `up` replaces it
@@ -254,15 +266,15 @@ class Stack:
     # -- RabbitMQ -----------------------------------------------------------------------------
 
     def stop_broker(self) -> None:
-        proc = ls.identify(ls.rabbitmq_pid())
-        ls.rabbitmq_stop(self.settings, proc)
+        proc = identify(rabbitmq_pid())
+        rabbitmq_stop(self.settings, proc)
 
     def start_broker(self) -> None:
-        ls.rabbitmq_launch(self.settings)
-        proc = ls.rabbitmq_await(self.settings)
-        state = ls.load_state(self.settings.state_file)
-        state["rabbitmq"] = ls.ServiceRecord(True, proc)  # ours now: `geofence down` stops it
-        ls.save_state(self.settings.state_file, state)
+        rabbitmq_launch(self.settings)
+        proc = rabbitmq_await(self.settings)
+        state = load_state(self.settings.state_file)
+        state["rabbitmq"] = ServiceRecord(True, proc)  # ours now: `geofence down` stops it
+        save_state(self.settings.state_file, state)
 
     # -- health -------------------------------------------------------------------------------
 
@@ -308,7 +320,7 @@ class Stack:
     def up(self) -> None:
         """`geofence up`: every service, the topology and every sidecar (a proxied one is
         replaced by the stack's own), until every input queue has its consumer."""
-        ls.up(self.settings, lambda line: say(f"geofence up: {line}"))
+        stack_up(self.settings, lambda line: say(f"geofence up: {line}"))
 
 
 _AMQP_NAME = re.compile(r"[A-Za-z0-9_.:-]*")  # what pamqp lets through as a queue name
@@ -577,7 +589,7 @@ class Delivery:
 class EventCollector(ReconnectingConsumer):
     """fence.events (all of it), kept only for the run's fences and objects (prefix)."""
 
-    def __init__(self, conn: ls.ConnectionSettings, queue: str, prefix: str) -> None:
+    def __init__(self, conn: ConnectionSettings, queue: str, prefix: str) -> None:
         super().__init__(conn["amqp"][t.FENCES_VHOST], queue, [(t.EVENTS_EXCHANGE, "#")])
         self.prefix = prefix
         self.deliveries: list[Delivery] = []  # raw, in order of receipt
@@ -625,7 +637,7 @@ class DeadLetter:
 class DeadLetterWatch(ReconnectingConsumer):
     """A copy of everything dead-lettered in one vhost during the run."""
 
-    def __init__(self, conn: ls.ConnectionSettings, vhost: str, queue: str, prefix: str,
+    def __init__(self, conn: ConnectionSettings, vhost: str, queue: str, prefix: str,
                  into: list[DeadLetter]) -> None:
         super().__init__(conn["amqp"][vhost], queue, [(t.DEAD_LETTER_EXCHANGE, "")])
         self.vhost, self.into = vhost, into

@@ -53,7 +53,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from deploy import firebase_emulator as fe
 from deploy import sidecars
-from deploy.local_stack import ConnectionSettings, Settings
+from deploy.settings import ConnectionSettings, Settings
 from exchanges import topology as t
 from fence import store
 from fence.manager import FenceManager

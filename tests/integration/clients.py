@@ -24,7 +24,7 @@ import paho.mqtt.client as mqtt
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from paho.mqtt.enums import CallbackAPIVersion
 
-from deploy.local_stack import ConnectionSettings
+from deploy.settings import ConnectionSettings
 from exchanges import topology as t
 
 DEADLINE = 20.0  # seconds, for any single wait

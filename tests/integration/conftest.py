@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.local_stack import ConnectionSettings, Settings
+from deploy.settings import ConnectionSettings, Settings
 from exchanges.topology import Topology
 from tests.integration.clients import Device, MqttDevice, api, geofence, q
 from tests.integration.spark_support import pg_schema, spark, spark_config  # noqa: F401  (fixtures)

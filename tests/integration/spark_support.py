@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import asyncpg
 import pytest
 
-from deploy.local_stack import ConnectionSettings
+from deploy.settings import ConnectionSettings
 from spark_jobs.session import JobConfig, spark_session
 
 

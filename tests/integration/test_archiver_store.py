@@ -9,7 +9,7 @@ import uuid
 import asyncpg
 import pytest
 
-from deploy.local_stack import ConnectionSettings
+from deploy.settings import ConnectionSettings
 from exchanges.shell import SidecarConfig
 from fence import store
 from fence.archive import Archiver

@@ -9,7 +9,7 @@ import json
 import uuid
 from pathlib import Path
 
-from deploy.local_stack import ConnectionSettings
+from deploy.settings import ConnectionSettings
 from tests.integration.clients import Device, MqttDevice, api, geofence, q
 
 Rights = tuple[list[tuple[str, ...]], list[tuple[str, ...]], list[str]]

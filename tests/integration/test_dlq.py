@@ -18,7 +18,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from deploy.local_stack import ConnectionSettings
+from deploy.settings import ConnectionSettings
 from exchanges import topology as t
 from tests.integration.clients import DEADLINE, geofence, poll, publish
 

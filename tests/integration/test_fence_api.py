@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from deploy import firebase_emulator as fe
-from deploy.local_stack import ConnectionSettings, Settings
+from deploy.settings import ConnectionSettings, Settings
 from exchanges import topology as t
 from fence.client import FenceApiError, FenceClient, Reply
 from fence.manager import FenceManager

@@ -25,7 +25,7 @@ import aio_pika
 import httpx
 import pytest
 
-from deploy.local_stack import ConnectionSettings, Settings
+from deploy.settings import ConnectionSettings, Settings
 from exchanges import topology as t
 from exchanges.hash_ring import HashRing
 from tests.integration.clients import DEADLINE, geofence

@@ -11,9 +11,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from deploy import local_stack as ls
 from deploy import sidecars
-from deploy.local_stack import ConnectionSettings
+from deploy.settings import ConnectionSettings, Settings, load_secrets
 from exchanges import topology as t
 from tests.integration.clients import api
 
@@ -43,14 +42,14 @@ def lock_owner(stack: ConnectionSettings, vhost: str) -> str:
 
 def test_a_second_x_geo_stands_by_and_consumes_nothing(stack: ConnectionSettings, tmp_path: Path
                                                        ) -> None:
-    settings = ls.Settings.from_env()
+    settings = Settings.from_env()
     region = settings.regions[0]
     vhost = t.region_vhost(region)
     owner = lock_owner(stack, vhost)
     before = consumers(stack, vhost, t.GEO_POSITIONS_QUEUE)
     assert len(before) == 1
     sc = sidecars.Sidecar("x-geo", region)
-    env = {**os.environ, **sidecars.environment(settings, ls.load_secrets(settings), sc)}
+    env = {**os.environ, **sidecars.environment(settings, load_secrets(settings), sc)}
     log_path = tmp_path / "second.log"
     with open(log_path, "wb") as out:
         second = subprocess.Popen(sc.argv(), env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -32,7 +32,7 @@ from shapely.geometry import Point, Polygon, box
 
 import hilbert_c as hk
 from deploy import sidecars
-from deploy.local_stack import ConnectionSettings, Settings
+from deploy.settings import ConnectionSettings, Settings
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.worldmap import Worldmap

@@ -20,8 +20,8 @@ import asyncpg
 import pytest
 
 from deploy import spark_cmd
-from deploy.local_stack import ConnectionSettings
 from deploy.migrate import MIGRATIONS_DIR
+from deploy.settings import ConnectionSettings
 from spark_jobs import occupancy
 from spark_jobs.occupancy_reference import Event, compute, epoch
 from spark_jobs.session import JobConfig

@@ -14,7 +14,7 @@ import numpy as np
 from shapely.geometry import MultiPolygon, Point, Polygon, box, mapping
 
 import hilbert_c as hk
-from deploy.local_stack import ConnectionSettings, Settings
+from deploy.settings import ConnectionSettings, Settings
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.worldmap import AREA, Worldmap

@@ -25,7 +25,8 @@ import asyncpg
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from deploy.local_stack import ConnectionSettings, Settings, load_connection_settings, load_state
+from deploy.processes import load_state
+from deploy.settings import ConnectionSettings, Settings, load_connection_settings
 
 DEADLINE = 15.0  # seconds, for any single wait
 

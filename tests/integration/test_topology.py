@@ -23,7 +23,7 @@ import aiormq
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from deploy.local_stack import ConnectionSettings
+from deploy.settings import ConnectionSettings
 from exchanges import topology as t
 from exchanges.topology import Topology
 from tests.integration.clients import (

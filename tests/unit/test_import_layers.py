@@ -19,6 +19,11 @@ PRODUCT = ("hilbert_c", "exchanges", "ingress", "fence", "spark_jobs", "deploy")
 # Imports kept inside a function on purpose, with the reason (never a cycle).
 LAZY = {
     ("deploy/sidecar_cmd.py", "fence.api_server"): "only the api process loads FastAPI",
+    # `geofence status` and `down` need none of asyncpg, numpy and shapely; only `up` does
+    ("deploy/sidecars.py", "deploy.migrate"): "only `up` prepares the database",
+    ("deploy/sidecars.py", "exchanges"): "only `up` prepares the database",
+    ("deploy/sidecars.py", "exchanges.worldmap"): "only `up` prepares the database",
+    ("deploy/sidecars.py", "fence"): "only `up` prepares the database",
 }
 
 

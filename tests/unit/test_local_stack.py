@@ -1,4 +1,6 @@
-"""deploy.local_stack without services: settings, masking, connection settings, state file."""
+"""The local stack without services: settings, masking, connection settings (deploy.settings), the
+state file (deploy.processes), plugin and PostgreSQL set-up text (deploy.services), the status table
+(deploy.stack)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,33 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_stack as ls
-from deploy.local_stack import ProcessId, ServiceRecord, Settings, SettingsError
+from deploy.processes import (
+    ProcessId,
+    ServiceRecord,
+    StackError,
+    is_ours,
+    load_state,
+    parse_proc_stat,
+    process_identity,
+    record_for_running,
+    save_state,
+)
+from deploy.services import PLUGINS, missing_plugins, pg_conf_text, pg_setup_sql, rabbitmq_env
+from deploy.settings import (
+    Secrets,
+    Settings,
+    SettingsError,
+    StackNotSetUpError,
+    amqp_url,
+    connection_settings,
+    ensure_secrets,
+    load_connection_settings,
+    load_secrets,
+    mask,
+)
+from deploy.stack import format_status, status
 
-PW = ls.Secrets(rabbitmq_password="rabbit-Secret_1", postgres_password="pg-Secret_2")
+PW = Secrets(rabbitmq_password="rabbit-Secret_1", postgres_password="pg-Secret_2")
 
 # ---------------------------------------------------------------- settings
 
@@ -81,7 +106,7 @@ def test_settings_are_frozen() -> None:
 
 
 def test_connection_settings_shape() -> None:
-    conn = ls.connection_settings(Settings(), PW)
+    conn = connection_settings(Settings(), PW)
     assert conn == {
         "amqp": {v: f"amqp://geofence:rabbit-Secret_1@127.0.0.1:5672/{v.replace('/', '%2F')}"
                  for v in ("/", "gf-ingress", "gf-region-a", "gf-region-b", "gf-fences")},
@@ -99,41 +124,41 @@ def test_connection_settings_shape() -> None:
 
 
 def test_passwords_are_url_quoted() -> None:
-    url = ls.amqp_url(Settings(), "a/b@c:d")
+    url = amqp_url(Settings(), "a/b@c:d")
     assert url == "amqp://geofence:a%2Fb%40c%3Ad@127.0.0.1:5672/%2F"
 
 
 def test_mask_hides_plain_and_quoted_secrets() -> None:
     text = "pw=a/b@c and url=amqp://u:a%2Fb%40c@h/ and other"
-    assert ls.mask(text, ["a/b@c"]) == "pw=**** and url=amqp://u:****@h/ and other"
-    assert ls.mask("nothing here", ["", "zzz"]) == "nothing here"
+    assert mask(text, ["a/b@c"]) == "pw=**** and url=amqp://u:****@h/ and other"
+    assert mask("nothing here", ["", "zzz"]) == "nothing here"
 
 
 def test_human_status_masks_every_password(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, host="127.0.0.1", amqp_port=1, mqtt_port=2,
                         management_port=3, pg_port=4, memcached_port=5)
-    table = ls.format_status(ls.status(settings, PW))
+    table = format_status(status(settings, PW))
     assert "rabbit-Secret_1" not in table and "pg-Secret_2" not in table
     assert "amqp://geofence:****@127.0.0.1:1/%2F" in table
     assert "postgresql://geofence:****@127.0.0.1:4/geofence" in table
-    assert not ls.status(settings, PW).all_running  # nothing listens on ports 1-5
+    assert not status(settings, PW).all_running  # nothing listens on ports 1-5
 
 
 def test_load_connection_settings_reads_the_state_dir(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path)
-    with pytest.raises(ls.StackNotSetUpError, match="geofence up"):
-        ls.load_connection_settings(settings)
-    pw = ls.ensure_secrets(settings)
+    with pytest.raises(StackNotSetUpError, match="geofence up"):
+        load_connection_settings(settings)
+    pw = ensure_secrets(settings)
     assert stat.S_IMODE(os.stat(settings.secrets_file).st_mode) == 0o600
-    assert ls.ensure_secrets(settings) == pw  # generated once
-    assert ls.load_connection_settings(settings) == ls.connection_settings(settings, pw)
+    assert ensure_secrets(settings) == pw  # generated once
+    assert load_connection_settings(settings) == connection_settings(settings, pw)
 
 
 def test_damaged_secrets_file_is_reported(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path)
     settings.secrets_file.write_text("{not json")
-    with pytest.raises(ls.StackError, match="not JSON"):
-        ls.load_secrets(settings)
+    with pytest.raises(StackError, match="not JSON"):
+        load_secrets(settings)
 
 
 # ---------------------------------------------------------------- state file logic
@@ -155,10 +180,10 @@ def lookup_gone(pid: int) -> ProcessId | None:
 
 def test_state_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    assert ls.load_state(path) == {}
+    assert load_state(path) == {}
     state = {"rabbitmq": ServiceRecord(True, A), "memcached": ServiceRecord(False)}
-    ls.save_state(path, state)
-    assert ls.load_state(path) == state
+    save_state(path, state)
+    assert load_state(path) == state
     assert json.loads(path.read_text())["services"]["memcached"] == {
         "started_by_us": False, "pid": None, "start_ticks": None}
 
@@ -166,57 +191,57 @@ def test_state_round_trip(tmp_path: Path) -> None:
 def test_damaged_state_file_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text('{"services": 3}')
-    with pytest.raises(ls.StackError, match="damaged"):
-        ls.load_state(path)
+    with pytest.raises(StackError, match="damaged"):
+        load_state(path)
 
 
 def test_ours_only_while_that_very_process_runs() -> None:
     ours = ServiceRecord(True, A)
-    assert ls.is_ours(ours, lookup_alive)
-    assert not ls.is_ours(ours, lookup_gone)
-    assert not ls.is_ours(ours, lookup_reused)  # pid reused: never stop a stranger
-    assert not ls.is_ours(ServiceRecord(False), lookup_alive)
-    assert not ls.is_ours(None, lookup_alive)
+    assert is_ours(ours, lookup_alive)
+    assert not is_ours(ours, lookup_gone)
+    assert not is_ours(ours, lookup_reused)  # pid reused: never stop a stranger
+    assert not is_ours(ServiceRecord(False), lookup_alive)
+    assert not is_ours(None, lookup_alive)
 
 
 def test_running_service_keeps_our_record_or_is_foreign() -> None:
     ours = ServiceRecord(True, A)
-    assert ls.record_for_running(ours, lookup_alive) == ours  # second `up`: as before
-    assert ls.record_for_running(ours, lookup_reused) == ServiceRecord(False)
-    assert ls.record_for_running(None, lookup_alive) == ServiceRecord(False)
+    assert record_for_running(ours, lookup_alive) == ours  # second `up`: as before
+    assert record_for_running(ours, lookup_reused) == ServiceRecord(False)
+    assert record_for_running(None, lookup_alive) == ServiceRecord(False)
 
 
 def test_parse_proc_stat_handles_odd_command_names() -> None:
     rest = " ".join(str(n) for n in range(4, 53))  # field n holds n; start time is field 22
-    assert ls.parse_proc_stat(f"42 (we ird) (name)) S {rest}") == ("S", 22)
-    own = ls.process_identity(os.getpid())
+    assert parse_proc_stat(f"42 (we ird) (name)) S {rest}") == ("S", 22)
+    own = process_identity(os.getpid())
     assert own is not None and own.pid == os.getpid()
-    assert ls.process_identity(2**22 + 1) is None
+    assert process_identity(2**22 + 1) is None
 
 
 def test_missing_plugins_reads_the_erlang_list() -> None:
-    assert ls.missing_plugins(
+    assert missing_plugins(
         "[rabbitmq_federation,rabbitmq_management,rabbitmq_mqtt,rabbitmq_shovel].\n") == []
-    assert ls.missing_plugins("[rabbitmq_management].") == [
+    assert missing_plugins("[rabbitmq_management].") == [
         "rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_shovel"]
-    assert ls.missing_plugins("") == list(ls.PLUGINS)
+    assert missing_plugins("") == list(PLUGINS)
 
 
 def test_pg_setup_sql_quotes_the_password() -> None:
-    sql = ls.pg_setup_sql("it's")
+    sql = pg_setup_sql("it's")
     assert "PASSWORD 'it''s'" in sql
     assert "\\gexec" in sql
 
 
 def test_pg_conf_follows_the_settings(tmp_path: Path) -> None:
-    conf = ls.pg_conf_text(Settings(state_dir=tmp_path, pg_port=6000))
+    conf = pg_conf_text(Settings(state_dir=tmp_path, pg_port=6000))
     assert "port = 6000" in conf
     assert f"unix_socket_directories = '{tmp_path}/pg/run'" in conf
     assert "listen_addresses = '127.0.0.1'" in conf
 
 
 def test_rabbitmq_listeners_follow_the_settings() -> None:
-    env = ls.rabbitmq_env(Settings(amqp_port=5673, mqtt_port=1884, management_port=15673))
+    env = rabbitmq_env(Settings(amqp_port=5673, mqtt_port=1884, management_port=15673))
     assert env["RABBITMQ_NODE_PORT"] == "5673"
     assert '{"127.0.0.1",1884}' in env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
     assert "{port,15673}" in env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]

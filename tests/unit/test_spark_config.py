@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deploy import cli, spark_cmd
-from deploy import local_stack as ls
+from deploy import settings as ls
 from exchanges import topology as t
 from exchanges.settings import ConfigError
 from spark_jobs.session import DEFAULT_JDBC_JAR, JobConfig

@@ -1,4 +1,4 @@
-"""deploy.local_stack's part in the topology, without services: GEOFENCE_REGIONS /
+"""The local stack's part in the topology, without services: GEOFENCE_REGIONS /
 GEOFENCE_WORKERS, the sidecar users' passwords in the secrets file, the connection settings
 `geofence status --json` prints for them."""
 
@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from deploy import local_stack as ls
-from deploy.local_stack import Settings, SettingsError
 from deploy.rabbitmq import definitions as d
+from deploy.settings import (
+    Secrets,
+    Settings,
+    SettingsError,
+    connection_settings,
+    ensure_secrets,
+    load_secrets,
+)
+from deploy.stack import format_status, status
 from exchanges import topology as t
 
 
@@ -36,27 +43,27 @@ def test_bad_regions_or_workers_are_rejected(key: str, value: str) -> None:
 def test_secrets_gain_the_sidecar_users_once_and_keep_the_old_passwords(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path)
     settings.secrets_file.write_text(json.dumps({"rabbitmq_password": "r", "postgres_password": "p"}))
-    old = ls.load_secrets(settings)
+    old = load_secrets(settings)
     assert old.users == {}
-    pw = ls.ensure_secrets(settings)
+    pw = ensure_secrets(settings)
     assert (pw.rabbitmq_password, pw.postgres_password) == ("r", "p")
     assert set(pw.users) == set(d.SIDECAR_USERS)
     assert len(set(pw.users.values())) == len(d.SIDECAR_USERS)
     assert stat.S_IMODE(os.stat(settings.secrets_file).st_mode) == 0o600
-    assert ls.ensure_secrets(settings) == pw  # generated once
+    assert ensure_secrets(settings) == pw  # generated once
     assert set(pw.values()) >= set(pw.users.values())  # masked in human output
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_fresh_secrets_hold_every_password(tmp_path: Path) -> None:
-    pw = ls.ensure_secrets(Settings(state_dir=tmp_path))
+    pw = ensure_secrets(Settings(state_dir=tmp_path))
     assert set(pw.users) == set(d.SIDECAR_USERS)
 
 
 def test_connection_settings_list_every_vhost_and_sidecar_user() -> None:
     users = {u: f"pw-{u}" for u in d.SIDECAR_USERS}
-    pw = ls.Secrets("admin/pw", "pg", users)
-    conn = ls.connection_settings(Settings(), pw)
+    pw = Secrets("admin/pw", "pg", users)
+    conn = connection_settings(Settings(), pw)
     assert conn["amqp"] == {
         "/": "amqp://geofence:admin%2Fpw@127.0.0.1:5672/%2F",
         "gf-ingress": "amqp://geofence:admin%2Fpw@127.0.0.1:5672/gf-ingress",
@@ -73,14 +80,14 @@ def test_connection_settings_list_every_vhost_and_sidecar_user() -> None:
         "gf-ingress": "amqp://gateway:pw-gateway@127.0.0.1:5672/gf-ingress"}
     assert set(conn["users"]) == set(d.SIDECAR_USERS)
     assert conn["mqtt"]["ingress_vhost"] == "gf-ingress"
-    other = ls.connection_settings(Settings(regions=("z",)), pw)
+    other = connection_settings(Settings(regions=("z",)), pw)
     assert set(other["amqp"]) == {"/", "gf-ingress", "gf-region-z", "gf-fences"}
     assert set(other["users"]["x-geo"]) == {"gf-region-z"}
 
 
 def test_human_status_masks_the_sidecar_passwords(tmp_path: Path) -> None:
-    pw = ls.Secrets("r-Secret", "p-Secret", {u: f"{u}-Secret" for u in d.SIDECAR_USERS})
+    pw = Secrets("r-Secret", "p-Secret", {u: f"{u}-Secret" for u in d.SIDECAR_USERS})
     settings = Settings(state_dir=tmp_path, amqp_port=1, mqtt_port=2, management_port=3,
                         pg_port=4, memcached_port=5)
-    table = ls.format_status(ls.status(settings, pw))
+    table = format_status(status(settings, pw))
     assert "Secret" not in table

@@ -16,7 +16,7 @@ import numpy.typing as npt
 import osmium
 import pytest
 
-from deploy.osm_extract import (
+from deploy.demo.osm_extract import (
     EARTH_RADIUS_M,
     EXTRACT,
     HIGHWAY_CLASSES,
@@ -28,7 +28,7 @@ from deploy.osm_extract import (
     road_network,
     strongly_connected_components,
 )
-from deploy.traffic import SPEED_KMH, Fleet, Router
+from deploy.demo.traffic import SPEED_KMH, Fleet, Router
 
 MAX_MPS = max(SPEED_KMH.values()) / 3.6
 

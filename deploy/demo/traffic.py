@@ -6,7 +6,7 @@ ODbL 1.0), starts at a random home node, drives the fastest route to a random de
 back home (a round trip), then picks a new destination, forever. Reported positions carry
 Gaussian GPS noise, since real traces never sit exactly on the road.
 
-Pure: no I/O besides reading the extract through `deploy.osm_extract`; no clock (the caller says
+Pure: no I/O besides reading the extract through `deploy.demo.osm_extract`; no clock (the caller says
 which simulated time it wants), no threads.
 
 Determinism: a vehicle's trips depend only on (seed, vehicle number, network), never on how
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from deploy.osm_extract import EARTH_RADIUS_M, HIGHWAY_CLASSES, OSM_CREDIT, RoadNetwork, road_network
+from deploy.demo.osm_extract import EARTH_RADIUS_M, HIGHWAY_CLASSES, OSM_CREDIT, RoadNetwork, road_network
 
 __all__ = [
     "OSM_CREDIT",

@@ -2,7 +2,7 @@
 
 Real data ((c) OpenStreetMap contributors, ODbL 1.0): the 11 municipalities of
 Liechtenstein are fences, plus points of interest as 150 m circles. A fleet of vehicles drives
-round trips on the extract's road network (deploy/traffic.py: fastest paths, speed by road
+round trips on the extract's road network (deploy/demo/traffic.py: fastest paths, speed by road
 class, Gaussian GPS noise) and publishes its positions over MQTT in real time, as devices do
 (`positions/<object_id>`, QoS 1). The demo prints the ENTER / LEAVE events the pipeline emits
 as they arrive (AMQP, exchange fence.events), a progress line, and a summary: vehicles,
@@ -30,6 +30,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import aio_pika
+import numpy as np
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from deploy import sidecars
+from deploy.demo.osm_extract import OSM_CREDIT, municipalities, points_of_interest, road_network
+from deploy.demo.traffic import Fleet
+from deploy.settings import Settings, load_connection_settings
+from exchanges import topology as t
+from fence import reference, store
+from fence.follow import circle
+from fence.manager import FenceManager
+from fence.spec import FenceSpec
+
 OWNER = "demo"
 POI_RADIUS_M = 150.0
 TIMEOUT_S = 120.0  # a vehicle silent this long leaves its fences (timeout)
@@ -56,10 +71,6 @@ def slug(name: str) -> str:
 def demo_fences(pois: int) -> list[Any]:
     """FenceSpecs: municipalities (li-<name>) and `pois` points of interest (poi-<name>),
     spread over the list of named POIs."""
-    from deploy.osm_extract import municipalities, points_of_interest
-    from fence.follow import circle
-    from fence.spec import FenceSpec
-
     specs = [FenceSpec(f"li-{slug(name)}", geom, name, TIMEOUT_S, OWNER)
              for name, geom in municipalities().items()]
     found = points_of_interest()
@@ -92,9 +103,6 @@ class Publishers:
     """A few paho MQTT connections (as the administrator, vhost gf-ingress), QoS 1."""
 
     def __init__(self, mqtt_cfg: dict[str, Any], run: str, n: int, tally: Tally) -> None:
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.enums import CallbackAPIVersion
-
         self.clients = []
         self.tally = tally
         connected = threading.Semaphore(0)
@@ -153,29 +161,16 @@ class Screen:
 
 
 def percentile(values: list[float], q: float) -> float:
-    import numpy as np
-
     return float(np.percentile(values, q)) if values else float("nan")
 
 
 async def run_demo(args: argparse.Namespace) -> int:
-    import aio_pika
-    import numpy as np
-
-    from deploy import local_stack as ls
-    from deploy import sidecars
-    from deploy.osm_extract import OSM_CREDIT, road_network
-    from deploy.traffic import Fleet
-    from exchanges import topology as t
-    from fence import reference, store
-    from fence.manager import FenceManager
-
     if not 1 / TIMEOUT_S < args.rate <= 20 or args.vehicles < 1 or args.duration <= 0:
         print(f"geofence demo: --rate in ({1 / TIMEOUT_S:.3f}, 20], --vehicles >= 1, --duration > 0",
               file=sys.stderr)
         return 2
-    settings = ls.Settings.from_env()
-    conn = ls.load_connection_settings(settings)
+    settings = Settings.from_env()
+    conn = load_connection_settings(settings)
     dead = [n for n, ok in sidecars.running(settings).items() if not ok]
     if dead:
         print(f"geofence demo: sidecar(s) {', '.join(dead)} not running: run `geofence up`", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`geofence up | down | status [--json]`: the command-line side of deploy.local_stack."""
+"""`geofence up | down | status [--json]`: the command-line side of deploy.stack."""
 
 from __future__ import annotations
 
@@ -6,7 +6,16 @@ import argparse
 import json
 import sys
 
-from deploy import local_stack as ls
+from deploy.processes import StackError
+from deploy.settings import (
+    Secrets,
+    Settings,
+    SettingsError,
+    StackNotSetUpError,
+    connection_settings,
+    load_secrets,
+)
+from deploy.stack import down, format_status, status, up
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -19,29 +28,29 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _up(settings: ls.Settings) -> int:
-    ls.up(settings, _say)
+def _up(settings: Settings) -> int:
+    up(settings, _say)
     return _status(settings, as_json=False)
 
 
-def _down(settings: ls.Settings) -> int:
-    ls.down(settings, _say)
+def _down(settings: Settings) -> int:
+    down(settings, _say)
     return 0
 
 
-def _status(settings: ls.Settings, as_json: bool) -> int:
+def _status(settings: Settings, as_json: bool) -> int:
     try:
-        pw: ls.Secrets | None = ls.load_secrets(settings)
-    except ls.StackNotSetUpError:
+        pw: Secrets | None = load_secrets(settings)
+    except StackNotSetUpError:
         if as_json:
             raise
         pw = None
-    st = ls.status(settings, pw)
+    st = status(settings, pw)
     if as_json:
         assert pw is not None
-        print(json.dumps(ls.connection_settings(settings, pw), indent=2))
+        print(json.dumps(connection_settings(settings, pw), indent=2))
     else:
-        print(ls.format_status(st))
+        print(format_status(st))
         if pw is None:
             print("(no credentials yet: run `geofence up`)")
     return 0 if st.all_running else 1
@@ -50,12 +59,12 @@ def _status(settings: ls.Settings, as_json: bool) -> int:
 def run(args: argparse.Namespace) -> int:
     command: str = args.command
     try:
-        settings = ls.Settings.from_env()
+        settings = Settings.from_env()
         if command == "up":
             return _up(settings)
         if command == "down":
             return _down(settings)
         return _status(settings, as_json=bool(args.json))
-    except (ls.SettingsError, ls.StackError) as exc:
+    except (SettingsError, StackError) as exc:
         print(f"geofence {command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,406 @@
+"""The four services of the local stack: RabbitMQ, PostgreSQL, memcached and the Firebase
+Auth emulator. For each: is it running, launch it, wait until it serves, configure it, stop
+it; SERVICES lists them in start order for `deploy.stack`.
+
+Trade-offs, chosen for a development / CI machine without systemd:
+
+- RabbitMQ is the machine's own node (Debian package, `/var/lib/rabbitmq`, node
+  `rabbit@<host>`), not a private one, so the `rabbitmqctl` an operator types and the scripts
+  in `deploy/rabbitmq/` talk to the same broker. The price: its users, vhosts and queues
+  outlive `geofence down`, and a node somebody else started is used as it is (we only add our
+  user, and enable the plugins online if its MQTT port is closed). Its listeners are bound to
+  GEOFENCE_HOST through environment variables, so /etc/rabbitmq is never edited; epmd and the
+  Erlang distribution port still listen on all interfaces (binding them to loopback breaks
+  `rabbitmqctl` wherever the host name does not resolve to loopback). epmd, started by the
+  node, is left running by `down`: it is shared by every Erlang node on the machine.
+- RabbitMQ's `guest` is left alone: it can only log in from loopback, and a node started by
+  an operator may rely on it. Our user `geofence` is an administrator with full permissions
+  on `/`; MQTT clients log in as `/:geofence` (the plugin's `vhost:username` form).
+- PostgreSQL is a private cluster under the state dir, on its own port and socket directory,
+  so it never meets Debian's cluster on 5432 and goes away with the state dir.
+- The Firebase Auth emulator (npm firebase-tools) is installed under the state dir on the
+  first `up` (deploy/firebase_emulator.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy import firebase_emulator as fe
+from deploy.processes import (
+    POLL_INTERVAL,
+    ProcessId,
+    StackError,
+    chown,
+    identify,
+    launch,
+    log_tail,
+    port_open,
+    run,
+    terminate,
+    wait_gone,
+    wait_until,
+)
+from deploy.settings import FIREBASE_PROJECT, USER, Secrets, Settings, management_url
+
+PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel")
+ENABLED_PLUGINS_FILE = Path("/etc/rabbitmq/enabled_plugins")
+RABBITMQ_LOG_DIR = Path("/var/log/rabbitmq")
+
+
+# --------------------------------------------------------------------------- RabbitMQ
+
+
+def rabbitmq_env(settings: Settings) -> dict[str, str]:
+    """Listeners on GEOFENCE_HOST and the configured ports, without touching /etc/rabbitmq."""
+    h, mqtt, web = settings.host, settings.mqtt_port, settings.management_port
+    erl_args = (f'-rabbitmq_mqtt tcp_listeners [{{"{h}",{mqtt}}}] '
+                f'-rabbitmq_management tcp_config [{{ip,"{h}"}},{{port,{web}}}]')
+    return {**os.environ, "RABBITMQ_NODE_IP_ADDRESS": h,
+            "RABBITMQ_NODE_PORT": str(settings.amqp_port),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": erl_args}
+
+
+def missing_plugins(enabled_plugins_text: str) -> list[str]:
+    """Plugins of PLUGINS absent from an `enabled_plugins` file (an Erlang list)."""
+    body = enabled_plugins_text.strip().rstrip(".").strip("[]")
+    enabled = {p.strip() for p in body.split(",")}
+    return [p for p in PLUGINS if p not in enabled]
+
+
+def rabbitmq_enable_plugins_offline() -> None:
+    try:
+        text = ENABLED_PLUGINS_FILE.read_text()
+    except FileNotFoundError:
+        text = ""
+    if missing_plugins(text):
+        run(["rabbitmq-plugins", "enable", "--offline", *PLUGINS])
+
+
+def rabbitmq_running(settings: Settings) -> bool:
+    return port_open(settings.host, settings.amqp_port)
+
+
+def rabbitmq_launch(settings: Settings) -> None:
+    rabbitmq_enable_plugins_offline()
+    launch(["rabbitmq-server", "-detached"], settings.log_dir / "rabbitmq-launch.log",
+           env=rabbitmq_env(settings))
+
+
+def rabbitmq_await(settings: Settings) -> ProcessId:
+    """`rabbitmqctl await_startup` fails at once until the node is known to epmd: poll it."""
+    deadline = time.monotonic() + settings.start_timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StackError(f"RabbitMQ did not start within {settings.start_timeout:g}s; "
+                             f"see {RABBITMQ_LOG_DIR}/ and {settings.log_dir}/rabbitmq-launch.log")
+        proc = run(["rabbitmqctl", "await_startup", "--timeout", str(max(1, int(left)))],
+                   check=False, timeout=left + 30)
+        if proc.returncode == 0:
+            break
+        time.sleep(POLL_INTERVAL)
+    _await_rabbitmq_listeners(settings)
+    return identify(rabbitmq_pid())
+
+
+def _await_rabbitmq_listeners(settings: Settings) -> None:
+    for port in (settings.amqp_port, settings.mqtt_port, settings.management_port):
+        wait_until(functools.partial(port_open, settings.host, port), settings.start_timeout,
+                   f"RabbitMQ to listen on {settings.host}:{port}")
+
+
+def rabbitmq_pid() -> int:
+    out = run(["rabbitmqctl", "eval", "list_to_integer(os:getpid())."]).stdout
+    return int(out.strip().splitlines()[-1])
+
+
+def rabbitmq_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
+    if not started_now and not port_open(settings.host, settings.mqtt_port):
+        # A node started elsewhere without our plugins: enable them on the running node.
+        run(["rabbitmqctl", "await_startup", "--timeout", str(int(settings.start_timeout))])
+        run(["rabbitmq-plugins", "enable", *PLUGINS], timeout=settings.start_timeout)
+        _await_rabbitmq_listeners(settings)
+    if not rabbitmq_user_ok(settings, pw):
+        rabbitmq_set_user(pw)
+
+
+def _http_get_json(url: str, user: str, password: str) -> Any:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.load(response)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def rabbitmq_user_ok(settings: Settings, pw: Secrets) -> bool:
+    """Fast path through the management API: our user logs in, is an administrator and has
+    full permissions on `/`."""
+    base = management_url(settings) + "api/"
+    who = _http_get_json(base + "whoami", USER, pw.rabbitmq_password)
+    tags = who.get("tags", []) if isinstance(who, dict) else []
+    if "administrator" not in (tags.split(",") if isinstance(tags, str) else tags):
+        return False
+    perms = _http_get_json(base + f"permissions/%2F/{USER}", USER, pw.rabbitmq_password)
+    return isinstance(perms, dict) and all(perms.get(k) == ".*"
+                                           for k in ("configure", "write", "read"))
+
+
+def rabbitmq_set_user(pw: Secrets) -> None:
+    listed = run(["rabbitmqctl", "-q", "list_users", "--formatter", "json"]).stdout
+    exists = any(u.get("user") == USER for u in json.loads(listed or "[]"))
+    verb = "change_password" if exists else "add_user"
+    run(["rabbitmqctl", verb, USER], stdin=pw.rabbitmq_password + "\n")  # password on stdin
+    run(["rabbitmqctl", "set_user_tags", USER, "administrator"])
+    run(["rabbitmqctl", "set_permissions", "-p", "/", USER, ".*", ".*", ".*"])
+
+
+def rabbitmq_stop(settings: Settings, proc: ProcessId) -> None:
+    run(["rabbitmqctl", "stop"], timeout=settings.start_timeout)
+    wait_gone(proc, settings.start_timeout, "RabbitMQ")
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def pg_bindir(settings: Settings) -> Path:
+    if settings.pg_bindir is not None:
+        return settings.pg_bindir
+    found = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb")]
+    numeric = [p for p in found if p.parent.name.isdigit()]
+    if not numeric:
+        raise StackError("no /usr/lib/postgresql/*/bin/initdb: run `bash deploy/setup.sh`")
+    return max(numeric, key=lambda p: int(p.parent.name))
+
+
+def as_postgres(settings: Settings, tool: str, *args: str) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", str(pg_bindir(settings) / tool), *args]
+
+
+def pg_running(settings: Settings) -> bool:
+    return port_open(settings.host, settings.pg_port)
+
+
+def pg_init(settings: Settings) -> None:
+    for d in (settings.pg_dir, settings.pg_socket_dir):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        chown(d, "postgres")
+    if (settings.pg_data / "PG_VERSION").exists():
+        return
+    if run(["runuser", "-u", "postgres", "--", "test", "-w", str(settings.pg_dir)],
+           check=False).returncode != 0:
+        raise StackError(f"user postgres cannot write {settings.pg_dir}: give every parent "
+                         "directory of GEOFENCE_STATE_DIR the x permission")
+    run(as_postgres(settings, "initdb", "-D", str(settings.pg_data), "-U", "postgres",
+                    "--auth-local=peer", "--auth-host=scram-sha-256", "-E", "UTF8",
+                    "--locale=C.UTF-8"))
+
+
+def pg_conf_text(settings: Settings) -> str:
+    def lit(value: object) -> str:
+        return "'" + str(value).replace("'", "''") + "'"
+
+    return ("# Written by `geofence up` at every start: set GEOFENCE_* instead of editing.\n"
+            f"listen_addresses = {lit(settings.host)}\n"
+            f"port = {settings.pg_port}\n"
+            f"unix_socket_directories = {lit(settings.pg_socket_dir)}\n"
+            "password_encryption = 'scram-sha-256'\n")
+
+
+def pg_write_conf(settings: Settings) -> None:
+    ours = settings.pg_data / "geofence.conf"
+    ours.write_text(pg_conf_text(settings))
+    chown(ours, "postgres")
+    main = settings.pg_data / "postgresql.conf"
+    include = "include_if_exists = 'geofence.conf'\n"
+    if include not in main.read_text():
+        with main.open("a") as f:
+            f.write("\n" + include)
+
+
+def pg_clear_stale_pidfile(settings: Settings) -> None:
+    """After a reboot, postmaster.pid may name a pid that now belongs to another program,
+    and postgres would refuse to start."""
+    pidfile = settings.pg_data / "postmaster.pid"
+    try:
+        pid = int(pidfile.read_text().splitlines()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        comm = ""
+    if comm not in ("postgres", "postmaster"):
+        pidfile.unlink()
+
+
+def pg_launch(settings: Settings) -> None:
+    pg_init(settings)
+    pg_write_conf(settings)
+    pg_clear_stale_pidfile(settings)
+    launch(as_postgres(settings, "pg_ctl", "-D", str(settings.pg_data), "-l",
+                       str(settings.pg_log), "-W", "start"),
+           settings.log_dir / "postgres-launch.log")
+
+
+def pg_ready(settings: Settings) -> bool:
+    return run(as_postgres(settings, "pg_isready", "-q", "-h", str(settings.pg_socket_dir),
+                           "-p", str(settings.pg_port)), check=False).returncode == 0
+
+
+def pg_await(settings: Settings) -> ProcessId:
+    try:
+        wait_until(lambda: pg_ready(settings), settings.start_timeout, "PostgreSQL")
+    except StackError as exc:
+        raise StackError(f"{exc}{log_tail(settings.pg_log)}") from None
+    pid = int((settings.pg_data / "postmaster.pid").read_text().splitlines()[0])
+    return identify(pid)
+
+
+def pg_setup_sql(password: str) -> str:
+    """Idempotent: the role (its password set again every time) and its database."""
+    pw = password.replace("'", "''")
+    return (f"SELECT 'CREATE ROLE {USER}' WHERE NOT EXISTS "
+            f"(SELECT FROM pg_roles WHERE rolname = '{USER}')\\gexec\n"
+            f"ALTER ROLE {USER} WITH LOGIN PASSWORD '{pw}';\n"
+            f"SELECT 'CREATE DATABASE {USER} OWNER {USER}' WHERE NOT EXISTS "
+            f"(SELECT FROM pg_database WHERE datname = '{USER}')\\gexec\n")
+
+
+def pg_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
+    run(as_postgres(settings, "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h",
+                    str(settings.pg_socket_dir), "-p", str(settings.pg_port), "-d", "postgres"),
+        stdin=pg_setup_sql(pw.postgres_password))
+
+
+def pg_stop(settings: Settings, proc: ProcessId) -> None:
+    run(as_postgres(settings, "pg_ctl", "-D", str(settings.pg_data), "-m", "fast", "-w",
+                    "-t", str(int(settings.start_timeout)), "stop"),
+        timeout=settings.start_timeout + 10)
+    wait_gone(proc, settings.start_timeout, "PostgreSQL")
+
+
+# --------------------------------------------------------------------------- memcached
+
+
+def memcached_running(settings: Settings) -> bool:
+    return port_open(settings.host, settings.memcached_port)
+
+
+def memcached_launch(settings: Settings) -> None:
+    # memcached writes its pid file after dropping to `nobody`: give it a directory it owns.
+    settings.memcached_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    chown(settings.memcached_dir, "nobody")
+    settings.memcached_pid_file.unlink(missing_ok=True)
+    launch(["memcached", "-d", "-u", "nobody", "-l", settings.host,
+            "-p", str(settings.memcached_port), "-P", str(settings.memcached_pid_file)],
+           settings.log_dir / "memcached-launch.log")
+
+
+def memcached_await(settings: Settings) -> ProcessId:
+    # `memcached -d` exits 0 before binding, even when the port is taken: wait for both.
+    wait_until(lambda: memcached_running(settings) and memcached_pid(settings) is not None,
+               settings.start_timeout, f"memcached on {settings.host}:{settings.memcached_port}")
+    pid = memcached_pid(settings)
+    assert pid is not None
+    return identify(pid)
+
+
+def memcached_pid(settings: Settings) -> int | None:
+    try:
+        return int(settings.memcached_pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return _find_pid("memcached", str(settings.memcached_pid_file))
+
+
+def _find_pid(comm: str, argument: str) -> int | None:
+    """A process named `comm` with `argument` on its command line (pid file not written)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != comm:
+                continue
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argument.encode() in args:
+            return int(entry.name)
+    return None
+
+
+def memcached_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
+    return None
+
+
+def memcached_stop(settings: Settings, proc: ProcessId) -> None:
+    terminate(proc, settings.start_timeout, "memcached")
+
+
+# --------------------------------------------------------------------------- Firebase Auth emulator
+# (npm firebase-tools, installed under the state dir on first `up`: see deploy/firebase_emulator.py)
+
+
+def firebase_running(settings: Settings) -> bool:
+    return port_open(settings.host, settings.firebase_auth_port)
+
+
+def firebase_launch(settings: Settings) -> None:
+    binary = fe.ensure_installed(settings.state_dir / "firebase-tools")
+    run_dir = settings.state_dir / "firebase"
+    fe.write_config(run_dir, settings.host, settings.firebase_auth_port)
+    fe.launch(binary, run_dir, FIREBASE_PROJECT, settings.log_dir / "firebase-auth.log")
+
+
+def firebase_await(settings: Settings) -> ProcessId:
+    fe.await_started(settings.host, settings.firebase_auth_port, settings.start_timeout,
+                     log_path=settings.log_dir / "firebase-auth.log")
+    pid = fe.find_pid(settings.host, settings.firebase_auth_port)
+    if pid is None:
+        raise StackError(f"something answers on {settings.host}:{settings.firebase_auth_port}, "
+                         "but not the Auth emulator we started")
+    return identify(pid)
+
+
+def firebase_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
+    return None
+
+
+def firebase_stop(settings: Settings, proc: ProcessId) -> None:
+    terminate(proc, settings.start_timeout, "the Firebase Auth emulator")
+
+
+# --------------------------------------------------------------------------- the services, in start order
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    running: Callable[[Settings], bool]
+    launch: Callable[[Settings], None]
+    await_started: Callable[[Settings], ProcessId]
+    configure: Callable[[Settings, Secrets, bool], None]
+    stop: Callable[[Settings, ProcessId], None]
+
+
+SERVICES: tuple[Service, ...] = (
+    Service("rabbitmq", rabbitmq_running, rabbitmq_launch, rabbitmq_await, rabbitmq_configure,
+            rabbitmq_stop),
+    Service("postgres", pg_running, pg_launch, pg_await, pg_configure, pg_stop),
+    Service("memcached", memcached_running, memcached_launch, memcached_await,
+            memcached_configure, memcached_stop),
+    Service("firebase-auth", firebase_running, firebase_launch, firebase_await, firebase_configure,
+            firebase_stop),
+)

@@ -1,0 +1,359 @@
+"""The local stack's settings, its secrets and the connection settings built from both.
+
+- `Settings.from_env()` reads the GEOFENCE_* environment once (nothing is read at import
+  time) and the result is passed down. A key it does not know is refused, with the nearest
+  known one suggested, so a typo never falls back to a default silently.
+- Passwords are generated once (`secrets.json`, mode 600) and handed to tools on stdin,
+  never on a command line. Human output masks them; `status --json` prints them, since it is
+  how tools get the connection settings (it needs the same root access as the file).
+- The sidecar users' passwords live in the same secrets file, generated when missing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+from urllib.parse import quote
+
+from deploy.processes import StackError
+from deploy.rabbitmq import definitions as rabbit_defs
+from exchanges import topology as topo
+
+ENV_PREFIX = "GEOFENCE_"
+USER = topo.ADMIN_USER  # RabbitMQ user, PostgreSQL role and database: "geofence"
+MASK = "****"
+FIREBASE_PROJECT = "demo-geofence"  # demo-*: no Google project, no login, offline
+
+
+class SettingsError(ValueError):
+    """The GEOFENCE_* environment is wrong."""
+
+
+class StackNotSetUpError(StackError):
+    """`geofence up` never ran with this state dir."""
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def _port(key: str, raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r}: not a port number") from None
+    if not 1 <= port <= 65535:
+        raise SettingsError(f"{key}={raw!r}: a port is between 1 and 65535")
+    return port
+
+
+def _abs_path(key: str, raw: str) -> Path:
+    path = Path(raw)
+    if not path.is_absolute():
+        raise SettingsError(f"{key}={raw!r}: must be an absolute path")
+    return path
+
+
+def _ipv4(key: str, raw: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(raw))
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r}: must be an IPv4 address such as 127.0.0.1") from None
+
+
+def _seconds(key: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r}: not a number of seconds") from None
+    if not value > 0:
+        raise SettingsError(f"{key}={raw!r}: must be positive")
+    return value
+
+
+def _names(key: str, raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(","))
+    if not all(names):
+        raise SettingsError(f"{key}={raw!r}: a comma-separated list of names such as a,b")
+    return names
+
+
+# GEOFENCE_<KEY> -> (Settings field, parser). The one registry of the keys the local stack
+# accepts: a key missing here is rejected, so a typo never falls back to a default silently.
+_ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "GEOFENCE_STATE_DIR": ("state_dir", _abs_path),
+    "GEOFENCE_HOST": ("host", _ipv4),
+    "GEOFENCE_AMQP_PORT": ("amqp_port", _port),
+    "GEOFENCE_MQTT_PORT": ("mqtt_port", _port),
+    "GEOFENCE_MANAGEMENT_PORT": ("management_port", _port),
+    "GEOFENCE_PG_PORT": ("pg_port", _port),
+    "GEOFENCE_MEMCACHED_PORT": ("memcached_port", _port),
+    "GEOFENCE_API_PORT": ("api_port", _port),
+    "GEOFENCE_FIREBASE_AUTH_PORT": ("firebase_auth_port", _port),
+    "GEOFENCE_PG_BINDIR": ("pg_bindir", _abs_path),
+    "GEOFENCE_START_TIMEOUT": ("start_timeout", _seconds),
+    "GEOFENCE_REGIONS": ("regions", _names),
+    "GEOFENCE_WORKERS": ("workers", _names),
+}
+ENV_KEYS = tuple(_ENV_KEYS)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the stack lives and listens. Build it once with `Settings.from_env()`."""
+
+    state_dir: Path = Path("/var/lib/geofence")
+    host: str = "127.0.0.1"
+    amqp_port: int = 5672
+    mqtt_port: int = 1883
+    management_port: int = 15672
+    pg_port: int = 55432
+    memcached_port: int = 11211
+    api_port: int = 8080  # the fence API (HTTP), `geofence api`
+    firebase_auth_port: int = 9099  # the Firebase Auth emulator
+    pg_bindir: Path | None = None  # None: the newest /usr/lib/postgresql/*/bin
+    start_timeout: float = 120.0
+    regions: tuple[str, ...] = topo.Topology.regions  # x-geo regions (vhosts gf-region-<r>)
+    workers: tuple[str, ...] = topo.Topology.workers  # x-fence workers
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        given = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+        unknown = sorted(set(given) - set(_ENV_KEYS) - set(topo.SIDECAR_ENV_KEYS))
+        if unknown:
+            raise SettingsError(_unknown_keys_message(unknown))
+        values = {name: parse(key, given[key]) for key, (name, parse) in _ENV_KEYS.items()
+                  if key in given}
+        settings = cls(**values)
+        settings.check_ports_distinct()
+        try:
+            _ = settings.topology  # validates the region and worker names
+        except ValueError as exc:
+            raise SettingsError(f"GEOFENCE_REGIONS / GEOFENCE_WORKERS: {exc}") from None
+        return settings
+
+    @property
+    def topology(self) -> topo.Topology:
+        return topo.Topology(regions=self.regions, workers=self.workers)
+
+    def check_ports_distinct(self) -> None:
+        ports = self.ports()
+        if len(set(ports.values())) != len(ports):
+            raise SettingsError(f"two services on one port: {ports}")
+
+    def ports(self) -> dict[str, int]:
+        return {"amqp": self.amqp_port, "mqtt": self.mqtt_port,
+                "management": self.management_port, "postgres": self.pg_port,
+                "memcached": self.memcached_port, "api": self.api_port,
+                "firebase-auth": self.firebase_auth_port}
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def secrets_file(self) -> Path:
+        return self.state_dir / "secrets.json"
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.state_dir / "pg"
+
+    @property
+    def pg_data(self) -> Path:
+        return self.pg_dir / "data"
+
+    @property
+    def pg_socket_dir(self) -> Path:
+        return self.pg_dir / "run"
+
+    @property
+    def pg_log(self) -> Path:
+        return self.pg_dir / "postgres.log"
+
+    @property
+    def memcached_dir(self) -> Path:
+        return self.state_dir / "memcached"
+
+    @property
+    def memcached_pid_file(self) -> Path:
+        return self.memcached_dir / "memcached.pid"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "log"
+
+
+def _unknown_keys_message(unknown: Sequence[str]) -> str:
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, list(_ENV_KEYS), n=1)
+        parts.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    known = ", ".join(sorted(_ENV_KEYS))
+    return f"unknown setting {', '.join(parts)}; known {ENV_PREFIX}* keys: {known}"
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+@dataclass(frozen=True)
+class Secrets:
+    rabbitmq_password: str
+    postgres_password: str
+    users: dict[str, str] = field(default_factory=dict)  # sidecar RabbitMQ user -> password
+
+    def values(self) -> tuple[str, ...]:
+        return (self.rabbitmq_password, self.postgres_password, *self.users.values())
+
+
+def load_secrets(settings: Settings) -> Secrets:
+    path = settings.secrets_file
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StackNotSetUpError(f"no {path}: run `geofence up` first") from None
+    except PermissionError:
+        raise StackError(f"cannot read {path}: it is readable by root only") from None
+    except json.JSONDecodeError as exc:
+        raise StackError(f"{path} is not JSON ({exc}): delete it and run `geofence up`") from None
+    try:
+        users = data.get("users", {})
+        return Secrets(str(data["rabbitmq_password"]), str(data["postgres_password"]),
+                       {str(k): str(v) for k, v in users.items()})
+    except (KeyError, TypeError, AttributeError):
+        raise StackError(f"{path} lacks a password: delete it and run `geofence up`") from None
+
+
+def _write_secrets(path: Path, pw: Secrets) -> None:
+    """Written whole (a temporary file renamed over the old one), mode 600 from the start."""
+    body = json.dumps({"rabbitmq_password": pw.rabbitmq_password,
+                       "postgres_password": pw.postgres_password,
+                       "users": dict(sorted(pw.users.items()))}, indent=2)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(body + "\n")
+    os.replace(tmp, path)
+
+
+def ensure_secrets(settings: Settings) -> Secrets:
+    """Load the passwords, generating the missing ones (mode 600) once: the first time, and
+    the sidecar users' when an older secrets file lacks them."""
+    path = settings.secrets_file
+    if not path.exists():
+        _write_secrets(path, Secrets(secrets.token_urlsafe(24), secrets.token_urlsafe(24)))
+    os.chmod(path, 0o600)
+    pw = load_secrets(settings)
+    missing = [u for u in rabbit_defs.SIDECAR_USERS if u not in pw.users]
+    if missing:
+        users = {**pw.users, **{u: secrets.token_urlsafe(24) for u in missing}}
+        _write_secrets(path, Secrets(pw.rabbitmq_password, pw.postgres_password, users))
+        pw = load_secrets(settings)
+    return pw
+
+
+def mask(text: str, hidden: Iterable[str]) -> str:
+    """`text` with every secret (plain or URL-quoted) replaced by ****."""
+    variants = {v for s in hidden if s for v in (s, quote(s, safe=""))}
+    for value in sorted(variants, key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text
+
+
+# --------------------------------------------------------------------------- connection settings
+
+
+class MqttSettings(TypedDict):
+    host: str
+    port: int
+    username: str
+    password: str
+    ingress_vhost: str  # devices log in as "<ingress_vhost>:<object_id>"
+
+
+class PostgresSettings(TypedDict):
+    dsn: str
+
+
+class MemcachedSettings(TypedDict):
+    host: str
+    port: int
+
+
+class ManagementSettings(TypedDict):
+    url: str
+
+
+class FirebaseSettings(TypedDict):
+    project: str
+    auth_emulator_host: str  # FIREBASE_AUTH_EMULATOR_HOST
+
+
+class ConnectionSettings(TypedDict):
+    """What `geofence status --json` prints. `amqp` maps a vhost to the administrator's URL
+    ("/" and every vhost of the topology); `users` maps a sidecar user to its URL per vhost."""
+
+    amqp: dict[str, str]
+    users: dict[str, dict[str, str]]
+    mqtt: MqttSettings
+    postgres: PostgresSettings
+    memcached: MemcachedSettings
+    management: ManagementSettings
+    api: str | None
+    firebase: FirebaseSettings
+    state_dir: str
+
+
+def amqp_url(settings: Settings, password: str, vhost: str = "/", user: str = USER) -> str:
+    return (f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{settings.host}:"
+            f"{settings.amqp_port}/{quote(vhost, safe='')}")
+
+
+def user_urls(settings: Settings, pw: Secrets) -> dict[str, dict[str, str]]:
+    """{sidecar user: {vhost: AMQP URL}} for the users whose passwords are known."""
+    return {user: {v: amqp_url(settings, pw.users[user], v, user) for v in vhosts}
+            for user, vhosts in rabbit_defs.user_vhosts(settings.topology).items()
+            if user in pw.users}
+
+
+def postgres_dsn(settings: Settings, password: str) -> str:
+    return (f"postgresql://{USER}:{quote(password, safe='')}@{settings.host}:{settings.pg_port}"
+            f"/{USER}")
+
+
+def management_url(settings: Settings) -> str:
+    return f"http://{settings.host}:{settings.management_port}/"
+
+
+def connection_settings(settings: Settings, pw: Secrets) -> ConnectionSettings:
+    return {
+        "amqp": {v: amqp_url(settings, pw.rabbitmq_password, v)
+                 for v in ("/", *settings.topology.vhosts)},
+        "users": user_urls(settings, pw),
+        "mqtt": {"host": settings.host, "port": settings.mqtt_port,
+                 "username": f"/:{USER}", "password": pw.rabbitmq_password,
+                 "ingress_vhost": topo.INGRESS_VHOST},
+        "postgres": {"dsn": postgres_dsn(settings, pw.postgres_password)},
+        "memcached": {"host": settings.host, "port": settings.memcached_port},
+        "management": {"url": management_url(settings)},
+        "api": f"http://{settings.host}:{settings.api_port}",
+        "firebase": {"project": FIREBASE_PROJECT,
+                     "auth_emulator_host": f"{settings.host}:{settings.firebase_auth_port}"},
+        "state_dir": str(settings.state_dir),
+    }
+
+
+def load_connection_settings(settings: Settings | None = None) -> ConnectionSettings:
+    """The connection settings of the local stack, as `geofence status --json` prints them."""
+    settings = Settings.from_env() if settings is None else settings
+    return connection_settings(settings, load_secrets(settings))
+
+

@@ -1,0 +1,157 @@
+"""The local single-host stack as a whole: `geofence up`, `geofence down`, `geofence status`.
+
+`up` starts the services (deploy.services) that are not running, records what it started,
+applies the pipeline's RabbitMQ topology (deploy.rabbitmq.apply: vhosts, users, permissions,
+exchanges, queues, federation, policies, for GEOFENCE_REGIONS / GEOFENCE_WORKERS) and starts
+the sidecars (deploy.sidecars). `down` stops the sidecars, then only the services `up` started;
+`status` tells what runs and where. `deploy.stack_cmd` is the command-line glue.
+
+Trade-offs: it runs as root on a development / CI machine without systemd (services run as
+the users rabbitmq, postgres and nobody); running `up` twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from deploy import sidecars
+from deploy.processes import (
+    Say,
+    ServiceRecord,
+    StackError,
+    State,
+    is_ours,
+    load_state,
+    port_open,
+    record_for_running,
+    save_state,
+)
+from deploy.rabbitmq import apply as rabbit_topology
+from deploy.services import SERVICES, Service
+from deploy.settings import (
+    FIREBASE_PROJECT,
+    USER,
+    Secrets,
+    Settings,
+    amqp_url,
+    ensure_secrets,
+    management_url,
+    mask,
+    postgres_dsn,
+)
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise StackError("must run as root: it starts services as the users rabbitmq, "
+                         "postgres and nobody")
+
+
+def prepare_state_dir(settings: Settings) -> None:
+    settings.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    settings.log_dir.mkdir(mode=0o755, exist_ok=True)
+
+
+def up(settings: Settings, say: Say) -> State:
+    """Start what is not running; record what we started. Running twice changes nothing."""
+    require_root()
+    prepare_state_dir(settings)
+    pw = ensure_secrets(settings)
+    previous = load_state(settings.state_file)
+    state: State = {}
+    launched: list[Service] = []
+    for svc in SERVICES:  # launch all first: they boot in parallel
+        if svc.running(settings):
+            state[svc.name] = record_for_running(previous.get(svc.name))
+            whose = "ours" if state[svc.name].started_by_us else "not started by geofence up"
+            say(f"{svc.name}: already running ({whose}), left as is")
+        else:
+            say(f"{svc.name}: starting")
+            svc.launch(settings)
+            launched.append(svc)
+    for svc in launched:
+        proc = svc.await_started(settings)
+        state[svc.name] = ServiceRecord(True, proc)
+        save_state(settings.state_file, state)  # record at once what we will have to stop
+        say(f"{svc.name}: started (pid {proc.pid})")
+    save_state(settings.state_file, state)
+    for svc in SERVICES:
+        svc.configure(settings, pw, svc in launched)
+    rabbit_topology.ensure(settings, pw, say)
+    sidecars.up(settings, pw, say)  # the pipeline's processes, once the broker is set up
+    return state
+
+
+def down(settings: Settings, say: Say) -> State:
+    """Stop what `up` started (and still runs as that very process); leave the rest alone."""
+    require_root()
+    sidecars.down(settings, say)
+    state = load_state(settings.state_file)
+    for svc in reversed(SERVICES):
+        record = state.get(svc.name)
+        if is_ours(record):
+            assert record is not None and record.process is not None
+            say(f"{svc.name}: stopping (pid {record.process.pid})")
+            svc.stop(settings, record.process)
+        elif record is not None and record.started_by_us:
+            say(f"{svc.name}: already stopped")
+        elif svc.running(settings):
+            say(f"{svc.name}: not started by geofence up, left running")
+        state.pop(svc.name, None)
+        save_state(settings.state_file, state)
+    return state
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    service: str
+    running: bool
+    started_by_us: bool
+    address: str
+
+
+@dataclass(frozen=True)
+class Status:
+    rows: tuple[StatusRow, ...]
+    hidden: tuple[str, ...] = ()  # values to mask in human output
+
+    @property
+    def all_running(self) -> bool:
+        return all(r.running for r in self.rows)
+
+
+def status(settings: Settings, pw: Secrets | None) -> Status:
+    """What runs, who started it and where. `pw` is None before the first `up`."""
+    state = load_state(settings.state_file)
+    ours = {svc.name: is_ours(state.get(svc.name)) for svc in SERVICES}
+    h = settings.host
+    rabbit = amqp_url(settings, pw.rabbitmq_password) if pw else f"amqp://{h}:{settings.amqp_port}"
+    pg = postgres_dsn(settings, pw.postgres_password) if pw else f"postgresql://{h}:{settings.pg_port}"
+    rows: tuple[StatusRow, ...] = (
+        StatusRow("rabbitmq", port_open(h, settings.amqp_port), ours["rabbitmq"], rabbit),
+        StatusRow("mqtt", port_open(h, settings.mqtt_port), ours["rabbitmq"],
+                  f"mqtt://{h}:{settings.mqtt_port} (login /:{USER})"),
+        StatusRow("management", port_open(h, settings.management_port), ours["rabbitmq"],
+                  management_url(settings)),
+        StatusRow("postgres", port_open(h, settings.pg_port), ours["postgres"], pg),
+        StatusRow("memcached", port_open(h, settings.memcached_port), ours["memcached"],
+                  f"{h}:{settings.memcached_port}"),
+        StatusRow("firebase-auth", port_open(h, settings.firebase_auth_port), ours["firebase-auth"],
+                  f"http://{h}:{settings.firebase_auth_port} (Auth emulator, project {FIREBASE_PROJECT})"),
+    )
+    alive = sidecars.running(settings)
+    rows += tuple(StatusRow(name, ok, True, f"log {settings.log_dir / (name + '.log')}")
+                  for name, ok in alive.items())
+    return Status(rows, pw.values() if pw else ())
+
+
+def format_status(st: Status) -> str:
+    """The human table; passwords masked."""
+    header = ("SERVICE", "RUNNING", "STARTED BY US", "ADDRESS")
+    body = [(r.service, "yes" if r.running else "NO", "yes" if r.started_by_us else "no",
+             mask(r.address, st.hidden)) for r in st.rows]
+    widths = [max(len(row[i]) for row in (header, *body)) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3]
+             for row in (header, *body)]
+    return "\n".join(lines)
