@@ -35,9 +35,9 @@ import aio_pika
 import msgpack
 import numpy as np
 import orjson
-import workload as wl
 
 import hilbert_c as hk
+from bench import workload as wl
 from deploy.local_stack import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from deploy.rabbitmq import apply as rabbit
 from exchanges import topology as t

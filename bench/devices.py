@@ -2,13 +2,18 @@
 the management API) against `geofence device add ID` (broker CLI calls), in one run, on
 the running local stack.
 
-Figures, not tests: `.venv/bin/python bench/devices.py [--devices 10000] [--single 10]`.
+Figures, not tests: `.venv/bin/python -m bench.devices [--devices 10000] [--single 10]`.
 It creates devices named `bench-dev-<run>-<i>`, checks that a sample has the rights of a
 single `device add` and that a second import changes nothing, then removes them all.
 Target (issue 16): 10,000 devices in under a minute.
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # bench/cli.py, found in this file's own folder
+
+    cli.run_as_module(__file__)
 
 import argparse
 import sys

@@ -1,15 +1,15 @@
 """End-to-end benchmark of the fleet-over-fences workload (see bench/workload.py).
 
-    .venv/bin/python bench/e2e.py --mode core [--fences 1000,10000] [--objects 10000]
+    .venv/bin/python -m bench.e2e --mode core [--fences 1000,10000] [--objects 10000]
         [--updates 200000] [--batch 10000] [--seed 1] [--profile]
-    .venv/bin/python bench/e2e.py --mode amqp [--fences 1000,10000] [--objects 10000]
+    .venv/bin/python -m bench.e2e --mode amqp [--fences 1000,10000] [--objects 10000]
         [--updates 100000] [--batch 1000]
-    .venv/bin/python bench/e2e.py --mode mqtt [--fences 100] [--objects 1000] [--updates 20000]
+    .venv/bin/python -m bench.e2e --mode mqtt [--fences 100] [--objects 1000] [--updates 20000]
         [--clients 2]
-    .venv/bin/python bench/e2e.py --mode half [--fences 1000] [--objects 10000]
+    .venv/bin/python -m bench.e2e --mode half [--fences 1000] [--objects 10000]
         [--updates 100000] [--batch 1000] [--rate UPDATES_PER_S]
-    .venv/bin/python bench/e2e.py --mode durability [--fences 1000] [--updates 100000]
-    .venv/bin/python bench/e2e.py --mode all     # core, amqp, mqtt, half, each with its defaults
+    .venv/bin/python -m bench.e2e --mode durability [--fences 1000] [--updates 100000]
+    .venv/bin/python -m bench.e2e --mode all     # core, amqp, mqtt, half, each with its defaults
 
 Modes (`MODES`; the defaults in brackets are per mode, an option given applies to every mode
 run, so `--mode all --updates 20000` runs them all at U=20,000):
@@ -46,6 +46,11 @@ time.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # bench/cli.py, found in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import asyncio
 import cProfile
@@ -59,11 +64,8 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import workload as wl
+from bench import workload as wl
 
 ALL = ("core", "amqp", "mqtt", "half")
 
@@ -281,7 +283,7 @@ def run_core(args: argparse.Namespace, w: Workloads, z: Sizes) -> Outcome:
 def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, label: str,
                rate: float | None = None) -> Outcome:
     """One broker_modes.run ("amqp" or "mqtt") against the running stack, shown as `label`."""
-    import broker_modes as bm  # the stack's clients (aio_pika, paho), only when asked for
+    from bench import broker_modes as bm  # the stack's clients (aio_pika, paho), only when asked for
 
     fences, stream = w.fence_set(z.fences), w.stream(z.objects, z.updates)
     reference, ref_s = w.reference(z.fences, z.objects, z.updates)

@@ -2,11 +2,16 @@
 numpy memory floor, and polygon coverings (a 5 km circle, the 11 Liechtenstein
 municipalities (c) OpenStreetMap contributors) at 17/19/20/22 bits.
 
-Figures, not tests: run `.venv/bin/python bench/hilbert.py`. Each timing is the best of
+Figures, not tests: run `.venv/bin/python -m bench.hilbert`. Each timing is the best of
 several repeats (the machine is shared); ratios compare figures taken in this one run.
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # bench/cli.py, found in this file's own folder
+
+    cli.run_as_module(__file__)
 
 import argparse
 import statistics

@@ -1,6 +1,6 @@
 """Moving fences: what re-binding a fence that follows an object costs (fence/follow.py).
 
-    .venv/bin/python bench/moving_fences.py [--fences 100] [--rounds 5] [--duration 20] [--seed 1]
+    .venv/bin/python -m bench.moving_fences [--fences 100] [--rounds 5] [--duration 20] [--seed 1]
 
 The issue asks for "100 such fences each moving once per second". One run measures, side by
 side, against the running stack (`geofence up`):
@@ -38,6 +38,11 @@ on their cars' last positions; the figures never fail it. Run one broker benchma
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # bench/cli.py, found in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import asyncio
 import contextlib
@@ -57,10 +62,7 @@ import httpx
 import numpy as np
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from e2e import Progress, table
-
+from bench.e2e import Progress, table
 from deploy import local_stack as ls
 from deploy import sidecars
 from exchanges import topology as t

@@ -1,6 +1,6 @@
 """The nightly PySpark jobs at scale, on this machine (local[2] by default).
 
-    .venv/bin/python bench/spark_jobs.py [--fences 100000] [--events 10000000] [--master local[2]]
+    .venv/bin/python -m bench.spark_jobs [--fences 100000] [--events 10000000] [--master local[2]]
                                          [--only bindings|analytics] [--seed 1]
 
 1. rebuild-bindings over F generated fences (circles of 30 m to 3 km, 64 vertices, and
@@ -24,6 +24,11 @@ at each run); nothing live is touched. Spark prints its stage progress bars on a
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # bench/cli.py, found in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import asyncio
 import json
@@ -31,15 +36,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ingress.worldmap import AREA
 from spark_jobs import rebuild_bindings
@@ -132,8 +133,8 @@ def main() -> int:
     if a.only is None:  # each job in a fresh process: a fresh JVM, as a nightly run has
         summaries, rc = [], 0
         for part in ("bindings", "analytics"):
-            args = [sys.executable, __file__, "--only", part, "--fences", str(a.fences), "--events",
-                    str(a.events), "--master", a.master, "--seed", str(a.seed)]
+            args = [sys.executable, "-m", "bench.spark_jobs", "--only", part, "--fences", str(a.fences),
+                    "--events", str(a.events), "--master", a.master, "--seed", str(a.seed)]
             done = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=False)
             out = done.stdout.split("\nSUMMARY spark_jobs")
             print(out[0], flush=True)
@@ -162,7 +163,7 @@ def main() -> int:
                              f"({with_start / TARGET_FENCES_S:.2f}x)")
             ok &= r["failed"] == 0
     if a.only in (None, "analytics"):
-        from spark_occupancy_part import bench_occupancy
+        from bench.spark_occupancy_part import bench_occupancy
 
         r = bench_occupancy(a.events, "bench_spark_occ", a.master)
         start_s = float(r["phases_s"].get("session", 0.0))

@@ -19,6 +19,11 @@ true time plus the pipeline's delay).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # bench/cli.py, found in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import asyncio
 import datetime as dt
@@ -27,14 +32,11 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import numpy as np
 import numpy.typing as npt
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spark_jobs import occupancy
 from spark_jobs.session import JobConfig, check_schema
