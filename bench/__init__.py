@@ -12,5 +12,6 @@ Each benchmark is a module of this package, run from the repository's root as
 
 Shared, not run: `workload` (the fleet-over-fences workload, its shapely reference and the
 in-process core pipeline; also used by the tests), `broker_modes` (that workload through the
-running stack) and `cli` (what their command lines share).
+running stack), `report` (how every benchmark prints its figures: tables, ratios to a target or
+a named reference, the SUMMARY line, progress) and `cli` (what their command lines share).
 """

@@ -62,7 +62,8 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.e2e import Progress, table
+from bench import report
+from bench.report import fmt, pct
 from deploy import local_stack as ls
 from deploy import sidecars
 from exchanges import topology as t
@@ -92,15 +93,6 @@ TICK_S = 0.5
 def offset(lon: float, lat: float, east_m: float, north_m: float) -> tuple[float, float]:
     dlat = north_m / EARTH_M_PER_DEG
     return lon + east_m / (EARTH_M_PER_DEG * math.cos(math.radians(lat))), lat + dlat
-
-
-def pct(values: Sequence[float] | np.ndarray, q: float) -> float:
-    a = np.asarray(values, dtype=float)
-    return float(np.percentile(a, q)) if a.size else math.nan
-
-
-def fmt(value: float, spec: str = ",.1f") -> str:
-    return "-" if math.isnan(value) else format(value, spec)
 
 
 # --------------------------------------------------------------------------- the stack
@@ -534,7 +526,7 @@ def skipped(b: PartB) -> float:
     return float(np.mean(np.asarray(b.steps) > 1.5)) if b.steps else math.nan
 
 
-def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, b_error: str) -> None:
+def figures(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, b_error: str) -> None:
     want = float(fences)  # F fences x 1 move/s
     cols = [f"A {p.label}" for p in a] + ["B end to end"]
     rows: list[list[str]] = []
@@ -556,8 +548,7 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
         ["-"] * len(a) + [f"{skipped(bv) * 100:.0f}%" if bv and bv.steps else "-"])
     row("ranges sent / move", [fmt(float(np.mean(p.sent)) if p.sent else math.nan) for p in a] + ["-"])
     row("covering ranges / move", [fmt(float(np.mean(p.full)) if p.full else math.nan) for p in a] + ["-"])
-    row("sent / covering", [fmt(sum(p.sent) / sum(p.full) if sum(p.full) else math.nan, ".2f") + "x"
-                            for p in a] + ["-"])
+    row("sent / covering", [report.times(report.ratio(sum(p.sent), sum(p.full))) for p in a] + ["-"])
     row("x-geo behind p50 (ms)", ["-"] * len(a) + [fmt(pct(bv.behind_s, 50) * 1000) if bv else "-"])
     row("x-geo behind max (ms)",
         ["-"] * len(a) + [fmt(max(bv.behind_s) * 1000 if bv.behind_s else math.nan) if bv else "-"])
@@ -567,8 +558,9 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
     row("errors", [f"{len(p.errors)}" for p in a]
         + [(f"{len(bv.publish_errors)}" if bv else "ERROR")])
     row("target (moves/s)", [f"{want:,.0f}"] * (len(a) + 1))
-    row("ratio", [f"{p.rate / want:.2f}" for p in a] + [f"{bv.rate / want:.2f}" if bv else "-"])
-    print(table(["", *cols], rows))
+    row("ratio", [report.ratio_cell(report.ratio(p.rate, want)) for p in a]
+        + [report.ratio_cell(report.ratio(bv.rate, want) if bv else None)])
+    print(report.table(["", *cols], rows))
 
     ranges = info.get("ranges") or [0]
     print(f"  fences: {fences:,} circles of {RADIUS_M:g} m around {CENTRE}, coverings of "
@@ -620,28 +612,29 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
             print(f"    ! publish: {e}")
 
     print()
-    srows = [[f"A {p.label}", f"{fences:,}", f"{p.rate:,.1f}", f"{want:,.0f}", f"{p.rate / want:.2f}",
-              fmt(pct(p.latency_ms, 99)), f"{p.from_store:,}"] for p in a]
+    srows = [[f"A {p.label}", f"{fences:,}", f"{p.rate:,.1f}", f"{want:,.0f}",
+              report.ratio_cell(report.ratio(p.rate, want)), fmt(pct(p.latency_ms, 99)), f"{p.from_store:,}"]
+             for p in a]
     srows.append(["B end to end", f"{fences:,}", f"{bv.rate:,.1f}" if bv else "-", f"{want:,.0f}",
-                  f"{bv.rate / want:.2f}" if bv else "-", fmt(pct(bv.lag_ms, 99)) if bv else "-",
-                  f"{bv.from_store:,}" if bv else "-"])
-    print(table(["part", "F", "moves/s", "target", "ratio", "p99 ms", "from store"], srows))
+                  report.ratio_cell(report.ratio(bv.rate, want) if bv else None),
+                  fmt(pct(bv.lag_ms, 99)) if bv else "-", f"{bv.from_store:,}" if bv else "-"])
+    print(report.table(["part", "F", "moves/s", "target", "ratio", "p99 ms", "from store"], srows))
 
-    parts = [f"A {p.label} {p.rate:,.0f} moves/s ({p.rate / want:.2f}x)" for p in a]
+    parts = [f"A {p.label} {p.rate:,.0f} moves/s ({report.times(report.ratio(p.rate, want))})" for p in a]
     sent = sum(sum(p.sent) for p in a)
     full = sum(sum(p.full) for p in a)
     moves = sum(p.moves for p in a)
     diff = (f"{sent / moves:.0f} ranges sent per move for a covering of {full / moves:.0f} "
-            f"({sent / full:.2f}x), {sum(p.from_store for p in a)} rebinds from store"
+            f"({report.times(report.ratio(sent, full))}), {sum(p.from_store for p in a)} rebinds from store"
             if moves and full else "no moves")
     if bv:
-        bpart = (f"B sustained {bv.rate:,.1f} moves/s ({bv.rate / want:.2f}x), lag p50 "
+        bpart = (f"B sustained {bv.rate:,.1f} moves/s ({report.times(report.ratio(bv.rate, want))}), lag p50 "
                  f"{fmt(pct(bv.lag_ms, 50), '.0f')} ms p99 {fmt(pct(bv.lag_ms, 99), '.0f')} ms, "
                  f"{bv.from_store} rebinds from store, api CPU {fmt(bv.cpu.get('api', math.nan), '.0f')}%, "
                  f"{bv.settled}/{bv.fences} on the last position")
     else:
         bpart = "B ERROR"
-    print(f"SUMMARY: F={fences:,} target {want:,.0f} moves/s: " + "; ".join([*parts, diff, bpart]))
+    print(report.summary([*parts, diff, bpart], lead=f"F={fences:,} target {want:,.0f} moves/s"))
 
 
 # --------------------------------------------------------------------------- main
@@ -653,14 +646,8 @@ async def run(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     fleet = Fleet.make(args.fences, rng)
     status = ["connecting"]
-    progress = Progress(f"moving F={args.fences:,}")
-
-    async def tick() -> None:
-        while True:
-            progress.show(status[0])
-            await asyncio.sleep(TICK_S)
-
-    ticker = asyncio.create_task(tick())
+    progress = report.Progress(f"moving F={args.fences:,}")
+    ticker = asyncio.create_task(report.every(TICK_S, lambda: progress.show(status[0])))
     a: list[PhaseA] = []
     info: dict[str, Any] = {}
     b: PartB | None = None
@@ -677,7 +664,7 @@ async def run(args: argparse.Namespace) -> int:
                 try:
                     a, info = await part_a(stack, m, fleet, rng, args.rounds, status)
                 except Exception as exc:
-                    a_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                    a_error = report.error_text(exc)
                 progress.close()
                 for p in a:
                     print(f"   A {p.label}: {p.moves:,} moves in {p.wall_s:.2f} s = {p.rate:,.1f}/s, "
@@ -687,7 +674,7 @@ async def run(args: argparse.Namespace) -> int:
                     try:
                         b = await part_b(stack, m, pg, fleet, rng, args.duration, status)
                     except Exception as exc:
-                        b_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                        b_error = report.error_text(exc)
                     progress.close()
                     if b:
                         print(f"   B end to end: {b.moves:,} moves in {b.window_s:.1f} s = {b.rate:,.1f}/s, "
@@ -707,9 +694,9 @@ async def run(args: argparse.Namespace) -> int:
     print()
     if a_error:
         print(f"A FAILED: {a_error}")
-        print(f"SUMMARY: F={args.fences:,} A ERROR ({a_error})")
+        print(report.summary([f"F={args.fences:,} A ERROR ({a_error})"]))
         return 1
-    report(args.fences, a, info, b, b_error)
+    figures(args.fences, a, info, b, b_error)
     failed = bool(b_error) or b is None or bool(b.not_settled) or any(p.errors for p in a)
     return 1 if failed else 0
 

@@ -38,6 +38,7 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
+from bench import report
 from spark_jobs import occupancy
 from spark_jobs.session import JobConfig, check_schema
 
@@ -172,7 +173,7 @@ def copy_rows(ev: Events, lo: int, hi: int) -> bytes:
     return b"".join(parts)
 
 
-async def load(conn: Any, schema: str, ev: Events, progress: Progress) -> None:
+async def load(conn: Any, schema: str, ev: Events, progress: report.Progress) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         yield HEADER
         for lo in range(0, len(ev), COPY_CHUNK):
@@ -192,21 +193,7 @@ async def load(conn: Any, schema: str, ev: Events, progress: Progress) -> None:
 # ---------------------------------------------------------------- the run
 
 
-class Progress:
-    """One stderr line, rewritten."""
-
-    def __init__(self, label: str) -> None:
-        self.label, self.t0 = label, time.perf_counter()
-
-    def show(self, text: str) -> None:
-        line = f"\r  {self.label}: {text} ({time.perf_counter() - self.t0:.0f} s)"
-        print(line.ljust(79)[:119], end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        print("\r" + " " * 119 + "\r", end="", file=sys.stderr, flush=True)
-
-
-async def _prepare(dsn: str, schema: str, ev: Events, progress: Progress) -> None:
+async def _prepare(dsn: str, schema: str, ev: Events, progress: report.Progress) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -240,7 +227,7 @@ def bench_occupancy(events: int, schema: str, master: str, *, days: int = DAYS, 
     events_per_s, the phases, rows written, the target and whether it was met."""
     check_schema(schema)
     cfg = JobConfig.from_env(master=master, partitions=partitions or None)
-    progress = Progress(f"occupancy-analytics {events:,} events")
+    progress = report.Progress(f"occupancy-analytics {events:,} events", clock=True)
     progress.show("generating")
     t = time.perf_counter()
     ev = generate(events, days, seed)
@@ -278,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
                           keep=a.keep)
     for k, v in out.items():
         print(f"{k:>22}: {v:,.2f}" if isinstance(v, float) else f"{k:>22}: {v}")
+    rate = out["events_per_s"]
+    vs = report.times(report.ratio(rate, TARGET_EVENTS_PER_S), f"target {TARGET_EVENTS_PER_S:,.0f}")
+    print(report.summary([f"occupancy-analytics {out['events']:,} events over {out['days']} days in "
+                          f"{out['wall_s']:.1f} s (Spark's start included) = {rate:,.0f} events/s ({vs})"],
+                         verdict="OK" if out["ok"] else "MISSED"))
     return 0 if out["ok"] else 1
 
 
