@@ -7,19 +7,23 @@ bench/<name>.py`), its folder, not the repository, is the first entry of the imp
 before its imports a benchmark hands over to `run_as_module`:
 
     if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
-        import cli  # bench/cli.py, found in this file's own folder
+        import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
 
         cli.run_as_module(__file__)
 
 which runs the same interpreter again, with the same arguments and working directory, as
 `-m bench.<name>` with the repository first on PYTHONPATH (as deploy/sidecars.py starts the
 sidecars). Nothing here touches sys.path.
+
+`require_positive`: the options that must be above zero, checked as argparse errors.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -34,3 +38,10 @@ def run_as_module(file: str) -> NoReturn:
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
 
+
+def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Iterable[str]) -> None:
+    """parser.error unless each of these options, if given (not None), is above zero."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name} must be positive")

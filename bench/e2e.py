@@ -47,7 +47,7 @@ time.
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
-    import cli  # bench/cli.py, found in this file's own folder
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
 
     cli.run_as_module(__file__)
 
@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench import report
+from bench import cli, report
 from bench import workload as wl
 
 ALL = ("core", "amqp", "mqtt", "half")
@@ -495,10 +495,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--fences takes comma-separated integers, got {args.fences!r}")
         if not args.fence_counts or min(args.fence_counts) < 1:
             p.error("--fences needs at least one positive count")
-    for name in ("objects", "updates", "batch", "rate", "clients"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            p.error(f"--{name} must be positive")
+    cli.require_positive(p, args, ("objects", "updates", "batch", "rate", "clients"))
     return args
 
 

@@ -9,7 +9,7 @@ several repeats (the machine is shared); ratios compare figures taken in this on
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
-    import cli  # bench/cli.py, found in this file's own folder
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
 
     cli.run_as_module(__file__)
 

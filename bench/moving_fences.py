@@ -39,7 +39,7 @@ on their cars' last positions; the figures never fail it. Run one broker benchma
 from __future__ import annotations
 
 if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
-    import cli  # bench/cli.py, found in this file's own folder
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
 
     cli.run_as_module(__file__)
 
@@ -62,7 +62,8 @@ import httpx
 import numpy as np
 import orjson
 
-from bench import report
+from bench import broker_modes as bm
+from bench import cli, report
 from bench.report import fmt, pct
 from deploy import local_stack as ls
 from deploy import sidecars
@@ -108,8 +109,7 @@ class Stack:
         return self.conn["postgres"]["dsn"]
 
     def manager(self) -> FenceManager:
-        amqp = self.conn["users"][t.MANAGER_USER][t.region_vhost(self.settings.regions[0])]
-        return FenceManager(amqp, self.dsn, self.settings.regions, self.settings.workers)
+        return bm.fence_manager(self.conn, self.settings)
 
     async def geo_counters(self) -> dict[str, dict[str, int]]:
         """Each region's x-geo counters (since its start), asked on its control exchange."""
@@ -201,9 +201,7 @@ async def remove_leftovers(pg: asyncpg.Connection, manager: FenceManager) -> int
     """This benchmark's fences left by a run that could not clean up."""
     ids = [r["id"] for r in await pg.fetch("SELECT id FROM fence WHERE deleted_at IS NULL AND owner = $1 "
                                            "AND id LIKE $2", OWNER, FENCE_PREFIX + "%")]
-    for fid in ids:
-        with contextlib.suppress(store.UnknownFence):
-            await manager.remove(fid, owner=OWNER)
+    await bm.remove_stored(manager, ids, owner=OWNER)
     return len(ids)
 
 
@@ -682,9 +680,7 @@ async def run(args: argparse.Namespace) -> int:
                               flush=True)
             finally:
                 status[0] = "cleanup: removing the fences"
-                for fid in fleet.ids:
-                    with contextlib.suppress(store.UnknownFence):
-                        await m.remove(fid, owner=OWNER)
+                await bm.remove_stored(m, fleet.ids, owner=OWNER)
                 with contextlib.suppress(Exception):
                     await m.applied(timeout=APPLIED_TIMEOUT_S)
     finally:
@@ -710,9 +706,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="B: the measured window, seconds (default 20)")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
-    for name in ("fences", "rounds", "duration"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name} must be positive")
+    cli.require_positive(p, args, ("fences", "rounds", "duration"))
     return args
 
 
