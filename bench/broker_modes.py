@@ -25,19 +25,19 @@ import asyncio
 import contextlib
 import dataclasses
 import multiprocessing as mp
-import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import aio_pika
 import msgpack
 import numpy as np
 import orjson
-import workload as wl
 
 import hilbert_c as hk
+from bench import report
+from bench import workload as wl
 from deploy.rabbitmq import apply as rabbit
 from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from exchanges import routing_store
@@ -67,11 +67,9 @@ class Status:
     total: int = 0
     count: Callable[[], int] = lambda: 0
 
-
-async def tick(status: Status, progress: ProgressFn) -> None:
-    while True:
-        progress(status.phase, status.count(), status.total)
-        await asyncio.sleep(TICK_S)
+    def to(self, progress: ProgressFn) -> Callable[[], None]:
+        """A call that tells progress where the run is now."""
+        return lambda: progress(self.phase, self.count(), self.total)
 
 
 @dataclass
@@ -96,7 +94,7 @@ class BrokerRun:
         return self.updates / self.total_s if self.total_s else 0.0
 
     def pct(self, q: float) -> float:
-        return float(np.percentile(self.latency_ms, q)) if self.latency_ms.size else float("nan")
+        return report.pct(self.latency_ms, q)
 
 
 def renamed(fences: Sequence[wl.Fence], stream: wl.Stream, run: str) -> tuple[list[wl.Fence], wl.Stream]:
@@ -115,34 +113,53 @@ def update_index(stream: wl.Stream) -> dict[tuple[str, float], int]:
 # --------------------------------------------------------------------------- fences
 
 
+def fence_manager(conn: ConnectionSettings, settings: Settings | None = None) -> FenceManager:
+    """A FenceManager of the local stack (settings: Settings.from_env()), as the fence-manager
+    user on the first region's vhost."""
+    settings = settings or Settings.from_env()
+    amqp = conn["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
+    return FenceManager(amqp, conn["postgres"]["dsn"], settings.regions, settings.workers)
+
+
+async def in_parallel(conn: ConnectionSettings, fences: Sequence[wl.Fence], parallel: int,
+                      job: Callable[[FenceManager, Sequence[wl.Fence]], Awaitable[None]]) -> None:
+    """job(manager, part) for `parallel` parts of the fences at once, each with a manager of its own."""
+    settings = Settings.from_env()
+
+    async def worker(part: Sequence[wl.Fence]) -> None:
+        async with fence_manager(conn, settings) as m:
+            await job(m, part)
+
+    await asyncio.gather(*(worker(fences[i::parallel]) for i in range(parallel)))
+
+
 async def put_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], parallel: int = 4,
                      done: list[int] | None = None) -> None:
     """done[0] counts the fences stored (for a progress display)."""
-    settings = Settings.from_env()
-    amqp = conn["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
     done = done if done is not None else [0]
 
-    async def worker(part: Sequence[wl.Fence]) -> None:
-        async with FenceManager(amqp, conn["postgres"]["dsn"], settings.regions, settings.workers) as m:
-            for f in part:
-                await m.put(FenceSpec(f.fence_id, f.geometry, timeout_s=TIMEOUT_S), create=True)
-                done[0] += 1
-            await m.applied(timeout=300)
+    async def put(m: FenceManager, part: Sequence[wl.Fence]) -> None:
+        for f in part:
+            await m.put(FenceSpec(f.fence_id, f.geometry, timeout_s=TIMEOUT_S), create=True)
+            done[0] += 1
+        await m.applied(timeout=300)
 
-    await asyncio.gather(*(worker(fences[i::parallel]) for i in range(parallel)))
+    await in_parallel(conn, fences, parallel, put)
+
+
+async def remove_stored(m: FenceManager, ids: Iterable[str], owner: str | None = None) -> None:
+    """Remove these fences, passing over those not stored (never put: a run failed early; or
+    already removed)."""
+    for fid in ids:
+        with contextlib.suppress(store.UnknownFence):
+            await m.remove(fid, owner=owner)
 
 
 async def remove_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], parallel: int = 4) -> None:
-    settings = Settings.from_env()
-    amqp = conn["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
+    async def remove(m: FenceManager, part: Sequence[wl.Fence]) -> None:
+        await remove_stored(m, [f.fence_id for f in part])
 
-    async def worker(part: Sequence[wl.Fence]) -> None:
-        async with FenceManager(amqp, conn["postgres"]["dsn"], settings.regions, settings.workers) as m:
-            for f in part:
-                with contextlib.suppress(store.UnknownFence):  # never stored: the run failed early
-                    await m.remove(f.fence_id)
-
-    await asyncio.gather(*(worker(fences[i::parallel]) for i in range(parallel)))
+    await in_parallel(conn, fences, parallel, remove)
 
 
 # --------------------------------------------------------------------------- events
@@ -332,7 +349,7 @@ async def wait_idle(timeout: float = IDLE_TIMEOUT_S, settle: float = IDLE_SETTLE
         try:
             n = await asyncio.to_thread(pipeline_backlog)
         except Exception as exc:  # no management API: go on without waiting
-            print(f"\n  ! pipeline backlog unknown ({type(exc).__name__}: {exc})", file=sys.stderr)
+            report.warn(f"pipeline backlog unknown ({type(exc).__name__}: {exc})")
             return time.perf_counter() - t0, -1
         backlog[0], most = n, max(most, n)
         now = time.perf_counter()
@@ -406,7 +423,7 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
 
     stored, confirmed = [0], [0]
     status = Status("fences", len(fs), lambda: stored[0])
-    ticker = asyncio.create_task(tick(status, progress)) if progress else None
+    ticker = asyncio.create_task(report.every(TICK_S, status.to(progress))) if progress else None
     sink = EventSink(conn, f"b{run_id}-")
     sent_at = np.zeros(len(st))
     try:
@@ -440,7 +457,7 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
         last = max((r for _, r in sink.got), default=time.time())
         result.total_s = max(last - (time.time() - (time.perf_counter() - t0)), result.publish_s)
         if not complete:
-            print(f"\n  ! {len(sink.got)} of {len(ref)} events within {DRAIN_DEADLINE_S:g}s", file=sys.stderr)
+            report.warn(f"{len(sink.got)} of {len(ref)} events within {DRAIN_DEADLINE_S:g}s")
         else:
             await asyncio.sleep(GRACE_S)  # an unexpected event (a duplicate) arriving late is seen
     finally:
@@ -451,7 +468,7 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
                 try:
                     result.parked = await park(conn, st, 1000)
                 except Exception as exc:  # the fences go anyway
-                    print(f"\n  ! parking failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+                    report.warn(f"parking failed ({type(exc).__name__}: {exc})")
             status.phase = "cleanup"
             await remove_fences(conn, fs)
         finally:

@@ -2,7 +2,7 @@
 the management API) against `geofence device add ID` (broker CLI calls), in one run, on
 the running local stack.
 
-Figures, not tests: `.venv/bin/python bench/devices.py [--devices 10000] [--single 10]`.
+Figures, not tests: `.venv/bin/python -m bench.devices [--devices 10000] [--single 10]`.
 It creates devices named `bench-dev-<run>-<i>`, checks that a sample has the rights of a
 single `device add` and that a second import changes nothing, then removes them all.
 Target (issue 16): 10,000 devices in under a minute.
@@ -10,11 +10,17 @@ Target (issue 16): 10,000 devices in under a minute.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import sys
 import time
 import uuid
 
+from bench import report
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import device_bulk, devices
 from deploy.settings import Settings, load_secrets
@@ -35,19 +41,20 @@ def main() -> int:
     ids = [f"bench-dev-{run}-{i}" for i in range(args.devices)]
     singles = [f"bench-one-{run}-{i}" for i in range(args.single)]
 
-    def bar(line: str) -> None:
-        print(f"\r{line.strip():<40}", end="", file=sys.stderr, flush=True)
+    progress = report.Progress("device add --file")
+
+    def add_all() -> tuple[list[tuple[str, str | None]], float]:
+        """device_bulk.add_many of every id, and the seconds it took."""
+        t0 = time.perf_counter()
+        rows = device_bulk.add_many(broker, ids, lambda line: progress.show(line.strip()))
+        seconds = time.perf_counter() - t0
+        progress.close()
+        return rows, seconds
 
     try:
-        t0 = time.perf_counter()
-        rows = device_bulk.add_many(broker, ids, bar)
-        bulk_s = time.perf_counter() - t0
-        print(file=sys.stderr)
+        rows, bulk_s = add_all()
         assert sum(p is not None for _, p in rows) == len(ids), "not every device was new"
-        t0 = time.perf_counter()
-        again = device_bulk.add_many(broker, ids, bar)
-        again_s = time.perf_counter() - t0
-        print(file=sys.stderr)
+        again, again_s = add_all()
         assert all(p is None for _, p in again), "a second import created devices"
         t0 = time.perf_counter()
         for i in singles:
@@ -67,22 +74,22 @@ def main() -> int:
         t0 = time.perf_counter()
         removed = device_bulk.remove_many(broker, ids + singles, lambda s: None)
         remove_s = time.perf_counter() - t0
-    per_bulk_ms = 1000 * bulk_s / len(ids)
-    print(f"{'path':<42} {'devices':>8} {'seconds':>9} {'ms/device':>10}")
-    print(f"{'device add --file (definitions import)':<42} {len(ids):>8,} {bulk_s:>9.2f} "
-          f"{per_bulk_ms:>10.2f}")
-    print(f"{'device add --file again (idempotent)':<42} {len(ids):>8,} {again_s:>9.2f} "
-          f"{1000 * again_s / len(ids):>10.2f}")
-    print(f"{'device add ID, one by one':<42} {len(singles):>8,} {single_s * len(singles):>9.2f} "
-          f"{1000 * single_s:>10.2f}")
-    print(f"{'device remove --file':<42} {removed:>8,} {remove_s:>9.2f} "
-          f"{1000 * remove_s / max(1, removed):>10.2f}")
+    paths = [  # (path, devices, seconds, seconds a device)
+        ("device add --file (definitions import)", len(ids), bulk_s, bulk_s / len(ids)),
+        ("device add --file again (idempotent)", len(ids), again_s, again_s / len(ids)),
+        ("device add ID, one by one", len(singles), single_s * len(singles), single_s),
+        ("device remove --file", removed, remove_s, remove_s / max(1, removed))]
+    print(report.table(["path", "devices", "seconds", "ms/device"],
+                       [[p, f"{n:,}", f"{sec:.2f}", f"{1000 * each:.2f}"] for p, n, sec, each in paths]))
     one_by_one = single_s * len(ids)
     ok = bulk_s < TARGET_S and same
-    print(f"SUMMARY {'OK' if ok else 'MISSED'}: {len(ids):,} devices in {bulk_s:.1f} s (target < "
-          f"{TARGET_S:.0f} s: {TARGET_S / bulk_s:.1f}x under), {one_by_one / bulk_s:,.0f}x faster than "
-          f"one by one ({single_s:.2f} s a device: {one_by_one / 60:.0f} min for them all); rights as "
-          f"`device add`: {same}; second import changed nothing")
+    under = report.times(report.ratio(bulk_s, TARGET_S, lower_is_better=True), "under", ".1f")
+    faster = report.times(report.ratio(bulk_s, one_by_one, lower_is_better=True), "faster", ",.0f")
+    print(report.summary([f"{len(ids):,} devices in {bulk_s:.1f} s (target < {TARGET_S:.0f} s: {under}), "
+                          f"{faster} than one by one ({single_s:.2f} s a device: "
+                          f"{one_by_one / 60:.0f} min for them all)",
+                          f"rights as `device add`: {same}", "second import changed nothing"],
+                         verdict="OK" if ok else "MISSED"))
     return 0 if ok else 1
 
 

@@ -1,15 +1,15 @@
 """End-to-end benchmark of the fleet-over-fences workload (see bench/workload.py).
 
-    .venv/bin/python bench/e2e.py --mode core [--fences 1000,10000] [--objects 10000]
+    .venv/bin/python -m bench.e2e --mode core [--fences 1000,10000] [--objects 10000]
         [--updates 200000] [--batch 10000] [--seed 1] [--profile]
-    .venv/bin/python bench/e2e.py --mode amqp [--fences 1000,10000] [--objects 10000]
+    .venv/bin/python -m bench.e2e --mode amqp [--fences 1000,10000] [--objects 10000]
         [--updates 100000] [--batch 1000]
-    .venv/bin/python bench/e2e.py --mode mqtt [--fences 100] [--objects 1000] [--updates 20000]
+    .venv/bin/python -m bench.e2e --mode mqtt [--fences 100] [--objects 1000] [--updates 20000]
         [--clients 2]
-    .venv/bin/python bench/e2e.py --mode half [--fences 1000] [--objects 10000]
+    .venv/bin/python -m bench.e2e --mode half [--fences 1000] [--objects 10000]
         [--updates 100000] [--batch 1000] [--rate UPDATES_PER_S]
-    .venv/bin/python bench/e2e.py --mode durability [--fences 1000] [--updates 100000]
-    .venv/bin/python bench/e2e.py --mode all     # core, amqp, mqtt, half, each with its defaults
+    .venv/bin/python -m bench.e2e --mode durability [--fences 1000] [--updates 100000]
+    .venv/bin/python -m bench.e2e --mode all     # core, amqp, mqtt, half, each with its defaults
 
 Modes (`MODES`; the defaults in brackets are per mode, an option given applies to every mode
 run, so `--mode all --updates 20000` runs them all at U=20,000):
@@ -46,6 +46,11 @@ time.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import asyncio
 import cProfile
@@ -59,11 +64,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import workload as wl
+from bench import cli, report
+from bench import workload as wl
 
 ALL = ("core", "amqp", "mqtt", "half")
 
@@ -96,44 +99,6 @@ def rate_target(mode: str, fences: int) -> float | None:
     if mode == "mqtt":
         return 10_000.0
     return None
-
-
-# --------------------------------------------------------------------------- progress
-
-
-class Progress:
-    """One stderr line, rewritten at most every half second."""
-
-    def __init__(self, label: str, total: int = 0) -> None:
-        self.label, self.total = label, total
-        self.t0 = self.shown = time.perf_counter()
-        self.phase, self.phase_t0 = "", self.t0
-
-    def update(self, done: int) -> None:
-        now = time.perf_counter()
-        if now - self.shown < 0.5 and done < self.total:
-            return
-        self.shown = now
-        rate = done / (now - self.t0) if now > self.t0 else 0.0
-        self.show(f"{done:,}/{self.total:,} updates, {rate:,.0f}/s")
-
-    def phase_update(self, phase: str, done: int, total: int) -> None:
-        """For broker_modes.run: (phase, done, total) every half second."""
-        now = time.perf_counter()
-        if phase != self.phase:
-            self.phase, self.phase_t0 = phase, now
-        dt = now - self.phase_t0
-        rate = f", {done / dt:,.0f}/s" if dt > 0 and total else ""
-        count = f" {done:,}/{total:,}{rate}" if total else ""
-        if phase == "drain":  # done: the pipeline's backlog (messages)
-            phase, count = "waiting for an idle pipeline", f" (backlog {done:,})" if done else ""
-        self.show(f"{phase}{count}, {dt:.0f} s (run {now - self.t0:.0f} s)")
-
-    def show(self, text: str) -> None:
-        print(f"\r  {self.label}: {text}".ljust(79)[:119], end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        print("\r" + " " * 119 + "\r", end="", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- one run
@@ -175,14 +140,13 @@ class Outcome:
             if not self.fast_rate or not self.updates_per_s:
                 return f">={DURABLE_MIN_RATIO:.2f}x fast", None
             return (f">={DURABLE_MIN_RATIO:.2f}x {self.fast_rate:,.0f}/s",
-                    self.updates_per_s / (DURABLE_MIN_RATIO * self.fast_rate))
+                    report.ratio(self.updates_per_s, DURABLE_MIN_RATIO * self.fast_rate))
         if self.mode == "half":
-            ratio = HALF_P99_MS / self.p99 if self.p99 > 0 else None
-            return f"p99<={HALF_P99_MS:g}ms", ratio
+            return f"p99<={HALF_P99_MS:g}ms", report.ratio(self.p99, HALF_P99_MS, lower_is_better=True)
         want = rate_target(self.mode, self.fences)
         if want is None:
             return "-", None
-        return f"{want:,.0f}/s", (self.updates_per_s / want if self.updates_per_s else None)
+        return f"{want:,.0f}/s", (report.ratio(self.updates_per_s, want) if self.updates_per_s else None)
 
 
 @dataclass
@@ -230,7 +194,7 @@ def run_core(args: argparse.Namespace, w: Workloads, z: Sizes) -> Outcome:
     batches = [c.batch() for c in stream.chunks(z.batch)]  # the source is not measured
     setup_s = time.perf_counter() - t
 
-    progress = Progress(f"core F={len(fences):,}", len(stream))
+    progress = report.Progress(f"core F={len(fences):,}", len(stream))
     received: list[wl.EventTuple] = []
     profiler = cProfile.Profile() if args.profile else None
     done, steady_s, steady_updates = 0, 0.0, 0
@@ -281,19 +245,19 @@ def run_core(args: argparse.Namespace, w: Workloads, z: Sizes) -> Outcome:
 def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, label: str,
                rate: float | None = None) -> Outcome:
     """One broker_modes.run ("amqp" or "mqtt") against the running stack, shown as `label`."""
-    import broker_modes as bm  # the stack's clients (aio_pika, paho), only when asked for
+    from bench import broker_modes as bm  # the stack's clients (aio_pika, paho), only when asked for
 
     fences, stream = w.fence_set(z.fences), w.stream(z.objects, z.updates)
     reference, ref_s = w.reference(z.fences, z.objects, z.updates)
     out = Outcome(label, z.fences, z.objects, z.updates, z.batch if intake == "amqp" else 1, rate=rate)
-    progress = Progress(f"{out.label}" + (f" at {rate:,.0f}/s" if rate else ""))
+    progress = report.Progress(f"{out.label}" + (f" at {rate:,.0f}/s" if rate else ""))
     try:
         r = asyncio.run(bm.run(intake, fences, stream, reference, z.batch, rate, clients=args.clients,
                                progress=progress.phase_update, idle=not args.no_idle_wait,
                                parking=not args.no_park))
     except Exception as exc:  # a sidecar restarted, the stack is down...: the other runs go on
         progress.close()
-        out.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        out.error = report.error_text(exc)
         out.figures = {"reference (s)": f"{ref_s:.1f}"}
         return out
     progress.close()
@@ -441,40 +405,27 @@ def top_functions(profiler: cProfile.Profile, n: int = 20) -> str:
 # --------------------------------------------------------------------------- the report
 
 
-def table(header: list[str], rows: list[list[str]], first_left: bool = True) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(wd) if i == 0 and first_left else c.rjust(wd)
-                         for i, (c, wd) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-    return "\n".join([line(header), *(line(r) for r in rows)])
-
-
 ROWS = ("objects", "updates", "batch", "rate asked (/s)", "setup (s)", "  drain wait (s)", "stream (s)",
         "  publish (s)", "  cpu (s)", "updates/s", "  after round 1", "events", "events/s",
         "ingress (us/update)", "geo (us/update)", "fence (us/update)", "latency p50 (ms)",
         "latency p95 (ms)", "latency p99 (ms)", "  max (ms)", "reference (s)", "events match", "target",
         "ratio")
-FIXED = ("objects", "updates", "batch", "events match", "target", "ratio")
 
 
-def report(results: list[Outcome]) -> None:
+def events_ok(r: Outcome) -> str:
+    return "ERROR" if r.error else ("yes" if not r.diff else "NO")
+
+
+def figures(results: list[Outcome]) -> None:
     """The figures side by side, one column per run."""
-    names = [n for n in ROWS if n in FIXED or any(n in r.figures for r in results)]
-    names += [k for r in results for k in r.figures if k not in names]
-    rows = []
-    for name in names:
-        values = []
-        for r in results:
-            target, ratio = r.target()
-            fixed = {"objects": f"{r.objects:,}", "updates": f"{r.updates:,}",
-                     "batch": f"{r.batch:,}" if r.mode != "mqtt" else "1 (msg)",
-                     "events match": "ERROR" if r.error else ("yes" if not r.diff else "NO"),
-                     "target": target, "ratio": f"{ratio:.2f}" if ratio else "-"}
-            values.append(fixed.get(name, r.figures.get(name, "-")))
-        rows.append([name, *values])
-    print(table(["", *(r.label for r in results)], rows))
+    columns = []
+    for r in results:
+        target, ratio = r.target()
+        fixed = {"objects": f"{r.objects:,}", "updates": f"{r.updates:,}",
+                 "batch": f"{r.batch:,}" if r.mode != "mqtt" else "1 (msg)",
+                 "events match": events_ok(r), "target": target, "ratio": report.ratio_cell(ratio)}
+        columns.append({**r.figures, **fixed})
+    print(report.side_by_side([r.label for r in results], columns, ROWS))
     for r in results:
         for note in r.notes:
             print(f"  {r.label}: {note}")
@@ -485,11 +436,9 @@ def summary(results: list[Outcome]) -> str:
     for r in results:
         target, ratio = r.target()
         rows.append([r.mode, f"{r.fences:,}", f"{r.objects:,}", f"{r.updates:,}",
-                     f"{r.updates_per_s:,.0f}" if not r.error else "-", target,
-                     f"{ratio:.2f}" if ratio else "-",
-                     "ERROR" if r.error else ("yes" if not r.diff else "NO"),
-                     f"{r.p99:.1f}" if not math.isnan(r.p99) else "-"])
-    return table(["mode", "F", "N", "U", "updates/s", "target", "ratio", "events ok", "p99 ms"], rows)
+                     f"{r.updates_per_s:,.0f}" if not r.error else "-", target, report.ratio_cell(ratio),
+                     events_ok(r), report.fmt(r.p99, ".1f")])
+    return report.table(["mode", "F", "N", "U", "updates/s", "target", "ratio", "events ok", "p99 ms"], rows)
 
 
 def summary_line(results: list[Outcome]) -> str:
@@ -503,11 +452,11 @@ def summary_line(results: list[Outcome]) -> str:
                          f"(target {target}: {'met' if ratio and ratio >= 1 else 'missed'})")
         else:
             parts.append(f"{r.label} {r.updates_per_s:,.0f} updates/s"
-                         + (f" ({ratio:.2f}x {target})" if ratio else ""))
+                         + (f" ({report.times(ratio, target)})" if ratio else ""))
     bad = [r.label for r in results if not r.ok]
     events = ("events match the reference in every run" if not bad
               else f"events DIFFER or failed in {len(bad)} of {len(results)} runs: {', '.join(bad)}")
-    return "SUMMARY: " + "; ".join(parts) + f"; {events}"
+    return report.summary([*parts, events])
 
 
 # --------------------------------------------------------------------------- main
@@ -546,10 +495,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--fences takes comma-separated integers, got {args.fences!r}")
         if not args.fence_counts or min(args.fence_counts) < 1:
             p.error("--fences needs at least one positive count")
-    for name in ("objects", "updates", "batch", "rate", "clients"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            p.error(f"--{name} must be positive")
+    cli.require_positive(p, args, ("objects", "updates", "batch", "rate", "clients"))
     return args
 
 
@@ -570,11 +516,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {r.label}: " + (f"ERROR {r.error}" if r.error else
                       f"{r.updates_per_s:,.0f} updates/s, events {'match' if r.ok else 'DIFFER'}"
                       + (f", p99 {r.p99:.1f} ms" if not math.isnan(r.p99) else "")
-                      + (f", {ratio:.2f}x {target}" if ratio else "")), flush=True)
+                      + (f", {report.times(ratio, target)}" if ratio else "")), flush=True)
                 if r.profile:
                     print(f"-- profile {r.label} (top 20 by own time) --\n{r.profile}")
     print()
-    report(results)
+    figures(results)
     print()
     for r in results:
         if r.error:

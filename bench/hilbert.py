@@ -2,11 +2,16 @@
 numpy memory floor, and polygon coverings (a 5 km circle, the 11 Liechtenstein
 municipalities (c) OpenStreetMap contributors) at 17/19/20/22 bits.
 
-Figures, not tests: run `.venv/bin/python bench/hilbert.py`. Each timing is the best of
+Figures, not tests: run `.venv/bin/python -m bench.hilbert`. Each timing is the best of
 several repeats (the machine is shared); ratios compare figures taken in this one run.
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
+
+    cli.run_as_module(__file__)
 
 import argparse
 import statistics
@@ -18,6 +23,7 @@ import numpy as np
 from hilbertcurve.hilbertcurve import HilbertCurve
 
 import hilbert_c as hk
+from bench import report
 from deploy.demo.osm_extract import OSM_CREDIT, municipalities
 
 TARGETS = {
@@ -111,21 +117,23 @@ def main() -> int:
           f"(best of {args.repeats}); hilbertcurve on {args.sample:,}")
     c = bench_curve(args.points, args.sample, args.repeats)
     floor = c["numpy xor floor ns/pt"]
-    print(f"  {'':24}{'ns/point':>10}{'x numpy floor':>15}{'hilbertcurve ns':>17}{'speed-up':>10}")
+    curve = []
     for op in ("encode", "decode"):
         ours, ref = c[f"batch {op} ns/pt"], c[f"hilbertcurve {op} ns/pt"]
-        print(f"  batch {op:<18}{ours:>10.2f}{ours / floor:>15.1f}{ref:>17,.0f}{ref / ours:>9,.0f}x")
-    print(f"  numpy xor floor         {floor:>10.2f}")
-    print(f"  scalar encode (Python)  {c['scalar encode ns/call']:>10.0f} ns/call")
-    print(f"  scalar decode (Python)  {c['scalar decode ns/call']:>10.0f} ns/call")
+        speed_up = report.ratio(ours, ref, lower_is_better=True)  # hilbertcurve's time / ours
+        curve.append([f"batch {op}", f"{ours:.2f}", report.ratio_cell(report.ratio(ours, floor), ".1f"),
+                      f"{ref:,.0f}", report.times(speed_up, spec=",.0f")])
+    curve.append(["numpy xor floor", f"{floor:.2f}", "", "", ""])
+    for op in ("encode", "decode"):
+        curve.append([f"scalar {op} (Python)", f"{c[f'scalar {op} ns/call']:.0f} ns/call", "", "", ""])
+    print(report.table(["", "ns/point", "x numpy floor", "hilbertcurve ns", "speed-up"], curve, indent="  "))
 
     rows = bench_covering(max(3, args.repeats // 2))
     print(f"\nCoverings (ranges merged per kind; 'merged' = all adjacent joined); {OSM_CREDIT}")
-    print(f"  {'shape':<20}{'verts':>6}{'bits':>5}{'ranges':>8}{'merged':>8}"
-          f"{'interior':>10}{'area/true':>11}{'build ms':>10}")
-    for r in rows:
-        print(f"  {r['shape']:<20}{r['vertices']:>6}{r['bits']:>5}{r['ranges']:>8}{r['merged']:>8}"
-              f"{r['interior']:>10.1%}{r['area_ratio']:>11.4f}{r['ms']:>10.2f}")
+    cells = [[str(r[k]) for k in ("shape", "vertices", "bits", "ranges", "merged")]
+             + [f"{r['interior']:.1%}", f"{r['area_ratio']:.4f}", f"{r['ms']:.2f}"] for r in rows]
+    header = ["shape", "verts", "bits", "ranges", "merged", "interior", "area/true", "build ms"]
+    print(report.table(header, cells, indent="  "))
     munis = [r for r in rows if not str(r["shape"]).startswith("circle")]
     for bits in (17, 19, 20, 22):
         sel = [r for r in munis if r["bits"] == bits]
@@ -141,13 +149,16 @@ def main() -> int:
         "circle 20b build ms": float(circle20["ms"]),  # type: ignore[arg-type]
         "circle 20b area ratio": float(circle20["area_ratio"]),  # type: ignore[arg-type]
     }
+    speed_up = c["hilbertcurve encode ns/pt"] / c["batch encode ns/pt"]
+    encode_floor, decode_floor = c["batch encode ns/pt"] / floor, c["batch decode ns/pt"] / floor
     ok = all(got[k] <= v for k, v in TARGETS.items())
-    ok &= c["hilbertcurve encode ns/pt"] / c["batch encode ns/pt"] >= 1000
-    ok &= c["batch encode ns/pt"] / floor <= 10 and c["batch decode ns/pt"] / floor <= 10
-    summary = ", ".join(f"{k} {got[k]:.3g} (<= {v:g})" for k, v in TARGETS.items())
-    print(f"\nSUMMARY {'all targets met' if ok else 'TARGET MISSED'}: {summary}; "
-          f"encode {c['hilbertcurve encode ns/pt'] / c['batch encode ns/pt']:,.0f}x hilbertcurve, "
-          f"{c['batch encode ns/pt'] / floor:.1f}x/{c['batch decode ns/pt'] / floor:.1f}x numpy floor")
+    ok &= speed_up >= 1000
+    ok &= encode_floor <= 10 and decode_floor <= 10
+    print()
+    print(report.summary([", ".join(f"{k} {got[k]:.3g} (<= {v:g})" for k, v in TARGETS.items()),
+                          f"encode {report.times(speed_up, 'hilbertcurve', ',.0f')}, "
+                          f"{encode_floor:.1f}x/{report.times(decode_floor, 'numpy floor', '.1f')}"],
+                         verdict="all targets met" if ok else "TARGET MISSED"))
     return 0
 
 

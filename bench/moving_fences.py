@@ -1,6 +1,6 @@
 """Moving fences: what re-binding a fence that follows an object costs (fence/follow.py).
 
-    .venv/bin/python bench/moving_fences.py [--fences 100] [--rounds 5] [--duration 20] [--seed 1]
+    .venv/bin/python -m bench.moving_fences [--fences 100] [--rounds 5] [--duration 20] [--seed 1]
 
 The issue asks for "100 such fences each moving once per second". One run measures, side by
 side, against the running stack (`geofence up`):
@@ -38,6 +38,11 @@ on their cars' last positions; the figures never fail it. Run one broker benchma
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import asyncio
 import contextlib
@@ -57,18 +62,15 @@ import httpx
 import numpy as np
 import orjson
 
-from deploy.processes import StackError, load_state
-from deploy.settings import ConnectionSettings, Settings, load_connection_settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from e2e import Progress, table
-
+from bench import broker_modes as bm
+from bench import cli, report
+from bench.report import fmt, pct
 from deploy import sidecars
 from deploy.inspect_cmd import ask
+from deploy.processes import StackError, load_state
+from deploy.settings import ConnectionSettings, Settings, load_connection_settings
 from exchanges import routing_store
 from exchanges import topology as t
-from fence import store
 from fence.follow import EARTH_M_PER_DEG, circle
 from fence.follow_shell import MOVE_CONCURRENCY
 from fence.manager import Change, FenceManager
@@ -95,15 +97,6 @@ def offset(lon: float, lat: float, east_m: float, north_m: float) -> tuple[float
     return lon + east_m / (EARTH_M_PER_DEG * math.cos(math.radians(lat))), lat + dlat
 
 
-def pct(values: Sequence[float] | np.ndarray, q: float) -> float:
-    a = np.asarray(values, dtype=float)
-    return float(np.percentile(a, q)) if a.size else math.nan
-
-
-def fmt(value: float, spec: str = ",.1f") -> str:
-    return "-" if math.isnan(value) else format(value, spec)
-
-
 # --------------------------------------------------------------------------- the stack
 
 
@@ -117,8 +110,7 @@ class Stack:
         return self.conn["postgres"]["dsn"]
 
     def manager(self) -> FenceManager:
-        amqp = self.conn["users"][t.MANAGER_USER][t.region_vhost(self.settings.regions[0])]
-        return FenceManager(amqp, self.dsn, self.settings.regions, self.settings.workers)
+        return bm.fence_manager(self.conn, self.settings)
 
     async def geo_counters(self) -> dict[str, dict[str, int]]:
         """Each region's x-geo counters (since its start), asked on its control exchange."""
@@ -210,9 +202,7 @@ async def remove_leftovers(pg: asyncpg.Connection, manager: FenceManager) -> int
     """This benchmark's fences left by a run that could not clean up."""
     ids = [r["id"] for r in await pg.fetch("SELECT id FROM fence WHERE deleted_at IS NULL AND owner = $1 "
                                            "AND id LIKE $2", OWNER, FENCE_PREFIX + "%")]
-    for fid in ids:
-        with contextlib.suppress(store.UnknownFence):
-            await manager.remove(fid, owner=OWNER)
+    await bm.remove_stored(manager, ids, owner=OWNER)
     return len(ids)
 
 
@@ -535,7 +525,7 @@ def skipped(b: PartB) -> float:
     return float(np.mean(np.asarray(b.steps) > 1.5)) if b.steps else math.nan
 
 
-def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, b_error: str) -> None:
+def figures(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, b_error: str) -> None:
     want = float(fences)  # F fences x 1 move/s
     cols = [f"A {p.label}" for p in a] + ["B end to end"]
     rows: list[list[str]] = []
@@ -557,8 +547,7 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
         ["-"] * len(a) + [f"{skipped(bv) * 100:.0f}%" if bv and bv.steps else "-"])
     row("ranges sent / move", [fmt(float(np.mean(p.sent)) if p.sent else math.nan) for p in a] + ["-"])
     row("covering ranges / move", [fmt(float(np.mean(p.full)) if p.full else math.nan) for p in a] + ["-"])
-    row("sent / covering", [fmt(sum(p.sent) / sum(p.full) if sum(p.full) else math.nan, ".2f") + "x"
-                            for p in a] + ["-"])
+    row("sent / covering", [report.times(report.ratio(sum(p.sent), sum(p.full))) for p in a] + ["-"])
     row("x-geo behind p50 (ms)", ["-"] * len(a) + [fmt(pct(bv.behind_s, 50) * 1000) if bv else "-"])
     row("x-geo behind max (ms)",
         ["-"] * len(a) + [fmt(max(bv.behind_s) * 1000 if bv.behind_s else math.nan) if bv else "-"])
@@ -568,8 +557,9 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
     row("errors", [f"{len(p.errors)}" for p in a]
         + [(f"{len(bv.publish_errors)}" if bv else "ERROR")])
     row("target (moves/s)", [f"{want:,.0f}"] * (len(a) + 1))
-    row("ratio", [f"{p.rate / want:.2f}" for p in a] + [f"{bv.rate / want:.2f}" if bv else "-"])
-    print(table(["", *cols], rows))
+    row("ratio", [report.ratio_cell(report.ratio(p.rate, want)) for p in a]
+        + [report.ratio_cell(report.ratio(bv.rate, want) if bv else None)])
+    print(report.table(["", *cols], rows))
 
     ranges = info.get("ranges") or [0]
     print(f"  fences: {fences:,} circles of {RADIUS_M:g} m around {CENTRE}, coverings of "
@@ -621,28 +611,29 @@ def report(fences: int, a: list[PhaseA], info: dict[str, Any], b: PartB | None, 
             print(f"    ! publish: {e}")
 
     print()
-    srows = [[f"A {p.label}", f"{fences:,}", f"{p.rate:,.1f}", f"{want:,.0f}", f"{p.rate / want:.2f}",
-              fmt(pct(p.latency_ms, 99)), f"{p.from_store:,}"] for p in a]
+    srows = [[f"A {p.label}", f"{fences:,}", f"{p.rate:,.1f}", f"{want:,.0f}",
+              report.ratio_cell(report.ratio(p.rate, want)), fmt(pct(p.latency_ms, 99)), f"{p.from_store:,}"]
+             for p in a]
     srows.append(["B end to end", f"{fences:,}", f"{bv.rate:,.1f}" if bv else "-", f"{want:,.0f}",
-                  f"{bv.rate / want:.2f}" if bv else "-", fmt(pct(bv.lag_ms, 99)) if bv else "-",
-                  f"{bv.from_store:,}" if bv else "-"])
-    print(table(["part", "F", "moves/s", "target", "ratio", "p99 ms", "from store"], srows))
+                  report.ratio_cell(report.ratio(bv.rate, want) if bv else None),
+                  fmt(pct(bv.lag_ms, 99)) if bv else "-", f"{bv.from_store:,}" if bv else "-"])
+    print(report.table(["part", "F", "moves/s", "target", "ratio", "p99 ms", "from store"], srows))
 
-    parts = [f"A {p.label} {p.rate:,.0f} moves/s ({p.rate / want:.2f}x)" for p in a]
+    parts = [f"A {p.label} {p.rate:,.0f} moves/s ({report.times(report.ratio(p.rate, want))})" for p in a]
     sent = sum(sum(p.sent) for p in a)
     full = sum(sum(p.full) for p in a)
     moves = sum(p.moves for p in a)
     diff = (f"{sent / moves:.0f} ranges sent per move for a covering of {full / moves:.0f} "
-            f"({sent / full:.2f}x), {sum(p.from_store for p in a)} rebinds from store"
+            f"({report.times(report.ratio(sent, full))}), {sum(p.from_store for p in a)} rebinds from store"
             if moves and full else "no moves")
     if bv:
-        bpart = (f"B sustained {bv.rate:,.1f} moves/s ({bv.rate / want:.2f}x), lag p50 "
+        bpart = (f"B sustained {bv.rate:,.1f} moves/s ({report.times(report.ratio(bv.rate, want))}), lag p50 "
                  f"{fmt(pct(bv.lag_ms, 50), '.0f')} ms p99 {fmt(pct(bv.lag_ms, 99), '.0f')} ms, "
                  f"{bv.from_store} rebinds from store, api CPU {fmt(bv.cpu.get('api', math.nan), '.0f')}%, "
                  f"{bv.settled}/{bv.fences} on the last position")
     else:
         bpart = "B ERROR"
-    print(f"SUMMARY: F={fences:,} target {want:,.0f} moves/s: " + "; ".join([*parts, diff, bpart]))
+    print(report.summary([*parts, diff, bpart], lead=f"F={fences:,} target {want:,.0f} moves/s"))
 
 
 # --------------------------------------------------------------------------- main
@@ -654,14 +645,8 @@ async def run(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     fleet = Fleet.make(args.fences, rng)
     status = ["connecting"]
-    progress = Progress(f"moving F={args.fences:,}")
-
-    async def tick() -> None:
-        while True:
-            progress.show(status[0])
-            await asyncio.sleep(TICK_S)
-
-    ticker = asyncio.create_task(tick())
+    progress = report.Progress(f"moving F={args.fences:,}")
+    ticker = asyncio.create_task(report.every(TICK_S, lambda: progress.show(status[0])))
     a: list[PhaseA] = []
     info: dict[str, Any] = {}
     b: PartB | None = None
@@ -678,7 +663,7 @@ async def run(args: argparse.Namespace) -> int:
                 try:
                     a, info = await part_a(stack, m, fleet, rng, args.rounds, status)
                 except Exception as exc:
-                    a_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                    a_error = report.error_text(exc)
                 progress.close()
                 for p in a:
                     print(f"   A {p.label}: {p.moves:,} moves in {p.wall_s:.2f} s = {p.rate:,.1f}/s, "
@@ -688,7 +673,7 @@ async def run(args: argparse.Namespace) -> int:
                     try:
                         b = await part_b(stack, m, pg, fleet, rng, args.duration, status)
                     except Exception as exc:
-                        b_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                        b_error = report.error_text(exc)
                     progress.close()
                     if b:
                         print(f"   B end to end: {b.moves:,} moves in {b.window_s:.1f} s = {b.rate:,.1f}/s, "
@@ -696,9 +681,7 @@ async def run(args: argparse.Namespace) -> int:
                               flush=True)
             finally:
                 status[0] = "cleanup: removing the fences"
-                for fid in fleet.ids:
-                    with contextlib.suppress(store.UnknownFence):
-                        await m.remove(fid, owner=OWNER)
+                await bm.remove_stored(m, fleet.ids, owner=OWNER)
                 with contextlib.suppress(Exception):
                     await m.applied(timeout=APPLIED_TIMEOUT_S)
     finally:
@@ -708,9 +691,9 @@ async def run(args: argparse.Namespace) -> int:
     print()
     if a_error:
         print(f"A FAILED: {a_error}")
-        print(f"SUMMARY: F={args.fences:,} A ERROR ({a_error})")
+        print(report.summary([f"F={args.fences:,} A ERROR ({a_error})"]))
         return 1
-    report(args.fences, a, info, b, b_error)
+    figures(args.fences, a, info, b, b_error)
     failed = bool(b_error) or b is None or bool(b.not_settled) or any(p.errors for p in a)
     return 1 if failed else 0
 
@@ -724,9 +707,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="B: the measured window, seconds (default 20)")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
-    for name in ("fences", "rounds", "duration"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name} must be positive")
+    cli.require_positive(p, args, ("fences", "rounds", "duration"))
     return args
 
 

@@ -1,6 +1,6 @@
 """The nightly PySpark jobs at scale, on this machine (local[2] by default).
 
-    .venv/bin/python bench/spark_jobs.py [--fences 100000] [--events 10000000] [--master local[2]]
+    .venv/bin/python -m bench.spark_jobs [--fences 100000] [--events 10000000] [--master local[2]]
                                          [--only bindings|analytics] [--seed 1]
 
 1. rebuild-bindings over F generated fences (circles of 30 m to 3 km, 64 vertices, and
@@ -24,6 +24,11 @@ at each run); nothing live is touched. Spark prints its stage progress bars on a
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import asyncio
 import json
@@ -31,16 +36,13 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench import report
 from deploy.spark_cmd import job_config
 from exchanges.worldmap import AREA
 from spark_jobs import rebuild_bindings
@@ -109,17 +111,22 @@ def bench_bindings(cfg: JobConfig, fences: int, seed: int) -> list[dict[str, Any
             args = SimpleNamespace(master=None, partitions=None, schema=SCHEMA, dry_run=True, resplit=resplit,
                                    max_imbalance=1.25, settle_timeout=0.0, quiet=False)
             t0 = time.perf_counter()
-            report = rebuild_bindings.Job(cfg, args).run(spark)  # type: ignore[arg-type]
+            job = rebuild_bindings.Job(cfg, args).run(spark)  # type: ignore[arg-type]
             wall = time.perf_counter() - t0
-            print(report.line(), flush=True)
-            results.append({"resplit": resplit, "fences": report.fences, "ranges": report.ranges,
-                            "failed": report.failed, "wall_s": wall,
-                            "cover_s": report.seconds.get("cover", 0.0), "diff_rows": report.diff_rows,
-                            "imbalance": (report.imbalance_before, report.imbalance_after),
+            print(job.line(), flush=True)
+            results.append({"resplit": resplit, "fences": job.fences, "ranges": job.ranges,
+                            "failed": job.failed, "wall_s": wall,
+                            "cover_s": job.seconds.get("cover", 0.0), "diff_rows": job.diff_rows,
+                            "imbalance": (job.imbalance_before, job.imbalance_after),
                             "start_s": start_s})
     finally:
         spark.stop()
     return results
+
+
+def vs_target(rate: float, target: float, named: bool = False) -> str:
+    """A rate against its target: "1.23x", named "1.23x target 5,000"."""
+    return report.times(report.ratio(rate, target), f"target {target:,.0f}" if named else "")
 
 
 def main() -> int:
@@ -130,18 +137,19 @@ def main() -> int:
     p.add_argument("--only", choices=("bindings", "analytics"))
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
+    title = f"spark_jobs ({a.master})"
     if a.only is None:  # each job in a fresh process: a fresh JVM, as a nightly run has
         summaries, rc = [], 0
         for part in ("bindings", "analytics"):
-            args = [sys.executable, __file__, "--only", part, "--fences", str(a.fences), "--events",
-                    str(a.events), "--master", a.master, "--seed", str(a.seed)]
+            args = [sys.executable, "-m", "bench.spark_jobs", "--only", part, "--fences", str(a.fences),
+                    "--events", str(a.events), "--master", a.master, "--seed", str(a.seed)]
             done = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=False)
-            out = done.stdout.split("\nSUMMARY spark_jobs")
+            out = done.stdout.split(f"\nSUMMARY {title}:")
             print(out[0], flush=True)
-            failed = [f"  {part}: failed (exit {done.returncode})"]
-            summaries += out[1].splitlines()[1:] if len(out) > 1 else failed
+            failed = [f"{part}: failed (exit {done.returncode})"]
+            summaries += [x.removeprefix("  ") for x in out[1].splitlines()[1:]] if len(out) > 1 else failed
             rc = rc or done.returncode
-        print("\n".join(["", "SUMMARY spark_jobs (" + a.master + "):", *summaries]), flush=True)
+        print("\n" + report.summary_block(title, summaries), flush=True)
         return rc
     cfg = job_config(master=a.master)  # the local stack's URLs unless GEOFENCE_*_URL are set
     print(f"bench: master {a.master}, {os.cpu_count()} cores, {cfg.masked()}", flush=True)
@@ -154,29 +162,28 @@ def main() -> int:
             run = "first run" if k == 0 else "second run, same session"
             lines.append(f"rebuild-bindings ({run}, re-split {r['resplit']}): {r['fences']:,} fences, "
                          f"{r['ranges']:,} ranges, {r['diff_rows']:,} diff rows: job {r['wall_s']:.1f} s = "
-                         f"{rate:,.0f} fences/s ({rate / TARGET_FENCES_S:.2f}x target "
-                         f"{TARGET_FENCES_S:,.0f}); covering step {r['cover_s']:.1f} s; "
-                         f"imbalance {before:.3f} -> {after:.3f}")
+                         f"{rate:,.0f} fences/s ({vs_target(rate, TARGET_FENCES_S, named=True)}); "
+                         f"covering step {r['cover_s']:.1f} s; imbalance {before:.3f} -> {after:.3f}")
             if k == 0:
                 with_start = r["fences"] / (r["wall_s"] + r["start_s"])
                 lines.append(f"  with Spark's start ({r['start_s']:.1f} s): {with_start:,.0f} fences/s "
-                             f"({with_start / TARGET_FENCES_S:.2f}x)")
+                             f"({vs_target(with_start, TARGET_FENCES_S)})")
             ok &= r["failed"] == 0
     if a.only in (None, "analytics"):
-        from spark_occupancy_part import bench_occupancy
+        from bench.spark_occupancy_part import bench_occupancy
 
         r = bench_occupancy(a.events, "bench_spark_occ", a.master)
         start_s = float(r["phases_s"].get("session", 0.0))
         job_s = r["wall_s"] - start_s
         rate = r["events"] / job_s
         with_start = r["events_per_s"]
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in r["phases_s"].items() if k != "session")
         lines.append(f"occupancy-analytics: {r['events']:,} events over {r.get('days', '?')} days: job "
-                     f"{job_s:.1f} s = {rate:,.0f} events/s ({rate / TARGET_EVENTS_S:.2f}x target "
-                     f"{TARGET_EVENTS_S:,.0f}); phases "
-                     + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases_s"].items() if k != "session"))
+                     f"{job_s:.1f} s = {rate:,.0f} events/s "
+                     f"({vs_target(rate, TARGET_EVENTS_S, named=True)}); phases {phases}")
         lines.append(f"  with Spark's start ({start_s:.1f} s): {with_start:,.0f} events/s "
-                     f"({with_start / TARGET_EVENTS_S:.2f}x)")
-    print("\n".join(["", "SUMMARY spark_jobs (" + a.master + "):", *("  " + x for x in lines)]), flush=True)
+                     f"({vs_target(with_start, TARGET_EVENTS_S)})")
+    print("\n" + report.summary_block(title, lines), flush=True)
     return 0 if ok else 1
 
 

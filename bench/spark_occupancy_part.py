@@ -19,6 +19,11 @@ true time plus the pipeline's delay).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
+
+    cli.run_as_module(__file__)
+
 import argparse
 import asyncio
 import datetime as dt
@@ -27,15 +32,13 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import numpy as np
 import numpy.typing as npt
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench import report
 from deploy.migrate import MIGRATIONS_DIR
 from deploy.spark_cmd import job_config
 from spark_jobs import occupancy
@@ -172,7 +175,7 @@ def copy_rows(ev: Events, lo: int, hi: int) -> bytes:
     return b"".join(parts)
 
 
-async def load(conn: Any, schema: str, ev: Events, progress: Progress) -> None:
+async def load(conn: Any, schema: str, ev: Events, progress: report.Progress) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         yield HEADER
         for lo in range(0, len(ev), COPY_CHUNK):
@@ -192,21 +195,7 @@ async def load(conn: Any, schema: str, ev: Events, progress: Progress) -> None:
 # ---------------------------------------------------------------- the run
 
 
-class Progress:
-    """One stderr line, rewritten."""
-
-    def __init__(self, label: str) -> None:
-        self.label, self.t0 = label, time.perf_counter()
-
-    def show(self, text: str) -> None:
-        line = f"\r  {self.label}: {text} ({time.perf_counter() - self.t0:.0f} s)"
-        print(line.ljust(79)[:119], end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        print("\r" + " " * 119 + "\r", end="", file=sys.stderr, flush=True)
-
-
-async def _prepare(dsn: str, schema: str, ev: Events, progress: Progress) -> None:
+async def _prepare(dsn: str, schema: str, ev: Events, progress: report.Progress) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -240,7 +229,7 @@ def bench_occupancy(events: int, schema: str, master: str, *, days: int = DAYS, 
     events_per_s, the phases, rows written, the target and whether it was met."""
     check_schema(schema)
     cfg = job_config(master=master, partitions=partitions or None)
-    progress = Progress(f"occupancy-analytics {events:,} events")
+    progress = report.Progress(f"occupancy-analytics {events:,} events", clock=True)
     progress.show("generating")
     t = time.perf_counter()
     ev = generate(events, days, seed)
@@ -278,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
                           keep=a.keep)
     for k, v in out.items():
         print(f"{k:>22}: {v:,.2f}" if isinstance(v, float) else f"{k:>22}: {v}")
+    rate = out["events_per_s"]
+    vs = report.times(report.ratio(rate, TARGET_EVENTS_PER_S), f"target {TARGET_EVENTS_PER_S:,.0f}")
+    print(report.summary([f"occupancy-analytics {out['events']:,} events over {out['days']} days in "
+                          f"{out['wall_s']:.1f} s (Spark's start included) = {rate:,.0f} events/s ({vs})"],
+                         verdict="OK" if out["ok"] else "MISSED"))
     return 0 if out["ok"] else 1
 
 

@@ -39,7 +39,7 @@ from ingress.core import XIngress
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-CENTRE = (9.55, 47.15)  # inside ingress.worldmap.AREA, so the default worldmap splits it
+CENTRE = (9.55, 47.15)  # inside exchanges.worldmap.AREA, so the default worldmap splits it
 BOX_SIDE_M = 20_000.0
 RADIUS_M = (200.0, 800.0)
 VERTICES = 32

@@ -41,7 +41,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -61,6 +60,8 @@ import orjson
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 import hilbert_c as hk
+from bench import broker_modes as bm
+from bench import workload as wl
 from deploy import sidecars
 from deploy.inspect_cmd import ask
 from deploy.processes import (
@@ -82,13 +83,6 @@ from exchanges.hash_ring import HashRing
 from exchanges.x_geo.range_index import INDEX_BITS
 from fence.reference import EventTuple, compare
 from tests.faults import report
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # bench/ is not a package: its modules import each other by name
-    sys.path.insert(0, str(BENCH))
-
-import broker_modes as bm  # noqa: E402
-import workload as wl  # noqa: E402
 
 POLL_S = 0.1
 CONSUMER_DEADLINE_S = 30.0  # after a fault, a sidecar consumes again within this (backoff cap 10 s)

@@ -1,20 +1,15 @@
 """The benchmark's workload and core pipeline (bench/workload.py) against its shapely
-reference, small enough for a unit test: what `bench/e2e.py --mode core` checks at scale."""
+reference, small enough for a unit test: what `python -m bench.e2e --mode core` checks at scale."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import hilbert_c as hk
+from bench import workload as wl
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.range_index import INDEX_BITS
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import workload as wl  # bench/ is not a package
 
 BOX = wl.Box(9.55, 47.15, 2_000.0)  # dense: 2 km, so a few hundred objects meet the fences
 
