@@ -90,17 +90,11 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, ModuleType |
 
 
 # Settings errors of every command (an unknown GEOFENCE_* key, a bad value): "module:class".
-SETTINGS_ERRORS = ("deploy.settings:SettingsError", "exchanges.shell:ConfigError")
-
-
 def _settings_error(exc: BaseException) -> bool:
-    """Is `exc` a settings error (of a module the command has imported)?"""
-    for spec in SETTINGS_ERRORS:
-        module_name, name = spec.split(":")
-        module = sys.modules.get(module_name)
-        if module is not None and isinstance(exc, getattr(module, name)):
-            return True
-    return False
+    """Is `exc` a settings error (exchanges/settings.py's ConfigError, which every process's
+    settings raise, the local stack's SettingsError included), once a command loaded it?"""
+    module = sys.modules.get("exchanges.settings")
+    return module is not None and isinstance(exc, module.ConfigError)
 
 
 def main(argv: list[str] | None = None) -> int:

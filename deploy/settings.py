@@ -11,12 +11,11 @@
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -25,6 +24,7 @@ from urllib.parse import quote
 from deploy.processes import StackError
 from deploy.rabbitmq import definitions as rabbit_defs
 from exchanges import topology as topo
+from exchanges.settings import ConfigError, given
 
 ENV_PREFIX = "GEOFENCE_"
 USER = topo.ADMIN_USER  # RabbitMQ user, PostgreSQL role and database: "geofence"
@@ -32,8 +32,8 @@ MASK = "****"
 FIREBASE_PROJECT = "demo-geofence"  # demo-*: no Google project, no login, offline
 
 
-class SettingsError(ValueError):
-    """The GEOFENCE_* environment is wrong."""
+class SettingsError(ConfigError):
+    """The local stack's GEOFENCE_* environment is wrong."""
 
 
 class StackNotSetUpError(StackError):
@@ -124,13 +124,11 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
-        given = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
-        unknown = sorted(set(given) - set(_ENV_KEYS) - set(topo.SIDECAR_ENV_KEYS))
-        if unknown:
-            raise SettingsError(_unknown_keys_message(unknown))
-        values = {name: parse(key, given[key]) for key, (name, parse) in _ENV_KEYS.items()
-                  if key in given}
+        try:
+            env = given(environ, {*_ENV_KEYS, *topo.SIDECAR_ENV_KEYS})
+        except ConfigError as exc:
+            raise SettingsError(str(exc)) from None
+        values = {name: parse(key, env[key]) for key, (name, parse) in _ENV_KEYS.items() if key in env}
         settings = cls(**values)
         settings.check_ports_distinct()
         try:
@@ -190,14 +188,6 @@ class Settings:
     def log_dir(self) -> Path:
         return self.state_dir / "log"
 
-
-def _unknown_keys_message(unknown: Sequence[str]) -> str:
-    parts = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, list(_ENV_KEYS), n=1)
-        parts.append(f"{key} (did you mean {close[0]}?)" if close else key)
-    known = ", ".join(sorted(_ENV_KEYS))
-    return f"unknown setting {', '.join(parts)}; known {ENV_PREFIX}* keys: {known}"
 
 
 # --------------------------------------------------------------------------- secrets
@@ -259,13 +249,6 @@ def ensure_secrets(settings: Settings) -> Secrets:
         pw = load_secrets(settings)
     return pw
 
-
-def mask(text: str, hidden: Iterable[str]) -> str:
-    """`text` with every secret (plain or URL-quoted) replaced by ****."""
-    variants = {v for s in hidden if s for v in (s, quote(s, safe=""))}
-    for value in sorted(variants, key=len, reverse=True):
-        text = text.replace(value, MASK)
-    return text
 
 
 # --------------------------------------------------------------------------- connection settings

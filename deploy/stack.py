@@ -37,9 +37,9 @@ from deploy.settings import (
     amqp_url,
     ensure_secrets,
     management_url,
-    mask,
     postgres_dsn,
 )
+from exchanges.settings import mask
 
 
 def require_root() -> None:

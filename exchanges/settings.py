@@ -10,6 +10,7 @@ and secrets only through `mask`.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -29,11 +30,15 @@ def given(env: Mapping[str, str] | None, known: Iterable[str]) -> dict[str, str]
     naming every one not in `known`."""
     env = os.environ if env is None else env
     out = {k: v for k, v in env.items() if k.startswith(PREFIX)}
-    known = set(known)
-    unknown = sorted(set(out) - known)
+    known = sorted(set(known))
+    unknown = sorted(set(out) - set(known))
     if unknown:
-        raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                          f"known: {', '.join(sorted(known))}")
+        named = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1)
+            named.append(f"{key} (did you mean {close[0]}?)" if close else key)
+        raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(named)}; "
+                          f"known: {', '.join(known)}")
     return out
 
 

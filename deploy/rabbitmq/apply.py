@@ -22,7 +22,6 @@ from deploy.rabbitmq.plan import (
     CurrentUser,
     Step,
     TopologyConflict,
-    mask,
     plan,
     render,
     set_topic_permissions,
@@ -30,6 +29,7 @@ from deploy.rabbitmq.plan import (
 )
 from deploy.settings import Secrets, Settings, management_url
 from exchanges import topology as t
+from exchanges.settings import mask
 
 STAMP_NAME = "rabbitmq-topology.sha256"
 

@@ -12,9 +12,9 @@ from typing import Any
 from deploy.processes import StackError
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import definitions as d
-from deploy.rabbitmq.plan import mask
 from deploy.settings import Settings, SettingsError, load_secrets
 from exchanges import topology as t
+from exchanges.settings import mask
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:

@@ -37,6 +37,7 @@ from deploy.rabbitmq.definitions import (
     Queue,
     TopicPermission,
 )
+from exchanges.settings import mask
 
 MASK = "****"
 OWNED_PREFIX = "gf-"  # policies and federation parameters the plan may clear
@@ -98,12 +99,6 @@ def wrapper_safe(arg: str) -> bool:
     """True if the Debian rabbitmqctl wrapper passes `arg` through unchanged."""
     return _WRAPPER_UNSAFE.search(arg) is None
 
-
-def mask(text: str, hidden: Iterable[str]) -> str:
-    variants = {v for s in hidden if s for v in (s, quote(s, safe=""))}
-    for value in sorted(variants, key=len, reverse=True):
-        text = text.replace(value, MASK)
-    return text
 
 
 def api_function(management_url: str) -> str:

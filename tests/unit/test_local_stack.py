@@ -33,9 +33,9 @@ from deploy.settings import (
     ensure_secrets,
     load_connection_settings,
     load_secrets,
-    mask,
 )
 from deploy.stack import format_status, status
+from exchanges.settings import mask
 
 PW = Secrets(rabbitmq_password="rabbit-Secret_1", postgres_password="pg-Secret_2")
 
