@@ -1,10 +1,12 @@
 """The live local stack as the fault suite drives it (`geofence up`'s settings, secrets and
 process records): which input queues each sidecar consumes, a sidecar's `kill -9`, stop and
-restart with the very command and environment `geofence up` uses (recorded back into
-<state dir>/sidecars.json, so `geofence status/down/up` see it; through a TCP proxy if it has
-one), its log, RabbitMQ stopped and started again (state.json updated with the new node's
-pid), the revival of sidecars a fault left exited or stuck, and `QueueProbe`: consumers and
-ready messages of queues as the broker sees them now.
+restart (through its TCP proxy if it has one), its log, RabbitMQ stopped and started again
+(state.json updated with the new node's pid), the revival of sidecars a fault left exited or
+stuck, and `QueueProbe`: consumers and ready messages of queues as the broker sees them now.
+
+The sidecars' processes are deploy/sidecars.py's: a restart is its `spawn` (the very command,
+environment and log `geofence up` uses), recorded back into <state dir>/sidecars.json so that
+`geofence status/down/up` see it; their records, liveness and logs are read through it too.
 """
 
 from __future__ import annotations
@@ -80,17 +82,13 @@ class Stack:
         raise ValueError(f"{name!r} is not a sidecar of the topology ({', '.join(self.names)})")
 
     def process(self, name: str) -> ls.ProcessId | None:
-        rec = sidecars.load_records(self.settings).get(name)
-        if not rec:
-            return None
-        proc = ls.ProcessId(int(rec["pid"]), int(rec["start_ticks"]))
-        return proc if ls.process_identity(proc.pid) == proc else None
+        return sidecars.process(self.settings, name)
 
     def dead(self) -> list[str]:
         return [n for n, ok in sidecars.running(self.settings).items() if not ok]
 
     def log_path(self, name: str) -> Path:
-        return self.settings.log_dir / f"{name}.log"
+        return sidecars.log_path(self.settings, name)
 
     def log_tail(self, name: str, lines: int = 6, grep: str = "") -> list[str]:
         try:
@@ -130,19 +128,16 @@ class Stack:
             self._reap(proc.pid)
 
     def launch(self, name: str) -> int:
-        """Start the sidecar as `geofence up` does (same command and environment; through its
+        """Start the sidecar as `geofence up` does (deploy's sidecars.spawn; through its
         TcpProxy if it has one: `proxy_port`); recorded in sidecars.json."""
         sc = self.sidecar(name)
         amqp_port = self.proxy_port.get(name)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(ls.ENV_PREFIX)}
-        env.update(sidecars.environment(self.settings, self.pw, sc))
+        overrides = {}
         if amqp_port is not None:
-            env["GEOFENCE_AMQP_URL"] = _with_port(env["GEOFENCE_AMQP_URL"], amqp_port)
-        env["PYTHONPATH"] = str(sidecars.ROOT)
+            url = sidecars.environment(self.settings, self.pw, sc)["GEOFENCE_AMQP_URL"]
+            overrides["GEOFENCE_AMQP_URL"] = _with_port(url, amqp_port)
         self._note(name, "started" + (f" through the TCP proxy on port {amqp_port}" if amqp_port else ""))
-        with self.log_path(name).open("a") as out:
-            proc = subprocess.Popen(sc.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=env, cwd=str(sidecars.ROOT), start_new_session=True)
+        proc = sidecars.spawn(self.settings, self.pw, sc, overrides)
         self._children[proc.pid] = proc
         ident = ls.identify(proc.pid)
         records = sidecars.load_records(self.settings)
