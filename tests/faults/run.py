@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 import hilbert_c as hk
 from deploy import sidecars
+from deploy.rabbitmq.apply import management
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.x_geo.range_index import INDEX_BITS
@@ -203,8 +204,6 @@ class FaultRun:
         inputs = {t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.GEO_POSITIONS_QUEUE,
                   *(t.fence_queue(w) for w in self.stack.settings.workers)}
         qs = [(v, q) for v, q in sidecars.input_queues(self.stack.topology) if q in inputs]
-        from deploy.rabbitmq.apply import management
-
         mgmt = management(self.stack.settings, self.stack.pw)
         listed = await asyncio.to_thread(mgmt.get, "api/queues?columns=vhost,name")
         vhosts = self.stack.topology.vhosts

@@ -28,6 +28,8 @@ from aio_pika.abc import AbstractConnection
 
 from deploy import local_stack as ls
 from deploy import sidecars
+from deploy.rabbitmq.apply import management
+from deploy.rabbitmq.plan import api_path
 from exchanges import topology as t
 from exchanges.hash_ring import HashRing
 from tests.faults.timing import poll_until, say
@@ -274,9 +276,6 @@ class QueueProbe:
         return total
 
     def _management_ready(self, vhost: str, queue: str) -> int | None:
-        from deploy.rabbitmq.apply import management
-        from deploy.rabbitmq.plan import api_path
-
         try:
             got = management(self.stack.settings, self.stack.pw).get(api_path("queues", vhost, queue))
             return int(got.get("messages_ready") or 0)
