@@ -24,7 +24,7 @@ from urllib.parse import quote
 from deploy.processes import StackError
 from deploy.rabbitmq import definitions as rabbit_defs
 from exchanges import topology as topo
-from exchanges.settings import ConfigError, given
+from exchanges.settings import ConfigError, given, positive
 
 ENV_PREFIX = "GEOFENCE_"
 USER = topo.ADMIN_USER  # RabbitMQ user, PostgreSQL role and database: "geofence"
@@ -67,15 +67,6 @@ def _ipv4(key: str, raw: str) -> str:
         raise SettingsError(f"{key}={raw!r}: must be an IPv4 address such as 127.0.0.1") from None
 
 
-def _seconds(key: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{key}={raw!r}: not a number of seconds") from None
-    if not value > 0:
-        raise SettingsError(f"{key}={raw!r}: must be positive")
-    return value
-
 
 def _names(key: str, raw: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(","))
@@ -97,7 +88,7 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_API_PORT": ("api_port", _port),
     "GEOFENCE_FIREBASE_AUTH_PORT": ("firebase_auth_port", _port),
     "GEOFENCE_PG_BINDIR": ("pg_bindir", _abs_path),
-    "GEOFENCE_START_TIMEOUT": ("start_timeout", _seconds),
+    "GEOFENCE_START_TIMEOUT": ("start_timeout", lambda key, raw: positive(key, raw, float)),
     "GEOFENCE_REGIONS": ("regions", _names),
     "GEOFENCE_WORKERS": ("workers", _names),
 }
@@ -128,7 +119,12 @@ class Settings:
             env = given(environ, {*_ENV_KEYS, *topo.SIDECAR_ENV_KEYS})
         except ConfigError as exc:
             raise SettingsError(str(exc)) from None
-        values = {name: parse(key, env[key]) for key, (name, parse) in _ENV_KEYS.items() if key in env}
+        try:
+            values = {name: parse(key, env[key]) for key, (name, parse) in _ENV_KEYS.items() if key in env}
+        except SettingsError:
+            raise
+        except ConfigError as exc:  # a check of exchanges/settings.py: this stack's error all the same
+            raise SettingsError(str(exc)) from None
         settings = cls(**values)
         settings.check_ports_distinct()
         try:

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,11 @@ def running(settings: Settings) -> dict[str, bool]:
     return {sc.name: _process(recs.get(sc.name)) is not None for sc in sidecars(settings.topology)}
 
 
+def process(settings: Settings, name: str) -> ProcessId | None:
+    """Sidecar `name`'s process as sidecars.json records it; None when that process is gone."""
+    return _process(load_records(settings).get(name))
+
+
 # --------------------------------------------------------------------------- up / down
 
 
@@ -184,22 +190,33 @@ def up(settings: Settings, pw: Secrets, say: Say) -> None:
             _stop_one(settings, records, sc.name, say, "code or settings changed")
         records[sc.name] = _launch(settings, pw, sc, digest)
         save_records(settings, records)
-        say(f"{sc.name}: started (pid {records[sc.name]['pid']}, log {_log(settings, sc.name)})")
+        say(f"{sc.name}: started (pid {records[sc.name]['pid']}, log {log_path(settings, sc.name)})")
     save_records(settings, records)
     wait_ready(settings, pw)
 
 
-def _log(settings: Settings, name: str) -> Path:
+def log_path(settings: Settings, name: str) -> Path:
+    """Where sidecar `name` logs (its stdout and stderr): <log dir>/<name>.log."""
     return settings.log_dir / f"{name}.log"
 
 
-def _launch(settings: Settings, pw: Secrets, sc: Sidecar, digest: str) -> dict[str, Any]:
+def spawn(settings: Settings, pw: Secrets, sc: Sidecar,
+          overrides: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start sidecar `sc` detached as `up` does (its command, environment and working
+    directory, appending to its log) and return the child; `overrides` replace variables of
+    its environment (the fault suite points GEOFENCE_AMQP_URL at a TCP proxy). Not recorded
+    in sidecars.json: that is the caller's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GEOFENCE_")}
     env.update(environment(settings, pw, sc))
+    env.update(overrides or {})
     env["PYTHONPATH"] = str(ROOT)
-    with _log(settings, sc.name).open("a") as out:
-        proc = subprocess.Popen(sc.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+    with log_path(settings, sc.name).open("a") as out:
+        return subprocess.Popen(sc.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=env, cwd=str(ROOT), start_new_session=True)
+
+
+def _launch(settings: Settings, pw: Secrets, sc: Sidecar, digest: str) -> dict[str, Any]:
+    proc = spawn(settings, pw, sc)
     ident = identify(proc.pid)
     return {"pid": ident.pid, "start_ticks": ident.start_ticks, "digest": digest}
 
@@ -228,7 +245,7 @@ def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S
     while time.monotonic() < deadline:
         dead = [n for n, ok in running(settings).items() if not ok]
         if dead:
-            raise StackError(f"sidecar {', '.join(dead)} exited; see {_log(settings, dead[0])}")
+            raise StackError(f"sidecar {', '.join(dead)} exited; see {log_path(settings, dead[0])}")
         missing = [f"{v}/{q}" for v, q in input_queues(settings.topology)
                    if not mgmt.get(api_path("queues", v, q)).get("consumers")]
         if not port_open(settings.host, settings.api_port):

@@ -13,7 +13,10 @@ import pytest
 
 from deploy.processes import StackError
 from deploy.settings import ConnectionSettings
-from tests.faults import harness, report
+from tests.faults import report
+from tests.faults.run import Workload, make_workload
+from tests.faults.stack import Stack
+from tests.faults.timing import say
 
 FAULTS_DIR = Path(__file__).parent
 
@@ -52,16 +55,16 @@ def fault_seed() -> int:
 
 
 @pytest.fixture(scope="session")
-def workload() -> harness.Workload:
-    return harness.make_workload()
+def workload() -> Workload:
+    return make_workload()
 
 
 @pytest.fixture(scope="session")
-def fault_stack(stack: ConnectionSettings) -> Iterator[harness.Stack]:
+def fault_stack(stack: ConnectionSettings) -> Iterator[Stack]:
     """The stack, every sidecar running at the start (else the suite fails, it never skips);
     afterwards every sidecar consumes again (a stuck one is restarted) and `geofence up`
     brings back whatever a fault left down."""
-    s = harness.Stack()
+    s = Stack()
     dead = s.dead()
     if dead:
         pytest.fail(f"sidecars not running: {', '.join(dead)}; start them with `.venv/bin/geofence up`",
@@ -72,7 +75,7 @@ def fault_stack(stack: ConnectionSettings) -> Iterator[harness.Stack]:
         try:
             s.restore()
         except StackError as exc:  # e.g. a sidecar that exited at once: once more, then fail
-            harness.say(f"geofence up failed ({exc}); once more")
+            say(f"geofence up failed ({exc}); once more")
             s.restore()
         dead = s.dead()
         assert not dead, f"sidecars still dead after `geofence up`: {', '.join(dead)}"

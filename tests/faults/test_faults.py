@@ -19,57 +19,60 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.faults import harness as h
+from tests.faults.proxy import Proxied
+from tests.faults.run import FaultRun, Workload, execute
+from tests.faults.stack import Stack
+from tests.faults.verdict import failure_message
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def healthy_afterwards(fault_stack: h.Stack) -> Iterator[None]:
+def healthy_afterwards(fault_stack: Stack) -> Iterator[None]:
     """The stack as `geofence up` leaves it as soon as these tests are done (the session's
     teardown does it again at the very end)."""
     yield
     fault_stack.restore()
 
 
-async def test_kill_each_sidecar(fault_stack: h.Stack, workload: h.Workload, fault_seed: int) -> None:
+async def test_kill_each_sidecar(fault_stack: Stack, workload: Workload, fault_seed: int) -> None:
     stack = fault_stack
     names = ["x-ingress", *(f"x-geo-{r}" for r in stack.settings.regions),
              *(f"x-fence-{w}" for w in stack.settings.workers), "fence-archiver"]
-    run = h.FaultRun(stack, workload, f"kill -9 each sidecar ({len(names)})", fault_seed)
+    run = FaultRun(stack, workload, f"kill -9 each sidecar ({len(names)})", fault_seed)
 
-    async def inject(run: h.FaultRun) -> None:
+    async def inject(run: FaultRun) -> None:
         order = [names[i] for i in run.rng.permutation(len(names))]
         for name, at in zip(order, run.moments(len(names)), strict=True):
             await run.reach(at)
             await run.kill(name)
 
-    out = await h.execute(run, inject)
-    assert not out.problems, h.failure_message(out)
+    out = await execute(run, inject)
+    assert not out.problems, failure_message(out)
 
 
-async def test_broker_restart(fault_stack: h.Stack, workload: h.Workload, fault_seed: int) -> None:
-    run = h.FaultRun(fault_stack, workload, "RabbitMQ stop + start (x2)", fault_seed + 1)
+async def test_broker_restart(fault_stack: Stack, workload: Workload, fault_seed: int) -> None:
+    run = FaultRun(fault_stack, workload, "RabbitMQ stop + start (x2)", fault_seed + 1)
 
-    async def inject(run: h.FaultRun) -> None:
+    async def inject(run: FaultRun) -> None:
         for at in run.moments(2, 0.1, 0.6):
             await run.reach(at)
             await run.restart_broker()
             await run.recovered()  # one outage at a time
 
-    out = await h.execute(run, inject)
-    assert not out.problems, h.failure_message(out)
+    out = await execute(run, inject)
+    assert not out.problems, failure_message(out)
 
 
-async def test_tcp_cuts(fault_stack: h.Stack, workload: h.Workload, fault_seed: int) -> None:
+async def test_tcp_cuts(fault_stack: Stack, workload: Workload, fault_seed: int) -> None:
     stack = fault_stack
     names = ["x-ingress", *(f"x-geo-{r}" for r in stack.settings.regions),
              *(f"x-fence-{w}" for w in stack.settings.workers), "fence-archiver"]
     cuts = 3
-    proxied = h.Proxied(stack, names)
-    run = h.FaultRun(stack, workload, f"TCP cuts x{cuts} ({len(names)} sidecars proxied)", fault_seed + 2)
+    proxied = Proxied(stack, names)
+    run = FaultRun(stack, workload, f"TCP cuts x{cuts} ({len(names)} sidecars proxied)", fault_seed + 2)
 
-    async def inject(run: h.FaultRun) -> None:
+    async def inject(run: FaultRun) -> None:
         for at in run.moments(cuts):
             await run.reach(at)
             await run.cut(proxied.proxy, names)
@@ -77,8 +80,8 @@ async def test_tcp_cuts(fault_stack: h.Stack, workload: h.Workload, fault_seed: 
 
     try:
         await proxied.start()
-        out = await h.execute(run, inject)
+        out = await execute(run, inject)
     finally:
         await proxied.restore()
     assert proxied.proxy.accepted > len(names), "the sidecars did not connect through the proxy"
-    assert not out.problems, h.failure_message(out)
+    assert not out.problems, failure_message(out)
