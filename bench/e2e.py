@@ -243,8 +243,10 @@ def run_core(args: argparse.Namespace, w: Workloads, z: Sizes) -> Outcome:
 
 
 def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, label: str,
-               rate: float | None = None) -> Outcome:
-    """One broker_modes.run ("amqp" or "mqtt") against the running stack, shown as `label`."""
+               rate: float | None = None,
+               progress_hook: Callable[[str, int, int], None] | None = None) -> Outcome:
+    """One broker_modes.run ("amqp" or "mqtt") against the running stack, shown as `label`;
+    `progress_hook` (phase, done, total) also hears where the run is (bench/capacity.py)."""
     from bench import broker_modes as bm  # the stack's clients (aio_pika, paho), only when asked for
 
     fences, stream = w.fence_set(z.fences), w.stream(z.objects, z.updates)
@@ -252,8 +254,13 @@ def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, la
     out = Outcome(label, z.fences, z.objects, z.updates, z.batch if intake == "amqp" else 1, rate=rate)
     progress = report.Progress(f"{out.label}" + (f" at {rate:,.0f}/s" if rate else ""))
     try:
+        def tell(phase: str, done: int, total: int) -> None:
+            progress.phase_update(phase, done, total)
+            if progress_hook is not None:
+                progress_hook(phase, done, total)
+
         r = asyncio.run(bm.run(intake, fences, stream, reference, z.batch, rate, clients=args.clients,
-                               progress=progress.phase_update, idle=not args.no_idle_wait,
+                               progress=tell, idle=not args.no_idle_wait,
                                parking=not args.no_park))
     except Exception as exc:  # a sidecar restarted, the stack is down...: the other runs go on
         progress.close()

@@ -1,0 +1,172 @@
+"""Capacity (issue 18): CPU microseconds per update for each role and for RabbitMQ and
+PostgreSQL, from the kernel's counters (/proc/<pid>/stat: user + system time) read when an
+amqp run starts streaming and when its last event arrived, and from them the cores needed for
+10k, 100k and 1M updates/s at each fence count. The basis on which an operator sizes a
+deployment that outgrows one machine.
+
+    python -m bench.capacity [--fences 1000,10000] [--objects 10000] [--updates U] [--batch 1000]
+
+Runs against the running stack (`geofence up`), production settings, events checked against
+the shapely reference (a run whose events differ is reported, not counted).
+
+Trade-off: the figures are averages over a whole run on a machine where every process shares
+two cores, and the extrapolation is linear: it says how much CPU the work takes, not how it
+parallelises. A role is one process per instance (x-ingress, x-geo per region, x-fence per
+worker), so the cores a role needs are also the instances it needs, at least.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
+
+    cli.run_as_module(__file__)
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import e2e, report
+from deploy.services import rabbitmq_pid
+from deploy.settings import Settings
+from deploy.sidecars import load_records
+
+TICKS = os.sysconf("SC_CLK_TCK")
+RATES = (10_000, 100_000, 1_000_000)
+UPDATES = {1_000: 50_000, 10_000: 20_000}
+ROLE_OF = {"x-ingress": "x-ingress", "x-geo": "x-geo (all regions)", "x-fence": "x-fence (all workers)",
+           "fence-archiver": "fence-archiver", "api": "api"}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads); 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15)
+
+
+def postgres_pids() -> list[int]:
+    """Every process named postgres (the cluster's postmaster and backends)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+@dataclass
+class Sample:
+    """CPU seconds per role at one instant."""
+
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    @staticmethod
+    def now(settings: Settings, broker_pid: int) -> Sample:
+        s: dict[str, float] = defaultdict(float)
+        for name, rec in load_records(settings).items():
+            role = next((r for prefix, r in ROLE_OF.items() if name.startswith(prefix)), name)
+            s[role] += cpu_seconds(int(rec["pid"]))
+        s["RabbitMQ"] = cpu_seconds(broker_pid)
+        s["PostgreSQL"] = sum(cpu_seconds(p) for p in postgres_pids())
+        s["this benchmark (publisher, reader)"] = cpu_seconds(os.getpid())
+        return Sample(dict(s))
+
+
+@dataclass
+class Window:
+    """The samples around the stream: before its first update, after its last event."""
+
+    settings: Settings
+    broker_pid: int
+    start: Sample | None = None
+    end: Sample | None = None
+
+    def phase(self, phase: str, done: int, total: int) -> None:
+        """Called every tick (0.5 s) with the run's phase. The start is the last tick before
+        the stream (the pipeline is idle then: it was drained), the end the first tick after
+        the last event (parking or cleanup)."""
+        if phase in ("fences", "drain"):
+            self.start = Sample.now(self.settings, self.broker_pid)
+        elif phase in ("parking", "cleanup") and self.start is not None and self.end is None:
+            self.end = Sample.now(self.settings, self.broker_pid)
+
+
+def measure(f: int, n: int, u: int, batch: int, seed: int) -> tuple[e2e.Outcome, dict[str, float]]:
+    """One amqp run; the CPU microseconds per update of each role while it streamed."""
+    settings = Settings.from_env()
+    window = Window(settings, rabbitmq_pid())
+    args = argparse.Namespace(clients=1, no_idle_wait=False, no_park=False)
+    out = e2e.run_broker(args, e2e.Workloads(seed), e2e.Sizes(f, n, u, batch), "amqp", "amqp",
+                         progress_hook=window.phase)
+    if window.start is None or window.end is None:
+        return out, {}
+    us = {role: (window.end.cpu.get(role, 0.0) - c) / u * 1e6 for role, c in window.start.cpu.items()}
+    return out, us
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--fences", default="1000,10000", help="fence counts, comma-separated")
+    p.add_argument("--objects", type=int, default=10_000)
+    p.add_argument("--updates", type=int, help="per run (default 50,000 at F=1,000, 20,000 at F=10,000)")
+    p.add_argument("--batch", type=int, default=1_000, help="positions per gateway message")
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    try:
+        a.fence_counts = [int(x) for x in a.fences.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--fences {a.fences!r}: comma-separated integers")
+    if a.objects < 1 or a.batch < 1 or (a.updates is not None and a.updates < 1) or not a.fence_counts \
+            or min(a.fence_counts) < 1:
+        p.error("--objects, --batch, --updates and the fence counts must be positive")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    results: list[tuple[int, e2e.Outcome, dict[str, float]]] = []
+    for f in a.fence_counts:
+        u = a.updates or UPDATES.get(f, 20_000)
+        out, us = measure(f, a.objects, u, a.batch, a.seed)
+        results.append((f, out, us))
+        state = out.error or ("events match the reference" if not out.diff else "EVENTS DIFFER: not counted")
+        print(f"amqp F={f:,}: {out.updates_per_s:,.0f} updates/s; {state}", flush=True)
+    counted = [(f, us) for f, out, us in results if us and not out.error and not out.diff]
+    if not counted:
+        print(report.summary(["no run could be counted"], "FAILED", lead="capacity"))
+        return 1
+    roles = list(dict.fromkeys(r for _, us in counted for r in us))
+    bench_role = "this benchmark (publisher, reader)"
+    pipeline = [r for r in roles if r != bench_role]
+    print()
+    print("CPU microseconds per update (while streaming):")
+    rows = [[r, *(f"{us.get(r, 0.0):,.1f}" for _, us in counted)] for r in roles]
+    rows.append(["pipeline total (without the benchmark)",
+                 *(f"{sum(us.get(r, 0.0) for r in pipeline):,.1f}" for _, us in counted)])
+    print(report.table(["role", *(f"F={f:,}" for f, _ in counted)], rows))
+    print()
+    print("Cores needed (CPU seconds per second; linear):")
+    header = ["role", *(f"F={f:,} @ {rate:,}/s" for f, _ in counted for rate in RATES)]
+    crows = [[r, *(f"{us.get(r, 0.0) * rate / 1e6:,.1f}" for _, us in counted for rate in RATES)]
+             for r in pipeline]
+    crows.append(["total", *(f"{sum(us.get(r, 0.0) for r in pipeline) * rate / 1e6:,.1f}"
+                             for _, us in counted for rate in RATES)])
+    print(report.table(header, crows))
+    parts = [f"F={f:,}: {sum(us.get(r, 0.0) for r in pipeline):,.0f} us/update, "
+             f"{sum(us.get(r, 0.0) for r in pipeline) * 100_000 / 1e6:,.0f} cores at 100k/s"
+             for f, us in counted]
+    print(report.summary(parts, lead="capacity"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
