@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import e2e, report
+from deploy.processes import proc_stat_fields
 from deploy.services import rabbitmq_pid
 from deploy.settings import Settings
 from deploy.sidecars import load_records
@@ -44,8 +45,8 @@ ROLE_OF = {"x-ingress": "x-ingress", "x-geo": "x-geo (all regions)", "x-fence": 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (all its threads); 0 if it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        fields = proc_stat_fields(Path(f"/proc/{pid}/stat").read_text())
+    except (OSError, ValueError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15)
 

@@ -55,9 +55,14 @@ State = dict[str, ServiceRecord]
 Lookup = Callable[[int], ProcessId | None]
 
 
+def proc_stat_fields(text: str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (field 3, the state, first)."""
+    return text[text.rindex(")") + 2:].split()  # the command name may hold spaces and ')'
+
+
 def parse_proc_stat(text: str) -> tuple[str, int]:
     """(state letter, start time in clock ticks) from the text of /proc/<pid>/stat."""
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and ')'
+    fields = proc_stat_fields(text)
     return fields[0], int(fields[19])
 
 

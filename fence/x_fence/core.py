@@ -257,13 +257,17 @@ class XFence:
         events = self._events(np.ones(objs.size, np.int8), np.full(objs.size, code, np.int64), objs,
                               np.maximum(ts, self._last_ts[objs]), (ENTERED, FENCE_DELETED))
         self._keys, self._since = self._keys[~mask], self._since[~mask]
+        self._clear_slot(code)
+        self._dirty_fences.add(code)
+        return events
+
+    def _clear_slot(self, code: int) -> None:
+        """Fence `code` is gone (its slot stays, unused: codes are not reused)."""
         self._fences[code] = None
         self._geoms[code] = None
         self._prev.pop(code, None)
         self._pending.pop(code, None)
         self._edges.drop(code)
-        self._dirty_fences.add(code)
-        return events
 
     def _new_slot(self, fence_id: str) -> int:
         """A new fence code for `fence_id` (codes are never reused)."""
@@ -867,11 +871,7 @@ class XFence:
             if d is None:
                 if self._fence_code.get(name) == code:
                     del self._fence_code[name]
-                self._fences[code] = None
-                self._geoms[code] = None
-                self._prev.pop(code, None)
-                self._pending.pop(code, None)
-                self._edges.drop(code)
+                self._clear_slot(code)
             else:
                 self._put_stored(code, codec.unpack_fence(d))
                 self._fence_code[name] = code
