@@ -166,7 +166,8 @@ async def remove_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], pa
 
 
 class EventSink:
-    """fence.events -> the run's events with their receipt time."""
+    """fence.event-batches (every event, one message per x-fence batch: the consumer of
+    everything, as Tile38's PSUBSCRIBE * is) -> the run's events with their receipt time."""
 
     def __init__(self, conn: ConnectionSettings, prefix: str) -> None:
         self.url, self.prefix = conn["amqp"][t.FENCES_VHOST], prefix
@@ -180,17 +181,18 @@ class EventSink:
         ch = await self.conn.channel()
         await ch.set_qos(prefetch_count=5000)
         self.queue = await ch.declare_queue("", exclusive=True)
-        await self.queue.bind(t.EVENTS_EXCHANGE, "#")
-        await self.queue.consume(self._on_event, no_ack=True)
+        await self.queue.bind(t.EVENT_BATCHES_EXCHANGE, "")
+        await self.queue.consume(self._on_events, no_ack=True)
 
-    async def _on_event(self, m: aio_pika.abc.AbstractIncomingMessage) -> None:
-        e = orjson.loads(m.body)
+    async def _on_events(self, m: aio_pika.abc.AbstractIncomingMessage) -> None:
+        now, prefix = time.time(), self.prefix
         # this run's fences and objects: a fence defined here also sees objects of earlier
         # runs still inside it (not timed out), and says so (ENTER at its definition)
-        if e["fence_id"].startswith(self.prefix) and e["object_id"].startswith(self.prefix):
-            self.got.append(((e["event"], e["fence_id"], e["object_id"], e["ts"], e["reason"]), time.time()))
-            if self.want and len(self.got) >= self.want:
-                self.arrived.set()
+        self.got += [((e["event"], e["fence_id"], e["object_id"], e["ts"], e["reason"]), now)
+                     for e in orjson.loads(m.body)
+                     if e["fence_id"].startswith(prefix) and e["object_id"].startswith(prefix)]
+        if self.want and len(self.got) >= self.want:
+            self.arrived.set()
 
     async def wait(self, n: int, deadline: float) -> bool:
         self.want = n

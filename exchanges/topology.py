@@ -12,10 +12,12 @@
                      reply with reply-to and correlation id) --> the fence service
     x-ingress (positions of followed objects) --> gf-ingress: fence.follow --> queue fence.follow
                      --> the fence service moves the fences that follow them
-    gf-fences fence.events --"#"--> queue fence.archive --> the events archiver (PostgreSQL)
-    x-fence --> gf-fences: exchange fence.events (topic, "<fence_id>.<enter|leave>")
-            --> gf-fences: exchange fence.events.mqtt (topic,
-                "fence-events.<fence_id>.<enter|leave>.<object_id>": one message per event)
+    x-fence --> gf-fences: exchange fence.event-batches (fanout): one message per worker batch,
+                a JSON array of its events --> queue fence.archive --> the events archiver
+                (PostgreSQL); applications that want every event bind their own queues here
+            --> gf-fences: exchange fence.events (topic,
+                "fence-events.<fence_id>.<enter|leave>.<object_id>"): one message per event,
+                for subscribers to a fence's, a kind's or an object's events
         ==federation==> gf-ingress: amq.topic, so MQTT clients of gf-ingress subscribe to
                         fence-events/<fence_id>/<enter|leave>/+ (a fence's events) and
                         fence-events/+/+/<object_id> (an object's; a device only its own)
@@ -50,9 +52,12 @@ FENCE_IN_EXCHANGE = "x-fence.in"  # exists in every region vhost and in gf-fence
 
 # gf-fences
 FENCE_CONTROL_EXCHANGE = "x-fence.control"
-EVENTS_EXCHANGE = "fence.events"
-EVENTS_MQTT_EXCHANGE = "fence.events.mqtt"
-ARCHIVE_QUEUE = "fence.archive"  # every event (fence.events "#"), for the events archiver
+EVENTS_EXCHANGE = "fence.events"  # one message per event, key event_routing_key()
+EVENT_BATCHES_EXCHANGE = "fence.event-batches"  # one message per worker batch (a JSON array)
+ARCHIVE_QUEUE = "fence.archive"  # every event batch (fence.event-batches), for the events archiver
+# Retired: fence.events.mqtt (a second, MQTT-keyed copy of every event: fence.events is now
+# keyed for MQTT and federated itself; a broker that has it keeps it, unused) and
+# fence.archive's binding to fence.events "#" (deploy/rabbitmq/definitions.RETIRED_BINDINGS).
 API_EXCHANGE = "fence.api"  # the fence API over AMQP (request / reply)
 API_QUEUE = "fence.api"
 
@@ -104,14 +109,16 @@ def fence_lock(worker: str) -> str:  # in gf-fences
     return f"lock.x-fence.{worker}"
 
 
-def event_routing_key(fence_id: str, kind: str) -> str:
-    return f"{fence_id}.{kind}"
+def event_routing_key(fence_id: str, kind: str, object_id: str) -> str:
+    """The routing key of an event on fence.events (the MQTT topic with '/' for '.'): one
+    key serves the fence's subscribers (fence-events.<fence_id>.*.*), a kind's and the
+    object's (fence-events.*.*.<object_id>), AMQP and MQTT alike, so an event is one message,
+    not one per audience."""
+    return f"{EVENTS_TOPIC_PREFIX}.{fence_id}.{kind}.{object_id}"
 
 
-def mqtt_event_routing_key(fence_id: str, object_id: str, kind: str) -> str:
-    """The routing key of an event on fence.events.mqtt (MQTT topic with '/' for '.'): one
-    key serves the fence's subscribers (fence-events/<fence_id>/<kind>/+) and the object's
-    (fence-events/+/+/<object_id>), so an event is one message, not one per audience."""
+def event_binding_key(fence_id: str = "*", kind: str = "*", object_id: str = "*") -> str:
+    """A binding key on fence.events for a fence's, a kind's or an object's events."""
     return f"{EVENTS_TOPIC_PREFIX}.{fence_id}.{kind}.{object_id}"
 
 
@@ -149,7 +156,7 @@ EXCHANGE_TYPES: dict[str, str] = {
     API_EXCHANGE: "direct",  # routing key "" (one service; replicas share the queue)
     FOLLOW_EXCHANGE: "fanout",
     EVENTS_EXCHANGE: "topic",
-    EVENTS_MQTT_EXCHANGE: "topic",
+    EVENT_BATCHES_EXCHANGE: "fanout",
     DEAD_LETTER_EXCHANGE: "fanout",
 }
 
@@ -157,7 +164,7 @@ EXCHANGE_TYPES: dict[str, str] = {
 DEAD_LETTER_POLICY = "gf-dead-letters"  # every queue of a vhost but the ones below
 INPUT_LIMITS_POLICY = "gf-input-limits"  # sidecar input queues: dead letters + length limit
 FEDERATE_FENCE_IN_POLICY = "gf-federate-x-fence-in"  # gf-fences x-fence.in <- regions
-FEDERATE_EVENTS_POLICY = "gf-federate-events"  # gf-ingress amq.topic <- fence.events.mqtt
+FEDERATE_EVENTS_POLICY = "gf-federate-events"  # gf-ingress amq.topic <- fence.events
 
 # Federation upstreams (runtime parameters of the downstream vhost). An upstream is named
 # after the vhost it reads from.

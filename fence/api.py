@@ -83,7 +83,9 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None) ->
         description="Create, move, delete and inspect fences; read their live occupants and "
                     "archived events. Authenticate with a Firebase ID token (`Authorization: Bearer "
                     "...`). Events stream on RabbitMQ (exchange `fence.events`, key "
-                    "`<fence_id>.<enter|leave>`); this API is the control side.",
+                    "`fence-events.<fence_id>.<enter|leave>.<object_id>`, one message per event; "
+                    "exchange `fence.event-batches`, every event in batches); this API is the "
+                    "control side.",
     )
 
     async def caller(authorization: Annotated[str | None, Header()] = None) -> Caller:

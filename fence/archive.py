@@ -1,13 +1,15 @@
-"""The events archiver: every event of fence.events (queue fence.archive) into PostgreSQL's
-fence_event table, for `GET /fences/{id}/events` and the nightly analytics.
+"""The events archiver: every event of fence.event-batches (queue fence.archive; a message is
+a JSON array of a worker batch's events, or one event object) into PostgreSQL's fence_event
+table, for `GET /fences/{id}/events` and the nightly analytics.
 
-Per batch (up to GEOFENCE_BATCH_MAX messages): decode and check each event (a bad one goes
-to dead-letters with the reason), one COPY into a staging table and one INSERT .. ON CONFLICT
-(event_id) DO NOTHING, commit, then one ack for the batch. A redelivered event (a crash
-between commit and ack, or x-fence publishing it twice) meets its event_id and is stored once.
-PostgreSQL being away holds the batch unacked and retries with backoff; nothing is lost. An
-event PostgreSQL refuses (a batch's COPY fails on one row) is found by storing the batch row by
-row, and dead-lettered with PostgreSQL's reason; the others are stored.
+Per batch (up to GEOFENCE_BATCH_MAX messages): decode and check each event (a message with a
+bad one goes to dead-letters with the reason, its good events are stored), one COPY into a
+staging table and one INSERT .. ON CONFLICT (event_id) DO NOTHING, commit, then one ack for
+the batch. A redelivered event (a crash between commit and ack, or x-fence publishing it
+twice) meets its event_id and is stored once. PostgreSQL being away holds the batch unacked
+and retries with backoff; nothing is lost. An event PostgreSQL refuses (a batch's COPY fails
+on one row) is found by storing the batch message by message, and its message is
+dead-lettered with PostgreSQL's reason; the others are stored.
 """
 
 from __future__ import annotations
@@ -34,10 +36,34 @@ Row = tuple[str, str, str, str, str, float]
 
 def event_row(body: bytes) -> Row:
     """One event body (fence/state.Event.to_json) as a fence_event row; InvalidMessage says why not."""
+    return _row(_json(body))
+
+
+def event_rows(body: bytes) -> tuple[list[Row], list[str]]:
+    """A message's rows (a JSON array of events, or one event) and what is wrong with the
+    events that are not (by their place in the array); InvalidMessage if it is neither."""
+    data = _json(body)
+    if isinstance(data, dict):
+        return [_row(data)], []
+    if not isinstance(data, list):
+        raise InvalidMessage("events message is neither a JSON array of events nor an event object")
+    rows, bad = [], []
+    for i, e in enumerate(data):
+        try:
+            rows.append(_row(e))
+        except InvalidMessage as exc:
+            bad.append(f"event {i} of {len(data)}: {exc.reason}")
+    return rows, bad
+
+
+def _json(body: bytes) -> object:
     try:
-        e = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidMessage(f"event is not JSON: {exc}") from None
+
+
+def _row(e: object) -> Row:
     if not isinstance(e, dict):
         raise InvalidMessage("event is not a JSON object")
     missing = [k for k in store.EVENT_COLUMNS if k not in e]
@@ -83,23 +109,28 @@ class Archiver:
                                     cfg.drain_s)
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage]) -> None:
-        rows: list[Row] = []
-        kept: list[AbstractIncomingMessage] = []
+        per_message: list[tuple[AbstractIncomingMessage, list[Row]]] = []
         outs = []
         for m in messages:
             try:
-                rows.append(event_row(m.body))
-                kept.append(m)
+                rows, bad = event_rows(m.body)
             except InvalidMessage as exc:
                 outs.append(shell.dead_letter(self.dlx, m, exc.reason, t.ARCHIVE_QUEUE, self.counters))
+                continue
+            if bad:  # the message as it came, with why; its good events are stored below
+                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+                outs.append(shell.dead_letter(self.dlx, m, bad[0] + more, t.ARCHIVE_QUEUE, self.counters))
+            if rows:
+                per_message.append((m, rows))
+        rows = [r for _, rs in per_message for r in rs]
         new = 0
         if rows:
             try:
                 new = await self.store(rows)
-            except asyncpg.PostgresError:  # a row PostgreSQL refuses: find it, keep the others
-                for m, row in zip(kept, rows, strict=True):
+            except asyncpg.PostgresError:  # a row PostgreSQL refuses: find its message, keep the others
+                for m, rs in per_message:
                     try:
-                        new += await self.store([row])
+                        new += await self.store(rs)
                     except asyncpg.PostgresError as exc:
                         outs.append(shell.dead_letter(self.dlx, m, f"refused by PostgreSQL: {exc}",
                                                       t.ARCHIVE_QUEUE, self.counters))

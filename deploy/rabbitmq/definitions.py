@@ -13,7 +13,9 @@ Exchanges, queues, bindings (declared by the topology; the sidecars only declare
                    to it by the link itself
     gf-fences      x-fence.in (direct) --"<w>"--> x-fence.<w>
                    x-fence.control (direct) --"<w>"--> x-fence.<w>.control
-                   fence.events, fence.events.mqtt (topic): applications bind their own queues
+                   fence.event-batches (fanout) --> fence.archive (the events archiver)
+                   fence.events (topic), fence.event-batches: applications bind their own
+                   queues (app.<anything>)
     every vhost    dead-letters (fanout) --> dead-letters (a classic queue)
 
 Policies (RabbitMQ applies one policy per queue, the highest priority one that matches, so
@@ -33,6 +35,7 @@ each queue group gets one policy carrying all of its settings, and the patterns 
                       dead-letters queue has no limit: a bounded one would drop bad input.
     gf-federate-x-fence-in  (gf-fences, exchanges, ^x-fence\\.in$) upstream set gf-regions
     gf-federate-events      (gf-ingress, exchanges, ^amq\\.topic$) upstream gf-fences
+                            (its exchange fence.events)
 
 Federation upstreams (ack-mode on-confirm: a message leaves the upstream queue only once
 the downstream broker confirmed it; trust-user-id false; max-hops 1). The upstream URI
@@ -160,6 +163,7 @@ class Definitions:
     exchanges: tuple[Exchange, ...]
     queues: tuple[Queue, ...]
     bindings: tuple[Binding, ...]
+    retired_bindings: tuple[Binding, ...]
     parameters: tuple[Parameter, ...]
     policies: tuple[Policy, ...]
 
@@ -232,7 +236,7 @@ def exchanges(topology: Topology) -> tuple[Exchange, ...]:
         found += [_exchange(v, t.GEO_IN_EXCHANGE), _exchange(v, t.GEO_CONTROL_EXCHANGE),
                   _exchange(v, t.FENCE_IN_EXCHANGE)]
     found += [_exchange(t.FENCES_VHOST, name) for name in (
-        t.FENCE_IN_EXCHANGE, t.FENCE_CONTROL_EXCHANGE, t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE,
+        t.FENCE_IN_EXCHANGE, t.FENCE_CONTROL_EXCHANGE, t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE,
         t.API_EXCHANGE)]
     found += [_exchange(v, t.DEAD_LETTER_EXCHANGE) for v in topology.vhosts]
     return tuple(found)
@@ -249,7 +253,7 @@ def bindings(topology: Topology) -> tuple[Binding, ...]:
                      t.POSITIONS_TOPIC_PATTERN),
              Binding(t.INGRESS_VHOST, t.BATCHES_EXCHANGE, t.BATCHES_QUEUE, ""),
              Binding(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE, t.FOLLOW_QUEUE, ""),
-             Binding(t.FENCES_VHOST, t.EVENTS_EXCHANGE, t.ARCHIVE_QUEUE, "#"),
+             Binding(t.FENCES_VHOST, t.EVENT_BATCHES_EXCHANGE, t.ARCHIVE_QUEUE, ""),
              Binding(t.FENCES_VHOST, t.API_EXCHANGE, t.API_QUEUE, "")]
     for v in region_vhosts(topology):
         found += [Binding(v, t.GEO_IN_EXCHANGE, t.GEO_POSITIONS_QUEUE, ""),
@@ -259,6 +263,14 @@ def bindings(topology: Topology) -> tuple[Binding, ...]:
                   Binding(t.FENCES_VHOST, t.FENCE_CONTROL_EXCHANGE, t.fence_control_queue(w), w)]
     found += [Binding(v, t.DEAD_LETTER_EXCHANGE, t.DEAD_LETTER_QUEUE, "") for v in topology.vhosts]
     return tuple(found)
+
+
+# Bindings an earlier topology declared that must go where a broker still has them: the
+# plan removes them (a binding holds no message; exchanges and queues are never removed).
+RETIRED_BINDINGS = (
+    # the archive took every event of fence.events one by one; it takes fence.event-batches now
+    Binding(t.FENCES_VHOST, t.EVENTS_EXCHANGE, t.ARCHIVE_QUEUE, "#"),
+)
 
 
 # --------------------------------------------------------------------------- users
@@ -296,7 +308,7 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                          exactly(*input_queues(topology, v))) for v in regions]
     locks = exactly(*(t.fence_lock(w) for w in topology.workers))
     found.append(Permission(t.FENCE_USER, fences, locks,
-                            exactly(t.EVENTS_EXCHANGE, t.EVENTS_MQTT_EXCHANGE, dlx, DEFAULT_EXCHANGE),
+                            exactly(t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE, dlx, DEFAULT_EXCHANGE),
                             exactly(*input_queues(topology, fences))))
     found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)
               for v in regions]
@@ -306,14 +318,15 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     found.append(Permission(t.MANAGER_USER, ingress, NOTHING, exactly(dlx), exactly(t.FOLLOW_QUEUE)))
     found.append(Permission(t.ARCHIVER_USER, fences, NOTHING, exactly(dlx), exactly(t.ARCHIVE_QUEUE)))
     # applications: requests to the fence API (answers come by direct reply-to), and their own
-    # event queues, named app.<anything>, bound to fence.events
+    # event queues, named app.<anything>, bound to fence.events or fence.event-batches
     found.append(Permission(t.CLIENT_USER, fences, r"^app\..*",
                             rf"^({regex_escape(t.API_EXCHANGE)}|app\..*)$",
-                            rf"^({regex_escape(t.EVENTS_EXCHANGE)}|app\..*)$"))
+                            rf"^({regex_escape(t.EVENTS_EXCHANGE)}|{regex_escape(t.EVENT_BATCHES_EXCHANGE)}"
+                            r"|app\..*)$"))
     found += [Permission(t.FEDERATION_USER, v, fed, fed, federation_read(t.FENCE_IN_EXCHANGE))
               for v in regions]
     found.append(Permission(t.FEDERATION_USER, fences, fed, fed,
-                            federation_read(t.EVENTS_MQTT_EXCHANGE)))
+                            federation_read(t.EVENTS_EXCHANGE)))
     found.append(Permission(t.GATEWAY_USER, ingress, NOTHING, exactly(t.BATCHES_EXCHANGE), NOTHING))
     return tuple(found)
 
@@ -349,7 +362,7 @@ def parameters(topology: Topology, endpoint: Endpoint, federation_password: str)
                            [{"upstream": t.upstream_name(v)} for v in regions]))
     found.append(Parameter(t.INGRESS_VHOST, "federation-upstream", t.upstream_name(t.FENCES_VHOST),
                            upstream(endpoint, federation_password, t.FENCES_VHOST,
-                                    t.EVENTS_MQTT_EXCHANGE)))
+                                    t.EVENTS_EXCHANGE)))
     return tuple(found)
 
 
@@ -384,6 +397,7 @@ def build(topology: Topology, endpoint: Endpoint, federation_password: str) -> D
         exchanges=exchanges(topology),
         queues=queues(topology),
         bindings=bindings(topology),
+        retired_bindings=RETIRED_BINDINGS,
         parameters=parameters(topology, endpoint, federation_password),
         policies=policies(topology),
     )

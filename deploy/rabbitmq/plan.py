@@ -7,10 +7,11 @@ operator would type (passwords masked); `plan(defs, passwords, Current.empty())`
 whole script for an empty broker (`geofence topology show`).
 
 Only differences produce steps, so applying twice runs nothing the second time. What the
-plan never does: delete a vhost, a user, an exchange, a queue or a binding (they may hold
-data or belong to somebody else). It does clear what it owns and no longer wants: the
-permissions of the sidecar users in vhosts they should not use, and the `gf-*` policies and
-federation parameters of the topology's vhosts.
+plan never does: delete a vhost, a user, an exchange, a queue or a binding it does not know
+(they may hold data or belong to somebody else). It does clear what it owns and no longer
+wants: the permissions of the sidecar users in vhosts they should not use, the `gf-*`
+policies and federation parameters of the topology's vhosts, and the bindings an earlier
+topology declared (`definitions.RETIRED_BINDINGS`).
 """
 
 from __future__ import annotations
@@ -162,6 +163,12 @@ def bind(b: Binding) -> Http:
                 {"routing_key": b.routing_key, "arguments": {}})
 
 
+def unbind(b: Binding) -> Http:
+    """Remove a binding without arguments (its properties key is its routing key, "~" if empty)."""
+    return Http("DELETE", api_path("bindings", b.vhost, "e", b.source, "q", b.queue, b.routing_key or "~"),
+                None)
+
+
 # --------------------------------------------------------------------------- the broker's state
 
 
@@ -302,6 +309,8 @@ def _declare_steps(defs: Definitions, current: Current) -> list[Step]:
     steps += [bind(b) for b in defs.bindings
               if (b.vhost, b.source, b.queue, b.routing_key) not in current.bindings
               or (b.vhost, b.queue) in redeclared]
+    steps += [unbind(b) for b in defs.retired_bindings
+              if (b.vhost, b.source, b.queue, b.routing_key) in current.bindings]
     return steps
 
 

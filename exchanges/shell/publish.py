@@ -27,9 +27,11 @@ from typing import Any
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+from aiormq.abc import ChannelFrame
 from pamqp.commands import Basic
 
 from exchanges import topology as t
+from exchanges.shell import frames
 from exchanges.shell.connections import Backoff
 from exchanges.shell.counters import Counters, reason_key
 
@@ -57,14 +59,25 @@ class Out:
 
 
 async def publish_all(outs: Sequence[Out], counters: Counters, deadline: float | None = None) -> None:
-    """Publish concurrently and wait for every confirm; nacked or returned ones are retried
-    with backoff (the caller holds its input unacked meanwhile)."""
+    """Publish and wait for every confirm; nacked or returned ones are retried with backoff
+    (the caller holds its input unacked meanwhile). Plain messages (see `_plain`) go out as
+    one write per channel (`_publish_plain`), the others one by one through aiormq."""
     pending = list(outs)
     backoff = Backoff(0.05, 2.0)
     while pending:
-        results = await asyncio.gather(*(_publish(o) for o in pending), return_exceptions=True)
+        groups: dict[int, list[Out]] = {}
+        for o in pending:  # plain ones by channel, each other one alone
+            groups.setdefault(id(o.exchange.channel) if _plain(o) else id(o), []).append(o)  # type: ignore[attr-defined]
+        done = await asyncio.gather(*(_publish_plain(g) if _plain(g[0]) else _publish_one(g[0])
+                                      for g in groups.values()), return_exceptions=True)
+        ordered = [o for g in groups.values() for o in g]
+        results: list[BaseException | None] = []
+        for got in done:
+            if isinstance(got, BaseException):
+                raise got
+            results += got
         failed = []
-        for o, r in zip(pending, results, strict=True):
+        for o, r in zip(ordered, results, strict=True):
             if isinstance(r, BaseException):
                 if isinstance(r, PublishRefused):
                     failed.append(o)
@@ -80,6 +93,77 @@ async def publish_all(outs: Sequence[Out], counters: Counters, deadline: float |
                         "%.2fs", len(failed), delay)
             await asyncio.sleep(delay)  # back-pressure: the input stays unacked meanwhile
         pending = failed
+
+
+async def _publish_one(o: Out) -> list[BaseException | None]:
+    try:
+        await _publish(o)
+    except PublishRefused as exc:
+        return [exc]
+    return [None]
+
+
+def _plain(o: Out) -> bool:
+    return not o.mandatory and o.headers is None and o.correlation_id is None and o.message_id is None
+
+
+async def _publish_plain(outs: Sequence[Out]) -> list[BaseException | None]:
+    """Plain messages of one channel as one write: the frames encoded here
+    (exchanges/shell/frames.py), delivery tags and confirm futures registered with aiormq's
+    channel under its publish lock (so tags stay in step with its own publishes), then every
+    confirm awaited. A nack is a PublishRefused for that message; a channel lost meanwhile,
+    a ConnectionError for the batch."""
+    channel = await outs[0].exchange.channel.get_underlay_channel()  # type: ignore[attr-defined]
+    confirms = channel.publisher_confirms
+    mode = int(PERSISTENT) if confirms else int(aio_pika.DeliveryMode.NOT_PERSISTENT)
+    frame_max = channel.connection.connection_tune.frame_max
+    number = channel.number
+    parts: list[bytes] = []
+    for o in outs:
+        parts += frames.message(number, o.exchange.name, o.routing_key, o.content_type, mode, o.body,
+                                frame_max)
+    payload = b"".join(parts)
+    futures: list[asyncio.Future[Any]] = []
+    try:
+        async with channel.lock:
+            if channel.is_closed:
+                raise ConnectionError("publish on a closed channel")
+            if confirms:
+                first = channel.delivery_tag + 1
+                channel.delivery_tag += len(outs)
+                for tag in range(first, first + len(outs)):
+                    f = channel.create_future()
+                    channel.confirmations[tag] = f
+                    futures.append(f)
+            drained = channel.create_future()
+            try:
+                await channel.write_queue.put(ChannelFrame(payload=payload, should_close=False,
+                                                           drain_future=drained))
+            except BaseException:  # not queued: the broker never sees these tags, take them back
+                if confirms:
+                    for tag in range(first, first + len(outs)):
+                        channel.confirmations.pop(tag, None)
+                    channel.delivery_tag = first - 1
+                for f in futures:
+                    f.cancel()
+                raise
+        await drained
+        results: list[BaseException | None] = []
+        for f in futures:
+            try:
+                confirm = await f
+            except aiormq.exceptions.DeliveryError as exc:
+                results.append(PublishRefused(str(exc)))
+                continue
+            results.append(None if isinstance(confirm, Basic.Ack)
+                           else PublishRefused(f"broker answered {type(confirm).__name__}"))
+        return results if confirms else [None] * len(outs)
+    except ConnectionError:
+        raise
+    except Exception as exc:
+        if channel.is_closed or type(exc) is Exception:
+            raise ConnectionError(f"publish lost with its channel: {exc!r}") from exc
+        raise
 
 
 async def _publish(o: Out) -> None:

@@ -1,8 +1,12 @@
 """The x-fence sidecar of one worker: x-fence.<worker> (positions routed by every x-geo
 region, and fence definitions they forward, in one ordered queue) in, ENTER / LEAVE events
-out on fence.events (`<fence_id>.<enter|leave>`) and fence.events.mqtt (federated to the
-ingress vhost's amq.topic for MQTT subscribers: `fence-events/<fence_id>/<kind>/<object_id>`,
-one message per event for the fence's subscribers and the object's).
+out twice: one message per event on fence.events (key
+`fence-events.<fence_id>.<enter|leave>.<object_id>`, for the fence's, the kind's and the
+object's subscribers, AMQP ones and, federated to the ingress vhost's amq.topic, MQTT ones),
+and one message per batch on fence.event-batches (a JSON array of its events, up to
+EVENTS_PER_BATCH_MESSAGE) for consumers of every event: the archiver, analytics, load tests.
+A broker routes an event nobody subscribed to nowhere, at the cost of one unroutable
+publish; a consumer of everything pays one delivery per batch, not one per event.
 
 Durability: the core's state (who is inside which fence since when, each object's last
 position and handover time, positions held for a notice) lives in a snapshot plus a journal
@@ -55,6 +59,7 @@ from fence.x_fence.journal import pack as journal_pack
 
 log = logging.getLogger("geofence")
 EXPIRE_EVERY_S = 1.0
+EVENTS_PER_BATCH_MESSAGE = 2_000  # a batch message stays well under a megabyte
 POSITIONS = "positions"
 
 
@@ -202,7 +207,7 @@ class FenceSidecar:
             await self.instance_lock.acquire(conn, stack)  # before the journal is touched
             self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
             self.events: AbstractExchange = await self.out_ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
-            self.events_mqtt = await self.out_ch.get_exchange(t.EVENTS_MQTT_EXCHANGE, ensure=False)
+            self.event_batches = await self.out_ch.get_exchange(t.EVENT_BATCHES_EXCHANGE, ensure=False)
             self.dlx = await self.out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
             if self.unpersisted and self.journal is not None:
                 await self._reload()
@@ -288,14 +293,17 @@ class FenceSidecar:
             await self.persist()
 
     def event_outs(self, events: Sequence[Event]) -> list[shell.Out]:
+        """One message per event on fence.events, and the same events in batch messages on
+        fence.event-batches (the bodies joined into JSON arrays, not encoded twice)."""
         self.counters.events += len(events)
-        outs = []
-        for e in events:
-            body = orjson.dumps(e.to_json())
-            outs.append(shell.Out(self.events, t.event_routing_key(e.fence_id, e.event), body,
+        bodies = [orjson.dumps(e.to_json()) for e in events]
+        outs = [shell.Out(self.events, t.event_routing_key(e.fence_id, e.event, e.object_id), body,
+                          "application/json", mandatory=False)
+                for e, body in zip(events, bodies, strict=True)]
+        for at in range(0, len(bodies), EVENTS_PER_BATCH_MESSAGE):
+            outs.append(shell.Out(self.event_batches, self.worker,
+                                  b"[" + b",".join(bodies[at:at + EVENTS_PER_BATCH_MESSAGE]) + b"]",
                                   "application/json", mandatory=False))
-            key = t.mqtt_event_routing_key(e.fence_id, e.object_id, e.event)
-            outs.append(shell.Out(self.events_mqtt, key, body, "application/json", mandatory=False))
         return outs
 
     # -- control (inspect) ---------------------------------------------------------------------

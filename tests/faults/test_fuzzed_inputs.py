@@ -439,7 +439,7 @@ async def events_of(stack: ConnectionSettings, fence_id: str) -> AsyncIterator[A
     async with await aio_pika.connect(stack["amqp"][t.FENCES_VHOST], timeout=30) as conn:
         ch = await conn.channel()
         queue = await ch.declare_queue("", exclusive=True)
-        await queue.bind(t.EVENTS_EXCHANGE, f"{fence_id}.*")
+        await queue.bind(t.EVENTS_EXCHANGE, t.event_binding_key(fence_id))
         yield queue
 
 

@@ -95,7 +95,7 @@ class Events:
 
     async def watch(self, *fence_ids: str) -> None:
         for f in fence_ids:
-            await self.queue.bind(t.EVENTS_EXCHANGE, f"{f}.*")
+            await self.queue.bind(t.EVENTS_EXCHANGE, t.event_binding_key(f))
 
     async def until(self, want: tuple[str, str, str, str], deadline: float = 30.0) -> dict[str, Any]:
         """Collect until an event (fence, object, event, reason) has come; returns it."""

@@ -106,7 +106,7 @@ class AmqpEvents:
         await self.conn.close()
 
     async def watch(self, fence_id: str) -> None:
-        await self.queue.bind(t.EVENTS_EXCHANGE, f"{fence_id}.*")
+        await self.queue.bind(t.EVENTS_EXCHANGE, t.event_binding_key(fence_id))
 
     async def until(self, last: dict[str, tuple[Any, ...]], deadline: float = EVENT_DEADLINE) -> None:
         """Collect until the last expected event of each fence has arrived."""
@@ -177,13 +177,13 @@ class MqttWatcher:
 
 
 async def wait_binding_federated(stack: ConnectionSettings, key: str) -> None:
-    """The federation link copies an MQTT subscription's binding to fence.events.mqtt."""
+    """The federation link copies an MQTT subscription's binding to fence.events."""
     def copied() -> bool:
-        found = api(stack, f"api/exchanges/{q(t.FENCES_VHOST)}/{q(t.EVENTS_MQTT_EXCHANGE)}"
+        found = api(stack, f"api/exchanges/{q(t.FENCES_VHOST)}/{q(t.EVENTS_EXCHANGE)}"
                            "/bindings/source") or []
         return any(b["routing_key"] == key for b in found)
 
-    await poll(copied, f"binding {key} on fence.events.mqtt in gf-fences")
+    await poll(copied, f"binding {key} on fence.events in gf-fences")
 
 
 def publish_steps(dev: MqttDevice, object_id: str, steps: Sequence[Step]) -> list[tuple[str, bytes]]:
@@ -299,7 +299,8 @@ async def test_device_crosses_two_adjacent_fences(pipeline: ConnectionSettings, 
     assert amqp.events(device.object_id) == expected
     ids = [body["event_id"] for _, body in amqp.got if body["object_id"] == device.object_id]
     assert all(EVENT_ID.match(i) for i in ids) and len(set(ids)) == len(ids)
-    assert all(key == f"{body['fence_id']}.{body['event']}" for key, body in amqp.got)
+    assert all(key == t.event_routing_key(body["fence_id"], body["event"], body["object_id"])
+               for key, body in amqp.got)
 
     over_mqtt = await watcher.until(len(expected), device.object_id)
     assert sorted(as_tuple(body) for _, body in over_mqtt) == expected

@@ -306,16 +306,16 @@ async def test_fence_event_reaches_the_device_over_mqtt(stack: ConnectionSetting
     binding_key = f"fence-events.*.*.{device.object_id}"
 
     def propagated() -> bool:  # the federation link copies the new binding to gf-fences
-        found = api(stack, f"api/exchanges/{q(t.FENCES_VHOST)}/{q(t.EVENTS_MQTT_EXCHANGE)}"
+        found = api(stack, f"api/exchanges/{q(t.FENCES_VHOST)}/{q(t.EVENTS_EXCHANGE)}"
                            "/bindings/source") or []
         return any(b["routing_key"] == binding_key for b in found)
 
-    await poll(propagated, f"binding {binding_key} on fence.events.mqtt in gf-fences")
+    await poll(propagated, f"binding {binding_key} on fence.events in gf-fences")
     fence_id = f"f-{uuid.uuid4().hex[:8]}"
-    per_object = t.mqtt_event_routing_key(fence_id, device.object_id, "enter")
+    per_object = t.event_routing_key(fence_id, "enter", device.object_id)
     event = {"event": "enter", "fence_id": fence_id, "object_id": device.object_id,
              "ts": time.time(), "reason": "entered", "event_id": uuid.uuid4().hex}
-    await publish(stack, t.FENCE_USER, t.FENCES_VHOST, t.EVENTS_MQTT_EXCHANGE, per_object,
+    await publish(stack, t.FENCE_USER, t.FENCES_VHOST, t.EVENTS_EXCHANGE, per_object,
                   json.dumps(event).encode())
     topic, payload = mqtt_device.expect("message")
     assert topic == f"fence-events/{fence_id}/enter/{device.object_id}"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from exchanges.contract import InvalidMessage
 from fence import store
-from fence.archive import event_row
+from fence.archive import event_row, event_rows
 from fence.x_fence.events import ENTER, LEAVE, REASONS, Event, event_id
 
 TS = 1_700_000_000.125
@@ -180,3 +180,33 @@ def test_the_first_problem_is_the_reason() -> None:
 
 def test_nul_in_an_id_is_refused() -> None:
     refusal(body(object_id="truck\u00007"))
+
+
+# --------------------------------------------------------------------------- batch messages
+
+
+def test_a_batch_message_is_its_events_rows_in_order() -> None:
+    other = {**GOOD, "object_id": "truck-8", "event_id": "f" * 32}
+    rows, bad = event_rows(orjson.dumps([GOOD, other]))
+    assert [r[2] for r in rows] == ["truck-7", "truck-8"] and bad == []
+
+
+def test_one_event_object_is_a_batch_of_one() -> None:
+    assert event_rows(body()) == ([event_row(body())], [])
+
+
+def test_an_empty_batch_has_no_rows() -> None:
+    assert event_rows(b"[]") == ([], [])
+
+
+def test_bad_events_of_a_batch_are_named_and_the_good_ones_kept() -> None:
+    rows, bad = event_rows(orjson.dumps([GOOD, {**GOOD, "event": "hover"}, 7]))
+    assert len(rows) == 1
+    assert bad == ["event 1 of 3: event kind 'hover': enter or leave expected",
+                   "event 2 of 3: event is not a JSON object"]
+
+
+@pytest.mark.parametrize("raw", [b"7", b'"x"', b"null", b"[", b"\xff"])
+def test_a_message_neither_array_nor_event_is_refused(raw: bytes) -> None:
+    with pytest.raises(InvalidMessage):
+        event_rows(raw)

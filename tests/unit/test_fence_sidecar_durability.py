@@ -64,8 +64,8 @@ def sidecar(journal_dir: Path) -> FenceSidecar:
                                  ("a",), ("w0",), journal_dir=str(journal_dir))
     with mock.patch("fence.x_fence.sidecar.HashRing", lambda workers: HashRing(list(workers))):
         sc = FenceSidecar(config)
-    sc.dlx, sc.events, sc.events_mqtt = (cast(Any, Exchange(n)) for n in
-                                         ("dead-letters", "fence.events", "fence.events.mqtt"))
+    sc.dlx, sc.events, sc.event_batches = (cast(Any, Exchange(n)) for n in
+                                           ("dead-letters", "fence.events", "fence.event-batches"))
     return sc
 
 

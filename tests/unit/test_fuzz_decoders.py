@@ -587,7 +587,7 @@ def fence_sidecar(worker: str = "w0") -> tuple[FenceSidecar, Exchange, Exchange]
     sc.core.define(FENCE, TS_MIN)
     dlx, events = Exchange("dead-letters"), Exchange("fence.events")
     sc.dlx, sc.events = cast(Any, dlx), cast(Any, events)
-    sc.events_mqtt = cast(Any, Exchange("fence.events.mqtt"))
+    sc.event_batches = cast(Any, Exchange("fence.event-batches"))
     return sc, dlx, events
 
 

@@ -57,7 +57,9 @@ def test_bindings_route_what_the_names_say() -> None:
     assert d.Binding("gf-ingress", "amq.topic", "x-ingress.positions", "positions.*") in DEFAULT.bindings
     assert d.Binding("gf-fences", "x-fence.in", "x-fence.w1", "w1") in DEFAULT.bindings
     assert d.Binding("gf-fences", "x-fence.control", "x-fence.w0.control", "w0") in DEFAULT.bindings
-    assert d.Binding("gf-fences", "fence.events", "fence.archive", "#") in DEFAULT.bindings
+    assert d.Binding("gf-fences", "fence.event-batches", "fence.archive", "") in DEFAULT.bindings
+    assert d.Binding("gf-fences", "fence.events", "fence.archive", "#") not in DEFAULT.bindings
+    assert d.Binding("gf-fences", "fence.events", "fence.archive", "#") in DEFAULT.retired_bindings
     assert d.Binding("gf-fences", "fence.api", "fence.api", "") in DEFAULT.bindings
     assert d.Binding("gf-ingress", "fence.follow", "fence.follow", "") in DEFAULT.bindings
     declared = {(x.vhost, x.name) for x in DEFAULT.exchanges} | {(v, "amq.topic") for v in DEFAULT.vhosts}
@@ -130,7 +132,7 @@ def test_federation_policies_and_upstreams() -> None:
                  "exchange": "x-fence.in", "ack-mode": "on-confirm", "trust-user-id": False,
                  "max-hops": 1}
     ev = params[("gf-ingress", "federation-upstream", "gf-fences")]
-    assert ev["exchange"] == "fence.events.mqtt"
+    assert ev["exchange"] == "fence.events"
     assert ev["uri"].endswith("@127.0.0.1:5672/gf-fences")
 
 
@@ -175,7 +177,8 @@ CASES = [
     (t.FENCE_USER, "gf-fences", "read", "x-fence.w2", False),
     (t.FENCE_USER, "gf-fences", "read", "dead-letters", False),
     (t.FENCE_USER, "gf-fences", "write", "fence.events", True),
-    (t.FENCE_USER, "gf-fences", "write", "fence.events.mqtt", True),
+    (t.FENCE_USER, "gf-fences", "write", "fence.event-batches", True),
+    (t.FENCE_USER, "gf-fences", "write", "fence.events.mqtt", False),  # retired
     (t.FENCE_USER, "gf-fences", "write", "dead-letters", True),
     (t.FENCE_USER, "gf-fences", "write", "fence.eventsXmqtt", False),  # the dots are literal
     (t.FENCE_USER, "gf-fences", "write", "x-fence.control", False),
@@ -199,8 +202,9 @@ CASES = [
     (t.FEDERATION_USER, "gf-region-a", "configure", "x-fence.in", False),
     (t.FEDERATION_USER, "gf-region-a", "write", "x-fence.in", False),
     (t.FEDERATION_USER, "gf-region-a", "read", "x-geo.positions", False),
-    (t.FEDERATION_USER, "gf-fences", "read", "fence.events.mqtt", True),
-    (t.FEDERATION_USER, "gf-fences", "read", "fence.events", False),
+    (t.FEDERATION_USER, "gf-fences", "read", "fence.events", True),
+    (t.FEDERATION_USER, "gf-fences", "read", "fence.event-batches", False),
+    (t.FEDERATION_USER, "gf-fences", "read", "fence.events.mqtt", False),
     (t.FEDERATION_USER, "gf-fences", "read", "x-fence.w0", False),
     (t.FEDERATION_USER, "gf-ingress", "read", "amq.topic", False),
 ]

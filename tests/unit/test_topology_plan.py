@@ -222,3 +222,12 @@ def test_render_masks_secrets_and_quotes_for_the_shell() -> None:
 
 def test_api_paths_quote_names() -> None:
     assert p.api_path("queues", "/", "federation: a -> b") == "api/queues/%2F/federation%3A%20a%20-%3E%20b"
+
+
+def test_a_retired_binding_is_removed_where_the_broker_has_it() -> None:
+    cur = applied(DEFS, PASSWORDS)
+    cur.bindings.add(("gf-fences", "fence.events", "fence.archive", "#"))  # before event batches
+    cur.bindings.add(("gf-fences", "fence.events", "app.mine", "#"))  # an application's: kept
+    assert p.plan(DEFS, PASSWORDS, cur) == [
+        p.Http("DELETE", "api/bindings/gf-fences/e/fence.events/q/fence.archive/%23", None)]
+    assert p.plan(DEFS, PASSWORDS, applied(DEFS, PASSWORDS)) == []  # not there: nothing to do
