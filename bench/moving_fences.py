@@ -130,29 +130,46 @@ class Stack:
             counters = r.json().get("counters", {})
         return {k: int(v) for k, v in counters.items() if isinstance(v, int)}
 
-    def cpu_ticks(self) -> dict[str, int]:
-        """utime + stime (clock ticks) of every recorded sidecar still alive, of RabbitMQ and of
-        PostgreSQL (the postmaster and its backends), and "machine": the busy ticks of all
-        cores (/proc/stat)."""
+    def records(self) -> dict[str, dict[str, Any]]:
+        """name -> {pid, start_ticks} of every recorded sidecar, of RabbitMQ and of PostgreSQL."""
         records = dict(sidecars.load_records(self.settings))
         with contextlib.suppress(OSError, ValueError, StackError):
             for name, svc in load_state(self.settings.state_file).items():
-                if svc.process is not None and name in ("rabbitmq", "postgres"):
+                if svc.process is not None and name in ("rabbitmq", "postgres", "memcached"):
                     records[name] = {"pid": svc.process.pid, "start_ticks": svc.process.start_ticks}
+        return records
+
+    def process_stats(self) -> tuple[dict[str, dict[str, Any]], dict[int, tuple[int, int, int]]]:
+        """(records, pid -> (parent pid, start ticks, utime + stime)) of every process now."""
         stats = {}
         for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
             with contextlib.suppress(OSError, ValueError, IndexError):
                 text = Path(f"/proc/{pid}/stat").read_text()
                 fields = text[text.rindex(")") + 2:].split()
                 stats[pid] = (int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12]))
+        return self.records(), stats
+
+    def alive(self, seen: tuple[dict[str, dict[str, Any]], dict[int, tuple[int, int, int]]] | None = None
+              ) -> dict[str, list[int]]:
+        """name -> its pids (PostgreSQL: the postmaster and its backends) of every recorded
+        process still alive and not restarted since it was recorded (in `seen`, or now)."""
+        records, stats = seen or self.process_stats()
         out = {}
         for name, rec in records.items():
             pid = int(rec["pid"])
             if pid not in stats or stats[pid][1] != int(rec["start_ticks"]):
                 continue  # gone or restarted: its figure would mean nothing
-            out[name] = stats[pid][2]
+            out[name] = [pid]
             if name == "postgres":  # a backend per connection
-                out[name] += sum(ticks for ppid, _, ticks in stats.values() if ppid == pid)
+                out[name] += [p for p, (ppid, _, _) in stats.items() if ppid == pid]
+        return out
+
+    def cpu_ticks(self) -> dict[str, int]:
+        """utime + stime (clock ticks) of every recorded sidecar still alive, of RabbitMQ and of
+        PostgreSQL (the postmaster and its backends), and "machine": the busy ticks of all
+        cores (/proc/stat)."""
+        seen = self.process_stats()
+        out = {name: sum(seen[1][p][2] for p in pids) for name, pids in self.alive(seen).items()}
         with contextlib.suppress(OSError, ValueError):
             cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
             out["machine"] = sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait

@@ -25,12 +25,14 @@ EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts
 def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], object_ids: Sequence[str],
                      obj: npt.NDArray[np.integer[Any]], lon: npt.NDArray[np.float64],
                      lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
-                     chunk: int = 100_000) -> list[EventTuple]:
+                     chunk: int = 100_000, inside: list[frozenset[int]] | None = None) -> list[EventTuple]:
     """Events of positions (obj[i] indexes object_ids), taken in the order given (sort them
-    by ts per object first). Every object starts outside every fence."""
+    by ts per object first). Every object starts outside every fence, or, with `inside`
+    (per object, the fence indexes it is in; updated here), where an earlier call left it."""
     geoms = np.array(list(geometries), dtype=object)
     tree = shapely.STRtree(geoms)
-    inside: list[frozenset[int]] = [frozenset()] * len(object_ids)
+    if inside is None:
+        inside = [frozenset()] * len(object_ids)
     events: list[EventTuple] = []
     for lo in range(0, len(obj), chunk):
         hi = min(lo + chunk, len(obj))

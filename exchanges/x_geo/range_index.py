@@ -17,7 +17,9 @@ runs, like an LSM tree: a change only marks the fence's old slot dead and queues
 blocks; the next query sorts the queued blocks into a small run, and a run is merged into
 the next older one once it reaches 1/FANOUT of its size (numpy's stable sort merges two
 presorted runs in linear time) and the merge drops dead slots. A block is rewritten
-O(log_FANOUT(table)) times over its life instead of once per change.
+O(log_FANOUT(table)) times over its life instead of once per change. A dead slot is taken
+again by a later `add` once no run holds a block of it (counted per slot), so a fence that
+moves every second for a month keeps using a handful of slots.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def _blocks(ranges: U64, interior: BOOL) -> tuple[U64, BOOL]:
 class RangeIndex:
     """Fences' Hilbert ranges (at INDEX_BITS), routed a whole batch at a time.
 
-    Each `add` takes a new slot for the fence (a replaced fence's old slot is masked), so a
+    Each `add` takes a slot no run refers to (a replaced fence's old slot is masked), so a
     query never sees half of an update. Not thread-safe: one owner (the x-geo core).
     """
 
@@ -129,6 +131,8 @@ class RangeIndex:
         self._ranges: dict[int, tuple[U64, BOOL]] = {}  # live slot -> ranges, flags
         self._blocks: dict[int, tuple[U64, BOOL]] = {}  # live slot -> composite keys, flags
         self._alive = np.zeros(64, dtype=bool)
+        self._in_runs = np.zeros(64, dtype=np.int64)  # slot -> its blocks held in runs
+        self._free: list[int] = []  # dead slots no run refers to: taken again first
         self._runs: list[_Run] = []  # newest first
         self._queued: list[int] = []
 
@@ -146,11 +150,16 @@ class RangeIndex:
         if len(r) and int(r[-1, 1]) >= 1 << (2 * INDEX_BITS):
             raise ValueError(f"ranges of fence {fence_id!r} exceed the {INDEX_BITS}-bit curve")
         self.remove(fence_id, missing_ok=True)
-        slot = len(self._fence_of_slot)
-        self._fence_of_slot.append(fence_id)
+        if self._free:
+            slot = self._free.pop()
+            self._fence_of_slot[slot] = fence_id
+        else:
+            slot = len(self._fence_of_slot)
+            self._fence_of_slot.append(fence_id)
         self._slot_of[fence_id] = slot
         if slot >= self._alive.size:
             self._alive = np.concatenate([self._alive, np.zeros(self._alive.size, dtype=bool)])
+            self._in_runs = np.concatenate([self._in_runs, np.zeros(self._in_runs.size, dtype=np.int64)])
         self._alive[slot] = True
         self._ranges[slot] = (r, flags)
         self._blocks[slot] = _blocks(r, flags)
@@ -166,6 +175,8 @@ class RangeIndex:
         self._fence_of_slot[slot] = None
         del self._ranges[slot]
         del self._blocks[slot]
+        if not self._in_runs[slot]:  # never flushed into a run (a stale queue entry is skipped)
+            self._free.append(slot)
 
     # -- queries ------------------------------------------------------------------------
 
@@ -212,7 +223,7 @@ class RangeIndex:
         return sorted(self._slot_of)
 
     def slot_count(self) -> int:
-        """Slots ever taken (live or dead): every slot is below it."""
+        """Slots taken so far (live, dead or free again): every slot is below it."""
         return len(self._fence_of_slot)
 
     def slot_of(self, fence_id: str) -> int:
@@ -234,6 +245,7 @@ class RangeIndex:
             "ranges": sum(len(r) for r, _ in self._ranges.values()),
             "blocks": sum(len(k) for k, _ in self._blocks.values()),
             "runs": [len(r) for r in self._runs],
+            "slots": len(self._fence_of_slot), "free_slots": len(self._free),
             "levels": sorted({lv.level for r in self._runs for lv in r.levels}),
         }
 
@@ -250,6 +262,7 @@ class RangeIndex:
                 slots = np.concatenate(
                     [np.full(len(self._blocks[s][0]), s, dtype=np.int32) for s in live])
                 self._runs.insert(0, _Run.of(keys, slots, flags))
+                self._in_runs += np.bincount(slots, minlength=self._in_runs.size)
         while len(self._runs) >= 2 and len(self._runs[0]) * FANOUT >= len(self._runs[1]):
             self._runs[0:2] = [self._merge(self._runs[0], self._runs[1])]
 
@@ -259,6 +272,11 @@ class RangeIndex:
         flags = np.concatenate([b.interior, a.interior])
         live = self._alive[slots]
         order = np.argsort(keys[live], kind="stable")  # two sorted runs: a linear merge
+        if not live.all():  # dead slots' blocks dropped: a slot no run holds any more is free
+            dropped = slots[~live]
+            self._in_runs -= np.bincount(dropped, minlength=self._in_runs.size)
+            gone = np.unique(dropped)
+            self._free += gone[self._in_runs[gone] == 0].tolist()
         return _Run.of(keys[live][order], slots[live][order], flags[live][order], presorted=True)
 
     def compact(self) -> None:

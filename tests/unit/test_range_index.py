@@ -123,3 +123,38 @@ def test_moving_fence_writes_a_small_run_and_masks_the_old_slot() -> None:
     assert index.stats()["runs"] == [1, 50]  # the move did not rewrite the big run
     index.compact()
     assert index.stats()["runs"] == [50]  # the dead slot's block is gone
+
+
+def test_a_fence_moving_for_hours_reuses_a_few_slots() -> None:
+    """A rebind per second (a fence following a car): dead slots are taken again once no
+    run holds their blocks, so the slots (and x-geo's per-slot arrays) stay bounded."""
+    index = RangeIndex()
+    for i in range(100):
+        index.add(f"still-{i}", [[i * 4096, i * 4096 + 4095]])
+    for step in range(20_000):
+        lo = (10**6 + step % 997) * 4096
+        index.add("mover", [[lo, lo + 4095]])
+        if step % 10 == 0:  # x-geo routes between changes
+            m = index.route(np.array([lo + 7, 5 * 4096], dtype=np.uint64))
+            assert sorted(index.fence_of_slot(m.slot)) == ["mover", "still-5"]
+    assert index.slot_count() < 200, index.stats()
+    m = index.route(np.array([(10**6 + 19_999 % 997) * 4096 + 1], dtype=np.uint64))
+    assert index.fence_of_slot(m.slot) == ["mover"]
+
+
+def test_a_freed_slot_is_not_taken_while_a_run_still_holds_its_blocks() -> None:
+    index = RangeIndex()
+    for i in range(40):
+        index.add(f"f{i}", [[i * 4096, i * 4096 + 4095]])
+    index.compact()
+    index.remove("f7")  # its block is still in the big run (masked)
+    index.add("new", [[50 * 4096, 50 * 4096 + 4095]])
+    assert index.slot_of("new") == 40 and index.stats()["free_slots"] == 0
+    m = index.route(np.array([7 * 4096 + 1, 50 * 4096 + 1], dtype=np.uint64))
+    assert index.fence_of_slot(m.slot) == ["new"] and m.point.tolist() == [1]
+    index.compact()  # the masked block is dropped: slot 7 is free, and taken next
+    assert index.stats()["free_slots"] == 1
+    index.add("newer", [[60 * 4096, 60 * 4096 + 4095]])
+    assert index.slot_of("newer") == 7
+    m = index.route(np.array([7 * 4096 + 1, 60 * 4096 + 1], dtype=np.uint64))
+    assert index.fence_of_slot(m.slot) == ["newer"] and m.point.tolist() == [1]
