@@ -311,11 +311,11 @@ async def test_the_archive_stores_a_redelivered_event_once(stack: ConnectionSett
     marker = {**twice, "object_id": "o-marker", "ts": 1001.0, "event_id": uuid.uuid4().hex}
     async with await aio_pika.connect(stack["amqp"][t.FENCES_VHOST], timeout=DEADLINE) as conn:
         ch = await conn.channel(publisher_confirms=True)
-        ex = await ch.get_exchange(t.EVENTS_EXCHANGE)
-        for body in (twice, twice, {"not": "an event"}, marker):
+        ex = await ch.get_exchange(t.EVENT_BATCHES_EXCHANGE)
+        # as one event, again in a batch (as x-fence sends them), a bad one, then the marker
+        for body in (twice, [twice], {"not": "an event"}, [marker]):
             await ex.publish(aio_pika.Message(json.dumps(body).encode(), content_type="application/json",
-                                              delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                             f"{f}.enter")
+                                              delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "")
     # one consumer, one queue: once the marker is stored, both copies were handled
     await until(lambda: _find(http, alice, f, "o-marker", "enter", "entered"), "the marker event")
     events = await archived(http, alice, f)
