@@ -273,10 +273,10 @@ async def run(args: argparse.Namespace) -> int:
                     await car_task
                     out.moving_positions = cars.confirmed
             # the events: every expected one, within the deadline
-            want = np.unique(np.frombuffer(ref.digests, np.int64))
+            want = np.unique(np.frombuffer(ref.digests.tobytes(), np.int64))
             deadline = time.perf_counter() + SETTLE_DEADLINE_S
             while time.perf_counter() < deadline:
-                got = np.unique(np.frombuffer(sink.digests, np.int64))
+                got = np.unique(np.frombuffer(sink.digests.tobytes(), np.int64))  # a copy: it grows
                 status[0] = f"events: {got.size:,} of {want.size:,}"
                 if got.size >= want.size:
                     break
@@ -284,7 +284,7 @@ async def run(args: argparse.Namespace) -> int:
             out.late_s = time.perf_counter() - t0 - out.wall_s
             sampling.cancel()
             samples.take(stack, t0)
-            all_got = np.frombuffer(sink.digests, np.int64)
+            all_got = np.frombuffer(sink.digests.tobytes(), np.int64)
             got = np.unique(all_got)
             out.expected, out.got = int(want.size), int(got.size)
             out.duplicates = int(all_got.size - got.size)
