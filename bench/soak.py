@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import math
 import os
+import signal
 import sys
 import time
 import uuid
@@ -63,6 +64,7 @@ RATE = 12_000.0  # half of the largest amqp rate at F=1,000 measured in this iss
 SEGMENT_S = 60.0
 SETTLE_DEADLINE_S = 300.0  # after the last publish: every expected event, at most this late
 BATCH = 1_000
+LEFTOVER = "^s[0-9a-f]{6}-f"  # the fleet fences of a run (prefix s<run id>-)
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -199,13 +201,14 @@ class Outcome:
 
 
 async def publish_segments(args: argparse.Namespace, conn: ConnectionSettings, walk: Walk,
-                           ref: Reference, out: Outcome, status: list[str], t0: float) -> None:
+                           ref: Reference, out: Outcome, status: list[str], t0: float,
+                           stop: asyncio.Event) -> None:
     round_s = args.objects / args.rate
     rounds_per_segment = max(1, int(SEGMENT_S / round_s))
     end = t0 + args.minutes * 60.0
     r = 0
     checking: asyncio.Task[int] | None = None
-    while time.perf_counter() < end:
+    while time.perf_counter() < end and not stop.is_set():
         count = min(rounds_per_segment, max(1, int((end - time.perf_counter()) / round_s)))
         base = time.time()
         st = walk.rounds(count, base + np.arange(count) * round_s)
@@ -245,9 +248,16 @@ async def run(args: argparse.Namespace) -> int:
     sink = BatchSink(conn["amqp"][t.FENCES_VHOST], prefix)
     pg = await routing_store.connect(stack.dsn)
     cars: mf.Cars | None = None
+    stop = asyncio.Event()  # SIGINT / SIGTERM: publishing ends early, the check and clean-up run
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     try:
         async with stack.manager() as m:
             await mf.remove_leftovers(pg, m)
+            left = [r["id"] for r in await pg.fetch(
+                "SELECT id FROM fence WHERE deleted_at IS NULL AND coalesce(owner, '') = '' AND id ~ $1",
+                LEFTOVER)]
+            await bm.remove_stored(m, left)  # an earlier soak's, killed before its clean-up
             await bm.put_fences(conn, fences)
             await mf.bounded(8, [functools.partial(m.put, fleet.spec(i)) for i in range(args.moving)])
             await m.applied(timeout=mf.APPLIED_TIMEOUT_S)
@@ -265,7 +275,7 @@ async def run(args: argparse.Namespace) -> int:
 
             sampling = asyncio.create_task(sampler())
             try:
-                await publish_segments(args, conn, walk, ref, out, status, t0)
+                await publish_segments(args, conn, walk, ref, out, status, t0, stop)
             finally:
                 out.wall_s = time.perf_counter() - t0
                 if cars is not None and car_task is not None:
