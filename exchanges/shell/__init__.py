@@ -7,7 +7,7 @@ One module per concept, each with its invariants:
 - counters: `Counters`, `reason_key`;
 - connections: connections and channels, `InstanceLock`, `connection_lost`, `BROKER_GONE`,
   `Backoff`;
-- publish: `Out`, `publish_all`, `dead_letter`, `reply`, `PublishRefused`;
+- publish: `Out`, `Plains`, `publish_all`, `dead_letter`, `reply`, `PublishRefused`;
 - intake: `Intake`, `run_batches`, `settle`, `SidecarFault`, `reason_of`;
 - lifecycle: the `Sidecar` protocol, `run_sidecar`, `serve`, `run_session`, `periodic`.
 Imports go one way, config/counters <- connections <- publish <- intake <- lifecycle, and
@@ -52,7 +52,7 @@ from exchanges.shell.lifecycle import (
     run_sidecar,
     serve,
 )
-from exchanges.shell.publish import PERSISTENT, Out, PublishRefused, dead_letter, publish_all, reply
+from exchanges.shell.publish import PERSISTENT, Out, Plains, PublishRefused, dead_letter, publish_all, reply
 
 __all__ = [
     "BROKER_GONE",
@@ -67,6 +67,7 @@ __all__ = [
     "InstanceLocked",
     "Intake",
     "Out",
+    "Plains",
     "PublishRefused",
     "Session",
     "Sidecar",

@@ -231,7 +231,7 @@ class FenceSidecar:
 
     async def handle_inputs(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         """Runs of position parts are routed together; definitions apply between them."""
-        outs: list[shell.Out] = []
+        outs: list[shell.Out | shell.Plains] = []
         steps: list[list[WorkerBatch] | control.Define | control.Drop] = []  # in queue order
         for m in messages:
             try:
@@ -292,14 +292,15 @@ class FenceSidecar:
                 await shell.publish_all(self.event_outs(events), self.counters)
             await self.persist()
 
-    def event_outs(self, events: Sequence[Event]) -> list[shell.Out]:
+    def event_outs(self, events: Sequence[Event]) -> list[shell.Out | shell.Plains]:
         """One message per event on fence.events, and the same events in batch messages on
         fence.event-batches (the bodies joined into JSON arrays, not encoded twice)."""
         self.counters.events += len(events)
+        if not events:
+            return []
         bodies = [orjson.dumps(e.to_json()) for e in events]
-        outs = [shell.Out(self.events, t.event_routing_key(e.fence_id, e.event, e.object_id), body,
-                          "application/json", mandatory=False)
-                for e, body in zip(events, bodies, strict=True)]
+        keys = [t.event_routing_key(e.fence_id, e.event, e.object_id) for e in events]
+        outs: list[shell.Out | shell.Plains] = [shell.Plains(self.events, keys, bodies, "application/json")]
         for at in range(0, len(bodies), EVENTS_PER_BATCH_MESSAGE):
             outs.append(shell.Out(self.event_batches, self.worker,
                                   b"[" + b",".join(bodies[at:at + EVENTS_PER_BATCH_MESSAGE]) + b"]",

@@ -49,9 +49,9 @@ def publishing(fail: bool = False) -> Iterator[list[shell.Out]]:
     """shell.publish_all into a list; with `fail`, the connection drops under the publish."""
     outs: list[shell.Out] = []
 
-    async def publish_all(o: Sequence[shell.Out], counters: shell.Counters,
+    async def publish_all(o: Sequence[shell.Out | shell.Plains], counters: shell.Counters,
                           deadline: float | None = None) -> None:
-        outs.extend(o)
+        outs.extend(m for x in o for m in (x.outs() if isinstance(x, shell.Plains) else [x]))
         if fail:
             raise ConnectionError("connection reset under the publish")
 

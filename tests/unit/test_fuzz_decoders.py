@@ -302,9 +302,9 @@ def captured() -> Iterator[list[shell.Out]]:
     """shell.publish_all into a list (every publish confirmed at once)."""
     outs: list[shell.Out] = []
 
-    async def publish_all(o: Sequence[shell.Out], counters: shell.Counters,
+    async def publish_all(o: Sequence[shell.Out | shell.Plains], counters: shell.Counters,
                           deadline: float | None = None) -> None:
-        outs.extend(o)
+        outs.extend(m for x in o for m in (x.outs() if isinstance(x, shell.Plains) else [x]))
 
     with mock.patch.object(shell, "publish_all", publish_all):
         yield outs

@@ -63,7 +63,7 @@ class FakeChannel:
     def __init__(self, answer: Any = "ack", closed: bool = False) -> None:
         self.publisher_confirms = True
         self.delivery_tag = 5  # earlier publishes on the channel
-        self.confirmations: OrderedDict[int, asyncio.Future[Any]] = OrderedDict()
+        self.confirmations: OrderedDict[int, Any] = OrderedDict()
         self.lock = asyncio.Lock()
         self.number = 3
         self.is_closed = closed
@@ -71,26 +71,32 @@ class FakeChannel:
         self.write_queue: asyncio.Queue[Any] = asyncio.Queue()
         self.answer = answer
         self.writes: list[bytes] = []
+        self.store: list[asyncio.Future[Any]] = []
         self.task = asyncio.get_running_loop().create_task(self.broker())
 
-    def create_future(self) -> asyncio.Future[Any]:
-        return asyncio.get_running_loop().create_future()
+    def create_future(self) -> asyncio.Future[Any]:  # in aiormq's store: a lost channel fails them
+        f: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.store.append(f)
+        return f
 
     async def broker(self) -> None:
         while True:
             frame = await self.write_queue.get()
             self.writes.append(frame.payload)
             frame.drain_future.set_result(None)
+            if self.answer == "lost":  # aiormq rejects its future store, not the confirmations
+                for f in self.store:
+                    if not f.done():
+                        f.set_exception(Exception("channel closed"))
+                continue
             for tag, f in list(self.confirmations.items()):
                 self.confirmations.pop(tag)
                 if self.answer == "ack":
                     f.set_result(Basic.Ack(delivery_tag=tag))
                 elif self.answer == "nack-even" and tag % 2 == 0:
                     f.set_exception(aiormq.exceptions.DeliveryError(None, Basic.Nack(delivery_tag=tag)))
-                elif self.answer == "nack-even":
-                    f.set_result(Basic.Ack(delivery_tag=tag))
                 else:
-                    f.set_exception(Exception("channel closed"))
+                    f.set_result(Basic.Ack(delivery_tag=tag))
 
 
 class FakeExchange:
@@ -151,3 +157,65 @@ async def test_a_closed_channel_takes_no_plain_batch() -> None:
 async def _until(cond: Any) -> None:
     while not cond():
         await asyncio.sleep(0)
+
+
+async def test_aiormqs_own_confirm_path_settles_a_batch() -> None:
+    """_Confirm meets aiormq's Channel._confirm_delivery (the code that runs on the broker's
+    ack or nack) as its own futures do: acks count down, a nack is kept by message."""
+    from types import SimpleNamespace
+
+    from exchanges.shell import publish
+
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    batch = publish._Batch(3, done)
+    holder = SimpleNamespace(confirmations=OrderedDict(
+        (tag, publish._Confirm(batch, i)) for i, tag in enumerate((7, 8, 9))))
+    aiormq.Channel._confirm_delivery(holder, 7, Basic.Ack(delivery_tag=7))  # type: ignore[arg-type]
+    aiormq.Channel._confirm_delivery(holder, 8, Basic.Nack(delivery_tag=8))  # type: ignore[arg-type]
+    assert not done.done()
+    aiormq.Channel._confirm_delivery(holder, 9, Basic.Ack(delivery_tag=9))  # type: ignore[arg-type]
+    assert done.done() and list(batch.refused) == [1]
+    assert isinstance(batch.refused[1], aiormq.exceptions.DeliveryError)
+    assert not holder.confirmations
+
+
+@pytest.mark.parametrize("size", [0, 1, 300, 4_088, 4_089, 9_000])
+def test_many_messages_frame_like_one_at_a_time(size: int) -> None:
+    keys = [f"fence-events.f{i}.enter.o-{i}" for i in range(5)]
+    bodies = [bytes([i]) * size for i in range(5)]
+    many = b"".join(frames.messages(9, "fence.events", keys, bodies, "application/json", 2, 4_096))
+    assert many == b"".join(pamqp_message(9, "fence.events", k, "application/json", 2, b, 4_096)
+                            for k, b in zip(keys, bodies, strict=True))
+
+
+def test_many_messages_refuse_a_long_key() -> None:
+    with pytest.raises(ValueError, match="at most 255 bytes"):
+        frames.messages(1, "x", ["ok", "k" * 256], [b"", b""], "application/json", 2, 131_072)
+
+
+async def test_plains_and_plain_outs_share_one_write_in_order() -> None:
+    ch = FakeChannel()
+    ex = FakeExchange(ch)
+    plains = shell.Plains(ex, ["a", "b"], [b"1", b"2"])  # type: ignore[arg-type]
+    out = shell.Out(ex, "c", b"3", "application/json", mandatory=False)  # type: ignore[arg-type]
+    counters = Counters()
+    await shell.publish_all([plains, out], counters)
+    assert counters.published == 3 and len(ch.writes) == 1 and ch.delivery_tag == 8
+    assert ch.writes[0] == b"".join(pamqp_message(3, "fence.events", k, "application/json", 2, b, 131_072)
+                                    for k, b in (("a", b"1"), ("b", b"2"), ("c", b"3")))
+    ch.task.cancel()
+
+
+async def test_a_nacked_message_of_plains_is_retried_alone() -> None:
+    ch = FakeChannel("nack-even")
+    ex = FakeExchange(ch)
+    counters = Counters()
+    task = asyncio.get_running_loop().create_task(shell.publish_all(
+        [shell.Plains(ex, ["k0", "k1", "k2"], [b"0", b"1", b"2"])], counters))  # type: ignore[arg-type]
+    await asyncio.wait_for(_until(lambda: len(ch.writes) >= 1), 5)
+    ch.answer = "ack"
+    await asyncio.wait_for(task, 10)
+    assert counters.published == 3 and counters.retries == 2  # tags 6 and 8 of 6..8 were nacked
+    assert ch.writes[1] == b"".join(pamqp_message(3, "fence.events", k, "application/json", 2, b, 131_072)
+                                    for k, b in (("k0", b"0"), ("k2", b"2")))
+    ch.task.cancel()
