@@ -15,7 +15,7 @@ part is encoded, so the core stays about routing and the formats stay in one pla
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,6 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 
 from exchanges.fence_def import FenceDef
-from exchanges.worker_batch import WorkerBatch
 
 FORMAT = 1
 STATS = ("unknown_fence_candidates", "stale_positions", "held_positions", "holds_expired", "rechecks",
@@ -77,18 +76,6 @@ def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
     pending = frozenset(str(r) for r in d.get("pending") or ()) if old is not None else frozenset()
     return StoredFence(FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"]),
                        float(d.get("ts", 0.0)), bool(d.get("created", False)), old, pending)
-
-
-def pack_held(held: Mapping[int, Iterable[tuple[WorkerBatch, float]]]) -> list[list[Any]]:
-    """The positions waiting for a gate, per object code, in arrival order."""
-    return [[code, wb.to_wire(), at] for code, items in sorted(held.items()) for wb, at in items]
-
-
-def unpack_held(rows: Iterable[list[Any]]) -> dict[int, list[tuple[WorkerBatch, float]]]:
-    held: dict[int, list[tuple[WorkerBatch, float]]] = {}
-    for code, wire, at in rows:
-        held.setdefault(int(code), []).append((WorkerBatch.from_wire(wire), float(at)))
-    return held
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

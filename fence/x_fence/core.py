@@ -69,6 +69,7 @@ from fence.x_fence.events import (
     TIMEOUT,
     Event,
 )
+from fence.x_fence.held import Held, pair_key
 from fence.x_fence.shapes import Edges
 from hilbert_c import kernel
 
@@ -172,7 +173,7 @@ class XFence:
         self._keys = np.empty(0, np.uint64)  # sorted (object << 32 | fence)
         self._since = np.empty(0, np.float64)
         self._ho_ts = np.zeros(0, np.float64)  # per object: the latest handover notice applied
-        self._held: dict[int, list[tuple[WorkerBatch, float]]] = {}  # object -> (position, received_at)
+        self._held = Held()  # positions waiting for a gate, in arrival order (fence/x_fence/held.py)
         self.unknown_fence_candidates = 0
         self.stale_positions = 0
         self.held_positions = 0
@@ -228,10 +229,7 @@ class XFence:
         done = [c for c, waiting in self._pending.items() if not waiting]
         if not done:
             return
-        held: set[tuple[str, int]] = set()
-        for items in self._held.values():
-            for wb, _ in items:
-                held.update(zip(wb.fences, wb.fence_versions().tolist(), strict=True))
+        held = self._held.fence_versions()
         for c in done:
             prev = self._prev.get(c)
             if prev is not None and (self._fence_names[c], prev[0]) in held:
@@ -319,9 +317,9 @@ class XFence:
         if wb.gate is not None or (self._held and wb.origin is not None):
             blocked = self._blocked(wb, codes)
             if blocked.any():
-                for r in np.flatnonzero(blocked).tolist():
-                    self._held.setdefault(int(codes[r]), []).append((wb.take([r]), received_at))
-                    self.held_positions += 1
+                rows = np.flatnonzero(blocked)
+                self._held.add(wb.take(rows), codes[rows], received_at)
+                self.held_positions += int(rows.size)
                 self._held_dirty = True
                 keep = np.flatnonzero(~blocked)
                 wb, codes = wb.take(keep), codes[keep]
@@ -344,29 +342,30 @@ class XFence:
         if wb.origin is None or not (blocked.any() or self._held):
             return blocked
         # A region's rows of an object stay in order: a row behind a held one of the same
-        # region waits too (a notice behind a held position of its region may not open it).
-        held_codes = np.fromiter(self._held, np.int64, len(self._held))
-        rows = np.flatnonzero(blocked | np.isin(codes, held_codes))
-        waiting: set[tuple[int, int]] = set()
-        for r, c, o in zip(rows.tolist(), codes[rows].tolist(), wb.origin[rows].tolist(), strict=True):
-            if o == 0:
-                continue
-            if (c, o) not in waiting and c in self._held and \
-                    any(int(h.origins()[0]) == o for h, _ in self._held[c]):
-                waiting.add((c, o))
-            if (c, o) in waiting:
-                blocked[r] = True
-            elif blocked[r]:
-                waiting.add((c, o))
+        # region waits too (a notice behind a held position of its region may not open it),
+        # as does a row behind a blocked one of its region in this batch.
+        ordered = wb.origin != 0
+        rows = np.flatnonzero(ordered & (blocked | np.isin(codes, self._held.codes())))
+        if not rows.size:
+            return blocked
+        keys = pair_key(codes[rows], wb.origin[rows])
+        waits = blocked[rows] | np.isin(keys, self._held.pair_keys())
+        # within each (object, region) in batch order: from its first waiting row on
+        order = np.lexsort((rows, keys))
+        k, w = keys[order], waits[order]
+        start = np.r_[True, k[1:] != k[:-1]]
+        count = np.cumsum(w)
+        base = np.maximum.accumulate(np.where(start, count - w, 0))
+        blocked[rows[order]] = (count - base) > 0
         return blocked
 
     def _release(self, now: float | None) -> list[Event]:
         """Apply the held positions whose gate opened (with `now`: also those held HOLD_S),
         all in one batch, so each object's are taken in time order."""
         ready, codes = self._ready(now)
-        if not ready:
+        if ready is None:
             return []
-        events = self._route(*self._with_opened(WorkerBatch.concat(ready), np.array(codes, np.int64)))
+        events = self._route(*self._with_opened(ready, codes))
         if self._pending:
             self._end_transitions()
         return events
@@ -383,38 +382,20 @@ class XFence:
             assert last.notice is not None
             np.maximum.at(self._ho_ts, last_codes[last.notice], last.positions.ts[last.notice])
             ready, ready_codes = self._ready(None)
-            if not ready:
+            if ready is None:
                 break
-            parts.append(WorkerBatch.concat(ready))
-            part_codes.append(np.array(ready_codes, np.int64))
+            parts.append(ready)
+            part_codes.append(ready_codes)
         if len(parts) == 1:
             return wb, codes
         return WorkerBatch.concat(parts), np.concatenate(part_codes)
 
-    def _ready(self, now: float | None) -> tuple[list[WorkerBatch], list[int]]:
+    def _ready(self, now: float | None) -> tuple[WorkerBatch | None, I64]:
         """Take out the held rows whose gate is open (with `now`: also those held HOLD_S),
         each region's rows of an object in order; with their object codes."""
-        ready: list[WorkerBatch] = []
-        codes: list[int] = []
-        for c in list(self._held):
-            items = self._held[c]
-            keep = []
-            stuck: set[int] = set()  # regions with a row still held (their later rows wait)
-            for wb, at in items:
-                o = int(wb.origins()[0])
-                open_ = wb.gates()[0] <= self._ho_ts[c] and (o == 0 or o not in stuck)
-                if open_ or (now is not None and now - at >= self.HOLD_S):
-                    ready.append(wb)
-                    codes.append(c)
-                    self.holds_expired += not open_
-                else:
-                    keep.append((wb, at))
-                    stuck.add(o)
-            if keep:
-                self._held[c] = keep
-            else:
-                del self._held[c]
-        if ready:
+        ready, codes, expired = self._held.ready(self._ho_ts, now, self.HOLD_S)
+        if ready is not None:
+            self.holds_expired += expired
             self._held_dirty = True
         return ready, codes
 
@@ -763,7 +744,7 @@ class XFence:
                 "inside_pairs": int(self._keys.size),
                 "unknown_fence_candidates": self.unknown_fence_candidates,
                 "stale_positions": self.stale_positions, "held_positions": self.held_positions,
-                "held_now": sum(map(len, self._held.values())), "holds_expired": self.holds_expired,
+                "held_now": len(self._held), "holds_expired": self.holds_expired,
                 "rechecks": self.rechecks, "rechecks_superseded": self.rechecks_superseded}
 
     # -- persistence (the formats: fence/x_fence/codec.py) --------------------------------
@@ -777,7 +758,7 @@ class XFence:
             "fences": [self._stored(c) for c in range(len(self._fences))], "names": list(self._fence_names),
             "codes": dict(self._fence_code), "versions": dict(self._versions),
             "keys": codec.pack_array(self._keys, "<u8"), "since": codec.pack_array(self._since, "<f8"),
-            "held": codec.pack_held(self._held), "stats": {k: getattr(self, k) for k in codec.STATS},
+            "held": self._held.pack(), "stats": {k: getattr(self, k) for k in codec.STATS},
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -815,7 +796,7 @@ class XFence:
         x._since = codec.unpack_array(data["since"], "<f8", np.float64)
         if x._keys.size != x._since.size or (x._keys.size > 1 and (x._keys[1:] <= x._keys[:-1]).any()):
             raise ValueError("x-fence snapshot: inside pairs are not sorted and unique")
-        x._held = codec.unpack_held(data["held"])
+        x._held = Held.unpack(data["held"])
         x._set_stats(data["stats"])
         return x
 
@@ -843,7 +824,7 @@ class XFence:
             "versions": {f: self._versions[f] for f in names},
             "keys": codec.pack_array(self._keys[take], "<u8"),
             "since": codec.pack_array(self._since[take], "<f8"),
-            "held": codec.pack_held(self._held) if self._held_dirty else None,
+            "held": self._held.pack() if self._held_dirty else None,
             "stats": {k: getattr(self, k) for k in codec.STATS},
         }
         self._clean()
@@ -885,7 +866,7 @@ class XFence:
         order = np.argsort(new_keys, kind="stable")
         self._merge_pairs(keys[~drop], self._since[~drop], new_keys[order], new_since[order])
         if record["held"] is not None:
-            self._held = codec.unpack_held(record["held"])
+            self._held = Held.unpack(record["held"])
         self._set_stats(record["stats"])
         self._clean()
 

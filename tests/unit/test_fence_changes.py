@@ -192,7 +192,7 @@ class Sim:
                     return False
         # rows a worker holds for a handover notice are in flight too
         return not any(older(wb) or any(wb.fences[i] == fid for i in wb.rechecks().tolist() if i >= 0)
-                       for x in self.fence.values() for items in x._held.values() for wb, _ in items)
+                       for x in self.fence.values() for wb in (c.rows for c in x._held.chunks))
 
 
 # -------------------------------------------------------------------------- scripts
