@@ -5,6 +5,10 @@ amqp run starts streaming and when its last event arrived, and from them the cor
 deployment that outgrows one machine.
 
     python -m bench.capacity [--fences 1000,10000] [--objects 10000] [--updates U] [--batch 1000]
+        [--profile DIR]
+
+With --profile, every sidecar is sampled by py-spy over the same window (bench/profiles.py):
+the raw stacks go to DIR/F<fences>/<sidecar>.txt and the top functions of each are printed.
 
 Runs against the running stack (`geofence up`), production settings, events checked against
 the shapely reference (a run whose events differ is reported, not counted).
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import e2e, report
+from bench.profiles import Profiles
 from deploy.processes import proc_stat_fields
 from deploy.services import rabbitmq_pid
 from deploy.settings import Settings
@@ -90,6 +95,7 @@ class Window:
     broker_pid: int
     start: Sample | None = None
     end: Sample | None = None
+    profiles: Profiles | None = None
 
     def phase(self, phase: str, done: int, total: int) -> None:
         """Called every tick (0.5 s) with the run's phase. The start is the last tick before
@@ -97,17 +103,30 @@ class Window:
         the last event (parking or cleanup)."""
         if phase in ("fences", "drain"):
             self.start = Sample.now(self.settings, self.broker_pid)
+        elif phase in ("publish", "events") and self.profiles is not None and not self.profiles.procs:
+            self.profiles.start({name: int(rec["pid"]) for name, rec in load_records(self.settings).items()})
         elif phase in ("parking", "cleanup") and self.start is not None and self.end is None:
             self.end = Sample.now(self.settings, self.broker_pid)
+            if self.profiles is not None:
+                self.profiles.stop()
 
 
-def measure(f: int, n: int, u: int, batch: int, seed: int) -> tuple[e2e.Outcome, dict[str, float]]:
-    """One amqp run; the CPU microseconds per update of each role while it streamed."""
+def measure(f: int, n: int, u: int, batch: int, seed: int, profile: Path | None = None
+            ) -> tuple[e2e.Outcome, dict[str, float]]:
+    """One amqp run; the CPU microseconds per update of each role while it streamed (and,
+    with `profile`, py-spy's samples of each sidecar over that window)."""
     settings = Settings.from_env()
-    window = Window(settings, rabbitmq_pid())
+    window = Window(settings, rabbitmq_pid(), profiles=Profiles(profile / f"F{f}") if profile else None)
     args = argparse.Namespace(clients=1, no_idle_wait=False, no_park=False)
     out = e2e.run_broker(args, e2e.Workloads(seed), e2e.Sizes(f, n, u, batch), "amqp", "amqp",
                          progress_hook=window.phase)
+    if window.profiles is not None:
+        window.profiles.stop()
+        if window.profiles.why_not:
+            report.warn(f"no profiles: {window.profiles.why_not}")
+        for name, funcs in window.profiles.summaries().items():
+            print(f"  profile {name} (F={f:,}): " + "; ".join(f"{share:.0%} {fn}" for share, fn in funcs),
+                  flush=True)
     if window.start is None or window.end is None:
         return out, {}
     us = {role: (window.end.cpu.get(role, 0.0) - c) / u * 1e6 for role, c in window.start.cpu.items()}
@@ -121,6 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--updates", type=int, help="per run (default 50,000 at F=1,000, 20,000 at F=10,000)")
     p.add_argument("--batch", type=int, default=1_000, help="positions per gateway message")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--profile", type=Path, metavar="DIR", help="py-spy every sidecar over the stream")
     a = p.parse_args(argv)
     try:
         a.fence_counts = [int(x) for x in a.fences.split(",") if x.strip()]
@@ -137,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[tuple[int, e2e.Outcome, dict[str, float]]] = []
     for f in a.fence_counts:
         u = a.updates or UPDATES.get(f, 20_000)
-        out, us = measure(f, a.objects, u, a.batch, a.seed)
+        out, us = measure(f, a.objects, u, a.batch, a.seed, a.profile)
         results.append((f, out, us))
         state = out.error or ("events match the reference" if not out.diff else "EVENTS DIFFER: not counted")
         print(f"amqp F={f:,}: {out.updates_per_s:,.0f} updates/s; {state}", flush=True)

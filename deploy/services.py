@@ -216,7 +216,10 @@ def pg_conf_text(settings: Settings) -> str:
             f"listen_addresses = {lit(settings.host)}\n"
             f"port = {settings.pg_port}\n"
             f"unix_socket_directories = {lit(settings.pg_socket_dir)}\n"
-            "password_encryption = 'scram-sha-256'\n")
+            "password_encryption = 'scram-sha-256'\n"
+            # the events archive takes a few rows per position update: its indexes (a random
+            # primary key) stay in memory well past PostgreSQL's default of 128MB
+            "shared_buffers = '512MB'\n")
 
 
 def pg_write_conf(settings: Settings) -> None:
