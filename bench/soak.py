@@ -13,14 +13,14 @@ Against the running stack (`geofence up`), at the same time:
   the shapely reference follows it segment by segment, carrying who is inside what;
 - --moving fences following cars (bench/moving_fences.py's fleet: each car publishes a
   position a second, the follower moves its fence): a rebind of each fence every second;
-- every --sample-s, the resident memory (VmRSS) of every sidecar, RabbitMQ, PostgreSQL (the
-  postmaster and its backends), memcached and this process.
+- every --sample-s, the memory (Pss, see `memory_kib`) of every sidecar, RabbitMQ,
+  PostgreSQL (the postmaster and its backends), memcached and this process.
 
 At the end (publishing stopped): every fleet event must have arrived once (the events of
 fence.event-batches, kept as 64-bit digests of (kind, fence, object, ts, reason): a run of
 millions of events fits in memory), none more, none missing; every moving fence must stand on
-its car's last position. The figures: per process, RSS at the first sample after warm-up and at
-the end, and the growth per hour (a least-squares slope over the samples after the first
+its car's last position. The figures: per process, memory at the first sample after warm-up and
+at the end, and the growth per hour (a least-squares slope over the samples after the first
 --warmup-min minutes). Exit 1 if events differ or a moving fence did not settle; memory figures
 never fail it (they are read, and quoted).
 """
@@ -150,27 +150,35 @@ class BatchSink:
 # --------------------------------------------------------------------------- memory
 
 
-def rss_kib(pids: list[int]) -> int:
+def memory_kib(pids: list[int]) -> int:
+    """The processes' proportional set size (Pss: a shared page counted once across its
+    sharers, so PostgreSQL's backends do not each count the shared buffers), or their resident
+    set where smaps_rollup is missing."""
     total = 0
     for pid in pids:
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
+        for path, label in ((f"/proc/{pid}/smaps_rollup", "Pss:"), (f"/proc/{pid}/status", "VmRSS:")):
+            try:
+                lines = Path(path).read_text().splitlines()
+            except OSError:
+                continue
+            found = [int(line.split()[1]) for line in lines if line.startswith(label)]
+            if found:
+                total += found[0]
+                break
     return total
 
 
 @dataclass
 class Samples:
     at_s: list[float] = field(default_factory=list)
-    rss: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # name -> (s, KiB)
+    memory: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # name -> (s, KiB)
 
     def take(self, stack: mf.Stack, t0: float) -> None:
         now = time.perf_counter() - t0
         self.at_s.append(now)
         procs = {**stack.alive(), "this benchmark": [os.getpid()]}
         for name, pids in procs.items():
-            self.rss.setdefault(name, []).append((now, rss_kib(pids)))
+            self.memory.setdefault(name, []).append((now, memory_kib(pids)))
 
 
 def growth_per_hour(points: list[tuple[float, int]], after_s: float) -> float:
@@ -327,14 +335,14 @@ async def run(args: argparse.Namespace) -> int:
 def figures(args: argparse.Namespace, out: Outcome, samples: Samples) -> int:
     warm = args.warmup_min * 60.0
     rows = []
-    for name in sorted(samples.rss):
-        pts = samples.rss[name]
+    for name in sorted(samples.memory):
+        pts = samples.memory[name]
         after = [k for s, k in pts if s >= warm] or [pts[-1][1]]
         g = growth_per_hour(pts, warm)
         rows.append([name, f"{after[0] / 1024:,.1f}", f"{pts[-1][1] / 1024:,.1f}",
                      f"{g / 1024:+,.1f}" if not math.isnan(g) else "-", f"{len(pts)}"])
     print()
-    print(report.table(["process", "RSS after warm-up (MiB)", "RSS at the end (MiB)", "growth (MiB/h)",
+    print(report.table(["process", "memory after warm-up (MiB)", "at the end (MiB)", "growth (MiB/h)",
                         "samples"], rows))
     rate = out.published / out.wall_s if out.wall_s else 0.0
     print(f"\nfleet: {out.published:,} updates in {out.wall_s / 60:.1f} min ({rate:,.0f}/s, asked "
@@ -346,9 +354,9 @@ def figures(args: argparse.Namespace, out: Outcome, samples: Samples) -> int:
     if args.moving:
         print(f"moving fences on their car's last position: {out.settled}/{args.moving}")
     ok = out.missing == 0 and out.unexpected == 0 and not out.not_settled
-    worst = max(((growth_per_hour(p, warm), n) for n, p in samples.rss.items()
+    worst = max(((growth_per_hour(p, warm), n) for n, p in samples.memory.items()
                  if not math.isnan(growth_per_hour(p, warm))), default=(math.nan, "-"))
-    print(report.summary([f"{args.minutes:g} min at {rate:,.0f} updates/s",
+    print(report.summary([f"{out.wall_s / 60:.1f} min at {rate:,.0f} updates/s",
                           f"events {'match' if out.missing == 0 and out.unexpected == 0 else 'DIFFER'}",
                           f"largest growth {worst[0] / 1024:+,.1f} MiB/h ({worst[1]})"],
                          "OK" if ok else "FAILED", "soak"))
