@@ -70,36 +70,6 @@ LEFTOVER = "^s[0-9a-f]{6}-f"  # the fleet fences of a run (prefix s<run id>-)
 # --------------------------------------------------------------------------- the fleet
 
 
-class Walk:
-    """bench/workload.random_walk, one round at a time: the same steps, never held whole."""
-
-    def __init__(self, n: int, seed: int, prefix: str, box: wl.Box = wl.DEFAULT_BOX) -> None:
-        self.n, self.box = n, box
-        self.rng = np.random.default_rng([seed, 2])
-        self.x = self.rng.uniform(0.0, box.side_m, n)
-        self.y = self.rng.uniform(0.0, box.side_m, n)
-        self.ids = [f"{prefix}o{i:06d}" for i in range(n)]
-
-    def rounds(self, count: int, ts: np.ndarray) -> wl.Stream:
-        """`count` rounds, round r stamped ts[r]."""
-        obj = np.empty(count * self.n, np.int32)
-        xs, ys, tss = np.empty(count * self.n), np.empty(count * self.n), np.empty(count * self.n)
-        for r in range(count):
-            heading = self.rng.uniform(0.0, 2.0 * math.pi, self.n)
-            self.x = reflect(self.x + wl.STEP_M * np.cos(heading), self.box.side_m)
-            self.y = reflect(self.y + wl.STEP_M * np.sin(heading), self.box.side_m)
-            order = self.rng.permutation(self.n)
-            at = slice(r * self.n, (r + 1) * self.n)
-            obj[at], xs[at], ys[at], tss[at] = order, self.x[order], self.y[order], ts[r]
-        lon, lat = self.box.to_lonlat(xs, ys)
-        return wl.Stream(self.ids, obj, lon, lat, tss)
-
-
-def reflect(v: np.ndarray, side: float) -> np.ndarray:
-    v = np.where(v < 0.0, -v, v)
-    return np.where(v > side, 2.0 * side - v, v)
-
-
 def digest(e: wl.EventTuple) -> int:
     return hash(e)  # this process's hash of the tuple: both sides are hashed here
 
@@ -208,7 +178,7 @@ class Outcome:
     late_s: float = 0.0  # publishing behind its pace at the end
 
 
-async def publish_segments(args: argparse.Namespace, conn: ConnectionSettings, walk: Walk,
+async def publish_segments(args: argparse.Namespace, conn: ConnectionSettings, walk: wl.Walk,
                            ref: Reference, out: Outcome, status: list[str], t0: float,
                            stop: asyncio.Event) -> None:
     round_s = args.objects / args.rate
@@ -219,7 +189,7 @@ async def publish_segments(args: argparse.Namespace, conn: ConnectionSettings, w
     while time.perf_counter() < end and not stop.is_set():
         count = min(rounds_per_segment, max(1, int((end - time.perf_counter()) / round_s)))
         base = time.time()
-        st = walk.rounds(count, base + np.arange(count) * round_s)
+        st = walk.rounds(base + np.arange(count) * round_s)
         if checking is not None:
             out.expected += await checking
         checking = asyncio.create_task(asyncio.to_thread(ref.feed, st))
@@ -244,7 +214,7 @@ async def run(args: argparse.Namespace) -> int:
     prefix = f"s{run_id}-"
     fences = [dataclasses.replace(f, fence_id=f"{prefix}{f.fence_id}")
               for f in wl.make_fences(args.fences, args.seed)]
-    walk = Walk(args.objects, args.seed, prefix)
+    walk = wl.Walk(args.objects, args.seed, [f"{prefix}o{i:06d}" for i in range(args.objects)])
     ref = Reference(fences, args.objects)
     rng = np.random.default_rng(args.seed)
     fleet = mf.Fleet.make(args.moving, rng)

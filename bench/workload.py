@@ -197,30 +197,47 @@ class Stream:
             yield Chunk(lo, self.ids(lo, hi), self.lon[lo:hi], self.lat[lo:hi], self.ts[lo:hi])
 
 
+class Walk:
+    """Objects random-walking in the box, one round at a time (every object moves once, in
+    a fresh random order): objects start uniform in the box, each step is step_m in a random
+    direction, reflected at the box's edges. Long runs (bench/soak.py) take rounds as they go."""
+
+    def __init__(self, n_objects: int, seed: int, object_ids: list[str], box: Box = DEFAULT_BOX,
+                 step_m: float = STEP_M) -> None:
+        if n_objects < 1:
+            raise ValueError("need at least one object")
+        self.n, self.box, self.step_m, self.ids = n_objects, box, step_m, object_ids
+        self.rng = _rng(seed, 2)
+        self.x = self.rng.uniform(0.0, box.side_m, n_objects)
+        self.y = self.rng.uniform(0.0, box.side_m, n_objects)
+
+    def rounds(self, ts: F64) -> Stream:
+        """len(ts) rounds, round r stamped ts[r]."""
+        count, n = len(ts), self.n
+        obj = np.empty(count * n, np.int32)
+        xs, ys, tss = np.empty(count * n), np.empty(count * n), np.empty(count * n)
+        for r in range(count):
+            heading = self.rng.uniform(0.0, 2.0 * math.pi, n)
+            self.x = _reflect(self.x + self.step_m * np.cos(heading), self.box.side_m)
+            self.y = _reflect(self.y + self.step_m * np.sin(heading), self.box.side_m)
+            order = self.rng.permutation(n)
+            at = slice(r * n, (r + 1) * n)
+            obj[at], xs[at], ys[at], tss[at] = order, self.x[order], self.y[order], ts[r]
+        lon, lat = self.box.to_lonlat(xs, ys)
+        return Stream(self.ids, obj, lon, lat, tss)
+
+
 def random_walk(n_objects: int, n_updates: int, seed: int, box: Box = DEFAULT_BOX,
                 step_m: float = STEP_M, step_s: float = STEP_S, t0: float = T0) -> Stream:
-    """Objects start uniform in the box; each round every object (in a fresh random order)
-    takes one step of step_m in a random direction, reflected at the box's edges, stamped
-    t0 + round * step_s. The last round is cut short when n_updates is not a multiple."""
+    """U updates of `Walk`, round r stamped t0 + r * step_s. The last round is cut short when
+    n_updates is not a multiple of n_objects."""
     if n_objects < 1 or n_updates < 0:
         raise ValueError("need at least one object and a non-negative number of updates")
-    rng = _rng(seed, 2)
-    x = rng.uniform(0.0, box.side_m, n_objects)
-    y = rng.uniform(0.0, box.side_m, n_objects)
     rounds = -(-n_updates // n_objects)
-    obj = np.empty(rounds * n_objects, np.int32)
-    xs = np.empty(rounds * n_objects)
-    ys = np.empty(rounds * n_objects)
-    ts = np.empty(rounds * n_objects)
-    for r in range(rounds):
-        heading = rng.uniform(0.0, 2.0 * math.pi, n_objects)
-        x = _reflect(x + step_m * np.cos(heading), box.side_m)
-        y = _reflect(y + step_m * np.sin(heading), box.side_m)
-        order = rng.permutation(n_objects)
-        at = slice(r * n_objects, (r + 1) * n_objects)
-        obj[at], xs[at], ys[at], ts[at] = order, x[order], y[order], t0 + r * step_s
-    lon, lat = box.to_lonlat(xs[:n_updates], ys[:n_updates])
-    return Stream(_names("o", n_objects), obj[:n_updates], lon, lat, ts[:n_updates].copy())
+    ts = np.asarray(t0 + np.arange(rounds) * step_s, np.float64)
+    st = Walk(n_objects, seed, _names("o", n_objects), box, step_m).rounds(ts)
+    return Stream(st.object_ids, st.obj[:n_updates], st.lon[:n_updates], st.lat[:n_updates],
+                  st.ts[:n_updates].copy())
 
 
 def _reflect(v: F64, side: float) -> F64:
