@@ -5,6 +5,7 @@ its session: what ran next would have been savepoints, acked and never committed
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import asyncpg
 import pytest
@@ -61,3 +62,55 @@ async def test_archive_events_refuses_to_run_inside_a_callers_transaction(stack:
                 await store.archive_events(conn, rows("t-arch-never", 1))
     finally:
         await conn.close()
+
+
+class Message:
+    """What Archiver.handle reads of an incoming message (and dead_letter copies)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body, self.routing_key = body, "w0"
+        self.headers: dict[str, object] = {}
+        self.content_type, self.message_id = "application/json", None
+
+
+async def test_a_batch_message_is_stored_and_its_bad_events_dead_lettered(
+        stack: ConnectionSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orjson
+
+    from exchanges import shell
+
+    dsn = stack["postgres"]["dsn"]
+    prefix = f"t-arch-{uuid.uuid4().hex[:10]}"
+    archiver = Archiver(SidecarConfig.from_env("fence-archiver", "", {
+        "GEOFENCE_AMQP_URL": "amqp://u:p@127.0.0.1:5672/", "GEOFENCE_POSTGRES_URL": dsn,
+        "GEOFENCE_REGIONS": "a,b", "GEOFENCE_WORKERS": "w0,w1"}))
+    archiver.dlx = type("X", (), {"name": "dead-letters"})()
+    published: list[shell.Out] = []
+
+    async def publish_all(outs: list[shell.Out], counters: object, deadline: float | None = None) -> None:
+        published.extend(outs)
+
+    monkeypatch.setattr(shell, "publish_all", publish_all)
+
+    def event(i: int, **change: object) -> dict[str, object]:
+        return {"event": "enter", "fence_id": f"{prefix}-fence", "object_id": f"o{i}", "ts": 1.0e9 + i,
+                "reason": "entered", "event_id": f"{prefix}-{i}", **change}
+
+    batch = [event(0), event(1, reason="teleported"), event(2)]
+    try:
+        messages: list[Any] = [Message(orjson.dumps(batch)), Message(orjson.dumps(event(3))),
+                               Message(b"not json"), Message(orjson.dumps([event(0)]))]
+        await archiver.handle(messages)
+        assert await committed(dsn, prefix) == 3  # 0, 2 and 3; event 0 twice, stored once
+        reasons = [o.headers["x-geofence-reason"] for o in published if o.headers]
+        assert len(reasons) == 2
+        assert reasons[0].startswith("event 1 of 3: event reason 'teleported'")
+        assert reasons[1].startswith("event is not JSON")
+        assert archiver.counters.events == 3 and published[0].body == orjson.dumps(batch)
+    finally:
+        await archiver.close()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("DELETE FROM fence_event WHERE fence_id = $1", f"{prefix}-fence")
+        finally:
+            await conn.close()
