@@ -18,7 +18,7 @@ from pathlib import Path
 
 RATE_HZ = 100
 LOOP_FRAMES = ("_run_module_as_main", "_run_code", "<module>", "main", "run", "run_until_complete",
-               "run_forever", "_run_once", "_run")  # the interpreter's and asyncio's own frames
+               "run_forever", "_run_once", "_run", "select")  # the interpreter's and asyncio's own
 
 
 class Profiles:
@@ -68,7 +68,7 @@ def top_functions(path: Path, top: int = 12) -> list[tuple[float, str]]:
         names = set()
         for frame in stack.split(";"):
             fn, _, where = frame.partition(" (")
-            if fn in LOOP_FRAMES:
+            if fn.rsplit(".", 1)[-1] in LOOP_FRAMES:  # py-spy may qualify it: Class.method
                 continue
             names.add(f"{fn} {where.rsplit('/', 1)[-1].split(':')[0]}")
         for name in names:
