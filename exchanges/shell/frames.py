@@ -35,22 +35,10 @@ def short_string(text: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
-@lru_cache(maxsize=4096)
-def publish_frame(channel: int, exchange: str, routing_key: str) -> bytes:
-    """basic.publish to `exchange` with `routing_key`, not mandatory, not immediate."""
-    payload = _PUBLISH_METHOD + short_string(exchange) + short_string(routing_key) + b"\x00"
-    return _FRAME_HEAD.pack(METHOD, channel, len(payload)) + payload + FRAME_END
-
-
 @lru_cache(maxsize=64)
 def _header_template(channel: int, content_type: str, delivery_mode: int) -> bytes:
     props = Basic.Properties(content_type=content_type, delivery_mode=delivery_mode)
     return pamqp.frame.marshal(ContentHeader(0, 0, props), channel)
-
-
-def header_frame(channel: int, content_type: str, delivery_mode: int, body_size: int) -> bytes:
-    template = _header_template(channel, content_type, delivery_mode)
-    return template[:_BODY_SIZE_AT] + _BODY_SIZE.pack(body_size) + template[_BODY_SIZE_AT + 8:]
 
 
 def body_frames(channel: int, body: bytes, frame_max: int) -> list[bytes]:
@@ -63,19 +51,11 @@ def body_frames(channel: int, body: bytes, frame_max: int) -> list[bytes]:
     return out
 
 
-def message(channel: int, exchange: str, routing_key: str, content_type: str, delivery_mode: int,
-            body: bytes, frame_max: int) -> list[bytes]:
-    """The frames of one plain publish, as parts to join."""
-    return [publish_frame(channel, exchange, routing_key),
-            header_frame(channel, content_type, delivery_mode, len(body)),
-            *body_frames(channel, body, frame_max)]
-
-
 def messages(channel: int, exchange: str, routing_keys: Sequence[str], bodies: Sequence[bytes],
              content_type: str, delivery_mode: int, frame_max: int) -> list[bytes]:
     """The frames of many plain publishes to one exchange, as parts to join: the method
     frame's fixed part and the header template are made once (a key per event: nothing to
-    cache per key)."""
+    cache per key); a body over frame_max - 8 bytes is split into several body frames."""
     head = _PUBLISH_METHOD + short_string(exchange)
     template = _header_template(channel, content_type, delivery_mode)
     before, after = template[:_BODY_SIZE_AT], template[_BODY_SIZE_AT + 8:]
@@ -84,10 +64,8 @@ def messages(channel: int, exchange: str, routing_keys: Sequence[str], bodies: S
     parts: list[bytes] = []
     add = parts.extend
     for key, body in zip(routing_keys, bodies, strict=True):
-        k = key.encode()
-        if len(k) > 255:
-            raise ValueError(f"AMQP short strings are at most 255 bytes, got {len(k)}: {key[:60]!r}...")
-        add((pack_head(METHOD, channel, len(head) + len(k) + 2), head, bytes((len(k),)), k, method_tail,
+        k = short_string(key)
+        add((pack_head(METHOD, channel, len(head) + len(k) + 1), head, k, method_tail,
              before, pack_size(len(body)), after))
         if len(body) <= room:
             if body:

@@ -30,6 +30,14 @@ async def committed(dsn: str, prefix: str) -> int:
         await conn.close()
 
 
+async def forget(dsn: str, prefix: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("DELETE FROM fence_event WHERE fence_id = $1", f"{prefix}-fence")
+    finally:
+        await conn.close()
+
+
 async def test_a_connection_left_in_a_transaction_is_replaced_and_the_rows_are_committed(
         stack: ConnectionSettings) -> None:
     dsn = stack["postgres"]["dsn"]
@@ -47,11 +55,7 @@ async def test_a_connection_left_in_a_transaction_is_replaced_and_the_rows_are_c
         assert archiver._pg is not None and not archiver._pg.is_in_transaction()
     finally:
         await archiver.close()
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute("DELETE FROM fence_event WHERE fence_id = $1", f"{prefix}-fence")
-        finally:
-            await conn.close()
+        await forget(dsn, prefix)
 
 
 async def test_archive_events_refuses_to_run_inside_a_callers_transaction(stack: ConnectionSettings) -> None:
@@ -109,8 +113,4 @@ async def test_a_batch_message_is_stored_and_its_bad_events_dead_lettered(
         assert archiver.counters.events == 3 and published[0].body == orjson.dumps(batch)
     finally:
         await archiver.close()
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute("DELETE FROM fence_event WHERE fence_id = $1", f"{prefix}-fence")
-        finally:
-            await conn.close()
+        await forget(dsn, prefix)

@@ -34,20 +34,20 @@ def pamqp_message(channel: int, exchange: str, key: str, content_type: str, mode
 @pytest.mark.parametrize("channel", [1, 7, 300])
 def test_frames_match_pamqp(size: int, channel: int) -> None:
     body = bytes(range(256)) * (size // 256) + bytes(size % 256)
-    ours = b"".join(frames.message(channel, "fence.events", "fence-events.f1.enter.o-1",
-                                   "application/json", 2, body, 4_096))
+    ours = b"".join(frames.messages(channel, "fence.events", ["fence-events.f1.enter.o-1"], [body],
+                                    "application/json", 2, 4_096))
     assert ours == pamqp_message(channel, "fence.events", "fence-events.f1.enter.o-1",
                                  "application/json", 2, body, 4_096)
 
 
 def test_frames_default_exchange_and_transient_mode() -> None:
-    ours = b"".join(frames.message(2, "", "reply-q", "application/msgpack", 1, b"x" * 10, 131_072))
+    ours = b"".join(frames.messages(2, "", ["reply-q"], [b"x" * 10], "application/msgpack", 1, 131_072))
     assert ours == pamqp_message(2, "", "reply-q", "application/msgpack", 1, b"x" * 10, 131_072)
 
 
 def test_a_routing_key_over_255_bytes_is_refused() -> None:
     with pytest.raises(ValueError, match="at most 255 bytes"):
-        frames.publish_frame(1, "fence.events", "k" * 256)
+        frames.messages(1, "fence.events", ["k" * 256], [b""], "application/json", 2, 131_072)
 
 
 # --------------------------------------------------------------------------- one write
@@ -121,9 +121,8 @@ async def test_plain_messages_go_out_in_one_write_with_their_tags() -> None:
     counters = Counters()
     await shell.publish_all(outs(FakeExchange(ch), 50), counters)
     assert len(ch.writes) == 1 and ch.delivery_tag == 55 and counters.published == 50
-    expected = b"".join(b"".join(frames.message(3, "fence.events", f"fence-events.f.enter.o{i}",
-                                                "application/json", 2, b'{"i":%d}' % i, 131_072))
-                        for i in range(50))
+    expected = b"".join(pamqp_message(3, "fence.events", f"fence-events.f.enter.o{i}", "application/json", 2,
+                                      b'{"i":%d}' % i, 131_072) for i in range(50))
     assert ch.writes[0] == expected
     ch.task.cancel()
 
