@@ -952,7 +952,8 @@ class XFence:
         tails = [f"\x1f{KINDS[k]}\x1f{reasons[k]}\x1f{t!r}" for k in (0, 1) for t in instants.tolist()]
         prefix, blake2b = self._id_prefix, hashlib.blake2b
         ids = [blake2b((prefix[f] + o + tails[i]).encode(), digest_size=16).hexdigest()
-               for f, o, i in zip(f_codes, object_ids, (kind * instants.size + at).tolist(), strict=True)]
+               for f, o, i in zip(f_codes, object_ids, (kind.astype(np.int64) * instants.size + at).tolist(),
+                                  strict=True)]
         new, out = object.__new__, []
         s_event, s_fence, s_object, s_ts, s_reason, s_id, s_pos = EVENT_SLOTS
         for k, f, o, t, d, i in zip(kind.tolist(), f_codes, object_ids, shown.tolist(), ts.tolist(), ids,

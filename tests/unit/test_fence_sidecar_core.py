@@ -503,3 +503,27 @@ def test_restarts_of_x_ingress_and_x_geo_mid_stream_lose_and_add_no_event(seed: 
     got, _, _ = interleaved(sc, streams, rng)
     assert restarts > 0 and len(sc.truth) >= 4
     assert sorted(got) == sorted(sc.truth)
+
+
+def test_a_batch_whose_events_have_hundreds_of_distinct_times() -> None:
+    """Event ids are made per (kind, instant): with more than 127 instants in one batch the
+    index once overflowed int8 and the worker crashed on the batch (dead-lettering it alone).
+    Devices with their own clocks give every position its own time."""
+    n = 400
+    x = core()
+    ids = [f"o{k}" for k in range(n)]
+    pos = PositionBatch(ids, np.full(n, IN_A[0]), np.full(n, IN_A[1]), 100.0 + np.arange(n) / 1000.0,
+                        np.zeros(n, np.uint64))
+    wb = WorkerBatch("w0", pos, np.arange(n + 1, dtype=np.int64), ["A"], np.zeros(n, np.int32),
+                     np.ones(n, bool))
+    enters = x.route(wb)
+    want = [(ENTER, ids[k], 100.0 + k / 1000.0) for k in range(n)]
+    assert [(e.event, e.object_id, e.ts) for e in enters] == want
+    assert len({e.event_id for e in enters}) == n
+    leaves = x.expire(100.0 + 300.0 + 1.0)  # every object silent past the fence's 300 s timeout
+    assert sorted(e.object_id for e in leaves) == sorted(ids) and {e.event for e in leaves} == {LEAVE}
+    assert len({e.event_id for e in leaves} | {e.event_id for e in enters}) == 2 * n
+    again = core()
+    again.route(wb)
+    dropped = again.drop("A", 2, 200.0)
+    assert len(dropped) == n and len({e.event_id for e in dropped}) == n
