@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "x-fence": ("deploy.sidecar_cmd", "run one x-fence worker (ENTER / LEAVE events out)"),
     "fence-archiver": ("deploy.sidecar_cmd", "run the events archiver (fence.events -> PostgreSQL)"),
     "api": ("deploy.sidecar_cmd", "run the fence service: HTTP and AMQP fence API, moving fences"),
+    "venue-sensors": ("deploy.sidecar_cmd", "run the sensor sidecar (sensor frames -> hive occupancy)"),
     "fence": ("deploy.fence_cmd", "add, replace, remove, list fences (GeoJSON)"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
     "dlq": ("deploy.dlq_cmd", "dead-lettered messages: list, replay"),

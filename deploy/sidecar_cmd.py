@@ -1,5 +1,5 @@
-"""`geofence x-ingress | x-geo REGION | x-fence WORKER | fence-archiver | api`: run one sidecar
-(or the fence service) in the foreground.
+"""`geofence x-ingress | x-geo REGION | x-fence WORKER | fence-archiver | api | venue-sensors`: run
+one sidecar (or the fence service) in the foreground.
 
 Settings come from GEOFENCE_AMQP_URL, GEOFENCE_POSTGRES_URL and the other GEOFENCE_*
 variables (exchanges.shell.SidecarConfig); `--local` takes the URLs of the local stack
@@ -20,7 +20,8 @@ from deploy.settings import Settings, load_secrets
 from exchanges import shell
 
 ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.x_geo.sidecar",
-         "x-fence": "fence.x_fence.sidecar", "fence-archiver": "fence.archive", "api": "fence.api_server"}
+         "x-fence": "fence.x_fence.sidecar", "fence-archiver": "fence.archive", "api": "fence.api_server",
+         "venue-sensors": "fence.venues.sidecar"}
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:

@@ -38,12 +38,12 @@ CODE_DIRS = ("exchanges", "ingress", "fence", "hilbert_c", "deploy")
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0  # above the sidecars' drain time (GEOFENCE_DRAIN_S, 10 s)
 USERS = {"x-ingress": t.INGRESS_USER, "x-geo": t.GEO_USER, "x-fence": t.FENCE_USER,
-         "fence-archiver": t.ARCHIVER_USER, "api": t.MANAGER_USER}
+         "fence-archiver": t.ARCHIVER_USER, "api": t.MANAGER_USER, "venue-sensors": t.VENUES_USER}
 
 
 @dataclass(frozen=True)
 class Sidecar:
-    role: str  # x-ingress | x-geo | x-fence | fence-archiver | api
+    role: str  # x-ingress | x-geo | x-fence | fence-archiver | api | venue-sensors
     instance: str = ""
 
     @property
@@ -56,7 +56,8 @@ class Sidecar:
 
 def sidecars(topology: t.Topology) -> list[Sidecar]:
     return [Sidecar("x-ingress"), *(Sidecar("x-geo", r) for r in topology.regions),
-            *(Sidecar("x-fence", w) for w in topology.workers), Sidecar("fence-archiver"), Sidecar("api")]
+            *(Sidecar("x-fence", w) for w in topology.workers), Sidecar("fence-archiver"), Sidecar("api"),
+            Sidecar("venue-sensors")]
 
 
 def input_queues(topology: t.Topology) -> list[tuple[str, str]]:

@@ -65,6 +65,19 @@ API_QUEUE = "fence.api"
 FOLLOW_EXCHANGE = "fence.follow"
 FOLLOW_QUEUE = "fence.follow"
 
+# gf-ingress: venue presence sensors (fence/venues/): their MQTT frames (sensors/<id>/...) on
+# amq.topic --"sensors.#"--> queue venue.sensors --> the sensor sidecar, which publishes each
+# hive's occupancy when it moves on venue.occupancy (topic, key hive-occupancy.<hive_id>) and
+# on amq.topic (MQTT hive-occupancy/<hive_id>), and configurations on amq.topic
+# (commands/sensor/<sensor_id>)
+SENSORS_QUEUE = "venue.sensors"
+SENSORS_TOPIC_PATTERN = "sensors.#"
+OCCUPANCY_EXCHANGE = "venue.occupancy"
+SENSORS_TOPIC_PREFIX = "sensors"  # MQTT sensors/<sensor_id>/<kind>
+COMMANDS_TOPIC_PREFIX = "commands.sensor"  # MQTT commands/sensor/<sensor_id>
+OCCUPANCY_TOPIC_PREFIX = "hive-occupancy"  # MQTT hive-occupancy/<hive_id>
+SENSOR_TAG = "gf-sensor"  # a sensor's RabbitMQ user (MQTT login gf-ingress:<sensor_id>)
+
 # every vhost
 DEAD_LETTER_EXCHANGE = "dead-letters"
 DEAD_LETTER_QUEUE = "dead-letters"
@@ -76,6 +89,7 @@ GEO_USER = "x-geo"
 FENCE_USER = "x-fence"
 MANAGER_USER = "fence-manager"  # the fence API (HTTP and AMQP) and the follower
 ARCHIVER_USER = "fence-archiver"
+VENUES_USER = "venue-sensors"  # the sensor sidecar
 CLIENT_USER = "fence-client"  # applications: the AMQP fence API, their own event queues
 FEDERATION_USER = "federation"
 GATEWAY_USER = "gateway"
@@ -102,6 +116,7 @@ def fence_control_queue(worker: str) -> str:
 # One instance per routing role: each session first declares its lock, an exclusive queue
 # (the broker's own mutex: owned by the connection, gone with it; a second declare is refused)
 INGRESS_LOCK = "lock.x-ingress"  # in gf-ingress
+VENUES_LOCK = "lock.venue-sensors"  # in gf-ingress
 GEO_LOCK = "lock.x-geo"  # in each region's vhost
 
 
@@ -115,6 +130,14 @@ def event_routing_key(fence_id: str, kind: str, object_id: str) -> str:
     object's (fence-events.*.*.<object_id>), AMQP and MQTT alike, so an event is one message,
     not one per audience."""
     return f"{EVENTS_TOPIC_PREFIX}.{fence_id}.{kind}.{object_id}"
+
+
+def occupancy_routing_key(hive_id: str) -> str:
+    return f"{OCCUPANCY_TOPIC_PREFIX}.{hive_id}"
+
+
+def sensor_command_key(sensor_id: str) -> str:
+    return f"{COMMANDS_TOPIC_PREFIX}.{sensor_id}"
 
 
 def event_binding_key(fence_id: str = "*", kind: str = "*", object_id: str = "*") -> str:
@@ -157,6 +180,7 @@ EXCHANGE_TYPES: dict[str, str] = {
     FOLLOW_EXCHANGE: "fanout",
     EVENTS_EXCHANGE: "topic",
     EVENT_BATCHES_EXCHANGE: "fanout",
+    OCCUPANCY_EXCHANGE: "topic",
     DEAD_LETTER_EXCHANGE: "fanout",
 }
 

@@ -217,7 +217,7 @@ def region_vhosts(topology: Topology) -> tuple[str, ...]:
 def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
     """The queues sidecars consume in `vhost` (the gf-input-limits policy's group)."""
     if vhost == t.INGRESS_VHOST:
-        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE)
+        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE, t.SENSORS_QUEUE)
     if vhost == t.FENCES_VHOST:
         return (*(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w))),
                 t.ARCHIVE_QUEUE, t.API_QUEUE)
@@ -231,7 +231,8 @@ def _exchange(vhost: str, name: str) -> Exchange:
 
 
 def exchanges(topology: Topology) -> tuple[Exchange, ...]:
-    found = [_exchange(t.INGRESS_VHOST, t.BATCHES_EXCHANGE), _exchange(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE)]
+    found = [_exchange(t.INGRESS_VHOST, t.BATCHES_EXCHANGE), _exchange(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE),
+             _exchange(t.INGRESS_VHOST, t.OCCUPANCY_EXCHANGE)]
     for v in region_vhosts(topology):
         found += [_exchange(v, t.GEO_IN_EXCHANGE), _exchange(v, t.GEO_CONTROL_EXCHANGE),
                   _exchange(v, t.FENCE_IN_EXCHANGE)]
@@ -253,6 +254,7 @@ def bindings(topology: Topology) -> tuple[Binding, ...]:
                      t.POSITIONS_TOPIC_PATTERN),
              Binding(t.INGRESS_VHOST, t.BATCHES_EXCHANGE, t.BATCHES_QUEUE, ""),
              Binding(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE, t.FOLLOW_QUEUE, ""),
+             Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.SENSORS_QUEUE, t.SENSORS_TOPIC_PATTERN),
              Binding(t.FENCES_VHOST, t.EVENT_BATCHES_EXCHANGE, t.ARCHIVE_QUEUE, ""),
              Binding(t.FENCES_VHOST, t.API_EXCHANGE, t.API_QUEUE, "")]
     for v in region_vhosts(topology):
@@ -277,7 +279,7 @@ RETIRED_BINDINGS = (
 
 
 SIDECAR_USERS = (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.FEDERATION_USER,
-                 t.GATEWAY_USER, t.ARCHIVER_USER, t.CLIENT_USER)
+                 t.GATEWAY_USER, t.ARCHIVER_USER, t.CLIENT_USER, t.VENUES_USER)
 
 
 def users() -> tuple[User, ...]:
@@ -317,6 +319,10 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                             exactly(t.FENCE_CONTROL_EXCHANGE, dlx, DEFAULT_EXCHANGE), exactly(t.API_QUEUE)))
     found.append(Permission(t.MANAGER_USER, ingress, NOTHING, exactly(dlx), exactly(t.FOLLOW_QUEUE)))
     found.append(Permission(t.ARCHIVER_USER, fences, NOTHING, exactly(dlx), exactly(t.ARCHIVE_QUEUE)))
+    # the sensor sidecar: its frames in, occupancy out (AMQP and MQTT), configurations to sensors
+    found.append(Permission(t.VENUES_USER, ingress, exactly(t.VENUES_LOCK),
+                            exactly(dlx, t.OCCUPANCY_EXCHANGE, t.MQTT_TOPIC_EXCHANGE),
+                            exactly(t.SENSORS_QUEUE)))
     # applications: requests to the fence API (answers come by direct reply-to), and their own
     # event queues, named app.<anything>, bound to fence.events or fence.event-batches
     found.append(Permission(t.CLIENT_USER, fences, r"^app\..*",
@@ -438,3 +444,23 @@ def device_topic_permission(object_id: str) -> TopicPermission:
     return TopicPermission(object_id, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
                            f"^{regex_escape(t.POSITIONS_TOPIC_PREFIX)}\\.{{username}}$",
                            f"^{regex_escape(t.EVENTS_TOPIC_PREFIX)}\\.[^.#]+\\.[^.#]+\\.{{username}}$")
+
+
+# --------------------------------------------------------------------------- sensors
+
+
+SENSOR_KINDS_PATTERN = r"(counter|v2\.(counter|event|status))"  # sensors/<id>/<kind> (fence/venues)
+
+
+def sensor_permission(sensor_id: str) -> Permission:
+    """A presence sensor: like a device, its own MQTT subscription queues and amq.topic."""
+    return device_permission(sensor_id)
+
+
+def sensor_topic_permission(sensor_id: str) -> TopicPermission:
+    """Publish only its own frames (sensors.<itself>.<kind>), subscribe only to its own
+    configuration (commands.sensor.<itself>)."""
+    check_object_id(sensor_id)
+    return TopicPermission(sensor_id, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
+                           f"^{regex_escape(t.SENSORS_TOPIC_PREFIX)}\\.{{username}}\\.{SENSOR_KINDS_PATTERN}$",
+                           f"^{regex_escape(t.COMMANDS_TOPIC_PREFIX)}\\.{{username}}$")

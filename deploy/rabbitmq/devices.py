@@ -65,15 +65,37 @@ def add(settings: Settings, pw: Secrets, object_id: str, password: str | None,
     return password
 
 
-def remove(settings: Settings, pw: Secrets, object_id: str, say: Say) -> None:
+def add_sensor(settings: Settings, pw: Secrets, sensor_id: str, password: str | None, say: Say) -> str:
+    """A presence sensor's user (tag gf-sensor): it publishes sensors/<sensor_id>/<kind> and
+    subscribes to commands/sensor/<sensor_id>; returns its password (generated unless given)."""
+    _checked(sensor_id)
+    mgmt = management(settings, pw)
+    if _user(mgmt, sensor_id) is not None:
+        raise DeviceError(f"RabbitMQ user {sensor_id!r} exists")
+    password = secrets.token_urlsafe(24) if password is None else password
+    if not password:
+        raise DeviceError("empty password")
+    steps = device_steps(sensor_id, password, d.sensor_permission(sensor_id),
+                         d.sensor_topic_permission(sensor_id), (t.SENSOR_TAG,))
+    run_steps(list(steps), mgmt, (password, *pw.values()), say)
+    return password
+
+
+def remove_sensor(settings: Settings, pw: Secrets, sensor_id: str, say: Say) -> None:
+    """Delete a presence sensor's user (tag gf-sensor), as `remove` does a device's."""
+    remove(settings, pw, sensor_id, say, tag=t.SENSOR_TAG)
+
+
+def remove(settings: Settings, pw: Secrets, object_id: str, say: Say, tag: str = t.DEVICE_TAG) -> None:
     """Delete the device user, close its connections, delete its MQTT subscription queues."""
     _checked(object_id)
     mgmt = management(settings, pw)
     user = _user(mgmt, object_id)
+    what = "device" if tag == t.DEVICE_TAG else "sensor"
     if user is None:
-        raise DeviceError(f"no device {object_id!r}")
-    if t.DEVICE_TAG not in tags_of(user.get("tags")):
-        raise DeviceError(f"RabbitMQ user {object_id!r} is not a device (no {t.DEVICE_TAG} tag)")
+        raise DeviceError(f"no {what} {object_id!r}")
+    if tag not in tags_of(user.get("tags")):
+        raise DeviceError(f"RabbitMQ user {object_id!r} is not a {what} (no {tag} tag)")
     run_steps([ctl("delete_user", object_id)], mgmt, pw.values(), say)
     for conn in mgmt.get("api/connections?columns=name,user"):
         if conn.get("user") == object_id:

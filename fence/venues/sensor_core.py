@@ -82,7 +82,8 @@ class EventRow:
     hive_id: str
     event_type: int
     distance_mm: int
-    at: float
+    device_ts: int  # the frame's timestamp (UTC seconds)
+    at: float  # where it counts (the device's time, or the receive time when skewed)
     received_at: float
 
 
@@ -210,7 +211,7 @@ class SensorCore:
             f = frames[idx[j]]
             skewed = abs(ts - f.received_at) > counting.MAX_SKEW_S
             out.events.append(EventRow(idx[j], slot, f.sensor_id, self.sensors[f.sensor_id].hive_id, et, dist,
-                                       f.received_at if skewed else float(ts), f.received_at))
+                                       ts, f.received_at if skewed else float(ts), f.received_at))
 
     def _statuses(self, frames: Sequence[Frame], idx: list[int], out: Processed) -> None:
         dec = sf.decode_status([frames[i].payload for i in idx])

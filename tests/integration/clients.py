@@ -135,13 +135,21 @@ class Device:
 class MqttDevice:
     """A paho client logged in as a device (no automatic reconnect: a refusal shows)."""
 
-    def __init__(self, stack: ConnectionSettings, dev: Device, clean_session: bool = True) -> None:
+    def __init__(self, stack: ConnectionSettings, dev: Device, clean_session: bool = True,
+                 admin: bool = False) -> None:
+        """`admin`: logged in as the stack's administrator (may publish and subscribe to any
+        topic), `dev` ignored."""
         cfg = stack["mqtt"]
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=dev.object_id,
+        client_id = f"admin-{uuid.uuid4().hex[:12]}" if admin else dev.object_id
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   clean_session=clean_session, protocol=mqtt.MQTTv311,
                                   reconnect_on_failure=False)
-        self.client.username_pw_set(f"{cfg['ingress_vhost']}:{dev.object_id}", dev.password)
+        if admin:
+            self.client.username_pw_set(f"{cfg['ingress_vhost']}:{cfg['username'].split(':', 1)[1]}",
+                                        cfg["password"])
+        else:
+            self.client.username_pw_set(f"{cfg['ingress_vhost']}:{dev.object_id}", dev.password)
         self.client.on_connect = lambda c, u, f, reason, p: self.events.put(("connack", reason))
         self.client.on_disconnect = lambda c, u, f, reason, p: self.events.put(("disconnect", reason))
         self.client.on_subscribe = lambda c, u, mid, codes, p: self.events.put(("suback", codes))

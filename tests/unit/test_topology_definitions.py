@@ -39,7 +39,7 @@ def test_default_topology_names() -> None:
     assert DEFAULT.vhosts == ("gf-ingress", "gf-region-a", "gf-region-b", "gf-fences")
     assert {(q.vhost, q.name) for q in DEFAULT.queues} == {
         ("gf-ingress", "x-ingress.positions"), ("gf-ingress", "x-ingress.batches"),
-        ("gf-ingress", "fence.follow"), ("gf-ingress", "dead-letters"),
+        ("gf-ingress", "fence.follow"), ("gf-ingress", "venue.sensors"), ("gf-ingress", "dead-letters"),
         ("gf-region-a", "x-geo.positions"), ("gf-region-a", "x-geo.control"),
         ("gf-region-a", "dead-letters"),
         ("gf-region-b", "x-geo.positions"), ("gf-region-b", "x-geo.control"),
@@ -62,6 +62,8 @@ def test_bindings_route_what_the_names_say() -> None:
     assert d.Binding("gf-fences", "fence.events", "fence.archive", "#") in DEFAULT.retired_bindings
     assert d.Binding("gf-fences", "fence.api", "fence.api", "") in DEFAULT.bindings
     assert d.Binding("gf-ingress", "fence.follow", "fence.follow", "") in DEFAULT.bindings
+    assert d.Binding("gf-ingress", "amq.topic", "venue.sensors", "sensors.#") in DEFAULT.bindings
+    assert d.Exchange("gf-ingress", "venue.occupancy", "topic") in DEFAULT.exchanges
     declared = {(x.vhost, x.name) for x in DEFAULT.exchanges} | {(v, "amq.topic") for v in DEFAULT.vhosts}
     queues = {(q.vhost, q.name) for q in DEFAULT.queues}
     for b in DEFAULT.bindings:
@@ -237,6 +239,7 @@ def test_user_vhosts() -> None:
         t.GATEWAY_USER: ("gf-ingress",),
         t.ARCHIVER_USER: ("gf-fences",),
         t.CLIENT_USER: ("gf-fences",),
+        t.VENUES_USER: ("gf-ingress",),
     }
 
 
@@ -330,3 +333,21 @@ def test_bad_object_ids_are_refused(bad: str) -> None:
 @pytest.mark.parametrize("good", ["a", "dev-1", "Truck_42", "x" * 64, "0"])
 def test_good_object_ids(good: str) -> None:
     assert check_object_id(good) == good
+
+
+def test_the_sensor_sidecar_and_sensors_touch_only_their_own() -> None:
+    assert may(DEFAULT, t.VENUES_USER, "gf-ingress", "read", "venue.sensors")
+    assert not may(DEFAULT, t.VENUES_USER, "gf-ingress", "read", "x-ingress.positions")
+    for exchange in ("venue.occupancy", "amq.topic", "dead-letters"):
+        assert may(DEFAULT, t.VENUES_USER, "gf-ingress", "write", exchange)
+    assert not may(DEFAULT, t.VENUES_USER, "gf-ingress", "write", "ingress.batches")
+    assert may(DEFAULT, t.VENUES_USER, "gf-ingress", "configure", "lock.venue-sensors")
+    tp = d.sensor_topic_permission("s-1")
+    write, read = tp.write.replace("{username}", "s-1"), tp.read.replace("{username}", "s-1")
+    for key in ("sensors.s-1.counter", "sensors.s-1.v2.counter", "sensors.s-1.v2.event",
+                "sensors.s-1.v2.status"):
+        assert re.search(write, key)
+    for key in ("sensors.s-2.counter", "sensors.s-1.v3.counter", "positions.s-1", "sensors.s-1.counter.x"):
+        assert not re.search(write, key)
+    assert re.search(read, "commands.sensor.s-1") and not re.search(read, "commands.sensor.s-2")
+    assert d.sensor_permission("s-1") == d.device_permission("s-1")

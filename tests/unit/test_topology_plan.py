@@ -71,7 +71,8 @@ def test_empty_broker_gets_everything_in_order() -> None:
     assert {s.argv[2] for s in adds} == set(PASSWORDS)
     assert all(s.stdin == PASSWORDS[s.argv[2]] for s in adds)
     assert ("rabbitmqctl", "set_policy", "-p", "gf-ingress", "--priority", "10", "--apply-to",
-            "queues", "gf-input-limits", r"^(x-ingress\.positions|x-ingress\.batches|fence\.follow)$",
+            "queues", "gf-input-limits",
+            r"^(x-ingress\.positions|x-ingress\.batches|fence\.follow|venue\.sensors)$",
             '{"dead-letter-exchange":"dead-letters","max-length":1000000,'
             '"overflow":"reject-publish","delivery-limit":10,"dead-letter-strategy":"at-least-once"}'
             ) in argvs(steps)

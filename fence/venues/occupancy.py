@@ -1,0 +1,101 @@
+"""A hive's occupancy from its sensors' counts (no I/O).
+
+Occupancy = entries - exits since the hive's daily reset (`reset_hour` in its time zone:
+04:00 by default, after the last guests of a bar and before the first of a bakery, as
+people-counting products do). The day a count belongs to is the local date of (its instant
+- reset_hour): a report at 02:00 belongs to the day before.
+
+Shown live clamped at zero (exits run ahead of entries when a door sensor misses people coming
+in); the raw difference is kept beside it. At the end of the day the figure is corrected:
+whatever is left (`residual` = entries - exits at the reset, people the sensor missed going
+out, or entries it counted twice) is recorded on the closed day and the next day starts from
+zero; the raw entries and exits stay as counted.
+
+A count for a day already closed (a late report, a sensor's backlog after an outage) goes to
+that day's record, never to today's live figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo
+
+
+@lru_cache(maxsize=256)
+def _zone(tz: str) -> ZoneInfo:
+    return ZoneInfo(tz)
+
+
+def business_day(at: float, tz: str, reset_hour: int) -> date:
+    """The day an instant counts for at a hive whose day starts at `reset_hour` local time."""
+    local = datetime.fromtimestamp(at, UTC).astimezone(_zone(tz))
+    return (local - timedelta(hours=reset_hour)).date()
+
+
+@dataclass
+class DayCounts:
+    day: date
+    entries: int = 0
+    exits: int = 0
+
+    @property
+    def raw(self) -> int:
+        return self.entries - self.exits
+
+    @property
+    def occupancy(self) -> int:
+        return max(0, self.raw)
+
+
+@dataclass
+class HiveOccupancy:
+    hive_id: str
+    tz: str = "UTC"
+    reset_hour: int = 4
+    capacity: int | None = None
+    today: DayCounts | None = None
+    closed: dict[date, DayCounts] = field(default_factory=dict)  # days changed since the last take
+
+    def add(self, at: float, entries: int, exits: int) -> bool:
+        """Counts at an instant; True when the live figure (today's) changed."""
+        if not entries and not exits:
+            return False
+        day = business_day(at, self.tz, self.reset_hour)
+        if self.today is None or day > self.today.day:
+            if self.today is not None:
+                self.closed[self.today.day] = self.today  # the residual stays on the closed day
+            self.today = DayCounts(day)
+        if day < self.today.day:
+            past = self.closed.setdefault(day, DayCounts(day))
+            past.entries += entries
+            past.exits += exits
+            return False
+        self.today.entries += entries
+        self.today.exits += exits
+        return True
+
+    def roll(self, now: float) -> bool:
+        """At `now`: if the day turned, close today (its residual recorded) and start from zero.
+        True when the live figure changed."""
+        day = business_day(now, self.tz, self.reset_hour)
+        if self.today is None or day <= self.today.day:
+            return False
+        self.closed[self.today.day] = self.today
+        changed = self.today.occupancy != 0
+        self.today = DayCounts(day)
+        return changed
+
+    def take_closed(self) -> list[DayCounts]:
+        out = sorted(self.closed.values(), key=lambda d: d.day)
+        self.closed.clear()
+        return out
+
+    def status(self) -> dict[str, object]:
+        d = self.today
+        return {"hive_id": self.hive_id, "day": d.day.isoformat() if d else None,
+                "entries": d.entries if d else 0, "exits": d.exits if d else 0,
+                "occupancy": d.occupancy if d else 0, "raw": d.raw if d else 0,
+                "capacity": self.capacity,
+                "percent": round(100.0 * d.occupancy / self.capacity, 1) if d and self.capacity else None}

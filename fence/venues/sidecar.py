@@ -1,0 +1,227 @@
+"""The sensor sidecar (`geofence venue-sensors`): presence-sensor frames in, hive occupancy out.
+
+    MQTT sensors/<sensor_id>/<kind> -> amq.topic (gf-ingress) --"sensors.#"--> venue.sensors
+      -> decode, derive counts (sensor_core.py, counting.py), add them to the hives' days
+         (occupancy.py)
+      -> PostgreSQL, one transaction per batch (venue_store.py): reports, events, statuses,
+         the sensors' counting state, hive_status, closed days
+      -> each hive whose live figure moved: venue.occupancy (AMQP, key hive-occupancy.<hive>)
+         and amq.topic (MQTT hive-occupancy/<hive>), a JSON status, persistent, confirmed
+      -> ack (after the commit and the confirms)
+
+Bad frames (wrong length, impossible date, unknown type, version or sensor) go to the vhost's
+dead-letters with the reason; the rest of the batch goes on. A batch delivered again after a
+crash counts nothing twice: the counting state committed with the reports remembers them.
+
+The receive time of a frame is when the sidecar takes its batch (the MQTT plugin stamps none):
+under a backlog it is late, and a report more than counting.MAX_SKEW_S behind it is placed at
+it (counted all the same, at a later instant).
+
+Sensors registered after the start are read from PostgreSQL when a frame names one not known,
+and every sensor every SENSOR_RELOAD_S (settings changed, sensors removed); the day turns for every hive
+at its reset time (checked every ROLL_EVERY_S).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+import asyncpg
+import orjson
+from aio_pika.abc import AbstractIncomingMessage
+
+from exchanges import routing_store, shell
+from exchanges import topology as t
+from fence.venues import venue_store
+from fence.venues.occupancy import DayCounts, HiveOccupancy
+from fence.venues.sensor_core import KINDS, Frame, Processed, SensorCore
+
+log = logging.getLogger("geofence")
+SENSOR_RELOAD_S = 30.0
+ROLL_EVERY_S = 60.0
+JSON = "application/json"
+
+
+def frame_of(routing_key: str, body: bytes, received_at: float) -> Frame | str:
+    """The frame a message carries, or why it is none (its routing key is not a sensor topic)."""
+    parts = routing_key.split(".")
+    if len(parts) < 3 or parts[0] != t.SENSORS_TOPIC_PREFIX or not parts[1]:
+        return f"not a sensor topic: {routing_key!r} (sensors/<sensor_id>/<kind> expected)"
+    kind = "/".join(parts[2:])
+    if kind not in KINDS:
+        return f"unknown sensor topic kind {kind!r} (known: {', '.join(KINDS)})"
+    return Frame(parts[1], kind, body, received_at)
+
+
+class SensorSidecar:
+    def __init__(self, config: shell.SidecarConfig) -> None:
+        self.config = config
+        self.counters = shell.Counters()
+        self.core = SensorCore()
+        self.hives: dict[str, HiveOccupancy] = {}
+        self.instance_lock = shell.InstanceLock(t.VENUES_LOCK)
+        self._pg: asyncpg.Connection | None = None
+        self._stop = asyncio.Event()
+        self._loaded_at = 0.0
+        self.lock = asyncio.Lock()  # the hives, the core and the PostgreSQL connection: one user at a time
+
+    async def recover(self, stop: asyncio.Event) -> bool:
+        got = await routing_store.read_until_stopped(self.config.postgres_url, venue_store.load, "sensors",
+                                                     stop)
+        if got is None:
+            return False
+        self._apply_load(got)
+        log.info("%d sensors of %d hives", len(self.core.sensors), len(self.hives))
+        return True
+
+    def _apply_load(self, got: tuple[dict, dict, dict], complete: bool = True) -> None:  # type: ignore[type-arg]
+        """What the store says; `complete`: every sensor (those it lacks were removed)."""
+        sensors, counts, hives = got
+        if complete:
+            for sid in set(self.core.sensors) - set(sensors):
+                self.core.remove_sensor(sid)
+        for sid, info in sensors.items():
+            self.core.add_sensor(info)
+            if sid not in self.core.state and sid in counts:
+                self.core.restore(sid, counts[sid])
+        for hid, h in hives.items():
+            mine = self.hives.get(hid)
+            if mine is None:
+                self.hives[hid] = h
+            else:  # the live counts are ours; the hive's settings are the store's
+                mine.tz, mine.reset_hour, mine.capacity = h.tz, h.reset_hour, h.capacity
+        self._loaded_at = time.monotonic()
+
+    async def _reload(self) -> None:
+        async with self.lock:
+            await self._reload_locked()
+
+    async def _reload_locked(self) -> None:
+        conn = await self._connection()
+        self._apply_load(await venue_store.load(conn))
+
+    async def session(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        cfg = self.config
+        async with contextlib.AsyncExitStack() as stack:
+            conn = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
+            await self.instance_lock.acquire(conn, stack)
+            out = await shell.open_channel(conn, stack, confirms=cfg.persistence)
+            self.dlx = await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            self.occupancy_x = await out.get_exchange(t.OCCUPANCY_EXCHANGE, ensure=False)
+            self.mqtt_x = await out.get_exchange(t.MQTT_TOPIC_EXCHANGE, ensure=False)
+            ch = await shell.open_channel(conn, stack)
+            intake = shell.Intake.on(await ch.get_queue(t.SENSORS_QUEUE), cfg.batch_max, cfg.prefetch)
+            log.info("consuming %s", t.SENSORS_QUEUE)
+            await shell.run_session(
+                stop, [conn], [intake], [shell.run_batches(intake, self.handle, self.counters, self.dlx)],
+                [shell.periodic(stop, ROLL_EVERY_S, self.roll),
+                 shell.periodic(stop, SENSOR_RELOAD_S, self._reload),
+                 shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
+
+    # -- a batch -------------------------------------------------------------------------------
+
+    async def handle(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        now = time.time()
+        frames: list[Frame] = []
+        of: list[AbstractIncomingMessage] = []
+        outs: list[shell.Out] = []
+        for m in messages:
+            f = frame_of(m.routing_key or "", m.body, now)
+            if isinstance(f, str):
+                outs.append(shell.dead_letter(self.dlx, m, f, t.SENSORS_QUEUE, self.counters))
+            else:
+                frames.append(f)
+                of.append(m)
+        async with self.lock:
+            unknown = {f.sensor_id for f in frames} - set(self.core.sensors)
+            if unknown:  # registered since the last reload? (an unknown one costs a query a batch)
+                self._apply_load(await venue_store.load(await self._connection(), sorted(unknown)),
+                                 complete=False)
+            done = self.core.process(frames)
+            moved = self._count(done)
+            closed = [(h.hive_id, d) for h in self.hives.values() for d in h.take_closed()]
+            new = await self._store(done, moved, closed)
+        for i, why in done.refused:
+            outs.append(shell.dead_letter(self.dlx, of[i], why, t.SENSORS_QUEUE, self.counters))
+        self.counters.bump("reports", len(done.counts))
+        self.counters.bump("reports_new", new)
+        self.counters.bump("sensor_events", len(done.events))
+        self.counters.bump("statuses", len(done.statuses))
+        outs += self._occupancy_outs(moved)
+        await shell.publish_all(outs, self.counters)
+
+    def _count(self, done: Processed) -> list[HiveOccupancy]:
+        moved: dict[str, HiveOccupancy] = {}
+        for r in done.counts:
+            h = self.hives.get(r.hive_id)
+            if h is not None and h.add(r.at, r.entries, r.exits):
+                moved[h.hive_id] = h
+        for e in done.events:
+            h = self.hives.get(e.hive_id)
+            if h is not None and h.add(e.at, int(e.event_type == 1), int(e.event_type == 0)):
+                moved[h.hive_id] = h
+        return list(moved.values())
+
+    async def roll(self) -> None:
+        """The day turned at some hives: close it (residual recorded) and publish the zero."""
+        now = time.time()
+        async with self.lock:
+            moved = [h for h in self.hives.values() if h.roll(now)]
+            closed = [(h.hive_id, d) for h in self.hives.values() for d in h.take_closed()]
+            if not closed and not moved:
+                return
+            await self._store(Processed(), moved, closed)
+        await shell.publish_all(self._occupancy_outs(moved), self.counters)
+
+    def _occupancy_outs(self, hives: Sequence[HiveOccupancy]) -> list[shell.Out]:
+        outs = []
+        for h in hives:
+            body = orjson.dumps({**h.status(), "at": time.time(), "source": "sensors"})
+            key = t.occupancy_routing_key(h.hive_id)
+            outs += [shell.Out(self.occupancy_x, key, body, JSON, mandatory=False),
+                     shell.Out(self.mqtt_x, key, body, JSON, mandatory=False)]
+        return outs
+
+    # -- PostgreSQL ----------------------------------------------------------------------------
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self._pg is None or self._pg.is_closed():
+            self._pg = await routing_store.connect(self.config.postgres_url)
+        return self._pg
+
+    async def _store(self, done: Processed, moved: Sequence[HiveOccupancy],
+                     closed: Sequence[tuple[str, DayCounts]]) -> int:
+        """The batch committed, retried while PostgreSQL is away; raises (the batch stays
+        unacked and comes back) only when the sidecar is stopping."""
+        states = {r.sensor_id: self.core.state[r.sensor_id] for r in done.counts}
+        backoff = shell.Backoff()
+        while True:
+            try:
+                conn = await self._connection()
+                return await venue_store.store_batch(conn, done.counts, done.events, done.statuses, states,
+                                                     moved, closed)
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+                if self._pg is not None:
+                    with contextlib.suppress(Exception):
+                        await self._pg.close()
+                self._pg = None
+                if self._stop.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning("cannot store %d sensor reports (%s); retrying in %.1fs", len(done.counts), exc,
+                            delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+
+    async def close(self) -> None:
+        if self._pg is not None:
+            await self._pg.close()
+
+
+async def main(config: shell.SidecarConfig) -> int:
+    return await shell.run_sidecar(config, ("",), "venue-sensors", SensorSidecar)

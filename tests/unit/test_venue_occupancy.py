@@ -1,0 +1,66 @@
+"""A hive's occupancy (fence/venues/occupancy.py): the business day by time zone and reset
+hour, the live figure clamped at zero with the raw one kept, the residual recorded on the
+closed day, late counts kept off today's figure; and the sensor topics the sidecar accepts."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+from fence.venues.occupancy import HiveOccupancy, business_day
+from fence.venues.sidecar import frame_of
+
+
+def at(y: int, mo: int, d: int, h: int, mi: int = 0) -> float:
+    return datetime(y, mo, d, h, mi, tzinfo=UTC).timestamp()
+
+
+def test_the_business_day_turns_at_the_reset_hour_of_the_hives_zone() -> None:
+    # Vaduz is UTC+1 in winter: 02:30 UTC is 03:30 local, still the day before at a 04:00 reset
+    assert business_day(at(2026, 1, 10, 2, 30), "Europe/Vaduz", 4) == date(2026, 1, 9)
+    assert business_day(at(2026, 1, 10, 3, 0), "Europe/Vaduz", 4) == date(2026, 1, 10)
+    assert business_day(at(2026, 7, 10, 2, 0), "Europe/Vaduz", 4) == date(2026, 7, 10)  # UTC+2 in summer
+    assert business_day(at(2026, 1, 10, 23, 30), "America/New_York", 0) == date(2026, 1, 10)
+    assert business_day(at(2026, 1, 10, 4, 59), "America/New_York", 0) == date(2026, 1, 9)
+
+
+def test_live_occupancy_is_clamped_and_the_raw_figure_kept() -> None:
+    h = HiveOccupancy("h", "UTC", 4, capacity=50)
+    assert h.add(at(2026, 1, 10, 12), 3, 0)
+    assert h.add(at(2026, 1, 10, 13), 0, 5)  # exits ran ahead: the door missed two people coming in
+    s = h.status()
+    assert (s["entries"], s["exits"], s["raw"], s["occupancy"], s["percent"]) == (3, 5, -2, 0, 0.0)
+    assert not h.add(at(2026, 1, 10, 14), 0, 0)  # nothing counted: nothing moved
+
+
+def test_the_day_closes_with_its_residual_and_the_next_starts_from_zero() -> None:
+    h = HiveOccupancy("h", "UTC", 4)
+    h.add(at(2026, 1, 10, 20), 40, 33)  # 7 the sensor never saw leave
+    assert h.roll(at(2026, 1, 11, 3, 59)) is False  # not yet
+    assert h.roll(at(2026, 1, 11, 4, 0)) is True
+    closed = h.take_closed()
+    assert [(d.day, d.entries, d.exits, d.raw) for d in closed] == [(date(2026, 1, 10), 40, 33, 7)]
+    assert h.status()["occupancy"] == 0 and h.status()["day"] == "2026-01-11"
+    # a count of the new day without a roll first closes the old day as well
+    h2 = HiveOccupancy("h2", "UTC", 4)
+    h2.add(at(2026, 1, 10, 20), 5, 1)
+    assert h2.add(at(2026, 1, 11, 9), 2, 0)
+    assert [(d.day, d.raw) for d in h2.take_closed()] == [(date(2026, 1, 10), 4)]
+    assert (h2.status()["entries"], h2.status()["occupancy"]) == (2, 2)
+
+
+def test_a_late_count_goes_to_its_own_closed_day() -> None:
+    h = HiveOccupancy("h", "UTC", 4)
+    h.add(at(2026, 1, 11, 12), 10, 2)
+    assert h.add(at(2026, 1, 10, 22), 3, 1) is False  # a sensor's backlog from yesterday evening
+    assert (h.status()["entries"], h.status()["exits"]) == (10, 2)
+    assert [(d.day, d.entries, d.exits) for d in h.take_closed()] == [(date(2026, 1, 10), 3, 1)]
+
+
+def test_sensor_topics() -> None:
+    f = frame_of("sensors.s-1.v2.counter", b"x", 5.0)
+    assert not isinstance(f, str) and (f.sensor_id, f.kind, f.received_at) == ("s-1", "v2/counter", 5.0)
+    assert not isinstance(frame_of("sensors.s-1.counter", b"x", 0.0), str)
+    assert frame_of("sensors.s-1.v3.counter", b"", 0.0) == \
+        "unknown sensor topic kind 'v3/counter' (known: counter, v2/counter, v2/event, v2/status)"
+    assert "not a sensor topic" in str(frame_of("positions.s-1", b"", 0.0))
+    assert "not a sensor topic" in str(frame_of("sensors..counter", b"", 0.0))
