@@ -84,6 +84,8 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}
     env.update(passed_on())
+    if sc.role in ("api", "venue-sensors"):  # the venues' read cache
+        env["GEOFENCE_MEMCACHED_URL"] = f"memcache://{settings.host}:{settings.memcached_port}"
     if sc.role == "x-fence":  # its snapshot and journal
         env["GEOFENCE_JOURNAL_DIR"] = str(settings.state_dir / "state" / sc.name)
     if sc.role == "api":

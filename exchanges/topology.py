@@ -98,7 +98,8 @@ GATEWAY_USER = "gateway"
 # The settings a sidecar reads (exchanges.shell.SidecarConfig); the local stack accepts them too.
 SIDECAR_ENV_KEYS = ("GEOFENCE_AMQP_URL", "GEOFENCE_POSTGRES_URL", "GEOFENCE_REGIONS",
                     "GEOFENCE_WORKERS", "GEOFENCE_DRAIN_S", "GEOFENCE_BATCH_MAX", "GEOFENCE_PREFETCH",
-                    "GEOFENCE_LOG_LEVEL", "GEOFENCE_JOURNAL_DIR", "GEOFENCE_PERSISTENCE")
+                    "GEOFENCE_LOG_LEVEL", "GEOFENCE_JOURNAL_DIR", "GEOFENCE_PERSISTENCE",
+                    "GEOFENCE_MEMCACHED_URL")
 
 
 def region_vhost(region: str) -> str:

@@ -1,12 +1,13 @@
 """The fence API over HTTP (FastAPI; OpenAPI at /openapi.json, docs at /docs).
 
 A thin shell: authenticate (Firebase ID token, fence/auth.py), call fence/service.py, map
-its ApiError to the status. Every route but /health, /docs and /openapi.json needs
-`Authorization: Bearer <Firebase ID token>`; fences belong to the token's user.
+its ApiError to the status. Every route but /health, /docs, /openapi.json and the public venue
+reads (/hives) needs `Authorization: Bearer <Firebase ID token>`; fences belong to the token's user.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at
 # definition time, and the dependency alias `Who` is local to create_app.
+import time
 from typing import Annotated, Any, Protocol
 
 from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
@@ -16,6 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fence.auth import AuthUnavailable, Unauthenticated, User
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService
+from fence.venues.hive_index import MAX_RADIUS_M, MAX_RESULTS, SearchError
+from fence.venues.reads import Unavailable, VenueReads
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a 10,000-vertex polygon is ~400 kB of GeoJSON
 
@@ -76,7 +79,8 @@ class BodyLimit:
         await JSONResponse({"error": reason}, status_code=413)(scope, receive, send)
 
 
-def create_app(service: FenceService, verifier: Verifier, health: Any = None) -> FastAPI:
+def create_app(service: FenceService, verifier: Verifier, health: Any = None,
+               venues: VenueReads | None = None) -> FastAPI:
     app = FastAPI(
         title="geofence fence API",
         version="1",
@@ -181,4 +185,37 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None) ->
     async def object_fences(who: Who, object_id: str) -> dict[str, Any]:
         return await service.object_fences(who, object_id)
 
+    if venues is not None:
+        add_venue_routes(app, venues)
     return app
+
+
+def add_venue_routes(app: FastAPI, venues: VenueReads) -> None:
+    """The public venue reads (fence/venues/reads.py): no token, memcached first."""
+
+    @app.get("/hives", tags=["venues"], summary="Hives by proximity, type and name, with live occupancy",
+             description="Public (no token). `near=lon,lat` and `radius_m` (default 1000, at most "
+                         f"{MAX_RADIUS_M:g}) sort by distance; `type` (restaurant, bar, cafe, shop, "
+                         "supermarket, other) and `q` (words of the name, any case or accent) filter. "
+                         "Occupancy is at most a minute or two old (see the README).")
+    async def list_hives(near: Annotated[str | None, Query(description="lon,lat")] = None,
+                         radius_m: Annotated[float | None, Query(gt=0, le=MAX_RADIUS_M)] = None,
+                         type: Annotated[str | None, Query(max_length=32)] = None,
+                         q: Annotated[str | None, Query(max_length=100)] = None,
+                         limit: Annotated[int, Query(ge=1, le=MAX_RESULTS)] = 50) -> dict[str, Any]:
+        try:
+            return await venues.hives(near, radius_m, type, q, limit, time.time())
+        except SearchError as exc:
+            raise ApiError(422, str(exc)) from None
+        except Unavailable as exc:
+            raise ApiError(503, str(exc)) from None
+
+    @app.get("/hives/{hive_id}", tags=["venues"], summary="One hive and how busy it is now (public)")
+    async def get_hive(hive_id: str) -> dict[str, Any]:
+        try:
+            found = await venues.hive(hive_id, time.time())
+        except Unavailable as exc:
+            raise ApiError(503, str(exc)) from None
+        if found is None:
+            raise ApiError(404, f"no hive {hive_id!r}")
+        return found

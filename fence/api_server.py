@@ -35,6 +35,7 @@ from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
 from fence.manager import FenceManager
 from fence.rpc import RpcServer
 from fence.service import FenceService
+from fence.venues.reads import VenueCache, VenueReads
 
 log = logging.getLogger("geofence")
 API_KEYS = ("GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT")
@@ -114,6 +115,12 @@ async def serve_amqp(config: ApiConfig, rpc: RpcServer, follower: Follower, coun
     await shell.serve(cfg, session, stop)
 
 
+def venue_health(venues: VenueReads) -> dict[str, Any]:
+    c = venues.cache
+    return {"venues": {"pg_reads": venues.pg_reads, "cache": None if c is None else
+                       {"hits": c.hits, "misses": c.misses, "failures": c.failures}}}
+
+
 async def main(config: ApiConfig) -> int:
     stop = asyncio.Event()
     shell.install_signal_handlers(stop)
@@ -128,7 +135,10 @@ async def main(config: ApiConfig) -> int:
         await follower.refresh()
         service = FenceService(manager, follower.refresh)
         rpc = RpcServer(service, verifier, counters)
-        app = create_app(service, verifier, lambda: {"counters": counters.to_json()})
+        cache = VenueCache(cfg.memcached_url) if cfg.memcached_url else None
+        venues = VenueReads(manager.pool, cache)
+        app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
+                         venues)
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                         access_log=False, lifespan="off"))
 

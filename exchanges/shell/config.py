@@ -53,6 +53,9 @@ class SidecarConfig:
     # transient messages, no confirms, no journal: a crash loses in-flight work. For
     # benchmarks (bench/e2e.py measures what durability costs); never in production.
     persistence: bool = True
+    # memcache://host:port of the venues' read cache (the sensor sidecar fills it, the API
+    # reads it); empty: no cache (reads go to PostgreSQL)
+    memcached_url: str = ""
 
     @classmethod
     def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,
@@ -89,6 +92,12 @@ class SidecarConfig:
             if value not in ("on", "off"):
                 raise ConfigError(f"GEOFENCE_PERSISTENCE={env['GEOFENCE_PERSISTENCE']!r}: on or off")
             kw["persistence"] = value == "on"
+        if env.get("GEOFENCE_MEMCACHED_URL"):
+            mc = urlsplit(env["GEOFENCE_MEMCACHED_URL"])
+            if mc.scheme != "memcache" or not mc.hostname:
+                raise ConfigError(f"GEOFENCE_MEMCACHED_URL={env['GEOFENCE_MEMCACHED_URL']!r}: "
+                                  "memcache://host:port expected")
+            kw["memcached_url"] = env["GEOFENCE_MEMCACHED_URL"]
         config = cls(role, instance, amqp, pg, **kw)
         try:
             _ = config.topology
@@ -117,6 +126,7 @@ class SidecarConfig:
                 f"regions {','.join(self.regions)}, workers {','.join(self.workers)}, "
                 f"batch <= {self.batch_max}, prefetch {self.prefetch}, drain {self.drain_s:g}s"
                 + (f", journal {self.journal_dir}" if self.journal_dir else "")
+                + (f", cache {self.memcached_url}" if self.memcached_url else "")
                 + ("" if self.persistence else ", PERSISTENCE OFF (benchmarks only)"))
 
 

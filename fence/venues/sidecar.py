@@ -38,6 +38,7 @@ from exchanges import routing_store, shell
 from exchanges import topology as t
 from fence.venues import venue_store
 from fence.venues.occupancy import DayCounts, HiveOccupancy
+from fence.venues.reads import VenueCache, publish_status
 from fence.venues.sensor_core import KINDS, Frame, Processed, SensorCore
 
 log = logging.getLogger("geofence")
@@ -68,6 +69,7 @@ class SensorSidecar:
         self._stop = asyncio.Event()
         self._loaded_at = 0.0
         self.lock = asyncio.Lock()  # the hives, the core and the PostgreSQL connection: one user at a time
+        self.cache = VenueCache(config.memcached_url) if config.memcached_url else None
 
     async def recover(self, stop: asyncio.Event) -> bool:
         got = await routing_store.read_until_stopped(self.config.postgres_url, venue_store.load, "sensors",
@@ -154,6 +156,7 @@ class SensorSidecar:
         self.counters.bump("statuses", len(done.statuses))
         outs += self._occupancy_outs(moved)
         await shell.publish_all(outs, self.counters)
+        await self._cache(moved)
 
     def _count(self, done: Processed) -> list[HiveOccupancy]:
         moved: dict[str, HiveOccupancy] = {}
@@ -177,6 +180,14 @@ class SensorSidecar:
                 return
             await self._store(Processed(), moved, closed)
         await shell.publish_all(self._occupancy_outs(moved), self.counters)
+        await self._cache(moved)
+
+    async def _cache(self, hives: Sequence[HiveOccupancy]) -> None:
+        """The public reads' copy (fence/venues/reads.py), after the commit."""
+        if self.cache is not None:
+            now = time.time()
+            for h in hives:
+                await publish_status(self.cache, h.hive_id, live_status(h, now))
 
     def _occupancy_outs(self, hives: Sequence[HiveOccupancy]) -> list[shell.Out]:
         outs = []
@@ -221,6 +232,15 @@ class SensorSidecar:
     async def close(self) -> None:
         if self._pg is not None:
             await self._pg.close()
+        if self.cache is not None:
+            await self.cache.close()
+
+
+def live_status(h: HiveOccupancy, now: float) -> dict[str, object]:
+    """A hive's status as the public reads show it (reads.status_json's shape)."""
+    st = h.status()
+    return {"day": st["day"], "entries": st["entries"], "exits": st["exits"], "occupancy": st["occupancy"],
+            "raw": st["raw"], "app_occupancy": None, "percent": st["percent"], "updated_at": now}
 
 
 async def main(config: shell.SidecarConfig) -> int:

@@ -1,0 +1,218 @@
+"""Public venue reads (`GET /hives`, `GET /hives/{id}`, no token): memcached first, PostgreSQL
+the source of truth.
+
+    gf:hive-status:<id>   a hive's live status (JSON). The sensor sidecar writes it after each
+                          commit that moved the hive; a read that misses fills it from
+                          hive_status for STATUS_TTL_S.
+    gf:hives:index        every hive's public card (zlib-compressed JSON), filled from
+                          PostgreSQL by a read that misses, for INDEX_TTL_S.
+
+Staleness: a status is at most STATUS_TTL_S (60 s) behind PostgreSQL when the sidecar is down
+or memcached lost a write, and as fresh as the last batch when both are up; a hive's card (a
+new hive, a changed name) at most INDEX_TTL_S (120 s): "a couple of minutes" at worst.
+
+Memcached down, slow (CACHE_TIMEOUT_S) or flushed: every failure is a miss, counted; reads go
+to PostgreSQL, at most PG_CONCURRENCY at once (the others wait their turn), so a cold cache
+cannot flood the database. PostgreSQL down too: 503, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zlib
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
+
+import aiomcache
+import asyncpg
+import orjson
+
+from fence.venues.hive_index import HiveCard, HiveIndex, SearchError, parse_near
+
+log = logging.getLogger("geofence")
+STATUS_TTL_S = 60
+INDEX_TTL_S = 120
+CACHE_TIMEOUT_S = 0.25
+PG_CONCURRENCY = 8
+STATUS_KEY, INDEX_KEY = "gf:hive-status:", "gf:hives:index"
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+CARD_COLUMNS = "id, name, type, address, lon, lat, tz, capacity, opening_hours"
+
+
+class Unavailable(RuntimeError):
+    """Neither the cache nor PostgreSQL could answer (the API says 503)."""
+
+
+class VenueCache:
+    """memcached through aiomcache; a failure is a miss (or a lost write), never an error."""
+
+    def __init__(self, url: str, timeout: float = CACHE_TIMEOUT_S) -> None:
+        parts = urlsplit(url)
+        self.client = aiomcache.Client(parts.hostname or "127.0.0.1", parts.port or 11211, pool_size=4)
+        self.timeout = timeout
+        self.failures = 0
+        self.hits = 0
+        self.misses = 0
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        try:
+            async with asyncio.timeout(self.timeout):
+                got = list(await self.client.multi_get(*(k.encode() for k in keys)))
+        except (OSError, TimeoutError, aiomcache.exceptions.ClientException) as exc:
+            self._failed("get", exc)
+            return [None] * len(keys)
+        hits = sum(g is not None for g in got)
+        self.hits += hits
+        self.misses += len(keys) - hits
+        return got
+
+    async def set(self, key: str, value: bytes, ttl: int) -> None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.client.set(key.encode(), value, exptime=ttl)
+        except (OSError, TimeoutError, aiomcache.exceptions.ClientException) as exc:
+            self._failed("set", exc)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self.failures += 1
+        if self.failures in (1, 10, 100) or self.failures % 1000 == 0:
+            log.warning("memcached %s failed (%d failures so far): %r; reading PostgreSQL", what,
+                        self.failures, exc)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.client.close()
+
+
+def status_json(row: Any, capacity: int | None) -> dict[str, Any]:
+    occupancy = int(row["occupancy"])
+    return {"day": row["day"].isoformat(), "entries": int(row["entries"]), "exits": int(row["exits"]),
+            "occupancy": occupancy, "raw": int(row["raw"]), "app_occupancy": row["app_occupancy"],
+            "percent": round(100.0 * occupancy / capacity, 1) if capacity else None,
+            "updated_at": row["updated_at"].timestamp()}
+
+
+def open_now(opening_hours: dict[str, Any], tz: str, now: float) -> bool | None:
+    """Open at `now` by its hours ({"mon": [["11:00", "23:00"]], ...}; a range past midnight
+    runs into the next day); None when the hive gave none."""
+    if not opening_hours:
+        return None
+    local = datetime.fromtimestamp(now, UTC).astimezone(ZoneInfo(tz))
+    minute = local.hour * 60 + local.minute
+    for offset, day in ((0, DAYS[local.weekday()]), (1, DAYS[(local.weekday() - 1) % 7])):
+        for start, end in opening_hours.get(day, []):
+            a, b = _minutes(start), _minutes(end)
+            if b <= a:  # past midnight
+                if (offset == 0 and minute >= a) or (offset == 1 and minute < b):
+                    return True
+            elif offset == 0 and a <= minute < b:
+                return True
+    return False
+
+
+def _minutes(hhmm: str) -> int:
+    h, m = hhmm.split(":")
+    return int(h) * 60 + int(m)
+
+
+class VenueReads:
+    def __init__(self, pool: asyncpg.Pool, cache: VenueCache | None) -> None:
+        self.pool = pool
+        self.cache = cache
+        self.pg_slots = asyncio.Semaphore(PG_CONCURRENCY)
+        self.pg_reads = 0
+
+    async def _pg(self, query: str, *args: Any) -> list[Any]:
+        async with self.pg_slots:
+            self.pg_reads += 1
+            try:
+                rows: list[Any] = await self.pool.fetch(query, *args)
+                return rows
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise Unavailable(f"the venue store is unavailable: {exc}") from None
+
+    async def index(self) -> HiveIndex:
+        if self.cache is not None:
+            (raw,) = await self.cache.get_many([INDEX_KEY])
+            if raw is not None:
+                with contextlib.suppress(ValueError, zlib.error, KeyError, TypeError):
+                    return HiveIndex.from_json(orjson.loads(zlib.decompress(raw)))
+        rows = await self._pg(f"SELECT {CARD_COLUMNS} FROM hive")
+        index = HiveIndex(HiveCard(r["id"], r["name"], r["type"], r["address"], r["lon"], r["lat"], r["tz"],
+                                   r["capacity"], _json(r["opening_hours"])) for r in rows)
+        if self.cache is not None:
+            await self.cache.set(INDEX_KEY, zlib.compress(orjson.dumps(index.to_json())), INDEX_TTL_S)
+        return index
+
+    async def statuses(self, cards: Sequence[HiveCard]) -> dict[str, dict[str, Any]]:
+        keys = [STATUS_KEY + c.hive_id for c in cards]
+        got = await self.cache.get_many(keys) if self.cache is not None else [None] * len(cards)
+        out: dict[str, dict[str, Any]] = {}
+        missing = []
+        for c, raw in zip(cards, got, strict=True):
+            if raw is None:
+                missing.append(c)
+            else:
+                with contextlib.suppress(ValueError):
+                    out[c.hive_id] = orjson.loads(raw)
+        if missing:
+            capacity = {c.hive_id: c.capacity for c in missing}
+            rows = await self._pg("SELECT hive_id, day, entries, exits, occupancy, raw, app_occupancy, "
+                                  "updated_at FROM hive_status WHERE hive_id = ANY($1::text[])",
+                                  list(capacity))
+            for r in rows:
+                st = status_json(r, capacity[r["hive_id"]])
+                out[r["hive_id"]] = st
+                if self.cache is not None:
+                    await self.cache.set(STATUS_KEY + r["hive_id"], orjson.dumps(st), STATUS_TTL_S)
+        return out
+
+    def _card(self, c: HiveCard, status: dict[str, Any] | None, now: float, distance: float | None = None
+              ) -> dict[str, Any]:
+        out = {**c.to_json(), "open_now": open_now(c.opening_hours, c.tz, now),
+               "occupancy": status}
+        if distance is not None:
+            out["distance_m"] = round(distance, 1)
+        return out
+
+    async def hive(self, hive_id: str, now: float) -> dict[str, Any] | None:
+        index = await self.index()
+        card = index.by_id.get(hive_id)
+        if card is None:  # created since the index was cached?
+            rows = await self._pg(f"SELECT {CARD_COLUMNS} FROM hive WHERE id = $1", hive_id)
+            if not rows:
+                return None
+            r = rows[0]
+            card = HiveCard(r["id"], r["name"], r["type"], r["address"], r["lon"], r["lat"], r["tz"],
+                            r["capacity"], _json(r["opening_hours"]))
+        status = (await self.statuses([card])).get(hive_id)
+        return self._card(card, status, now)
+
+    async def hives(self, near: str | None, radius_m: float | None, type_: str | None, q: str | None,
+                    limit: int, now: float) -> dict[str, Any]:
+        where = parse_near(near, radius_m)
+        if q is not None and len(q) > 100:
+            raise SearchError("q: at most 100 characters")
+        found = (await self.index()).search(where, type_, q, limit)
+        statuses = await self.statuses([c for c, _ in found])
+        return {"hives": [self._card(c, statuses.get(c.hive_id), now, d) for c, d in found],
+                "count": len(found)}
+
+
+def _json(value: Any) -> dict[str, Any]:
+    if isinstance(value, str | bytes):
+        got: dict[str, Any] = orjson.loads(value)
+        return got
+    return dict(value or {})
+
+
+async def publish_status(cache: VenueCache, hive_id: str, status: dict[str, Any]) -> None:
+    """The sensor sidecar's write after a commit (a failure leaves the read to PostgreSQL)."""
+    await cache.set(STATUS_KEY + hive_id, orjson.dumps(status), STATUS_TTL_S)
