@@ -71,6 +71,7 @@ FOLLOW_QUEUE = "fence.follow"
 # on amq.topic (MQTT hive-occupancy/<hive_id>), and configurations on amq.topic
 # (commands/sensor/<sensor_id>)
 SENSORS_QUEUE = "venue.sensors"
+NOTIFY_QUEUE = "venue.notify"  # venue.occupancy "hive-occupancy.#": the notifier (same sidecar)
 SENSORS_TOPIC_PATTERN = "sensors.#"
 OCCUPANCY_EXCHANGE = "venue.occupancy"
 SENSORS_TOPIC_PREFIX = "sensors"  # MQTT sensors/<sensor_id>/<kind>

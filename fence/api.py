@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fence.auth import AuthUnavailable, Unauthenticated, User
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService
+from fence.venues import user_store as us
 from fence.venues.hive_index import MAX_RADIUS_M, MAX_RESULTS, SearchError
 from fence.venues.reads import Unavailable, VenueReads
 
@@ -187,7 +188,65 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
 
     if venues is not None:
         add_venue_routes(app, venues)
+        add_user_routes(app, venues, Who)
     return app
+
+
+def add_user_routes(app: FastAPI, venues: VenueReads, who: Any) -> None:
+    """An app user's favourites, notifications and device tokens (`/me/...`, a token needed)."""
+    pool = venues.pool
+
+    async def run(call: Any) -> Any:
+        try:
+            return await call
+        except us.UserError as exc:
+            raise ApiError(exc.status, exc.message) from None
+
+    @app.get("/me/hives", tags=["app users"], summary="Your favourite and recently viewed hives")
+    async def my_hives(caller: who) -> dict[str, Any]:
+        return await us.my_hives(pool, caller.uid)
+
+    @app.put("/me/favourites/{hive_id}", status_code=204, tags=["app users"], summary="Favourite a hive")
+    async def favourite(caller: who, hive_id: str) -> None:
+        await run(us.set_favourite(pool, caller.uid, hive_id, True))
+
+    @app.delete("/me/favourites/{hive_id}", status_code=204, tags=["app users"],
+                summary="Unfavourite a hive")
+    async def unfavourite(caller: who, hive_id: str) -> None:
+        await run(us.set_favourite(pool, caller.uid, hive_id, False))
+
+    @app.post("/me/hives/{hive_id}/viewed", status_code=204, tags=["app users"],
+              summary="Record a hive as recently viewed")
+    async def viewed(caller: who, hive_id: str) -> None:
+        await run(us.viewed(pool, caller.uid, hive_id))
+
+    @app.get("/me/notifications", tags=["app users"], summary="Your occupancy notifications")
+    async def my_notifications(caller: who) -> dict[str, Any]:
+        return {"notifications": await us.definitions(pool, caller.uid)}
+
+    @app.post("/me/notifications", status_code=201, tags=["app users"],
+              summary="Be told when a hive goes above (or below) a number of people",
+              description="`{\"hive_id\", \"threshold\": people, \"direction\": \"above\" | \"below\", "
+                          "\"quiet_start\": \"22:00\", \"quiet_end\": \"08:00\"}` (quiet hours in the "
+                          "hive's local time, optional). Once per crossing, with hysteresis and a cool-down.")
+    async def add_notification(caller: who, body: Annotated[Any, Body()]) -> dict[str, Any]:
+        added: dict[str, Any] = await run(us.add_definition(pool, caller.uid, body))
+        return added
+
+    @app.delete("/me/notifications/{def_id}", status_code=204, tags=["app users"],
+                summary="Stop a notification")
+    async def remove_notification(caller: who, def_id: int) -> None:
+        await run(us.remove_definition(pool, caller.uid, def_id))
+
+    @app.post("/me/device-tokens", status_code=204, tags=["app users"],
+              summary="Register this device's FCM token (`{\"token\", \"platform\"}`)")
+    async def add_token(caller: who, body: Annotated[dict[str, Any], Body()]) -> None:
+        await run(us.add_token(pool, caller.uid, body.get("token"), body.get("platform")))
+
+    @app.delete("/me/device-tokens/{token}", status_code=204, tags=["app users"],
+                summary="Forget a device token")
+    async def remove_token(caller: who, token: str) -> None:
+        await run(us.remove_token(pool, caller.uid, token))
 
 
 def add_venue_routes(app: FastAPI, venues: VenueReads) -> None:

@@ -217,7 +217,7 @@ def region_vhosts(topology: Topology) -> tuple[str, ...]:
 def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
     """The queues sidecars consume in `vhost` (the gf-input-limits policy's group)."""
     if vhost == t.INGRESS_VHOST:
-        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE, t.SENSORS_QUEUE)
+        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE, t.SENSORS_QUEUE, t.NOTIFY_QUEUE)
     if vhost == t.FENCES_VHOST:
         return (*(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w))),
                 t.ARCHIVE_QUEUE, t.API_QUEUE)
@@ -255,6 +255,7 @@ def bindings(topology: Topology) -> tuple[Binding, ...]:
              Binding(t.INGRESS_VHOST, t.BATCHES_EXCHANGE, t.BATCHES_QUEUE, ""),
              Binding(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE, t.FOLLOW_QUEUE, ""),
              Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.SENSORS_QUEUE, t.SENSORS_TOPIC_PATTERN),
+             Binding(t.INGRESS_VHOST, t.OCCUPANCY_EXCHANGE, t.NOTIFY_QUEUE, f"{t.OCCUPANCY_TOPIC_PREFIX}.#"),
              Binding(t.FENCES_VHOST, t.EVENT_BATCHES_EXCHANGE, t.ARCHIVE_QUEUE, ""),
              Binding(t.FENCES_VHOST, t.API_EXCHANGE, t.API_QUEUE, "")]
     for v in region_vhosts(topology):
@@ -322,7 +323,7 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     # the sensor sidecar: its frames in, occupancy out (AMQP and MQTT), configurations to sensors
     found.append(Permission(t.VENUES_USER, ingress, exactly(t.VENUES_LOCK),
                             exactly(dlx, t.OCCUPANCY_EXCHANGE, t.MQTT_TOPIC_EXCHANGE),
-                            exactly(t.SENSORS_QUEUE)))
+                            exactly(t.SENSORS_QUEUE, t.NOTIFY_QUEUE)))
     # applications: requests to the fence API (answers come by direct reply-to), and their own
     # event queues, named app.<anything>, bound to fence.events or fence.event-batches
     found.append(Permission(t.CLIENT_USER, fences, r"^app\..*",

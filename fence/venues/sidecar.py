@@ -8,6 +8,9 @@
       -> each hive whose live figure moved: venue.occupancy (AMQP, key hive-occupancy.<hive>)
          and amq.topic (MQTT hive-occupancy/<hive>), a JSON status, persistent, confirmed
       -> ack (after the commit and the confirms)
+    venue.occupancy --"hive-occupancy.#"--> venue.notify -> the notifier (notifier.py): users'
+      thresholds, push notifications (push.py: FCM with GOOGLE_APPLICATION_CREDENTIALS, else
+      logged as local), on its own queue so a slow push service never holds up the counting
 
 Bad frames (wrong length, impossible date, unknown type, version or sensor) go to the vhost's
 dead-letters with the reason; the rest of the batch goes on. A batch delivered again after a
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 
@@ -36,7 +40,8 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from exchanges import routing_store, shell
 from exchanges import topology as t
-from fence.venues import venue_store
+from fence.venues import push, venue_store
+from fence.venues.notifier import Notifier
 from fence.venues.occupancy import DayCounts, HiveOccupancy
 from fence.venues.reads import VenueCache, publish_status
 from fence.venues.sensor_core import KINDS, Frame, Processed, SensorCore
@@ -59,9 +64,11 @@ def frame_of(routing_key: str, body: bytes, received_at: float) -> Frame | str:
 
 
 class SensorSidecar:
-    def __init__(self, config: shell.SidecarConfig) -> None:
+    def __init__(self, config: shell.SidecarConfig, sender: push.Sender | None = None) -> None:
         self.config = config
         self.counters = shell.Counters()
+        self.notifier = Notifier(sender or push.LocalSender(), self.counters)
+        self._notify_pg: asyncpg.Connection | None = None
         self.core = SensorCore()
         self.hives: dict[str, HiveOccupancy] = {}
         self.instance_lock = shell.InstanceLock(t.VENUES_LOCK)
@@ -118,9 +125,13 @@ class SensorSidecar:
             self.mqtt_x = await out.get_exchange(t.MQTT_TOPIC_EXCHANGE, ensure=False)
             ch = await shell.open_channel(conn, stack)
             intake = shell.Intake.on(await ch.get_queue(t.SENSORS_QUEUE), cfg.batch_max, cfg.prefetch)
-            log.info("consuming %s", t.SENSORS_QUEUE)
+            nch = await shell.open_channel(conn, stack)
+            notify = shell.Intake.on(await nch.get_queue(t.NOTIFY_QUEUE), 500, 1000)
+            log.info("consuming %s and %s", t.SENSORS_QUEUE, t.NOTIFY_QUEUE)
             await shell.run_session(
-                stop, [conn], [intake], [shell.run_batches(intake, self.handle, self.counters, self.dlx)],
+                stop, [conn], [intake, notify],
+                [shell.run_batches(intake, self.handle, self.counters, self.dlx),
+                 shell.run_batches(notify, self.handle_notify, self.counters, self.dlx)],
                 [shell.periodic(stop, ROLL_EVERY_S, self.roll),
                  shell.periodic(stop, SENSOR_RELOAD_S, self._reload),
                  shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
@@ -169,6 +180,29 @@ class SensorSidecar:
             if h is not None and h.add(e.at, int(e.event_type == 1), int(e.event_type == 0)):
                 moved[h.hive_id] = h
         return list(moved.values())
+
+    async def handle_notify(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        outs: list[shell.Out] = []
+
+        def dead_letter(m: AbstractIncomingMessage, why: str) -> None:
+            outs.append(shell.dead_letter(self.dlx, m, why, t.NOTIFY_QUEUE, self.counters))
+
+        backoff = shell.Backoff()
+        while True:
+            try:
+                if self._notify_pg is None or self._notify_pg.is_closed():
+                    self._notify_pg = await routing_store.connect(self.config.postgres_url)
+                await self.notifier.handle(self._notify_pg, messages, dead_letter)
+                break
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+                self._notify_pg = None
+                if self._stop.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning("notifications wait for PostgreSQL (%s); retrying in %.1fs", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+        await shell.publish_all(outs, self.counters)
 
     async def roll(self) -> None:
         """The day turned at some hives: close it (residual recorded) and publish the zero."""
@@ -230,8 +264,10 @@ class SensorSidecar:
                     await asyncio.wait_for(self._stop.wait(), delay)
 
     async def close(self) -> None:
-        if self._pg is not None:
-            await self._pg.close()
+        for c in (self._pg, self._notify_pg):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    await c.close()
         if self.cache is not None:
             await self.cache.close()
 
@@ -244,4 +280,15 @@ def live_status(h: HiveOccupancy, now: float) -> dict[str, object]:
 
 
 async def main(config: shell.SidecarConfig) -> int:
-    return await shell.run_sidecar(config, ("",), "venue-sensors", SensorSidecar)
+    sender: push.Sender = push.LocalSender()
+    credentials = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if credentials:  # real Firebase Cloud Messaging (a service account)
+        import firebase_admin
+
+        app = firebase_admin.initialize_app(firebase_admin.credentials.Certificate(credentials), name="push")
+        sender = push.FcmSender(app)
+        log.info("notifications through Firebase Cloud Messaging")
+    else:
+        log.info("notifications: no GOOGLE_APPLICATION_CREDENTIALS, nothing leaves this machine "
+                 "(logged as local)")
+    return await shell.run_sidecar(config, ("",), "venue-sensors", lambda c: SensorSidecar(c, sender))

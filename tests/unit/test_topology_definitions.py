@@ -39,7 +39,8 @@ def test_default_topology_names() -> None:
     assert DEFAULT.vhosts == ("gf-ingress", "gf-region-a", "gf-region-b", "gf-fences")
     assert {(q.vhost, q.name) for q in DEFAULT.queues} == {
         ("gf-ingress", "x-ingress.positions"), ("gf-ingress", "x-ingress.batches"),
-        ("gf-ingress", "fence.follow"), ("gf-ingress", "venue.sensors"), ("gf-ingress", "dead-letters"),
+        ("gf-ingress", "fence.follow"), ("gf-ingress", "venue.sensors"), ("gf-ingress", "venue.notify"),
+        ("gf-ingress", "dead-letters"),
         ("gf-region-a", "x-geo.positions"), ("gf-region-a", "x-geo.control"),
         ("gf-region-a", "dead-letters"),
         ("gf-region-b", "x-geo.positions"), ("gf-region-b", "x-geo.control"),
