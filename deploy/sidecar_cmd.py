@@ -59,5 +59,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     shell.setup_logging(config)
     module = __import__(ROLES[role], fromlist=["main"])  # by role: a sidecar imports only its own code
-    rc: int = asyncio.run(module.main(main_config))
+    if role == "api":  # the HTTP front: uvloop (the sidecars keep asyncio's loop, measured for them)
+        import uvloop
+
+        rc: int = uvloop.run(module.main(main_config))
+        return rc
+    rc = asyncio.run(module.main(main_config))
     return rc

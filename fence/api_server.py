@@ -140,7 +140,7 @@ async def main(config: ApiConfig) -> int:
         app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
                          venues)
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                        access_log=False, lifespan="off"))
+                                        access_log=False, lifespan="off", http="httptools"))
 
         async def stop_http() -> None:
             await stop.wait()

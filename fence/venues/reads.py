@@ -8,8 +8,10 @@ the source of truth.
                           PostgreSQL by a read that misses, for INDEX_TTL_S.
 
 Staleness: a status is at most STATUS_TTL_S (60 s) behind PostgreSQL when the sidecar is down
-or memcached lost a write, and as fresh as the last batch when both are up; a hive's card (a
-new hive, a changed name) at most INDEX_TTL_S (120 s): "a couple of minutes" at worst.
+or memcached lost a write, and LOCAL_STATUS_S (1 s) behind the last batch when both are up
+(each API process keeps what it read for a second: a busy hive is read many times a second); a hive's card (a
+new hive, a changed name) at most INDEX_TTL_S + LOCAL_INDEX_S (130 s): "a couple of minutes"
+at worst (a new hive is found by id at once: `GET /hives/{id}` reads it from PostgreSQL).
 
 Memcached down, slow (CACHE_TIMEOUT_S) or flushed: every failure is a miss, counted; reads go
 to PostgreSQL, at most PG_CONCURRENCY at once (the others wait their turn), so a cold cache
@@ -21,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -37,7 +41,10 @@ from fence.venues.hive_index import HiveCard, HiveIndex, SearchError, parse_near
 log = logging.getLogger("geofence")
 STATUS_TTL_S = 60
 INDEX_TTL_S = 120
-CACHE_TIMEOUT_S = 0.25
+LOCAL_INDEX_S = 10.0  # the index parsed once per process for this long (it is read by every request)
+LOCAL_STATUS_S = 1.0  # a status this process read, kept this long (hot hives are read many times a second)
+CACHE_TIMEOUT_S = 0.5
+CACHE_CONNECTIONS = 16
 PG_CONCURRENCY = 8
 STATUS_KEY, INDEX_KEY = "gf:hive-status:", "gf:hives:index"
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -53,7 +60,8 @@ class VenueCache:
 
     def __init__(self, url: str, timeout: float = CACHE_TIMEOUT_S) -> None:
         parts = urlsplit(url)
-        self.client = aiomcache.Client(parts.hostname or "127.0.0.1", parts.port or 11211, pool_size=4)
+        self.client = aiomcache.Client(parts.hostname or "127.0.0.1", parts.port or 11211,
+                                       pool_size=CACHE_CONNECTIONS)
         self.timeout = timeout
         self.failures = 0
         self.hits = 0
@@ -123,11 +131,17 @@ def _minutes(hhmm: str) -> int:
 
 
 class VenueReads:
-    def __init__(self, pool: asyncpg.Pool, cache: VenueCache | None) -> None:
+    def __init__(self, pool: asyncpg.Pool, cache: VenueCache | None, local_status_s: float = LOCAL_STATUS_S
+                 ) -> None:
         self.pool = pool
         self.cache = cache
+        self.local_status_s = local_status_s
         self.pg_slots = asyncio.Semaphore(PG_CONCURRENCY)
         self.pg_reads = 0
+        self._index: HiveIndex | None = None
+        self._index_at = -math.inf
+        self._index_lock = asyncio.Lock()
+        self._statuses: dict[str, tuple[float, dict[str, Any]]] = {}  # hive -> (read at, status)
 
     async def _pg(self, query: str, *args: Any) -> list[Any]:
         async with self.pg_slots:
@@ -139,6 +153,17 @@ class VenueReads:
                 raise Unavailable(f"the venue store is unavailable: {exc}") from None
 
     async def index(self) -> HiveIndex:
+        """The hive index: this process's copy while younger than LOCAL_INDEX_S, else memcached's,
+        else PostgreSQL's (one request rebuilds it; the others wait for it)."""
+        if self._index is not None and time.monotonic() - self._index_at < LOCAL_INDEX_S:
+            return self._index
+        async with self._index_lock:
+            if self._index is None or time.monotonic() - self._index_at >= LOCAL_INDEX_S:
+                self._index = await self._load_index()
+                self._index_at = time.monotonic()
+            return self._index
+
+    async def _load_index(self) -> HiveIndex:
         if self.cache is not None:
             (raw,) = await self.cache.get_many([INDEX_KEY])
             if raw is not None:
@@ -152,6 +177,27 @@ class VenueReads:
         return index
 
     async def statuses(self, cards: Sequence[HiveCard]) -> dict[str, dict[str, Any]]:
+        """Each card's live status: this process's copy if younger than LOCAL_STATUS_S, else
+        memcached's, else PostgreSQL's (then put in memcached)."""
+        now = time.monotonic()
+        out: dict[str, dict[str, Any]] = {}
+        fetch = []
+        for c in cards:
+            held = self._statuses.get(c.hive_id)
+            if held is not None and now - held[0] < self.local_status_s:
+                out[c.hive_id] = held[1]
+            else:
+                fetch.append(c)
+        if fetch:
+            got = await self._fetch_statuses(fetch)
+            if len(self._statuses) > 100_000:
+                self._statuses.clear()
+            for hive_id, st in got.items():
+                self._statuses[hive_id] = (now, st)
+            out.update(got)
+        return out
+
+    async def _fetch_statuses(self, cards: Sequence[HiveCard]) -> dict[str, dict[str, Any]]:
         keys = [STATUS_KEY + c.hive_id for c in cards]
         got = await self.cache.get_many(keys) if self.cache is not None else [None] * len(cards)
         out: dict[str, dict[str, Any]] = {}

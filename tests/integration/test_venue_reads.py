@@ -23,7 +23,7 @@ from deploy import services
 from deploy.rabbitmq import devices
 from deploy.settings import ConnectionSettings, Settings, load_secrets
 from fence.venues import sensor_frames as sf
-from fence.venues.reads import INDEX_KEY, STATUS_KEY
+from fence.venues.reads import INDEX_KEY, LOCAL_INDEX_S, STATUS_KEY
 from tests.integration.clients import Device, MqttDevice, poll
 
 pytestmark = pytest.mark.integration
@@ -76,9 +76,18 @@ async def test_reads_search_and_follow_the_sensor(stack: ConnectionSettings,
                                                   hives: tuple[str, list[str], str, str]) -> None:
     run, ids, sensor, password = hives
     async with httpx.AsyncClient(base_url=base(stack), timeout=10) as client:
-        near = await get(client, "/hives", near="9.5210,47.1410", radius_m=500, q=run)
-        assert near.status_code == 200
-        got = near.json()["hives"]
+        # the API's own copy of the index is refreshed every LOCAL_INDEX_S: new hives show then
+        got: list[dict[str, Any]] = []
+
+        async def found() -> bool:
+            near = await get(client, "/hives", near="9.5210,47.1410", radius_m=500, q=run)
+            assert near.status_code == 200
+            got[:] = near.json()["hives"]
+            return bool(got)
+
+        end = time.monotonic() + LOCAL_INDEX_S + WAIT
+        while not await found() and time.monotonic() < end:
+            await asyncio.sleep(0.2)
         assert [h["id"] for h in got] == ids[:2]  # nearest first; the far shop is out of reach
         assert got[0]["distance_m"] == 0.0 and 150 < got[1]["distance_m"] < 220
         by_name = (await get(client, "/hives", q=f"zurich {run}")).json()["hives"]  # "zurich" finds "Zürich"
@@ -136,7 +145,11 @@ async def test_reads_answer_from_postgresql_when_memcached_is_stopped(
                                            get(client, "/hives", q=run))
             assert [r.status_code for r in answers] == [200] * 41
             assert {r.json()["id"] for r in answers[:40]} == set(ids)
-            assert answers[40].json()["count"] == 3
+            # the search finds the new hives once the API's index copy is rebuilt, from PostgreSQL now
+            end = time.monotonic() + LOCAL_INDEX_S + WAIT
+            while (await get(client, "/hives", q=run)).json()["count"] != 3:
+                assert time.monotonic() < end, "the new hives never showed in the search"
+                await asyncio.sleep(0.2)
             after = (await client.get("/health")).json()["venues"]
             assert after["cache"]["failures"] > before["cache"]["failures"]
             assert after["pg_reads"] > before["pg_reads"]
