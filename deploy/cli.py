@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kernel": ("hilbert_c.cli", "Hilbert kernel tools: encode, decode, cover"),
     "topology": ("deploy.rabbitmq.commands", "the pipeline's RabbitMQ topology: apply, show"),
     "device": ("deploy.rabbitmq.commands", "device (MQTT) users: add, remove, list"),
+    "sensor": ("deploy.venue_cmd", "presence sensors of hives: add, remove, list"),
     "x-ingress": ("deploy.sidecar_cmd", "run the x-ingress sidecar (MQTT / AMQP positions in)"),
     "x-geo": ("deploy.sidecar_cmd", "run the x-geo sidecar of one region"),
     "x-fence": ("deploy.sidecar_cmd", "run one x-fence worker (ENTER / LEAVE events out)"),

@@ -17,7 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fence.auth import AuthUnavailable, Unauthenticated, User
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService
+from fence.venues import owner_store as os_
 from fence.venues import user_store as us
+from fence.venues.commands import SensorCommands
 from fence.venues.hive_index import MAX_RADIUS_M, MAX_RESULTS, SearchError
 from fence.venues.reads import Unavailable, VenueReads
 
@@ -81,7 +83,7 @@ class BodyLimit:
 
 
 def create_app(service: FenceService, verifier: Verifier, health: Any = None,
-               venues: VenueReads | None = None) -> FastAPI:
+               venues: VenueReads | None = None, commands: SensorCommands | None = None) -> FastAPI:
     app = FastAPI(
         title="geofence fence API",
         version="1",
@@ -189,7 +191,60 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
     if venues is not None:
         add_venue_routes(app, venues)
         add_user_routes(app, venues, Who)
+        add_owner_routes(app, venues, commands, Who)
     return app
+
+
+def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands | None, who: Any) -> None:
+    """A venue owner's hives, sensors and sensor configurations (`/owner/...`, a token needed)."""
+    pool = venues.pool
+
+    async def run(call: Any) -> Any:
+        try:
+            return await call
+        except us.UserError as exc:
+            raise ApiError(exc.status, exc.message) from None
+
+    @app.post("/owner/hives", status_code=201, tags=["venue owners"], summary="Add a hive you own",
+              description="`{id, name, type, lon, lat, tz, address?, reset_hour?, opening_hours?, capacity?, "
+                          "fence_id?}`: tz an IANA zone (sensors' legacy frames are its local time), "
+                          "reset_hour the local hour the day's count starts again (4), fence_id one of your "
+                          "fences (phones inside it give the app's occupancy figure).")
+    async def add_hive(caller: who, response: Response, body: Annotated[Any, Body()]) -> dict[str, Any]:
+        h: dict[str, Any] = await run(os_.put_hive(pool, caller.uid, body))
+        await venues.invalidate_index()
+        response.headers["Location"] = f"/hives/{h['id']}"
+        return h
+
+    @app.put("/owner/hives/{hive_id}", tags=["venue owners"], summary="Change a hive of yours")
+    async def put_hive(caller: who, hive_id: str, body: Annotated[Any, Body()]) -> dict[str, Any]:
+        h: dict[str, Any] = await run(os_.put_hive(pool, caller.uid, body, hive_id))
+        await venues.invalidate_index()
+        return h
+
+    @app.get("/owner/hives", tags=["venue owners"], summary="Your hives and how busy they are")
+    async def owner_hives(caller: who) -> dict[str, Any]:
+        return {"hives": await os_.my_hives(pool, caller.uid)}
+
+    @app.get("/owner/hives/{hive_id}/sensors", tags=["venue owners"],
+             summary="A hive's sensors: last report, battery, signal, configuration, silent / low battery")
+    async def owner_sensors(caller: who, hive_id: str) -> dict[str, Any]:
+        return {"sensors": await run(os_.sensors(pool, caller.uid, hive_id))}
+
+    @app.post("/owner/sensors/{sensor_id}/config", status_code=202, tags=["venue owners"],
+              summary="Send a sensor a configuration (applied once its next status carries the id)",
+              description="`{threshold_cm, reporting_interval_min, status_interval_min, event_threshold}`; "
+                          "published on MQTT commands/sensor/<sensor_id> (12 bytes).")
+    async def owner_config(caller: who, sensor_id: str, body: Annotated[Any, Body()]) -> dict[str, Any]:
+        if commands is None:
+            raise ApiError(503, "sensor commands are not configured on this server")
+        config = await run(os_.new_config(pool, caller.uid, sensor_id, body))
+        try:
+            await commands.send(sensor_id, config.encode())
+        except Exception as exc:  # the broker: the configuration stays pending, unsent
+            raise ApiError(503, f"the broker did not take the configuration: {exc!r}") from None
+        await os_.config_sent(pool, sensor_id, config.configuration_id)
+        return {"configuration_id": config.configuration_id, "state": "pending"}
 
 
 def add_user_routes(app: FastAPI, venues: VenueReads, who: Any) -> None:

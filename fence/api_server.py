@@ -35,6 +35,7 @@ from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
 from fence.manager import FenceManager
 from fence.rpc import RpcServer
 from fence.service import FenceService
+from fence.venues.commands import SensorCommands
 from fence.venues.reads import VenueCache, VenueReads
 
 log = logging.getLogger("geofence")
@@ -137,8 +138,9 @@ async def main(config: ApiConfig) -> int:
         rpc = RpcServer(service, verifier, counters)
         cache = VenueCache(cfg.memcached_url) if cfg.memcached_url else None
         venues = VenueReads(manager.pool, cache)
+        commands = SensorCommands(cfg.amqp_for(t.INGRESS_VHOST))
         app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
-                         venues)
+                         venues, commands)
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                         access_log=False, lifespan="off", http="httptools"))
 

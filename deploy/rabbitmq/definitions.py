@@ -318,7 +318,9 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     # the fence service: control, its API queue (answers on the default exchange), the follow tap
     found.append(Permission(t.MANAGER_USER, fences, NOTHING,
                             exactly(t.FENCE_CONTROL_EXCHANGE, dlx, DEFAULT_EXCHANGE), exactly(t.API_QUEUE)))
-    found.append(Permission(t.MANAGER_USER, ingress, NOTHING, exactly(dlx), exactly(t.FOLLOW_QUEUE)))
+    # ... and in gf-ingress the follow tap, and sensor configurations on amq.topic (fence/venues/commands.py)
+    found.append(Permission(t.MANAGER_USER, ingress, NOTHING, exactly(dlx, t.MQTT_TOPIC_EXCHANGE),
+                            exactly(t.FOLLOW_QUEUE)))
     found.append(Permission(t.ARCHIVER_USER, fences, NOTHING, exactly(dlx), exactly(t.ARCHIVE_QUEUE)))
     # the sensor sidecar: its frames in, occupancy out (AMQP and MQTT), configurations to sensors
     found.append(Permission(t.VENUES_USER, ingress, exactly(t.VENUES_LOCK),

@@ -163,6 +163,14 @@ class VenueReads:
                 self._index_at = time.monotonic()
             return self._index
 
+    async def invalidate_index(self) -> None:
+        """A hive was created or changed: the next read rebuilds the index from PostgreSQL."""
+        self._index = None
+        if self.cache is not None:
+            with contextlib.suppress(OSError, TimeoutError, aiomcache.exceptions.ClientException):
+                async with asyncio.timeout(self.cache.timeout):
+                    await self.cache.client.delete(INDEX_KEY.encode())
+
     async def _load_index(self) -> HiveIndex:
         if self.cache is not None:
             (raw,) = await self.cache.get_many([INDEX_KEY])

@@ -1,0 +1,195 @@
+"""A venue owner's side (an account: a Firebase uid with a name): their hives, their sensors'
+health, sensor configurations. The API's `/owner/...` routes call these; each refuses bad
+input with `user_store.UserError(status, message)`.
+
+Sensor health, as the owner sees it: `silent` when no report came for more than twice its
+reporting interval, `low_battery` when the last status said less than its low_battery_mv,
+`config` the newest configuration pushed and whether a status has carried its id since
+(`applied`) or not yet (`pending`).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import asyncpg
+import orjson
+
+from fence.venues.sensor_frames import SensorConfig
+from fence.venues.user_store import UserError
+
+HIVE_FIELDS = {"id", "name", "type", "address", "lon", "lat", "tz", "reset_hour", "opening_hours",
+               "capacity", "fence_id"}
+
+
+def _checked_hive(body: Any, hive_id: str | None = None) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise UserError(422, "a JSON object expected")
+    unknown = set(body) - HIVE_FIELDS
+    if unknown:
+        raise UserError(422, f"unknown field(s): {', '.join(sorted(unknown))}")
+    h = dict(body)
+    if hive_id is not None and h.setdefault("id", hive_id) != hive_id:
+        raise UserError(422, "id: the body's id differs from the path's")
+    for k in ("id", "name", "type"):
+        if not isinstance(h.get(k), str) or not h[k]:
+            raise UserError(422, f"{k}: a non-empty string expected")
+    for k, lo, hi in (("lon", -180, 180), ("lat", -90, 90)):
+        v = h.get(k)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise UserError(422, f"{k}: a number in [{lo}, {hi}] expected")
+    h["tz"] = h.get("tz") or "UTC"
+    try:
+        ZoneInfo(h["tz"])
+    except (ZoneInfoNotFoundError, ValueError):
+        raise UserError(422, f"tz: {h['tz']!r} is no IANA time zone") from None
+    reset = h.get("reset_hour", 4)
+    if isinstance(reset, bool) or not isinstance(reset, int) or not 0 <= reset <= 23:
+        raise UserError(422, "reset_hour: an hour 0-23")
+    h["reset_hour"] = reset
+    cap = h.get("capacity")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
+        raise UserError(422, "capacity: a positive integer (people)")
+    hours = h.get("opening_hours") or {}
+    if not isinstance(hours, dict) or not all(
+            k in ("mon", "tue", "wed", "thu", "fri", "sat", "sun") and isinstance(v, list)
+            and all(isinstance(r, list) and len(r) == 2 and all(_hhmm(x) for x in r) for r in v)
+            for k, v in hours.items()):
+        raise UserError(422, 'opening_hours: {"mon": [["11:00", "23:00"]], ...} expected')
+    h["opening_hours"] = hours
+    h.setdefault("address", "")
+    h.setdefault("fence_id", None)
+    return h
+
+
+def _hhmm(x: Any) -> bool:
+    if not isinstance(x, str) or len(x) != 5 or x[2] != ":":
+        return False
+    try:
+        return 0 <= int(x[:2]) <= 23 and 0 <= int(x[3:]) <= 59
+    except ValueError:
+        return False
+
+
+async def _owned(conn: asyncpg.Connection, uid: str, hive_id: str) -> None:
+    owner = await conn.fetchval("SELECT owner_uid FROM hive WHERE id = $1", hive_id)
+    if owner is None or owner != uid:
+        raise UserError(404, f"no hive {hive_id!r} of yours")
+
+
+async def put_hive(pool: asyncpg.Pool, uid: str, body: Any, hive_id: str | None = None) -> dict[str, Any]:
+    """Create a hive (hive_id None) or replace one of the owner's."""
+    h = _checked_hive(body, hive_id)
+    async with pool.acquire() as conn, conn.transaction():
+        if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM hive_type WHERE id = $1)", h["type"]):
+            types = [r["id"] for r in await conn.fetch("SELECT id FROM hive_type ORDER BY id")]
+            raise UserError(422, f"type: one of {', '.join(types)}")
+        if h["fence_id"] is not None and not await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM fence WHERE id = $1 AND deleted_at IS NULL AND owner = $2)",
+                h["fence_id"], uid):
+            raise UserError(422, f"fence_id: no fence {h['fence_id']!r} of yours")
+        await conn.execute("INSERT INTO owner_account (uid) VALUES ($1) ON CONFLICT DO NOTHING", uid)
+        args = (h["id"], uid, h["name"], h["type"], h["address"], float(h["lon"]), float(h["lat"]),
+                h["tz"], h["reset_hour"], orjson.dumps(h["opening_hours"]).decode(), h.get("capacity"),
+                h["fence_id"])
+        if hive_id is None:
+            done = await conn.execute(
+                "INSERT INTO hive (id, owner_uid, name, type, address, lon, lat, tz, reset_hour, "
+                "opening_hours, capacity, fence_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, "
+                "$11, $12) ON CONFLICT (id) DO NOTHING", *args)
+            if done.endswith(" 0"):
+                raise UserError(409, f"hive {h['id']!r} exists")
+        else:
+            await _owned(conn, uid, hive_id)
+            await conn.execute(
+                "UPDATE hive SET name = $3, type = $4, address = $5, lon = $6, lat = $7, tz = $8, "
+                "reset_hour = $9, opening_hours = $10::jsonb, capacity = $11, fence_id = $12, "
+                "updated_at = now() WHERE id = $1 AND owner_uid = $2", *args)
+    return h
+
+
+async def my_hives(pool: asyncpg.Pool, uid: str) -> list[dict[str, Any]]:
+    rows = await pool.fetch("SELECT h.id, h.name, h.type, h.capacity, st.occupancy, st.entries, st.exits, "
+                            "st.day FROM hive h LEFT JOIN hive_status st ON st.hive_id = h.id "
+                            "WHERE h.owner_uid = $1 ORDER BY h.name, h.id", uid)
+    return [{"id": r["id"], "name": r["name"], "type": r["type"], "capacity": r["capacity"],
+             "occupancy": r["occupancy"], "entries": r["entries"], "exits": r["exits"],
+             "day": r["day"].isoformat() if r["day"] else None} for r in rows]
+
+
+async def sensors(pool: asyncpg.Pool, uid: str, hive_id: str, now: float | None = None
+                  ) -> list[dict[str, Any]]:
+    now = time.time() if now is None else now
+    async with pool.acquire() as conn:
+        await _owned(conn, uid, hive_id)
+        rows = await conn.fetch(
+            "SELECT s.id, s.modem, s.report_interval_min, s.low_battery_mv, s.last_report_at, "
+            "s.last_status_at, s.counts, st.battery_mv, st.gprs_signal, st.discarded_events, "
+            "st.firmware_version, st.configuration_id AS status_config, c.configuration_id, c.sent_at, "
+            "c.applied_at "
+            "FROM sensor s "
+            "LEFT JOIN LATERAL (SELECT * FROM sensor_status x WHERE x.sensor_id = s.id "
+            "                   ORDER BY received_at DESC LIMIT 1) st ON true "
+            "LEFT JOIN LATERAL (SELECT * FROM sensor_config y WHERE y.sensor_id = s.id "
+            "                   ORDER BY created_at DESC LIMIT 1) c ON true "
+            "WHERE s.hive_id = $1 ORDER BY s.id", hive_id)
+    out = []
+    for r in rows:
+        last = r["last_report_at"]
+        silent_s = now - last.timestamp() if last else None
+        counts = r["counts"]
+        counts = orjson.loads(counts) if isinstance(counts, str | bytes) else (counts or {})
+        out.append({
+            "id": r["id"], "modem": r["modem"],
+            "last_report_at": last.timestamp() if last else None,
+            "silent": last is None or (silent_s is not None and silent_s > 2 * 60 * r["report_interval_min"]),
+            "battery_mv": r["battery_mv"],
+            "low_battery": r["battery_mv"] is not None and r["battery_mv"] < r["low_battery_mv"],
+            "gprs_signal": r["gprs_signal"], "discarded_events": r["discarded_events"],
+            "firmware_version": r["firmware_version"],
+            "config": None if r["configuration_id"] is None else {
+                "configuration_id": r["configuration_id"],
+                "state": "applied" if r["applied_at"] is not None else "pending",
+                "sent_at": r["sent_at"].timestamp() if r["sent_at"] else None},
+            "counts": {k: counts.get(k) for k in ("restarts", "wraps", "gaps", "lost_reports", "duplicates",
+                                                   "skewed", "reports")},
+        })
+    return out
+
+
+async def new_config(pool: asyncpg.Pool, uid: str, sensor_id: str, body: Any) -> SensorConfig:
+    """A configuration for one of the owner's sensors, stored as pending (the caller sends it)."""
+    if not isinstance(body, dict):
+        raise UserError(422, "a JSON object expected")
+    fields = ("threshold_cm", "reporting_interval_min", "status_interval_min", "event_threshold")
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise UserError(422, f"unknown field(s): {', '.join(sorted(unknown))}")
+    async with pool.acquire() as conn, conn.transaction():
+        hive_id = await conn.fetchval("SELECT hive_id FROM sensor WHERE id = $1", sensor_id)
+        if hive_id is None:
+            raise UserError(404, f"no sensor {sensor_id!r} of yours")
+        await _owned(conn, uid, hive_id)
+        next_id = await conn.fetchval("SELECT coalesce(max(configuration_id), 0) + 1 FROM sensor_config "
+                                      "WHERE sensor_id = $1", sensor_id)
+        try:
+            values: dict[str, Any] = {f: body.get(f) for f in fields}
+            config = SensorConfig(**values, configuration_id=int(next_id))
+        except (TypeError, ValueError) as exc:
+            raise UserError(422, str(exc)) from None
+        await conn.execute(
+            "INSERT INTO sensor_config (sensor_id, configuration_id, threshold_cm, reporting_interval_min, "
+            "status_interval_min, event_threshold) VALUES ($1, $2, $3, $4, $5, $6)",
+            sensor_id, config.configuration_id, config.threshold_cm, config.reporting_interval_min,
+            config.status_interval_min, config.event_threshold)
+        await conn.execute("UPDATE sensor SET report_interval_min = $2 WHERE id = $1", sensor_id,
+                           config.reporting_interval_min)
+    return config
+
+
+async def config_sent(pool: asyncpg.Pool, sensor_id: str, configuration_id: int) -> None:
+    await pool.execute("UPDATE sensor_config SET sent_at = $3 WHERE sensor_id = $1 AND configuration_id = $2",
+                       sensor_id, configuration_id, datetime.now(UTC))
