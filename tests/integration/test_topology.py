@@ -77,7 +77,8 @@ async def test_federation_links_are_running(stack: ConnectionSettings, topology:
 async def test_every_sidecar_user_logs_in_where_status_says(stack: ConnectionSettings,
                                                            topology: Topology) -> None:
     assert set(stack["users"]) == {t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER,
-                                   t.FEDERATION_USER, t.GATEWAY_USER, t.ARCHIVER_USER, t.CLIENT_USER}
+                                   t.FEDERATION_USER, t.GATEWAY_USER, t.ARCHIVER_USER, t.CLIENT_USER,
+                                   t.VENUES_USER}
     assert set(stack["amqp"]) == {"/", *topology.vhosts}
     assert stack["mqtt"]["ingress_vhost"] == t.INGRESS_VHOST
     for user, vhosts in stack["users"].items():
