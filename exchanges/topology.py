@@ -72,6 +72,9 @@ FOLLOW_QUEUE = "fence.follow"
 # (commands/sensor/<sensor_id>)
 SENSORS_QUEUE = "venue.sensors"
 NOTIFY_QUEUE = "venue.notify"  # venue.occupancy "hive-occupancy.#": the notifier (same sidecar)
+# amq.topic (fence.events federated) "fence-events.<fence_id>.*.*" for each hive's fence, bound
+# by the sensor sidecar itself: app users' phones inside a hive (its second occupancy figure)
+HIVE_EVENTS_QUEUE = "venue.fence-events"
 SENSORS_TOPIC_PATTERN = "sensors.#"
 OCCUPANCY_EXCHANGE = "venue.occupancy"
 SENSORS_TOPIC_PREFIX = "sensors"  # MQTT sensors/<sensor_id>/<kind>

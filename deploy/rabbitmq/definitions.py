@@ -217,7 +217,8 @@ def region_vhosts(topology: Topology) -> tuple[str, ...]:
 def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
     """The queues sidecars consume in `vhost` (the gf-input-limits policy's group)."""
     if vhost == t.INGRESS_VHOST:
-        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE, t.SENSORS_QUEUE, t.NOTIFY_QUEUE)
+        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE, t.SENSORS_QUEUE, t.NOTIFY_QUEUE,
+                t.HIVE_EVENTS_QUEUE)
     if vhost == t.FENCES_VHOST:
         return (*(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w))),
                 t.ARCHIVE_QUEUE, t.API_QUEUE)
@@ -323,9 +324,11 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                             exactly(t.FOLLOW_QUEUE)))
     found.append(Permission(t.ARCHIVER_USER, fences, NOTHING, exactly(dlx), exactly(t.ARCHIVE_QUEUE)))
     # the sensor sidecar: its frames in, occupancy out (AMQP and MQTT), configurations to sensors
+    # and binds its queue of hive fences' events to amq.topic (write on the queue, read on amq.topic)
     found.append(Permission(t.VENUES_USER, ingress, exactly(t.VENUES_LOCK),
-                            exactly(dlx, t.OCCUPANCY_EXCHANGE, t.MQTT_TOPIC_EXCHANGE),
-                            exactly(t.SENSORS_QUEUE, t.NOTIFY_QUEUE)))
+                            exactly(dlx, t.OCCUPANCY_EXCHANGE, t.MQTT_TOPIC_EXCHANGE, t.HIVE_EVENTS_QUEUE),
+                            exactly(t.SENSORS_QUEUE, t.NOTIFY_QUEUE, t.HIVE_EVENTS_QUEUE,
+                                    t.MQTT_TOPIC_EXCHANGE)))
     # applications: requests to the fence API (answers come by direct reply-to), and their own
     # event queues, named app.<anything>, bound to fence.events or fence.event-batches
     found.append(Permission(t.CLIENT_USER, fences, r"^app\..*",

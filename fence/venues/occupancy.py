@@ -56,7 +56,27 @@ class HiveOccupancy:
     reset_hour: int = 4
     capacity: int | None = None
     today: DayCounts | None = None
+    fence_id: str | None = None  # its polygon in the fence store (phones inside: `phones`)
     closed: dict[date, DayCounts] = field(default_factory=dict)  # days changed since the last take
+    # app users' phones (our own ENTER / LEAVE events of the hive's fence): object -> (inside,
+    # the time of the event that said so); an event older than the one known changes nothing
+    phones: dict[str, tuple[bool, float]] = field(default_factory=dict)
+
+    @property
+    def app_occupancy(self) -> int:
+        return sum(1 for inside, _ in self.phones.values() if inside)
+
+    def phone(self, object_id: str, inside: bool, ts: float) -> bool:
+        """An ENTER (inside) or LEAVE of the hive's fence; True when the app figure changed."""
+        known = self.phones.get(object_id)
+        if known is not None and ts < known[1]:
+            return False
+        before = self.app_occupancy
+        if inside:
+            self.phones[object_id] = (True, ts)
+        else:
+            self.phones[object_id] = (False, ts)
+        return self.app_occupancy != before
 
     def add(self, at: float, entries: int, exits: int) -> bool:
         """Counts at an instant; True when the live figure (today's) changed."""
@@ -76,9 +96,19 @@ class HiveOccupancy:
         self.today.exits += exits
         return True
 
+    def touch(self, now: float) -> None:
+        """Today exists (a hive whose first figure is the app's, before any sensor count)."""
+        if self.today is None:
+            self.today = DayCounts(business_day(now, self.tz, self.reset_hour))
+
+    PHONES_KEPT_S = 86_400.0  # a phone's LEAVE is remembered this long (late events of it)
+
     def roll(self, now: float) -> bool:
         """At `now`: if the day turned, close today (its residual recorded) and start from zero.
         True when the live figure changed."""
+        gone = [o for o, (inside, ts) in self.phones.items() if not inside and ts < now - self.PHONES_KEPT_S]
+        for oid in gone:
+            del self.phones[oid]
         day = business_day(now, self.tz, self.reset_hour)
         if self.today is None or day <= self.today.day:
             return False
@@ -97,5 +127,5 @@ class HiveOccupancy:
         return {"hive_id": self.hive_id, "day": d.day.isoformat() if d else None,
                 "entries": d.entries if d else 0, "exits": d.exits if d else 0,
                 "occupancy": d.occupancy if d else 0, "raw": d.raw if d else 0,
-                "capacity": self.capacity,
+                "capacity": self.capacity, "app_occupancy": self.app_occupancy,
                 "percent": round(100.0 * d.occupancy / self.capacity, 1) if d and self.capacity else None}

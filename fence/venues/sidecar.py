@@ -33,6 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 import orjson
@@ -77,6 +78,8 @@ class SensorSidecar:
         self._loaded_at = 0.0
         self.lock = asyncio.Lock()  # the hives, the core and the PostgreSQL connection: one user at a time
         self.cache = VenueCache(config.memcached_url) if config.memcached_url else None
+        self._events_queue: Any = None  # venue.fence-events of the session (bound per hive fence)
+        self._bound: set[str] = set()
 
     async def recover(self, stop: asyncio.Event) -> bool:
         got = await routing_store.read_until_stopped(self.config.postgres_url, venue_store.load, "sensors",
@@ -84,8 +87,16 @@ class SensorSidecar:
         if got is None:
             return False
         self._apply_load(got)
-        log.info("%d sensors of %d hives", len(self.core.sensors), len(self.hives))
+        await self._load_phones(list(self.hives))
+        log.info("%d sensors of %d hives (%d with a fence)", len(self.core.sensors), len(self.hives),
+                 sum(1 for h in self.hives.values() if h.fence_id))
         return True
+
+    async def _load_phones(self, hive_ids: list[str]) -> None:
+        """The app figure of these hives from the events archive (the live events correct it)."""
+        conn = await self._connection()
+        for hive_id, object_id, inside, ts in await venue_store.phones(conn, hive_ids):
+            self.hives[hive_id].phone(object_id, inside, ts)
 
     def _apply_load(self, got: tuple[dict, dict, dict], complete: bool = True) -> None:  # type: ignore[type-arg]
         """What the store says; `complete`: every sensor (those it lacks were removed)."""
@@ -102,16 +113,50 @@ class SensorSidecar:
             if mine is None:
                 self.hives[hid] = h
             else:  # the live counts are ours; the hive's settings are the store's
+                if mine.fence_id != h.fence_id:
+                    mine.phones.clear()  # another fence: its phones are read again below
                 mine.tz, mine.reset_hour, mine.capacity = h.tz, h.reset_hour, h.capacity
+                mine.fence_id = h.fence_id
         self._loaded_at = time.monotonic()
 
     async def _reload(self) -> None:
         async with self.lock:
-            await self._reload_locked()
+            moved = await self._reload_locked()
+        if moved:
+            await shell.publish_all(self._occupancy_outs(moved), self.counters)
+            await self._cache(moved)
 
-    async def _reload_locked(self) -> None:
+    async def _reload_locked(self) -> list[HiveOccupancy]:
+        """Sensors and hives from the store; a hive with a new fence gets its phones from the
+        archive, stored at once. Returns those hives (their figure to publish)."""
         conn = await self._connection()
+        before = {hid: h.fence_id for hid, h in self.hives.items()}
         self._apply_load(await venue_store.load(conn))
+        changed = [hid for hid, h in self.hives.items() if h.fence_id and before.get(hid) != h.fence_id]
+        await self._bind_fences()  # first: what happens from now on is queued, what came before archived
+        if not changed:
+            return []
+        await self._load_phones(changed)
+        moved = [self.hives[hid] for hid in changed]
+        now = time.time()
+        for h in moved:
+            h.touch(now)
+        await self._store(Processed(), moved, [])
+        return moved
+
+    async def _bind_fences(self) -> None:
+        """venue.fence-events gets the events of every hive's fence (bound on amq.topic, where
+        fence.events is federated); a fence no hive has any more is unbound."""
+        queue = self._events_queue
+        if queue is None:
+            return
+        want = {h.fence_id for h in self.hives.values() if h.fence_id}
+        for fid in sorted(want - self._bound):
+            await queue.bind(t.MQTT_TOPIC_EXCHANGE, t.event_binding_key(fid))
+            self._bound.add(fid)
+        for fid in sorted(self._bound - want):
+            await queue.unbind(t.MQTT_TOPIC_EXCHANGE, t.event_binding_key(fid))
+            self._bound.discard(fid)
 
     async def session(self, stop: asyncio.Event) -> None:
         self._stop = stop
@@ -127,11 +172,18 @@ class SensorSidecar:
             intake = shell.Intake.on(await ch.get_queue(t.SENSORS_QUEUE), cfg.batch_max, cfg.prefetch)
             nch = await shell.open_channel(conn, stack)
             notify = shell.Intake.on(await nch.get_queue(t.NOTIFY_QUEUE), 500, 1000)
-            log.info("consuming %s and %s", t.SENSORS_QUEUE, t.NOTIFY_QUEUE)
+            ech = await shell.open_channel(conn, stack)
+            self._events_queue = await ech.get_queue(t.HIVE_EVENTS_QUEUE)
+            self._bound = set()  # bindings are durable: binding again is a no-op
+            async with self.lock:
+                await self._bind_fences()
+            phones = shell.Intake.on(self._events_queue, cfg.batch_max, cfg.prefetch)
+            log.info("consuming %s, %s and %s", t.SENSORS_QUEUE, t.NOTIFY_QUEUE, t.HIVE_EVENTS_QUEUE)
             await shell.run_session(
-                stop, [conn], [intake, notify],
+                stop, [conn], [intake, notify, phones],
                 [shell.run_batches(intake, self.handle, self.counters, self.dlx),
-                 shell.run_batches(notify, self.handle_notify, self.counters, self.dlx)],
+                 shell.run_batches(notify, self.handle_notify, self.counters, self.dlx),
+                 shell.run_batches(phones, self.handle_phones, self.counters, self.dlx)],
                 [shell.periodic(stop, ROLL_EVERY_S, self.roll),
                  shell.periodic(stop, SENSOR_RELOAD_S, self._reload),
                  shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
@@ -180,6 +232,39 @@ class SensorSidecar:
             if h is not None and h.add(e.at, int(e.event_type == 1), int(e.event_type == 0)):
                 moved[h.hive_id] = h
         return list(moved.values())
+
+    async def handle_phones(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        """ENTER / LEAVE events of hives' fences (one event a message, as fence.events has them):
+        app users' phones inside each hive, the second occupancy figure."""
+        outs: list[shell.Out] = []
+        now = time.time()
+        async with self.lock:
+            by_fence: dict[str, list[HiveOccupancy]] = {}
+            for h in self.hives.values():
+                if h.fence_id:
+                    by_fence.setdefault(h.fence_id, []).append(h)
+            moved: dict[str, HiveOccupancy] = {}
+            for m in messages:
+                try:
+                    e = orjson.loads(m.body)
+                    fence_id, object_id, kind = str(e["fence_id"]), str(e["object_id"]), e["event"]
+                    ts = float(e["ts"])
+                    if kind not in ("enter", "leave"):
+                        raise ValueError(f"event kind {kind!r}")
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    outs.append(shell.dead_letter(self.dlx, m, f"not a fence event: {exc!r}",
+                                                  t.HIVE_EVENTS_QUEUE, self.counters))
+                    continue
+                for h in by_fence.get(fence_id, []):
+                    if h.phone(object_id, kind == "enter", ts):
+                        h.touch(now)
+                        moved[h.hive_id] = h
+            if moved:
+                await self._store(Processed(), list(moved.values()), [])
+        self.counters.bump("fence_events", len(messages))
+        outs += self._occupancy_outs(list(moved.values()))
+        await shell.publish_all(outs, self.counters)
+        await self._cache(list(moved.values()))
 
     async def handle_notify(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         outs: list[shell.Out] = []
@@ -245,11 +330,19 @@ class SensorSidecar:
         unacked and comes back) only when the sidecar is stopping."""
         states = {r.sensor_id: self.core.state[r.sensor_id] for r in done.counts}
         backoff = shell.Backoff()
+        pruned = False
         while True:
             try:
                 conn = await self._connection()
                 return await venue_store.store_batch(conn, done.counts, done.events, done.statuses, states,
                                                      moved, closed)
+            except asyncpg.ForeignKeyViolationError as exc:
+                # a hive or sensor deleted since it was read: forget it, store the rest (once)
+                if pruned:
+                    raise
+                pruned = True
+                log.warning("a hive or sensor went from the store (%s): storing without it", exc)
+                done, moved, closed, states = await self._without_deleted(done, moved, closed, states)
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
                 if self._pg is not None:
                     with contextlib.suppress(Exception):
@@ -262,6 +355,24 @@ class SensorSidecar:
                             delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), delay)
+
+    async def _without_deleted(self, done: Processed, moved: Sequence[HiveOccupancy],
+                               closed: Sequence[tuple[str, DayCounts]], states: dict[str, Any]) -> tuple[
+            Processed, list[HiveOccupancy], list[tuple[str, DayCounts]], dict[str, Any]]:
+        conn = await self._connection()
+        hives = {r["id"] for r in await conn.fetch("SELECT id FROM hive WHERE id = ANY($1::text[])",
+                                                    list(self.hives))}
+        sensors = {r["id"] for r in await conn.fetch("SELECT id FROM sensor WHERE id = ANY($1::text[])",
+                                                      list(self.core.sensors))}
+        for hid in set(self.hives) - hives:
+            del self.hives[hid]
+        for sid in set(self.core.sensors) - sensors:
+            self.core.remove_sensor(sid)
+        kept = Processed([r for r in done.counts if r.sensor_id in sensors],
+                         [e for e in done.events if e.sensor_id in sensors],
+                         [s for s in done.statuses if s.sensor_id in sensors], done.refused)
+        return (kept, [h for h in moved if h.hive_id in hives], [c for c in closed if c[0] in hives],
+                {k: v for k, v in states.items() if k in sensors})
 
     async def close(self) -> None:
         for c in (self._pg, self._notify_pg):
@@ -276,7 +387,8 @@ def live_status(h: HiveOccupancy, now: float) -> dict[str, object]:
     """A hive's status as the public reads show it (reads.status_json's shape)."""
     st = h.status()
     return {"day": st["day"], "entries": st["entries"], "exits": st["exits"], "occupancy": st["occupancy"],
-            "raw": st["raw"], "app_occupancy": None, "percent": st["percent"], "updated_at": now}
+            "raw": st["raw"], "app_occupancy": h.app_occupancy if h.fence_id else None,
+            "percent": st["percent"], "updated_at": now}
 
 
 async def main(config: shell.SidecarConfig) -> int:

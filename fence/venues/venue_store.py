@@ -57,11 +57,24 @@ async def load(conn: asyncpg.Connection, sensor_ids: Sequence[str] | None = None
     hives: dict[str, HiveOccupancy] = {}
     where = "" if sensor_ids is None else " WHERE h.id = ANY($1::text[])"
     args = () if sensor_ids is None else (sorted({i.hive_id for i in sensors.values()}),)
-    for r in await conn.fetch("SELECT h.id, h.tz, h.reset_hour, h.capacity, st.day, st.entries, st.exits "
-                              "FROM hive h LEFT JOIN hive_status st ON st.hive_id = h.id" + where, *args):
+    for r in await conn.fetch("SELECT h.id, h.tz, h.reset_hour, h.capacity, h.fence_id, st.day, "
+                              "st.entries, st.exits FROM hive h LEFT JOIN hive_status st ON st.hive_id = h.id"
+                              + where, *args):
         today = DayCounts(r["day"], r["entries"], r["exits"]) if r["day"] is not None else None
-        hives[r["id"]] = HiveOccupancy(r["id"], r["tz"], r["reset_hour"], r["capacity"], today)
+        hives[r["id"]] = HiveOccupancy(r["id"], r["tz"], r["reset_hour"], r["capacity"], today,
+                                       fence_id=r["fence_id"])
     return sensors, counts, hives
+
+
+async def phones(conn: asyncpg.Connection, hive_ids: Sequence[str]) -> list[tuple[str, str, bool, float]]:
+    """(hive, object, inside, ts): each object's last archived event of each hive's fence (the
+    app figure at the sidecar's start; the live events it then consumes correct it by ts)."""
+    rows = await conn.fetch(
+        "SELECT h.id AS hive_id, e.object_id, e.event, e.ts FROM hive h JOIN LATERAL ("
+        "  SELECT DISTINCT ON (object_id) object_id, event, ts FROM fence_event WHERE fence_id = h.fence_id "
+        "  ORDER BY object_id, ts DESC, event DESC) e ON true "
+        "WHERE h.fence_id IS NOT NULL AND h.id = ANY($1::text[])", list(hive_ids))
+    return [(r["hive_id"], r["object_id"], r["event"] == "enter", float(r["ts"])) for r in rows]
 
 
 async def store_batch(conn: asyncpg.Connection, counts: Sequence[CountRow], events: Sequence[EventRow],
@@ -108,12 +121,13 @@ async def store_batch(conn: asyncpg.Connection, counts: Sequence[CountRow], even
                 [(sid, orjson.dumps(st.to_json()).decode(), _ts(last[sid]) if sid in last else None)
                  for sid, st in states.items()])
         await conn.executemany(
-            "INSERT INTO hive_status (hive_id, day, entries, exits, occupancy, raw, updated_at) "
-            "VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (hive_id) DO UPDATE SET day = EXCLUDED.day, "
+            "INSERT INTO hive_status (hive_id, day, entries, exits, occupancy, raw, app_occupancy, "
+            "updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, now()) ON CONFLICT (hive_id) DO UPDATE "
+            "SET day = EXCLUDED.day, "
             "entries = EXCLUDED.entries, exits = EXCLUDED.exits, occupancy = EXCLUDED.occupancy, "
-            "raw = EXCLUDED.raw, updated_at = now()",
-            [(h.hive_id, h.today.day, h.today.entries, h.today.exits, h.today.occupancy, h.today.raw)
-             for h in hives if h.today is not None])
+            "raw = EXCLUDED.raw, app_occupancy = EXCLUDED.app_occupancy, updated_at = now()",
+            [(h.hive_id, h.today.day, h.today.entries, h.today.exits, h.today.occupancy, h.today.raw,
+              h.app_occupancy if h.fence_id else None) for h in hives if h.today is not None])
         if closed:
             await conn.executemany(
                 "INSERT INTO hive_day (hive_id, day, entries, exits, residual) VALUES ($1, $2, $3, $4, $5) "

@@ -57,7 +57,8 @@ def sidecar_queues(topology: t.Topology, name: str) -> list[tuple[str, str]]:
     if name == "api":
         return [(t.FENCES_VHOST, t.API_QUEUE), (t.INGRESS_VHOST, t.FOLLOW_QUEUE)]
     if name == "venue-sensors":
-        return [(t.INGRESS_VHOST, t.SENSORS_QUEUE), (t.INGRESS_VHOST, t.NOTIFY_QUEUE)]
+        return [(t.INGRESS_VHOST, t.SENSORS_QUEUE), (t.INGRESS_VHOST, t.NOTIFY_QUEUE),
+                (t.INGRESS_VHOST, t.HIVE_EVENTS_QUEUE)]
     raise ValueError(f"unknown sidecar {name!r}")
 
 

@@ -40,6 +40,7 @@ def test_default_topology_names() -> None:
     assert {(q.vhost, q.name) for q in DEFAULT.queues} == {
         ("gf-ingress", "x-ingress.positions"), ("gf-ingress", "x-ingress.batches"),
         ("gf-ingress", "fence.follow"), ("gf-ingress", "venue.sensors"), ("gf-ingress", "venue.notify"),
+        ("gf-ingress", "venue.fence-events"),
         ("gf-ingress", "dead-letters"),
         ("gf-region-a", "x-geo.positions"), ("gf-region-a", "x-geo.control"),
         ("gf-region-a", "dead-letters"),

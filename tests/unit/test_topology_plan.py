@@ -72,7 +72,8 @@ def test_empty_broker_gets_everything_in_order() -> None:
     assert all(s.stdin == PASSWORDS[s.argv[2]] for s in adds)
     assert ("rabbitmqctl", "set_policy", "-p", "gf-ingress", "--priority", "10", "--apply-to",
             "queues", "gf-input-limits",
-            r"^(x-ingress\.positions|x-ingress\.batches|fence\.follow|venue\.sensors|venue\.notify)$",
+            r"^(x-ingress\.positions|x-ingress\.batches|fence\.follow|venue\.sensors|venue\.notify"
+            r"|venue\.fence-events)$",
             '{"dead-letter-exchange":"dead-letters","max-length":1000000,'
             '"overflow":"reject-publish","delivery-limit":10,"dead-letter-strategy":"at-least-once"}'
             ) in argvs(steps)

@@ -64,3 +64,14 @@ def test_sensor_topics() -> None:
         "unknown sensor topic kind 'v3/counter' (known: counter, v2/counter, v2/event, v2/status)"
     assert "not a sensor topic" in str(frame_of("positions.s-1", b"", 0.0))
     assert "not a sensor topic" in str(frame_of("sensors..counter", b"", 0.0))
+
+
+def test_phones_inside_the_fence_by_the_newest_event_of_each() -> None:
+    h = HiveOccupancy("h", "UTC", 4, fence_id="f")
+    assert h.phone("p1", True, 100.0) and h.phone("p2", True, 101.0)
+    assert not h.phone("p1", True, 102.0)  # again inside: no change
+    assert h.phone("p1", False, 103.0) and h.app_occupancy == 1
+    assert not h.phone("p1", True, 99.0)  # an older ENTER (a late or replayed event) changes nothing
+    assert h.app_occupancy == 1 and h.status()["app_occupancy"] == 1
+    h.roll(103.0 + h.PHONES_KEPT_S + 1)  # a LEAVE a day old is forgotten
+    assert "p1" not in h.phones and "p2" in h.phones
