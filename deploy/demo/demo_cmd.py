@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
+import asyncpg
 import numpy as np
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from deploy import sidecars
+from deploy.demo import venues
 from deploy.demo.osm_extract import OSM_CREDIT, municipalities, points_of_interest, road_network
 from deploy.demo.traffic import Fleet
 from deploy.settings import Settings, load_connection_settings
@@ -68,21 +70,26 @@ def slug(name: str) -> str:
     return s[:40] or "x"
 
 
-def demo_fences(pois: int) -> list[Any]:
-    """FenceSpecs: municipalities (li-<name>) and `pois` points of interest (poi-<name>),
-    spread over the list of named POIs."""
-    specs = [FenceSpec(f"li-{slug(name)}", geom, name, TIMEOUT_S, OWNER)
-             for name, geom in municipalities().items()]
+def demo_pois(pois: int) -> list[tuple[str, str, float, float, str]]:
+    """(fence id poi-<name>, name, lon, lat, kind) of `pois` points of interest, spread over
+    the list of named POIs."""
     found = points_of_interest()
-    seen: set[str] = set()
+    chosen: dict[str, tuple[str, str, float, float, str]] = {}
     if pois > 0 and found:
         step = max(1, len(found) // pois)
         for name, lon, lat, kind in found[::step]:
             fid = f"poi-{slug(name)}"
-            if fid in seen or len(seen) >= pois:
-                continue
-            seen.add(fid)
-            specs.append(FenceSpec(fid, circle(lon, lat, POI_RADIUS_M), f"{name} ({kind})", TIMEOUT_S, OWNER))
+            if fid not in chosen and len(chosen) < pois:
+                chosen[fid] = (fid, name, lon, lat, kind)
+    return list(chosen.values())
+
+
+def demo_fences(pois: int) -> list[Any]:
+    """FenceSpecs: municipalities (li-<name>) and `pois` points of interest (poi-<name>)."""
+    specs = [FenceSpec(f"li-{slug(name)}", geom, name, TIMEOUT_S, OWNER)
+             for name, geom in municipalities().items()]
+    for fid, name, lon, lat, kind in demo_pois(pois):
+        specs.append(FenceSpec(fid, circle(lon, lat, POI_RADIUS_M), f"{name} ({kind})", TIMEOUT_S, OWNER))
     return specs
 
 
@@ -123,6 +130,10 @@ class Publishers:
     def publish(self, i: int, object_id: str, lon: float, lat: float, ts: float) -> None:
         body = json.dumps({"lon": lon, "lat": lat, "ts": ts})
         self.clients[i % len(self.clients)].publish(f"positions/{object_id}", body, qos=1)
+        self.tally.sent += 1
+
+    def publish_raw(self, topic: str, payload: bytes) -> None:
+        self.clients[0].publish(topic, payload, qos=1)
         self.tally.sent += 1
 
     def close(self) -> None:
@@ -225,7 +236,13 @@ async def run_demo(args: argparse.Namespace) -> int:
                             f"{names.get(e['fence_id'], e['fence_id'])[:40]:<40} {latency_ms[-1]:6.0f} ms")
 
     tally = Tally()
+    sensor_tally = Tally()
     positions: list[tuple[int, float, float, float]] = []
+    pg = await asyncpg.connect(conn["postgres"]["dsn"])
+    demo_venues = await venues.prepare(pg, demo_pois(args.pois), OWNER, run, time.time() + 1.0, args.duration)
+    print(f"Venues: {len(demo_venues.venues)} of the points of interest are hives (restaurants, bars, cafés, "
+          f"shops) with a simulated door sensor each, {len(demo_venues.pending):,} frames over the run; "
+          f"{venues.DEMO_USER} is told when one has {venues.BUSY} people or more\n")
     async with await aio_pika.connect(conn["amqp"][t.FENCES_VHOST], timeout=20) as amqp_conn:
         ch = await amqp_conn.channel()
         await ch.set_qos(prefetch_count=1000)
@@ -233,6 +250,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         await q.bind(t.EVENTS_EXCHANGE, "#")
         await q.consume(on_event)
         pubs = Publishers(dict(conn["mqtt"]), run, min(PUBLISHERS, args.vehicles), tally)
+        sensor_pubs = Publishers(dict(conn["mqtt"]), f"{run}-sensors", 1, sensor_tally)
         try:
             started = time.time()
             period = 1 / args.rate
@@ -247,13 +265,18 @@ async def run_demo(args: argparse.Namespace) -> int:
                 for i, oid in enumerate(ids):
                     pubs.publish(i, oid, float(lon[i]), float(lat[i]), now)
                     positions.append((i, now, float(lon[i]), float(lat[i])))
+                for sensor_id, topic, frame in demo_venues.due(now):  # the doors' reports due by now
+                    sensor_pubs.publish_raw(f"sensors/{sensor_id}/{topic}", frame)
                 k += 1
                 screen.status(f"[{now - started:5.0f}/{args.duration:g} s] {tally.sent:,} positions sent "
                               f"({tally.sent / max(now - started, 1e-9):,.0f}/s), {len(received):,} events, "
                               f"latency p50 {percentile(latency_ms, 50):.0f} ms")
             sent_s = time.time() - started
+            for sensor_id, topic, frame in demo_venues.due(time.time() + 2.0):  # the run's last ones
+                sensor_pubs.publish_raw(f"sensors/{sensor_id}/{topic}", frame)
             deadline = time.monotonic() + DRAIN_S
-            while tally.acked < tally.sent and time.monotonic() < deadline:
+            while ((tally.acked < tally.sent or sensor_tally.acked < sensor_tally.sent)
+                   and time.monotonic() < deadline):
                 await asyncio.sleep(0.05)  # poll: paho confirms (PUBACK) arrive on its threads
             obj = np.array([p[0] for p in positions], np.int64)
             want = reference.reference_events(
@@ -263,9 +286,14 @@ async def run_demo(args: argparse.Namespace) -> int:
             while reference.compare(received, want) and time.monotonic() < deadline:
                 screen.status(f"waiting for the last events: {len(received):,} of {len(want):,}")
                 await asyncio.sleep(0.2)  # poll for events still on their way
+            want_reports = venues.distinct_frames(demo_venues)
+            while await venues.stored(pg, demo_venues) < want_reports and time.monotonic() < deadline:
+                screen.status("waiting for the sensors' last reports to be stored")
+                await asyncio.sleep(0.2)  # poll for reports still on their way
             screen.done()
         finally:
             pubs.close()
+            sensor_pubs.close()
 
     diff = reference.compare(received, want)
     enters = sum(1 for e in received if e[0] == "enter")
@@ -280,11 +308,24 @@ async def run_demo(args: argparse.Namespace) -> int:
     print(f"Reference (shapely on every published position): {len(want):,} events; identical: {not diff}")
     for line in diff:
         print("  " + line)
-    ok = not diff and tally.acked == tally.sent and len(received) > 0
+    venue_lines, venues_exact, notified = await venues.report(pg, demo_venues)
+    reports = await venues.stored(pg, demo_venues)
+    await pg.close()
+    print("\nVenues: door sensors' counts as stored, against the simulator (truth in/out; phones: app users "
+          "inside the hive's fence)")
+    for line in venue_lines:
+        print("  " + line)
+    print(f"Sensor reports stored {reports:,} (of {sensor_tally.sent:,} frames sent); counts identical to "
+          f"the simulator: {venues_exact}; notifications to {venues.DEMO_USER}: {notified} (logged; the "
+          "local stack has no FCM credentials)")
+    ok = (not diff and tally.acked == tally.sent and len(received) > 0 and venues_exact
+          and sensor_tally.acked == sensor_tally.sent)
     print(f"\nSUMMARY {'OK' if ok else 'MISMATCH'}: {args.vehicles} vehicles, {tally.sent:,} updates "
           f"({tally.sent / sent_s:,.1f}/s) over MQTT, {len(received):,} events in "
           f"{len({f for f, _ in by_fence})} fences, latency p50 {p50:.0f} ms / p99 {p99:.0f} ms, "
-          f"events identical to the shapely reference: {not diff}")
+          f"events identical to the shapely reference: {not diff}; {len(demo_venues.venues)} venues, "
+          f"{reports:,} sensor reports, counts identical to the simulator: {venues_exact}, "
+          f"{notified} notifications")
     api = conn["api"]
     example = ids[0]
     print(f"""
@@ -294,6 +335,7 @@ The stack stays up (`geofence down` stops it). Look at it:
   geofence inspect object {example}    the fences a vehicle is in
   geofence inspect geo {settings.regions[0]}                  an x-geo region's bindings
   geofence inspect ring / worldmap / topology
+  curl {api}/hives?q=       the venues and how busy they are (no token)
   API docs: {api}/docs  (Bearer token: a Firebase ID token; locally from the Auth emulator at
             http://{conn['firebase']['auth_emulator_host']}, project {conn['firebase']['project']})
 Vehicles stay in their fences until their {TIMEOUT_S:g} s timeout, then LEAVE with reason timeout.""")

@@ -36,6 +36,7 @@ PROFILES: dict[str, list[float]] = {
     "shop": [0, 0, 0, 0, 0, 0, 0, 0, 0.3, 1.0, 1.6, 1.8, 1.7, 1.6, 1.8, 2.2, 2.4, 2.4, 2.0, 1.2, 0.2, 0,
              0, 0],
 }
+PROFILES["steady"] = [1.0] * 24  # the live demo: the same all day
 WEEKDAY = [0.9, 0.9, 1.0, 1.0, 1.2, 1.5, 0.8]  # Monday .. Sunday
 
 
@@ -82,6 +83,7 @@ class SimSensor:
     tz: str = "Europe/Vaduz"
     scale: float = 30.0  # arrivals per hour at intensity 1
     faults: Faults = field(default_factory=Faults)
+    stay_s: tuple[float, float] = (300.0, 5400.0)  # how long a guest stays (uniform)
 
 
 def _local(instant: float, offset_s: float) -> tuple[int, int, int, int, int, int]:
@@ -117,11 +119,11 @@ def simulate(sensor: SimSensor, start: float, hours: float, seed: int) -> tuple[
             k = rng.poisson(rate * (nxt - t))
             arrivals += sorted(rng.uniform(t, nxt, k).tolist())
         t = nxt
-    stays = rng.uniform(300.0, 5400.0, len(arrivals)).tolist()
+    stays = rng.uniform(*sensor.stay_s, len(arrivals)).tolist()
     events = sorted([(a, 1) for a in arrivals] + [(a + s, 0) for a, s in zip(arrivals, stays, strict=True)
                                                    if a + s < end])
     n_restarts = rng.poisson(sensor.faults.restarts_per_day * hours / 24.0)
-    restarts = sorted(rng.uniform(start + 60.0, end, n_restarts).tolist())
+    restarts = sorted(rng.uniform(min(start + 60.0, end), end, n_restarts).tolist())
     out: list[Sent] = []
     dev = _Device(sensor, rng, out, truth)
     dev.send(start, sf.REPORT_STARTUP if sensor.version == 2 else sf.REPORT_EVENTS, startup=True)
