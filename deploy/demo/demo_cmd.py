@@ -311,8 +311,8 @@ async def run_demo(args: argparse.Namespace) -> int:
     venue_lines, venues_exact, notified = await venues.report(pg, demo_venues)
     reports = await venues.stored(pg, demo_venues)
     await pg.close()
-    print("\nVenues: door sensors' counts as stored, against the simulator (truth in/out; phones: app users "
-          "inside the hive's fence)")
+    print("\nVenues: this run's door counts as stored, against the simulator (truth in/out); today: the "
+          "hive's occupancy since its reset (earlier runs today included); phones: vehicles inside its fence")
     for line in venue_lines:
         print("  " + line)
     print(f"Sensor reports stored {reports:,} (of {sensor_tally.sent:,} frames sent); counts identical to "

@@ -95,7 +95,7 @@ async def prepare(pg: asyncpg.Connection, pois: list[tuple[str, str, float, floa
 
 async def report(pg: asyncpg.Connection, demo: DemoVenues) -> tuple[list[str], bool, int]:
     """(table lines, every hive's counts equal to the simulator's truth, notifications sent)."""
-    lines = [f"{'hive':<40}{'in':>5}{'out':>5}{'now':>5}{'truth':>12}{'phones':>8}"]
+    lines = [f"{'hive':<40}{'in':>5}{'out':>5}{'today':>7}{'truth':>10}{'phones':>8}"]
     exact = True
     for v in demo.venues:
         got = await pg.fetchrow("SELECT coalesce(sum(entries), 0) AS e, coalesce(sum(exits), 0) AS x "
@@ -106,7 +106,7 @@ async def report(pg: asyncpg.Connection, demo: DemoVenues) -> tuple[list[str], b
         exact &= same
         now = st["occupancy"] if st else 0
         phones = st["app_occupancy"] if st and st["app_occupancy"] is not None else 0
-        lines.append(f"{v.name[:39]:<40}{got['e']:>5}{got['x']:>5}{now:>5}"
+        lines.append(f"{v.name[:39]:<40}{got['e']:>5}{got['x']:>5}{now:>7}"
                      f"{f'{v.truth[0]}/{v.truth[1]}':>10}{'' if same else ' !':>2}{phones:>8}")
     sent = int(await pg.fetchval("SELECT count(*) FROM notification_log WHERE uid = $1 "
                                  "AND sent_at >= to_timestamp($2)", DEMO_USER, demo.start))
