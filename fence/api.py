@@ -195,15 +195,17 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
     return app
 
 
+async def run(call: Any) -> Any:
+    """A venue store call, its UserError answered with its status."""
+    try:
+        return await call
+    except us.UserError as exc:
+        raise ApiError(exc.status, exc.message) from None
+
+
 def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands | None, who: Any) -> None:
     """A venue owner's hives, sensors and sensor configurations (`/owner/...`, a token needed)."""
     pool = venues.pool
-
-    async def run(call: Any) -> Any:
-        try:
-            return await call
-        except us.UserError as exc:
-            raise ApiError(exc.status, exc.message) from None
 
     @app.post("/owner/hives", status_code=201, tags=["venue owners"], summary="Add a hive you own",
               description="`{id, name, type, lon, lat, tz, address?, reset_hour?, opening_hours?, capacity?, "
@@ -250,12 +252,6 @@ def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands 
 def add_user_routes(app: FastAPI, venues: VenueReads, who: Any) -> None:
     """An app user's favourites, notifications and device tokens (`/me/...`, a token needed)."""
     pool = venues.pool
-
-    async def run(call: Any) -> Any:
-        try:
-            return await call
-        except us.UserError as exc:
-            raise ApiError(exc.status, exc.message) from None
 
     @app.get("/me/hives", tags=["app users"], summary="Your favourite and recently viewed hives")
     async def my_hives(caller: who) -> dict[str, Any]:

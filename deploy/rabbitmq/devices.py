@@ -52,32 +52,32 @@ def _checked(object_id: str) -> str:
 def add(settings: Settings, pw: Secrets, object_id: str, password: str | None,
         say: Say) -> str:
     """Create the device user; returns its password (generated unless given)."""
-    _checked(object_id)
-    mgmt = management(settings, pw)
-    if _user(mgmt, object_id) is not None:
-        raise DeviceError(f"RabbitMQ user {object_id!r} exists: `geofence device remove` it first")
-    password = secrets.token_urlsafe(24) if password is None else password
-    if not password:
-        raise DeviceError("empty password")
-    steps = device_steps(object_id, password, d.device_permission(object_id),
-                         d.device_topic_permission(object_id), (t.DEVICE_TAG,))
-    run_steps(list(steps), mgmt, (password, *pw.values()), say)
-    return password
+    return _add_user(settings, pw, object_id, password, say, t.DEVICE_TAG,
+                     "`geofence device remove` it first")
 
 
 def add_sensor(settings: Settings, pw: Secrets, sensor_id: str, password: str | None, say: Say) -> str:
     """A presence sensor's user (tag gf-sensor): it publishes sensors/<sensor_id>/<kind> and
     subscribes to commands/sensor/<sensor_id>; returns its password (generated unless given)."""
-    _checked(sensor_id)
+    return _add_user(settings, pw, sensor_id, password, say, t.SENSOR_TAG,
+                     "`geofence sensor remove` it first")
+
+
+def _add_user(settings: Settings, pw: Secrets, name: str, password: str | None, say: Say, tag: str,
+              hint: str) -> str:
+    """A device's or a sensor's user, with the rights of its kind (tag)."""
+    _checked(name)
     mgmt = management(settings, pw)
-    if _user(mgmt, sensor_id) is not None:
-        raise DeviceError(f"RabbitMQ user {sensor_id!r} exists")
+    if _user(mgmt, name) is not None:
+        raise DeviceError(f"RabbitMQ user {name!r} exists: {hint}")
     password = secrets.token_urlsafe(24) if password is None else password
     if not password:
         raise DeviceError("empty password")
-    steps = device_steps(sensor_id, password, d.sensor_permission(sensor_id),
-                         d.sensor_topic_permission(sensor_id), (t.SENSOR_TAG,))
-    run_steps(list(steps), mgmt, (password, *pw.values()), say)
+    if tag == t.SENSOR_TAG:
+        perm, topic = d.sensor_permission(name), d.sensor_topic_permission(name)
+    else:
+        perm, topic = d.device_permission(name), d.device_topic_permission(name)
+    run_steps(list(device_steps(name, password, perm, topic, (tag,))), mgmt, (password, *pw.values()), say)
     return password
 
 
