@@ -57,6 +57,43 @@ async def read_until_stopped(dsn: str, read: Callable[[asyncpg.Connection], Awai
     return None
 
 
+class StoreConnection:
+    """A sidecar's own PostgreSQL connection, made again when lost. `run(work, what)` is
+    `work(conn)`, retried with backoff while PostgreSQL is away (a connection lost, or one a
+    cancelled caller left inside a transaction: InterfaceError); the batch that needs it stays
+    unacked meanwhile. It raises only once `stop` (set by the session) is set."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn: asyncpg.Connection | None = None
+        self.stop = asyncio.Event()
+
+    async def connection(self) -> asyncpg.Connection:
+        if self.conn is None or self.conn.is_closed():
+            self.conn = await connect(self.dsn)
+        return self.conn
+
+    async def run(self, work: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
+        backoff = Backoff()
+        while True:
+            try:
+                return await work(await self.connection())
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+                await self.close()
+                if self.stop.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning("cannot %s (%s); retrying in %.1fs", what, exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), delay)
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                await self.conn.close()
+        self.conn = None
+
+
 def binding_of(row: asyncpg.Record) -> FenceBinding:
     return FenceBinding(row["fence_id"], int(row["version"]),
                         np.frombuffer(row["ranges"], "<u8").astype(np.uint64).reshape(-1, 2),

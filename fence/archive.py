@@ -86,15 +86,14 @@ class Archiver:
     def __init__(self, config: shell.SidecarConfig) -> None:
         self.config = config
         self.counters = shell.Counters()
-        self._pg: asyncpg.Connection | None = None
-        self._stop = asyncio.Event()
+        self.db = routing_store.StoreConnection(config.postgres_url)
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """Nothing to recover: the archive is in PostgreSQL (shell.Sidecar)."""
         return True
 
     async def session(self, stop: asyncio.Event) -> None:
-        self._stop = stop
+        self.db.stop = stop
         cfg = self.config
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
@@ -140,30 +139,16 @@ class Archiver:
 
     async def store(self, rows: list[Row]) -> int:
         """Rows stored, retried until PostgreSQL takes them; raises (batch left unacked, so
-        redelivered) only when the sidecar is stopping."""
-        backoff = shell.Backoff()
-        while True:
-            try:
-                if self._pg is None or self._pg.is_closed():
-                    self._pg = await routing_store.connect(self.config.postgres_url)
-                return await store.archive_events(self._pg, rows)
-            # InterfaceError includes a connection left inside a transaction by a store
-            # cancelled with its session (archive_events refuses it): replaced like a lost one
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-                if self._pg is not None:
-                    with contextlib.suppress(Exception):
-                        await self._pg.close()
-                self._pg = None
-                if self._stop.is_set():
-                    raise
-                delay = backoff.next()
-                log.warning("cannot archive %d events (%s); retrying in %.1fs", len(rows), exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+        redelivered) only when the sidecar is stopping. A connection left inside a transaction
+        by a store cancelled with its session (archive_events refuses it) is replaced."""
+        return await self.db.run(lambda conn: store.archive_events(conn, rows), f"archive {len(rows)} events")
+
+    @property
+    def _pg(self) -> asyncpg.Connection | None:
+        return self.db.conn
 
     async def close(self) -> None:
-        if self._pg is not None:
-            await self._pg.close()
+        await self.db.close()
 
 
 async def main(config: shell.SidecarConfig) -> int:

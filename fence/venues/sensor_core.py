@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -223,6 +223,3 @@ class SensorCore:
             hive = self.sensors[f.sensor_id].hive_id
             out.statuses.append(StatusRow(idx[j], f.sensor_id, hive, f.received_at, values))
 
-
-def utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC)

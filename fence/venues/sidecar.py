@@ -32,7 +32,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -69,13 +69,12 @@ class SensorSidecar:
         self.config = config
         self.counters = shell.Counters()
         self.notifier = Notifier(sender or push.LocalSender(), self.counters)
-        self._notify_pg: asyncpg.Connection | None = None
+        # the counting's and the notifier's own PostgreSQL connections (they run side by side)
+        self.db = routing_store.StoreConnection(config.postgres_url)
+        self.notify_db = routing_store.StoreConnection(config.postgres_url)
         self.core = SensorCore()
         self.hives: dict[str, HiveOccupancy] = {}
         self.instance_lock = shell.InstanceLock(t.VENUES_LOCK)
-        self._pg: asyncpg.Connection | None = None
-        self._stop = asyncio.Event()
-        self._loaded_at = 0.0
         self.lock = asyncio.Lock()  # the hives, the core and the PostgreSQL connection: one user at a time
         self.cache = VenueCache(config.memcached_url) if config.memcached_url else None
         self._events_queue: Any = None  # venue.fence-events of the session (bound per hive fence)
@@ -94,7 +93,7 @@ class SensorSidecar:
 
     async def _load_phones(self, hive_ids: list[str]) -> None:
         """The app figure of these hives from the events archive (the live events correct it)."""
-        conn = await self._connection()
+        conn = await self.db.connection()
         for hive_id, object_id, inside, ts in await venue_store.phones(conn, hive_ids):
             self.hives[hive_id].phone(object_id, inside, ts)
 
@@ -117,7 +116,6 @@ class SensorSidecar:
                     mine.phones.clear()  # another fence: its phones are read again below
                 mine.tz, mine.reset_hour, mine.capacity = h.tz, h.reset_hour, h.capacity
                 mine.fence_id = h.fence_id
-        self._loaded_at = time.monotonic()
 
     async def _reload(self) -> None:
         async with self.lock:
@@ -129,7 +127,7 @@ class SensorSidecar:
     async def _reload_locked(self) -> list[HiveOccupancy]:
         """Sensors and hives from the store; a hive with a new fence gets its phones from the
         archive, stored at once. Returns those hives (their figure to publish)."""
-        conn = await self._connection()
+        conn = await self.db.connection()
         before = {hid: h.fence_id for hid, h in self.hives.items()}
         self._apply_load(await venue_store.load(conn))
         changed = [hid for hid, h in self.hives.items() if h.fence_id and before.get(hid) != h.fence_id]
@@ -159,7 +157,7 @@ class SensorSidecar:
             self._bound.discard(fid)
 
     async def session(self, stop: asyncio.Event) -> None:
-        self._stop = stop
+        self.db.stop = self.notify_db.stop = stop
         cfg = self.config
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
@@ -205,7 +203,7 @@ class SensorSidecar:
         async with self.lock:
             unknown = {f.sensor_id for f in frames} - set(self.core.sensors)
             if unknown:  # registered since the last reload? (an unknown one costs a query a batch)
-                self._apply_load(await venue_store.load(await self._connection(), sorted(unknown)),
+                self._apply_load(await venue_store.load(await self.db.connection(), sorted(unknown)),
                                  complete=False)
             done = self.core.process(frames)
             moved = self._count(done)
@@ -272,21 +270,8 @@ class SensorSidecar:
         def dead_letter(m: AbstractIncomingMessage, why: str) -> None:
             outs.append(shell.dead_letter(self.dlx, m, why, t.NOTIFY_QUEUE, self.counters))
 
-        backoff = shell.Backoff()
-        while True:
-            try:
-                if self._notify_pg is None or self._notify_pg.is_closed():
-                    self._notify_pg = await routing_store.connect(self.config.postgres_url)
-                await self.notifier.handle(self._notify_pg, messages, dead_letter)
-                break
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-                self._notify_pg = None
-                if self._stop.is_set():
-                    raise
-                delay = backoff.next()
-                log.warning("notifications wait for PostgreSQL (%s); retrying in %.1fs", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+        await self.notify_db.run(lambda conn: self.notifier.handle(conn, messages, dead_letter),
+                                 "send notifications")
         await shell.publish_all(outs, self.counters)
 
     async def roll(self) -> None:
@@ -319,23 +304,16 @@ class SensorSidecar:
 
     # -- PostgreSQL ----------------------------------------------------------------------------
 
-    async def _connection(self) -> asyncpg.Connection:
-        if self._pg is None or self._pg.is_closed():
-            self._pg = await routing_store.connect(self.config.postgres_url)
-        return self._pg
-
     async def _store(self, done: Processed, moved: Sequence[HiveOccupancy],
                      closed: Sequence[tuple[str, DayCounts]]) -> int:
         """The batch committed, retried while PostgreSQL is away; raises (the batch stays
         unacked and comes back) only when the sidecar is stopping."""
         states = {r.sensor_id: self.core.state[r.sensor_id] for r in done.counts}
-        backoff = shell.Backoff()
         pruned = False
         while True:
             try:
-                conn = await self._connection()
-                return await venue_store.store_batch(conn, done.counts, done.events, done.statuses, states,
-                                                     moved, closed)
+                return await self.db.run(_batch_writer(done, moved, closed, states),
+                                         f"store {len(done.counts)} sensor reports")
             except asyncpg.ForeignKeyViolationError as exc:
                 # a hive or sensor deleted since it was read: forget it, store the rest (once)
                 if pruned:
@@ -343,23 +321,11 @@ class SensorSidecar:
                 pruned = True
                 log.warning("a hive or sensor went from the store (%s): storing without it", exc)
                 done, moved, closed, states = await self._without_deleted(done, moved, closed, states)
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-                if self._pg is not None:
-                    with contextlib.suppress(Exception):
-                        await self._pg.close()
-                self._pg = None
-                if self._stop.is_set():
-                    raise
-                delay = backoff.next()
-                log.warning("cannot store %d sensor reports (%s); retrying in %.1fs", len(done.counts), exc,
-                            delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
 
     async def _without_deleted(self, done: Processed, moved: Sequence[HiveOccupancy],
                                closed: Sequence[tuple[str, DayCounts]], states: dict[str, Any]) -> tuple[
             Processed, list[HiveOccupancy], list[tuple[str, DayCounts]], dict[str, Any]]:
-        conn = await self._connection()
+        conn = await self.db.connection()
         hives = {r["id"] for r in await conn.fetch("SELECT id FROM hive WHERE id = ANY($1::text[])",
                                                     list(self.hives))}
         sensors = {r["id"] for r in await conn.fetch("SELECT id FROM sensor WHERE id = ANY($1::text[])",
@@ -375,12 +341,18 @@ class SensorSidecar:
                 {k: v for k, v in states.items() if k in sensors})
 
     async def close(self) -> None:
-        for c in (self._pg, self._notify_pg):
-            if c is not None:
-                with contextlib.suppress(Exception):
-                    await c.close()
+        await self.db.close()
+        await self.notify_db.close()
         if self.cache is not None:
             await self.cache.close()
+
+
+def _batch_writer(done: Processed, moved: Sequence[HiveOccupancy], closed: Sequence[tuple[str, DayCounts]],
+                  states: dict[str, Any]) -> Callable[[asyncpg.Connection], Awaitable[int]]:
+    """venue_store.store_batch of these rows, for StoreConnection.run."""
+    def write(conn: asyncpg.Connection) -> Awaitable[int]:
+        return venue_store.store_batch(conn, done.counts, done.events, done.statuses, states, moved, closed)
+    return write
 
 
 def live_status(h: HiveOccupancy, now: float) -> dict[str, object]:
