@@ -233,6 +233,19 @@ def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands 
     async def owner_sensors(caller: who, hive_id: str) -> dict[str, Any]:
         return {"sensors": await run(os_.sensors(pool, caller.uid, hive_id))}
 
+    @app.get("/owner/hives/{hive_id}/analytics", tags=["venue owners"],
+             summary="A hive's days by hour (sensors and phones), popular times and forecast",
+             description="From the nightly occupancy-analytics job: `days` business days up to the "
+                         "latest computed, each local hour's entries, exits, mean and peak occupancy "
+                         "(drift-corrected) beside the phones inside the hive's fence; the 7 x 24 "
+                         "weekday-by-hour profile; the forecast of each of those days and of the next, "
+                         "beside what happened.")
+    async def owner_analytics(caller: who, hive_id: str,
+                              days: Annotated[int, Query(ge=1, le=os_.MAX_ANALYTICS_DAYS)] = 14
+                              ) -> dict[str, Any]:
+        got: dict[str, Any] = await run(os_.analytics(pool, caller.uid, hive_id, days))
+        return got
+
     @app.post("/owner/sensors/{sensor_id}/config", status_code=202, tags=["venue owners"],
               summary="Send a sensor a configuration (applied once its next status carries the id)",
               description="`{threshold_cm, reporting_interval_min, status_interval_min, event_threshold}`; "

@@ -3,6 +3,9 @@
     spark-submit --jars /usr/share/java/postgresql.jar spark_jobs/occupancy.py [--day D] [--days N]
     geofence spark occupancy-analytics [--day D] [--days N] [--master M] [--schema S] [--partitions P]
 
+Then the venues (spark_jobs/venue_analytics.py): per hive, business day and local hour the
+sensors' counts and occupancy beside the phones', "popular times" and tomorrow's forecast.
+
 For each UTC day of the window (the N days ending at --day, default yesterday) and each fence:
 per hour the entries, exits, time-weighted mean and peak occupancy, stays and their dwell p50 /
 p90 (occupancy_hourly) and the objects still inside at the day's end (occupancy_open); as of
@@ -89,6 +92,7 @@ if __package__ in (None, ""):  # spark-submit spark_jobs/occupancy.py
 
 from exchanges.settings import ConfigError
 from spark_jobs import occupancy_core as core
+from spark_jobs import venue_analytics
 from spark_jobs.occupancy_reference import DAY_S, LOOKBACK_DAYS, epoch
 from spark_jobs.session import (
     JobConfig,
@@ -100,7 +104,8 @@ from spark_jobs.session import (
 )
 
 APP_NAME = "geofence-occupancy-analytics"
-MIGRATIONS = ("0005_occupancy.sql", "0007_occupancy_stage_task.sql")
+MIGRATIONS = ("0005_occupancy.sql", "0007_occupancy_stage_task.sql", "0010_venue_analytics.sql")
+VENUE_INPUTS = ("hive", "sensor", "sensor_report", "sensor_event")  # the venue part's (public's) tables
 OUTPUTS = ("occupancy_hourly", "occupancy_open", "occupancy_busiest", "occupancy_forecast")
 STALE_STAGE = "1 day"  # staged rows of a run that died are removed after this
 
@@ -330,13 +335,15 @@ class Summary:
     wall_s: float = 0.0
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     written: dict[str, int] = dataclasses.field(default_factory=dict)
+    venues: venue_analytics.VenueSummary | None = None
 
     def line(self) -> str:
         rate = self.events / self.wall_s if self.wall_s else 0.0
         w = self.window
         return (f"days {w.first}..{w.last}: {self.events:,} events read, {self.rows:,} rows written "
                 f"({', '.join(f'{k} {v:,}' for k, v in self.written.items())}), "
-                f"{self.wall_s:.1f} s, {rate:,.0f} events/s")
+                f"{self.wall_s:.1f} s, {rate:,.0f} events/s"
+                + (f"; {self.venues.line()}" if self.venues else ""))
 
 
 def run_job(cfg: JobConfig, window: Window, schema: str = "public", *, progress: Progress = _say) -> Summary:
@@ -381,6 +388,9 @@ def run_job(cfg: JobConfig, window: Window, schema: str = "public", *, progress:
         summary.written = asyncio.run(_swap(cfg.postgres_url, schema, run_id, tags, window, per_day))
         summary.rows = sum(summary.written.values())
         phase("swap")
+        summary.venues = venue_analytics.run(spark, cfg.postgres_url, schema, window.first, window.last, n,
+                                             run_id, progress)
+        phase("venues")
     finally:
         asyncio.run(_unstage(cfg.postgres_url, schema, run_id))
     summary.wall_s = time.perf_counter() - t_start
@@ -469,11 +479,11 @@ async def _unstage(dsn: str, schema: str, run_id: str) -> None:
 
 
 async def create_tables(conn: Any, schema: str, migrations_dir: Path) -> None:
-    """For tests and benchmarks: in `schema`, a copy of public.fence_event (clone_schema) and
-    this job's tables and indexes, made by the job's migrations (MIGRATIONS) themselves, read
-    from `migrations_dir`: the project's, deploy.migrate.MIGRATIONS_DIR, which the caller passes
-    (the job does not import deploy)."""
-    await clone_schema(conn, schema, ("fence_event",))
+    """For tests and benchmarks: in `schema`, copies of public.fence_event and the venue part's
+    inputs (VENUE_INPUTS; clone_schema) and this job's tables and indexes, made by the job's
+    migrations (MIGRATIONS) themselves, read from `migrations_dir`: the project's,
+    deploy.migrate.MIGRATIONS_DIR, which the caller passes (the job does not import deploy)."""
+    await clone_schema(conn, schema, ("fence_event", *VENUE_INPUTS))
     async with conn.transaction():
         await conn.execute(f'SET LOCAL search_path TO "{check_schema(schema)}"')
         for name in MIGRATIONS:

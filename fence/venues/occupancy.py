@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
+from typing import Any
 from zoneinfo import ZoneInfo
 
 
@@ -129,3 +130,40 @@ class HiveOccupancy:
                 "occupancy": d.occupancy if d else 0, "raw": d.raw if d else 0,
                 "capacity": self.capacity, "app_occupancy": self.app_occupancy,
                 "percent": round(100.0 * d.occupancy / self.capacity, 1) if d and self.capacity else None}
+
+
+BUSY_MARGIN = (2.0, 0.25)  # people, share of the usual figure: whichever is larger
+
+
+def busyness(occupancy: float, usual: float, samples: int) -> str | None:
+    """How the live figure compares with the usual one for this weekday and hour (the nightly
+    profile, spark_jobs/venue_core.py), as "popular times" says it: 'busier than usual' when
+    it is above by more than max(2 people, 25 %), 'less busy than usual' when below by as
+    much, else 'as busy as usual'; None without a profile."""
+    if samples <= 0:
+        return None
+    margin = max(BUSY_MARGIN[0], BUSY_MARGIN[1] * usual)
+    if occupancy >= usual + margin:
+        return "busier than usual"
+    if occupancy <= usual - margin:
+        return "less busy than usual"
+    return "as busy as usual"
+
+
+def usual_now(profile: dict[str, Any], tz: str, now: float) -> dict[str, Any] | None:
+    """The profile's figure for the business day's weekday and the local hour at `now`.
+    `profile`: {"reset_hour": h, "as_of": "YYYY-MM-DD", "hours": {"<weekday>-<hour>":
+    [occupancy, phones, samples]}} as reads.py caches it."""
+    hours = profile.get("hours")
+    reset_hour = profile.get("reset_hour")
+    if not isinstance(hours, dict) or not isinstance(reset_hour, int):
+        return None
+    local = datetime.fromtimestamp(now, UTC).astimezone(_zone(tz))
+    weekday = business_day(now, tz, reset_hour).isoweekday()
+    got = hours.get(f"{weekday}-{local.hour}")
+    if not got:
+        return None
+    occupancy, phones, samples = got
+    return {"occupancy": round(float(occupancy), 1),
+            "phones": None if phones is None else round(float(phones), 1),
+            "samples": int(samples), "as_of": profile.get("as_of"), "weekday": weekday, "hour": local.hour}

@@ -6,12 +6,18 @@ Sensor health, as the owner sees it: `silent` when no report came for more than 
 reporting interval, `low_battery` when the last status said less than its low_battery_mv,
 `config` the newest configuration pushed and whether a status has carried its id since
 (`applied`) or not yet (`pending`).
+
+Analytics, as the nightly job left them (spark_jobs/venue_core.py has the rules): the last days
+(counts as counted, the drift correction applied), each day's hours with both sources side by
+side, the "popular times" profile (7 x 24), and the forecasts of those days and of the next,
+each hour beside what happened.
 """
 
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from collections import defaultdict
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -193,3 +199,65 @@ async def new_config(pool: asyncpg.Pool, uid: str, sensor_id: str, body: Any) ->
 async def config_sent(pool: asyncpg.Pool, sensor_id: str, configuration_id: int) -> None:
     await pool.execute("UPDATE sensor_config SET sent_at = $3 WHERE sensor_id = $1 AND configuration_id = $2",
                        sensor_id, configuration_id, datetime.now(UTC))
+
+
+MAX_ANALYTICS_DAYS = 92
+
+
+async def analytics(pool: asyncpg.Pool, uid: str, hive_id: str, days: int, today: date | None = None
+                    ) -> dict[str, Any]:
+    """The hive's analytics of the `days` business days up to `today` (default: the latest
+    computed) and the forecast of the day after."""
+    if not 1 <= days <= MAX_ANALYTICS_DAYS:
+        raise UserError(422, f"days: 1 to {MAX_ANALYTICS_DAYS}")
+    async with pool.acquire() as conn:
+        await _owned(conn, uid, hive_id)
+        last = today or await conn.fetchval("SELECT max(day) FROM venue_day WHERE hive_id = $1", hive_id)
+        if last is None:
+            return {"hive_id": hive_id, "days": [], "hourly": {}, "profile": None, "forecast": []}
+        first = last - timedelta(days=days - 1)
+        day_rows = await conn.fetch(
+            "SELECT day, reports, entries, exits, residual, correction, factor, complete FROM venue_day "
+            "WHERE hive_id = $1 AND day BETWEEN $2 AND $3 ORDER BY day", hive_id, first, last)
+        hour_rows = await conn.fetch(
+            "SELECT day, hour, entries, exits, mean_occupancy, peak_occupancy, phones_mean, phones_peak "
+            "FROM venue_hourly WHERE hive_id = $1 AND day BETWEEN $2 AND $3 ORDER BY day, hour",
+            hive_id, first, last)
+        profile_rows = await conn.fetch(
+            "SELECT weekday, hour, occupancy, phones, samples, as_of FROM venue_profile WHERE hive_id = $1 "
+            "ORDER BY weekday, hour", hive_id)
+        forecast_rows = await conn.fetch(
+            "SELECT day, hour, occupancy, phones, seasonal, trend, basis, samples FROM venue_forecast "
+            "WHERE hive_id = $1 AND day BETWEEN $2 AND $3 ORDER BY day, hour", hive_id, first,
+            last + timedelta(days=1))
+    hourly: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    actual: dict[tuple[date, int], float] = {}
+    for r in hour_rows:
+        actual[r["day"], r["hour"]] = r["mean_occupancy"]
+        hourly[r["day"].isoformat()].append({
+            "hour": r["hour"], "entries": r["entries"], "exits": r["exits"],
+            "mean_occupancy": r["mean_occupancy"], "peak_occupancy": r["peak_occupancy"],
+            "phones_mean": r["phones_mean"], "phones_peak": r["phones_peak"]})
+    profile = None
+    if profile_rows:
+        grid: list[list[float | None]] = [[None] * 24 for _ in range(7)]
+        phones: list[list[float | None]] = [[None] * 24 for _ in range(7)]
+        samples = [0] * 7
+        for r in profile_rows:
+            grid[r["weekday"] - 1][r["hour"]] = r["occupancy"]
+            phones[r["weekday"] - 1][r["hour"]] = r["phones"]
+            samples[r["weekday"] - 1] = r["samples"]
+        profile = {"as_of": max(r["as_of"] for r in profile_rows).isoformat(), "weekdays": grid,
+                   "phones": phones, "samples": samples}
+    return {
+        "hive_id": hive_id,
+        "days": [{"day": r["day"].isoformat(), "reports": r["reports"], "entries": r["entries"],
+                  "exits": r["exits"], "residual": r["residual"], "correction": r["correction"],
+                  "factor": r["factor"], "complete": r["complete"]} for r in day_rows],
+        "hourly": dict(hourly),
+        "profile": profile,
+        "forecast": [{"day": r["day"].isoformat(), "hour": r["hour"], "occupancy": r["occupancy"],
+                      "phones": r["phones"], "seasonal": r["seasonal"], "trend": r["trend"],
+                      "basis": r["basis"], "samples": r["samples"],
+                      "actual": actual.get((r["day"], r["hour"]))} for r in forecast_rows],
+    }

@@ -13,6 +13,11 @@ or memcached lost a write, and LOCAL_STATUS_S (1 s) behind the last batch when b
 new hive, a changed name) at most INDEX_TTL_S + LOCAL_INDEX_S (130 s): "a couple of minutes"
 at worst (a new hive is found by id at once: `GET /hives/{id}` reads it from PostgreSQL).
 
+    gf:hive-usual:<id>    a hive's "popular times" profile (the nightly venue analytics,
+                          venue_profile) for PROFILE_TTL_S: a card shows the usual figure for
+                          now and whether it is busier than usual. The profile changes once a
+                          night, so it is at most PROFILE_TTL_S + LOCAL_PROFILE_S behind.
+
 Memcached down, slow (CACHE_TIMEOUT_S) or flushed: every failure is a miss, counted; reads go
 to PostgreSQL, at most PG_CONCURRENCY at once (the others wait their turn), so a cold cache
 cannot flood the database. PostgreSQL down too: 503, never a 500.
@@ -37,6 +42,7 @@ import asyncpg
 import orjson
 
 from fence.venues.hive_index import HiveCard, HiveIndex, SearchError, parse_near
+from fence.venues.occupancy import busyness, usual_now
 
 log = logging.getLogger("geofence")
 STATUS_TTL_S = 60
@@ -46,7 +52,9 @@ LOCAL_STATUS_S = 1.0  # a status this process read, kept this long (hot hives ar
 CACHE_TIMEOUT_S = 0.5
 CACHE_CONNECTIONS = 16
 PG_CONCURRENCY = 8
-STATUS_KEY, INDEX_KEY = "gf:hive-status:", "gf:hives:index"
+PROFILE_TTL_S = 3600
+LOCAL_PROFILE_S = 300.0
+STATUS_KEY, INDEX_KEY, PROFILE_KEY = "gf:hive-status:", "gf:hives:index", "gf:hive-usual:"
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 CARD_COLUMNS = "id, name, type, address, lon, lat, tz, capacity, opening_hours"
 
@@ -142,6 +150,7 @@ class VenueReads:
         self._index_at = -math.inf
         self._index_lock = asyncio.Lock()
         self._statuses: dict[str, tuple[float, dict[str, Any]]] = {}  # hive -> (read at, status)
+        self._profiles: dict[str, tuple[float, dict[str, Any]]] = {}  # hive -> (read at, profile)
 
     async def _pg(self, query: str, *args: Any) -> list[Any]:
         async with self.pg_slots:
@@ -228,10 +237,62 @@ class VenueReads:
                     await self.cache.set(STATUS_KEY + r["hive_id"], orjson.dumps(st), STATUS_TTL_S)
         return out
 
-    def _card(self, c: HiveCard, status: dict[str, Any] | None, now: float, distance: float | None = None
-              ) -> dict[str, Any]:
+    async def profiles(self, cards: Sequence[HiveCard]) -> dict[str, dict[str, Any]]:
+        """Each card's "popular times" profile ({} for a hive without one): this process's copy
+        if younger than LOCAL_PROFILE_S, else memcached's, else PostgreSQL's."""
+        now = time.monotonic()
+        out: dict[str, dict[str, Any]] = {}
+        fetch = []
+        for c in cards:
+            held = self._profiles.get(c.hive_id)
+            if held is not None and now - held[0] < LOCAL_PROFILE_S:
+                out[c.hive_id] = held[1]
+            else:
+                fetch.append(c.hive_id)
+        if not fetch:
+            return out
+        got = await self.cache.get_many([PROFILE_KEY + h for h in fetch]) if self.cache is not None \
+            else [None] * len(fetch)
+        missing = []
+        for hive_id, raw in zip(fetch, got, strict=True):
+            try:
+                cached = orjson.loads(raw) if raw is not None else None
+            except ValueError:
+                cached = None
+            if isinstance(cached, dict):
+                out[hive_id] = cached
+            else:
+                missing.append(hive_id)
+        if missing:
+            loaded: dict[str, dict[str, Any]] = {h: {} for h in missing}
+            rows = await self._pg(
+                "SELECT p.hive_id, h.reset_hour, p.weekday, p.hour, p.occupancy, p.phones, p.samples, "
+                "p.as_of FROM venue_profile p JOIN hive h ON h.id = p.hive_id "
+                "WHERE p.hive_id = ANY($1::text[])", missing)
+            for r in rows:
+                prof = loaded[r["hive_id"]]
+                prof.setdefault("reset_hour", r["reset_hour"])
+                prof["as_of"] = max(prof.get("as_of", ""), r["as_of"].isoformat())
+                prof.setdefault("hours", {})[f"{r['weekday']}-{r['hour']}"] = [r["occupancy"], r["phones"],
+                                                                                r["samples"]]
+            for hive_id, prof in loaded.items():
+                out[hive_id] = prof
+                if self.cache is not None:
+                    await self.cache.set(PROFILE_KEY + hive_id, orjson.dumps(prof), PROFILE_TTL_S)
+        if len(self._profiles) > 100_000:
+            self._profiles.clear()
+        for hive_id in fetch:
+            self._profiles[hive_id] = (now, out[hive_id])
+        return out
+
+    def _card(self, c: HiveCard, status: dict[str, Any] | None, now: float, distance: float | None = None,
+              profile: dict[str, Any] | None = None) -> dict[str, Any]:
+        usual = usual_now(profile, c.tz, now) if profile else None
+        if usual is not None:
+            usual["busyness"] = busyness(status["occupancy"] if status else 0, float(usual["occupancy"]),
+                                         int(usual["samples"]))
         out = {**c.to_json(), "open_now": open_now(c.opening_hours, c.tz, now),
-               "occupancy": status}
+               "occupancy": status, "usual": usual}
         if distance is not None:
             out["distance_m"] = round(distance, 1)
         return out
@@ -247,7 +308,8 @@ class VenueReads:
             card = HiveCard(r["id"], r["name"], r["type"], r["address"], r["lon"], r["lat"], r["tz"],
                             r["capacity"], _json(r["opening_hours"]))
         status = (await self.statuses([card])).get(hive_id)
-        return self._card(card, status, now)
+        profile = (await self.profiles([card])).get(hive_id)
+        return self._card(card, status, now, profile=profile)
 
     async def hives(self, near: str | None, radius_m: float | None, type_: str | None, q: str | None,
                     limit: int, now: float) -> dict[str, Any]:
@@ -256,7 +318,9 @@ class VenueReads:
             raise SearchError("q: at most 100 characters")
         found = (await self.index()).search(where, type_, q, limit)
         statuses = await self.statuses([c for c, _ in found])
-        return {"hives": [self._card(c, statuses.get(c.hive_id), now, d) for c, d in found],
+        profiles = await self.profiles([c for c, _ in found])
+        return {"hives": [self._card(c, statuses.get(c.hive_id), now, d, profiles.get(c.hive_id))
+                          for c, d in found],
                 "count": len(found)}
 
 

@@ -7,9 +7,11 @@ owner's sensor view shows it applied, with the battery flagged low."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 import uuid
 from collections.abc import AsyncIterator
+from zoneinfo import ZoneInfo
 
 import asyncpg
 import httpx
@@ -18,6 +20,7 @@ import pytest
 from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings
 from fence.venues import sensor_frames as sf
+from fence.venues.occupancy import business_day
 from tests.integration.clients import DEADLINE, Device, MqttDevice, geofence
 
 pytestmark = pytest.mark.integration
@@ -38,7 +41,7 @@ async def ids(stack: ConnectionSettings) -> AsyncIterator[tuple[str, str]]:
     yield hive_id, sensor_id
     geofence("sensor", "remove", sensor_id, "--purge")
     pg = await asyncpg.connect(stack["postgres"]["dsn"])
-    for table in ("hive_status", "hive_day"):
+    for table in ("hive_status", "hive_day", "venue_hourly", "venue_day", "venue_profile", "venue_forecast"):
         await pg.execute(f"DELETE FROM {table} WHERE hive_id = $1", hive_id)
     await pg.execute("DELETE FROM sensor WHERE hive_id = $1", hive_id)
     await pg.execute("DELETE FROM hive WHERE id = $1", hive_id)
@@ -108,3 +111,69 @@ async def test_an_owner_configures_a_sensor_and_sees_it_applied(stack: Connectio
     listed = geofence("sensor", "list", "--hive", hive_id)
     assert listed.returncode == 0 and listed.stdout.split("\t")[:4] == [sensor_id, hive_id, "big", "65524"]
     assert owner != other_uid
+
+
+async def test_an_owner_reads_the_analytics_and_the_public_sees_busier_than_usual(
+        stack: ConnectionSettings, ids: tuple[str, str]) -> None:
+    """The nightly job's rows for a hive (the job itself: tests/integration/test_spark_venues.py)
+    as the owner's analytics, and the profile's figure for now beside the live one in the
+    public card."""
+    hive_id, _ = ids
+    _, auth = account(stack)
+    _, other = account(stack)
+    tz, now = "Europe/Vaduz", time.time()
+    today = business_day(now, tz, 4)
+    yesterday = today - dt.timedelta(days=1)
+    hour = dt.datetime.fromtimestamp(now, dt.UTC).astimezone(ZoneInfo(tz)).hour
+    async with httpx.AsyncClient(base_url=str(stack["api"]), timeout=DEADLINE) as http:
+        made = await http.post("/owner/hives", headers=auth, json={
+            "id": hive_id, "name": "Analytics bar", "type": "bar", "lon": 9.52, "lat": 47.14, "tz": tz})
+        assert made.status_code == 201, made.text
+        empty = (await http.get(f"/owner/hives/{hive_id}/analytics", headers=auth)).json()
+        assert empty == {"hive_id": hive_id, "days": [], "hourly": {}, "profile": None, "forecast": []}
+
+        pg = await asyncpg.connect(stack["postgres"]["dsn"])
+        try:
+            await pg.execute("INSERT INTO venue_day (hive_id, day, reports, entries, exits, residual, "
+                             "correction, factor, complete, run_id) VALUES ($1, $2, 96, 40, 36, 4, 'exits', "
+                             "1.1111, true, 'test')", hive_id, yesterday)
+            await pg.executemany(
+                "INSERT INTO venue_hourly (hive_id, day, hour, entries, exits, mean_occupancy, "
+                "peak_occupancy, phones_mean, phones_peak) VALUES ($1, $2, $3, 2, 1, $4, $5, NULL, NULL)",
+                [(hive_id, yesterday, h, h / 2, h / 2 + 1) for h in range(24)])
+            await pg.executemany(
+                "INSERT INTO venue_profile (hive_id, weekday, hour, occupancy, phones, samples, as_of) "
+                "VALUES ($1, $2, $3, $4, NULL, 4, $5)",
+                [(hive_id, w, h, 10.0 if (w, h) == (today.isoweekday(), hour) else 1.0, yesterday)
+                 for w in range(1, 8) for h in range(24)])
+            await pg.executemany(
+                "INSERT INTO venue_forecast (hive_id, day, hour, occupancy, phones, seasonal, trend, basis, "
+                "samples) VALUES ($1, $2, $3, 3.0, NULL, 3.0, 1.0, 'weekday', 4)",
+                [(hive_id, d, h) for d in (yesterday, today) for h in range(24)])
+            await pg.execute("INSERT INTO hive_status (hive_id, day, entries, exits, occupancy, raw) "
+                             "VALUES ($1, $2, 40, 10, 30, 30)", hive_id, today)
+        finally:
+            await pg.close()
+
+        got = (await http.get(f"/owner/hives/{hive_id}/analytics?days=7", headers=auth)).json()
+        assert [d["day"] for d in got["days"]] == [yesterday.isoformat()]
+        assert got["days"][0]["correction"] == "exits" and got["days"][0]["residual"] == 4
+        hours = got["hourly"][yesterday.isoformat()]
+        assert len(hours) == 24 and hours[6]["mean_occupancy"] == 3.0 and hours[6]["phones_mean"] is None
+        assert got["profile"]["samples"] == [4] * 7
+        assert got["profile"]["weekdays"][today.isoweekday() - 1][hour] == 10.0
+        past = [f for f in got["forecast"] if f["day"] == yesterday.isoformat()]
+        tomorrow = [f for f in got["forecast"] if f["day"] == today.isoformat()]
+        assert len(past) == len(tomorrow) == 24
+        assert past[6]["actual"] == 3.0 and tomorrow[6]["actual"] is None
+        assert (await http.get(f"/owner/hives/{hive_id}/analytics", headers=other)).status_code == 404
+        assert (await http.get(f"/owner/hives/{hive_id}/analytics?days=0", headers=auth)).status_code == 422
+
+        # the public card, no token: 30 inside against a usual 10 at this hour
+        card = (await http.get(f"/hives/{hive_id}")).json()
+        assert card["occupancy"]["occupancy"] == 30
+        usual = card["usual"]
+        assert (usual["occupancy"], usual["samples"], usual["hour"]) == (10.0, 4, hour)
+        assert usual["busyness"] == "busier than usual"
+        listed = (await http.get("/hives", params={"q": "Analytics bar"})).json()["hives"]
+        assert [h["usual"]["busyness"] for h in listed if h["id"] == hive_id] in ([], ["busier than usual"])

@@ -75,3 +75,31 @@ def test_phones_inside_the_fence_by_the_newest_event_of_each() -> None:
     assert h.app_occupancy == 1 and h.status()["app_occupancy"] == 1
     h.roll(103.0 + h.PHONES_KEPT_S + 1)  # a LEAVE a day old is forgotten
     assert "p1" not in h.phones and "p2" in h.phones
+
+
+def test_busyness_against_the_usual_figure() -> None:
+    from fence.venues.occupancy import busyness
+
+    assert busyness(30, 10.0, 4) == "busier than usual"
+    assert busyness(12, 10.0, 4) == "as busy as usual"  # within max(2, 25 %)
+    assert busyness(13, 10.0, 4) == "busier than usual"
+    assert busyness(2, 1.0, 4) == "as busy as usual"  # a couple of people is no news
+    assert busyness(50, 100.0, 4) == "less busy than usual"
+    assert busyness(80, 100.0, 4) == "as busy as usual"
+    assert busyness(30, 10.0, 0) is None  # no profile yet
+
+
+def test_the_usual_figure_is_the_business_days_weekday_at_the_local_hour() -> None:
+    from fence.venues.occupancy import usual_now
+
+    hours = {f"{w}-{h}": [float(10 * w + h), None, 3] for w in range(1, 8) for h in range(24)}
+    profile = {"reset_hour": 4, "as_of": "2026-06-11", "hours": hours}
+    # Saturday 13 June 2026, 01:30 in Vaduz (UTC+2): still Friday's business day, hour 1
+    sat = datetime(2026, 6, 12, 23, 30, tzinfo=UTC).timestamp()
+    got = usual_now(profile, "Europe/Vaduz", sat)
+    assert got is not None and (got["weekday"], got["hour"], got["occupancy"]) == (5, 1, 51.0)
+    noon = datetime(2026, 6, 13, 10, 0, tzinfo=UTC).timestamp()  # Saturday 12:00
+    got = usual_now(profile, "Europe/Vaduz", noon)
+    assert got is not None and (got["weekday"], got["hour"], got["samples"]) == (6, 12, 3)
+    assert usual_now({"reset_hour": 4, "hours": {}}, "UTC", noon) is None
+    assert usual_now({}, "UTC", noon) is None
