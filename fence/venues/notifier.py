@@ -9,6 +9,10 @@ failures retried with backoff (PUSH_TRIES), a dead token deleted. Every outcome 
 notification_log, the definitions' new state back to PostgreSQL, in one transaction; then the
 batch is acked. A crash before the commit sends the batch again: the definitions' state is
 the one before it, so a user may get one message twice, never none.
+
+Owner alerts (`watch_sensors`, every WATCH_EVERY_S): every sensor's health against
+sensor_alerts.decide; a new alert is stored, pushed to the hive owner's devices and logged in
+one transaction (so, as above, a crash may push it twice, never lose it); an ended one cleared.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from exchanges import shell
 from exchanges.contract import InvalidMessage
 from fence.venues import notify_rules as nr
 from fence.venues import push
+from fence.venues import sensor_alerts as sa
 
 log = logging.getLogger("geofence")
 PUSH_TRIES = 3
+WATCH_EVERY_S = 60.0
 
 
 def occupancy_of(body: bytes) -> tuple[str, int, float]:
@@ -115,6 +121,75 @@ class Notifier:
                     "message_id, title) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)", logs)
             if dead:
                 await conn.execute("DELETE FROM device_token WHERE token = ANY($1::text[])", dead)
+
+    async def watch_sensors(self, conn: asyncpg.Connection, now: float,
+                            hive_ids: Sequence[str] | None = None) -> tuple[int, int]:
+        """Raise and clear owner alerts (of `hive_ids`' sensors, default all); (raised, cleared)."""
+        rows = await conn.fetch(
+            "SELECT s.id, s.hive_id, h.name, h.owner_uid, s.report_interval_min, s.low_battery_mv, "
+            "s.created_at, s.last_report_at, "
+            "(SELECT x.battery_mv FROM sensor_status x WHERE x.sensor_id = s.id "
+            " ORDER BY x.received_at DESC LIMIT 1) AS battery_mv, "
+            "ARRAY(SELECT a.kind FROM sensor_alert a WHERE a.sensor_id = s.id AND a.cleared_at IS NULL) "
+            "AS open_kinds FROM sensor s JOIN hive h ON h.id = s.hive_id "
+            "WHERE $1::text[] IS NULL OR s.hive_id = ANY($1::text[])",
+            None if hive_ids is None else list(hive_ids))
+        raised: list[tuple[sa.SensorHealth, str, str]] = []
+        cleared: list[tuple[str, str]] = []
+        for r in rows:
+            h = sa.SensorHealth(r["id"], r["hive_id"], r["name"], r["owner_uid"], r["report_interval_min"],
+                                r["low_battery_mv"], r["created_at"].timestamp(),
+                                r["last_report_at"].timestamp() if r["last_report_at"] else None,
+                                r["battery_mv"])
+            up, down = sa.decide(h, set(r["open_kinds"]), now)
+            raised += [(h, kind, detail) for kind, detail in up]
+            cleared += [(h.sensor_id, kind) for kind in down]
+        if cleared:
+            await conn.executemany("UPDATE sensor_alert SET cleared_at = now() WHERE sensor_id = $1 "
+                                   "AND kind = $2 AND cleared_at IS NULL", cleared)
+        if not raised:
+            return 0, len(cleared)
+        owners = sorted({h.owner_uid for h, _, _ in raised if h.owner_uid})
+        tokens: dict[str, list[str]] = {}
+        for r in await conn.fetch("SELECT uid, token FROM device_token WHERE uid = ANY($1::text[])", owners):
+            tokens.setdefault(r["uid"], []).append(r["token"])
+        async with conn.transaction():
+            pushes: list[tuple[int, sa.SensorHealth, push.Push]] = []
+            logs: list[tuple[Any, ...]] = []
+            stored = 0
+            for h, kind, detail in raised:
+                alert_id = await conn.fetchval(
+                    "INSERT INTO sensor_alert (sensor_id, hive_id, kind, detail) VALUES ($1, $2, $3, $4) "
+                    "ON CONFLICT (sensor_id, kind) WHERE cleared_at IS NULL DO NOTHING RETURNING id",
+                    h.sensor_id, h.hive_id, kind, detail)
+                if alert_id is None:  # raised meanwhile (another instance during a handover)
+                    continue
+                stored += 1
+                if h.owner_uid is None:
+                    continue
+                title, body = sa.message_text(h, kind, detail)
+                for token in tokens.get(h.owner_uid, []):
+                    if not self.buckets.take(token, now):
+                        logs.append((alert_id, h.owner_uid, h.hive_id, token, "throttled", None, None, title))
+                        continue
+                    pushes.append((alert_id, h, push.Push(token, title, body, h.hive_id,
+                                                          {"sensor_id": h.sensor_id, "alert": kind})))
+            results = await self._send([p for _, _, p in pushes])
+            dead = []
+            for (alert_id, h, p), res in zip(pushes, results, strict=True):
+                logs.append((alert_id, h.owner_uid, h.hive_id, p.token, res.status, res.error, res.message_id,
+                             p.title))
+                if res.status == push.UNREGISTERED:
+                    dead.append(p.token)
+                self.counters.bump(f"push_{res.status}")
+            if logs:
+                await conn.executemany(
+                    "INSERT INTO notification_log (alert_id, uid, hive_id, token, status, error, message_id, "
+                    "title) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", logs)
+            if dead:
+                await conn.execute("DELETE FROM device_token WHERE token = ANY($1::text[])", dead)
+        self.counters.bump("sensor_alerts", stored)
+        return stored, len(cleared)
 
     async def _send(self, pushes: list[push.Push]) -> list[push.PushResult]:
         """Transient failures tried again (PUSH_TRIES in all, backoff 0.5 s, 1 s, ...)."""

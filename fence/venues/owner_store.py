@@ -135,7 +135,8 @@ async def sensors(pool: asyncpg.Pool, uid: str, hive_id: str, now: float | None 
             "SELECT s.id, s.modem, s.report_interval_min, s.low_battery_mv, s.last_report_at, "
             "s.last_status_at, s.counts, st.battery_mv, st.gprs_signal, st.discarded_events, "
             "st.firmware_version, st.configuration_id AS status_config, c.configuration_id, c.sent_at, "
-            "c.applied_at "
+            "c.applied_at, ARRAY(SELECT a.kind || ': ' || a.detail FROM sensor_alert a "
+            "WHERE a.sensor_id = s.id AND a.cleared_at IS NULL ORDER BY a.raised_at) AS alerts "
             "FROM sensor s "
             "LEFT JOIN LATERAL (SELECT * FROM sensor_status x WHERE x.sensor_id = s.id "
             "                   ORDER BY received_at DESC LIMIT 1) st ON true "
@@ -160,6 +161,7 @@ async def sensors(pool: asyncpg.Pool, uid: str, hive_id: str, now: float | None 
                 "configuration_id": r["configuration_id"],
                 "state": "applied" if r["applied_at"] is not None else "pending",
                 "sent_at": r["sent_at"].timestamp() if r["sent_at"] else None},
+            "alerts": list(r["alerts"]),
             "counts": {k: counts.get(k) for k in ("restarts", "wraps", "gaps", "lost_reports", "duplicates",
                                                    "skewed", "reports")},
         })

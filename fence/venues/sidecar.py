@@ -10,7 +10,8 @@
       -> ack (after the commit and the confirms)
     venue.occupancy --"hive-occupancy.#"--> venue.notify -> the notifier (notifier.py): users'
       thresholds, push notifications (push.py: FCM with GOOGLE_APPLICATION_CREDENTIALS, else
-      logged as local), on its own queue so a slow push service never holds up the counting
+      logged as local), on its own queue so a slow push service never holds up the counting;
+      and every minute the sensors' health: owner alerts for silent sensors and low batteries
 
 Bad frames (wrong length, impossible date, unknown type, version or sensor) go to the vhost's
 dead-letters with the reason; the rest of the batch goes on. A batch delivered again after a
@@ -42,7 +43,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from exchanges import routing_store, shell
 from exchanges import topology as t
 from fence.venues import push, venue_store
-from fence.venues.notifier import Notifier
+from fence.venues.notifier import WATCH_EVERY_S, Notifier
 from fence.venues.occupancy import DayCounts, HiveOccupancy
 from fence.venues.reads import VenueCache, publish_status
 from fence.venues.sensor_core import KINDS, Frame, Processed, SensorCore
@@ -184,6 +185,7 @@ class SensorSidecar:
                  shell.run_batches(phones, self.handle_phones, self.counters, self.dlx)],
                 [shell.periodic(stop, ROLL_EVERY_S, self.roll),
                  shell.periodic(stop, SENSOR_RELOAD_S, self._reload),
+                 shell.periodic(stop, WATCH_EVERY_S, self.watch_sensors),
                  shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
 
     # -- a batch -------------------------------------------------------------------------------
@@ -273,6 +275,11 @@ class SensorSidecar:
         await self.notify_db.run(lambda conn: self.notifier.handle(conn, messages, dead_letter),
                                  "send notifications")
         await shell.publish_all(outs, self.counters)
+
+    async def watch_sensors(self) -> None:
+        """Owner alerts: silent sensors, low batteries (notifier.py)."""
+        now = time.time()
+        await self.notify_db.run(lambda conn: self.notifier.watch_sensors(conn, now), "watch the sensors")
 
     async def roll(self) -> None:
         """The day turned at some hives: close it (residual recorded) and publish the zero."""

@@ -175,3 +175,52 @@ async def test_the_notifier_retries_drops_dead_tokens_and_keeps_the_device_budge
         assert {(r["token"], r["status"]) for r in last} == {(fine, "throttled"), (flaky, push.SENT)}
     finally:
         await pg.execute("DELETE FROM device_token WHERE uid = $1", uid)
+
+
+async def test_the_owner_is_alerted_once_to_a_silent_sensor_and_a_low_battery(
+        place: tuple[str, str, str, asyncpg.Connection]) -> None:
+    hive_id, sensor_id, _, pg = place
+    owner, token = f"o-{uuid.uuid4().hex[:8]}", f"owner-{uuid.uuid4().hex[:8]}"
+    await pg.execute("INSERT INTO owner_account (uid, name) VALUES ($1, 'Owner')", owner)
+    await pg.execute("UPDATE hive SET owner_uid = $1 WHERE id = $2", owner, hive_id)
+    await pg.execute("INSERT INTO device_token (token, uid) VALUES ($1, $2)", token, owner)
+    sender = Recording({})
+    notifier = Notifier(sender, Counters())
+    now = time.time()
+    interval = await pg.fetchval("SELECT report_interval_min FROM sensor WHERE id = $1", sensor_id)
+    later = now + 2 * 60 * interval + 60  # silent by then (the live sidecar's clock is not there yet)
+    try:
+        assert await notifier.watch_sensors(pg, now, [hive_id]) == (0, 0)  # just registered: fine
+        assert await notifier.watch_sensors(pg, later, [hive_id]) == (1, 0)
+        await pg.execute("INSERT INTO sensor_status (sensor_id, received_at, startup_time, battery_mv, "
+                         "sensor_state, discarded_events, gprs_signal, firmware_version, configuration_id) "
+                         "VALUES ($1, now(), 0, 3300, 1, 0, 15, 1, 0)", sensor_id)
+        assert await notifier.watch_sensors(pg, later + 1, [hive_id]) == (1, 0)  # the battery; silent kept
+        assert await notifier.watch_sensors(pg, later + 2, [hive_id]) == (0, 0)  # once per condition
+        assert [(p.token, p.data["alert"]) for p in sender.sent] == [(token, "silent"),
+                                                                     (token, "low_battery")]
+        assert sender.sent[0].title == f"Sensor {sensor_id} at Notify bar {hive_id[3:]} is silent"
+        logged = await pg.fetch("SELECT l.status, a.kind FROM notification_log l JOIN sensor_alert a "
+                                "ON a.id = l.alert_id WHERE l.hive_id = $1 ORDER BY l.id", hive_id)
+        assert [(r["status"], r["kind"]) for r in logged] == [(push.SENT, "silent"),
+                                                              (push.SENT, "low_battery")]
+
+        # a report and a good battery (above the threshold by the margin) clear both
+        await pg.execute("UPDATE sensor SET last_report_at = to_timestamp($2) WHERE id = $1",
+                         sensor_id, later)
+        await pg.execute("INSERT INTO sensor_status (sensor_id, received_at, startup_time, battery_mv, "
+                         "sensor_state, discarded_events, gprs_signal, firmware_version, configuration_id) "
+                         "VALUES ($1, now() + interval '1 second', 0, 3450, 1, 0, 15, 1, 0)", sensor_id)
+        assert await notifier.watch_sensors(pg, later + 3, [hive_id]) == (0, 1)  # 3450 < 3400 + 100: kept
+        await pg.execute("UPDATE sensor_status SET battery_mv = 3600 WHERE sensor_id = $1 "
+                         "AND battery_mv = 3450", sensor_id)
+        assert await notifier.watch_sensors(pg, later + 4, [hive_id]) == (0, 1)
+        assert await pg.fetchval("SELECT count(*) FROM sensor_alert WHERE sensor_id = $1 "
+                                 "AND cleared_at IS NULL", sensor_id) == 0
+    finally:
+        await pg.execute("DELETE FROM notification_log WHERE hive_id = $1", hive_id)
+        await pg.execute("DELETE FROM sensor_alert WHERE hive_id = $1", hive_id)
+        await pg.execute("DELETE FROM sensor_status WHERE sensor_id = $1", sensor_id)
+        await pg.execute("DELETE FROM device_token WHERE uid = $1", owner)
+        await pg.execute("UPDATE hive SET owner_uid = NULL WHERE id = $1", hive_id)
+        await pg.execute("DELETE FROM owner_account WHERE uid = $1", owner)
