@@ -100,6 +100,7 @@ from spark_jobs.session import (
     clone_schema,
     hash_predicates,
     partitions,
+    run_tasks,
     spark_session,
 )
 
@@ -375,10 +376,7 @@ def run_job(cfg: JobConfig, window: Window, schema: str = "public", *, progress:
                 tuple(hash_predicates("fence_id", n)), plan, window.first, run_id)
     try:
         progress(f"reading, analysing and staging the events ({n} tasks, each a share of the fences)")
-        done = spark.range(0, n, 1, n).mapInArrow(task, SUMMARY_DDL).collect()
-        tags = sorted({r["task"] for r in done})
-        if len(tags) != n:
-            raise RuntimeError(f"{n} tasks but results of {len(tags)} attempts: {tags}")
+        done, tags = run_tasks(spark, n, task, SUMMARY_DDL, "fence")
         per_day: dict[int, int] = {}
         for r in done:
             per_day[r["day"]] = per_day.get(r["day"], 0) + int(r["events"])

@@ -165,6 +165,16 @@ def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
     return spark
 
 
+def run_tasks(spark: SparkSession, n: int, task: Any, ddl: str, what: str) -> tuple[list[Any], list[str]]:
+    """n tasks (mapInArrow over the partition numbers 0..n-1, one a partition); their rows and
+    the attempts Spark kept (each row's "task": "<partition>.<attempt>"), one per partition."""
+    done = spark.range(0, n, 1, n).mapInArrow(task, ddl).collect()
+    tags = sorted({r["task"] for r in done})
+    if len(tags) != n:
+        raise RuntimeError(f"{n} {what} tasks but results of {len(tags)} attempts: {tags}")
+    return done, tags
+
+
 def partitions(spark: SparkSession, cfg: JobConfig) -> int:
     return cfg.partitions or max(2, 2 * spark.sparkContext.defaultParallelism)
 

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_jobs import venue_core as core
-from spark_jobs.session import hash_predicates
+from spark_jobs.session import hash_predicates, run_tasks
 
 TABLES = {  # stage and output columns, in the core's row order
     "venue_hourly": ("hive_id", "day", "hour", "entries", "exits", "mean_occupancy", "peak_occupancy",
@@ -241,10 +241,7 @@ def run(spark: Any, dsn: str, schema: str, first: dt.date, last: dt.date, n: int
     summary = VenueSummary(days)
     try:
         progress(f"venues: reading, analysing and staging the hives ({n} tasks, each a share of them)")
-        done = spark.range(0, n, 1, n).mapInArrow(task, SUMMARY_DDL).collect()
-        tags = sorted({r["task"] for r in done})
-        if len(tags) != n:
-            raise RuntimeError(f"{n} venue tasks but results of {len(tags)} attempts: {tags}")
+        done, tags = run_tasks(spark, n, task, SUMMARY_DDL, "venue")
         summary.hive_days = sum(int(r["hive_days"]) for r in done)
         summary.counts = sum(int(r["counts"]) for r in done)
         summary.written = asyncio.run(swap(dsn, schema, run_id, tags, days))

@@ -103,14 +103,10 @@ class Notifier:
                     continue
                 pushes.append((d.def_id, d.uid, d.hive_id, occupancy,
                                push.Push(token, title, body, d.hive_id, {"occupancy": str(occupancy)})))
-        results = await self._send([p for *_, p in pushes])
-        dead = []
+        results, dead = await self._deliver([p for *_, p in pushes])
         for (def_id, uid, hive_id, occupancy, p), res in zip(pushes, results, strict=True):
             logs.append((def_id, uid, hive_id, p.token, occupancy, res.status, res.error, res.message_id,
                          p.title))
-            if res.status == push.UNREGISTERED:
-                dead.append(p.token)
-            self.counters.bump(f"push_{res.status}")
         async with conn.transaction():
             if states:
                 await conn.executemany(
@@ -119,8 +115,7 @@ class Notifier:
                 await conn.executemany(
                     "INSERT INTO notification_log (def_id, uid, hive_id, token, occupancy, status, error, "
                     "message_id, title) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)", logs)
-            if dead:
-                await conn.execute("DELETE FROM device_token WHERE token = ANY($1::text[])", dead)
+            await _forget(conn, dead)
 
     async def watch_sensors(self, conn: asyncpg.Connection, now: float,
                             hive_ids: Sequence[str] | None = None) -> tuple[int, int]:
@@ -174,22 +169,25 @@ class Notifier:
                         continue
                     pushes.append((alert_id, h, push.Push(token, title, body, h.hive_id,
                                                           {"sensor_id": h.sensor_id, "alert": kind})))
-            results = await self._send([p for _, _, p in pushes])
-            dead = []
+            results, dead = await self._deliver([p for _, _, p in pushes])
             for (alert_id, h, p), res in zip(pushes, results, strict=True):
                 logs.append((alert_id, h.owner_uid, h.hive_id, p.token, res.status, res.error, res.message_id,
                              p.title))
-                if res.status == push.UNREGISTERED:
-                    dead.append(p.token)
-                self.counters.bump(f"push_{res.status}")
             if logs:
                 await conn.executemany(
                     "INSERT INTO notification_log (alert_id, uid, hive_id, token, status, error, message_id, "
                     "title) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", logs)
-            if dead:
-                await conn.execute("DELETE FROM device_token WHERE token = ANY($1::text[])", dead)
+            await _forget(conn, dead)
         self.counters.bump("sensor_alerts", stored)
         return stored, len(cleared)
+
+    async def _deliver(self, pushes: list[push.Push]) -> tuple[list[push.PushResult], list[str]]:
+        """Send (with retries), count the outcomes; the results and the dead tokens."""
+        results = await self._send(pushes)
+        for res in results:
+            self.counters.bump(f"push_{res.status}")
+        return results, [p.token for p, res in zip(pushes, results, strict=True)
+                         if res.status == push.UNREGISTERED]
 
     async def _send(self, pushes: list[push.Push]) -> list[push.PushResult]:
         """Transient failures tried again (PUSH_TRIES in all, backoff 0.5 s, 1 s, ...)."""
@@ -208,6 +206,12 @@ class Notifier:
                     again.append(i)
             todo = again
         return [r if r is not None else push.PushResult(push.FAILED, None, "not sent") for r in results]
+
+
+async def _forget(conn: asyncpg.Connection, tokens: list[str]) -> None:
+    """FCM said these tokens are dead (the app was uninstalled, the token rotated)."""
+    if tokens:
+        await conn.execute("DELETE FROM device_token WHERE token = ANY($1::text[])", tokens)
 
 
 def _ts(at: float | None) -> datetime | None:

@@ -10,7 +10,12 @@ import pytest
 from deploy.settings import ConnectionSettings, Settings
 from exchanges.topology import Topology
 from tests.integration.clients import Device, MqttDevice, api, geofence, q
-from tests.integration.spark_support import pg_schema, spark, spark_config  # noqa: F401  (fixtures)
+from tests.integration.spark_support import (  # noqa: F401  (fixtures)
+    occupancy_db,
+    pg_schema,
+    spark,
+    spark_config,
+)
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,15 @@ in a PostgreSQL schema of their own, dropped at the end, so they never touch liv
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
 
+from deploy.migrate import MIGRATIONS_DIR
 from deploy.settings import ConnectionSettings
+from spark_jobs import occupancy
 from spark_jobs.session import JobConfig, spark_session
 
 
@@ -35,5 +38,16 @@ async def pg_schema(stack: ConnectionSettings) -> object:
         await conn.execute(f'CREATE SCHEMA "{name}"')
         yield name
         await conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def occupancy_db(stack: ConnectionSettings, pg_schema: str) -> AsyncIterator[Any]:
+    """A connection, with occupancy-analytics' input and output tables in `pg_schema`."""
+    conn = await asyncpg.connect(stack["postgres"]["dsn"])
+    try:
+        await occupancy.create_tables(conn, pg_schema, MIGRATIONS_DIR)
+        yield conn
     finally:
         await conn.close()

@@ -16,11 +16,9 @@ import asyncio
 import datetime as dt
 from typing import Any
 
-import asyncpg
 import pytest
 
 from deploy import spark_cmd
-from deploy.migrate import MIGRATIONS_DIR
 from deploy.settings import ConnectionSettings
 from spark_jobs import occupancy
 from spark_jobs.occupancy_reference import Event, compute, epoch
@@ -58,13 +56,8 @@ async def tables(conn: Any, schema: str) -> dict[str, list[tuple[Any, ...]]]:
 
 
 @pytest.fixture
-async def db(stack: ConnectionSettings, pg_schema: str) -> Any:
-    conn = await asyncpg.connect(stack["postgres"]["dsn"])
-    try:
-        await occupancy.create_tables(conn, pg_schema, MIGRATIONS_DIR)
-        yield conn
-    finally:
-        await conn.close()
+def db(occupancy_db: Any) -> Any:
+    return occupancy_db
 
 
 async def run(cfg: JobConfig, schema: str, last: dt.date, days: int = 1) -> occupancy.Summary:

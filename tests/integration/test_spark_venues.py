@@ -14,12 +14,9 @@ import asyncio
 import datetime as dt
 from typing import Any
 
-import asyncpg
 import numpy as np
 import pytest
 
-from deploy.migrate import MIGRATIONS_DIR
-from deploy.settings import ConnectionSettings
 from spark_jobs import occupancy, venue_analytics
 from spark_jobs import venue_core as core
 from spark_jobs.session import JobConfig
@@ -30,13 +27,8 @@ HIVES = {"bar-utc": ("UTC", 4, None), "cafe-vaduz": ("Europe/Vaduz", 4, "cafe-fe
 
 
 @pytest.fixture
-async def db(stack: ConnectionSettings, pg_schema: str) -> Any:
-    conn = await asyncpg.connect(stack["postgres"]["dsn"])
-    try:
-        await occupancy.create_tables(conn, pg_schema, MIGRATIONS_DIR)
-        yield conn
-    finally:
-        await conn.close()
+def db(occupancy_db: Any) -> Any:
+    return occupancy_db
 
 
 def ts(seconds: float) -> dt.datetime:
