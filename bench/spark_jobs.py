@@ -170,19 +170,21 @@ def main() -> int:
                              f"({vs_target(with_start, TARGET_FENCES_S)})")
             ok &= r["failed"] == 0
     if a.only in (None, "analytics"):
-        from bench.spark_occupancy_part import bench_occupancy
+        from bench.spark_occupancy_part import bench_occupancy, venue_line
 
         r = bench_occupancy(a.events, "bench_spark_occ", a.master)
         start_s = float(r["phases_s"].get("session", 0.0))
         job_s = r["wall_s"] - start_s
         rate = r["events"] / job_s
         with_start = r["events_per_s"]
-        phases = ", ".join(f"{k} {v:.1f} s" for k, v in r["phases_s"].items() if k != "session")
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in r["phases_s"].items()
+                           if k not in ("session", "venues"))
         lines.append(f"occupancy-analytics: {r['events']:,} events over {r.get('days', '?')} days: job "
                      f"{job_s:.1f} s = {rate:,.0f} events/s "
                      f"({vs_target(rate, TARGET_EVENTS_S, named=True)}); phases {phases}")
         lines.append(f"  with Spark's start ({start_s:.1f} s): {with_start:,.0f} events/s "
                      f"({vs_target(with_start, TARGET_EVENTS_S)})")
+        lines.append(venue_line(r))
     print("\n" + report.summary_block(title, lines), flush=True)
     return 0 if ok else 1
 

@@ -15,6 +15,11 @@ stays never left, 0.5% of events repeated under another event_id, stays still op
 end, events cut at the start of the period (a leave without its enter), and devices with
 skewed clocks (3% ahead by up to an hour, 2% behind by up to ten minutes; archived_at is the
 true time plus the pipeline's delay).
+
+The venue part: H hives (`--hives`, default 2,000) in three time zones, one sensor each
+reporting every 15 minutes (a legacy sensor's timeout; counts Poisson by a day-shaped
+intensity), half of them with one of the generated fences as their fence (the phones figure);
+the job's venue phase is timed on its own (`phases_s["venues"]`).
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ NEVER_LEFT = 0.002
 REPEATED = 0.005
 AHEAD, BEHIND = 0.03, 0.02  # shares of devices whose clock is ahead / behind
 COPY_CHUNK = 500_000
+HIVES = 2_000
+REPORTS_PER_DAY = 96
+ZONES = ("Europe/Vaduz", "UTC", "America/New_York")
 
 U8 = npt.NDArray[np.uint8]
 I64 = npt.NDArray[np.int64]
@@ -195,7 +203,41 @@ async def load(conn: Any, schema: str, ev: Events, progress: report.Progress) ->
 # ---------------------------------------------------------------- the run
 
 
-async def _prepare(dsn: str, schema: str, ev: Events, progress: report.Progress) -> None:
+async def load_venues(conn: Any, schema: str, hives: int, days: int, fences: int, seed: int,
+                      progress: report.Progress) -> int:
+    """`hives` hives with a sensor each and its reports over `days` days; the reports stored."""
+    rng = np.random.default_rng(seed + 7)
+    s = f'"{schema}"'
+    await conn.copy_records_to_table("hive", schema_name=schema, columns=(
+        "id", "name", "type", "lon", "lat", "tz", "fence_id"), records=[
+        (f"bench-h{i:06d}", f"Bench hive {i}", "bar", 9.5, 47.1, ZONES[i % len(ZONES)],
+         f"bench-f{i % fences:06d}" if i % 2 == 0 else None) for i in range(hives)])
+    await conn.copy_records_to_table("sensor", schema_name=schema, columns=("id", "hive_id"), records=[
+        (f"bench-s{i:06d}", f"bench-h{i:06d}") for i in range(hives)])
+    t0 = dt.datetime.combine(FIRST_DAY, dt.time(), dt.UTC)
+    n = days * REPORTS_PER_DAY
+    slot = np.arange(n)
+    shape = np.clip(np.sin((slot % REPORTS_PER_DAY) / REPORTS_PER_DAY * 2 * np.pi - np.pi / 2) + 0.3, 0, None)
+    stamps = [t0 + dt.timedelta(minutes=15 * k) for k in range(n)]
+    stored = 0
+    for i in range(hives):
+        entries = rng.poisson(3.0 * shape)
+        exits = rng.poisson(3.0 * shape)
+        sensor = f"bench-s{i:06d}"
+        await conn.copy_records_to_table("sensor_report", schema_name=schema, columns=(
+            "sensor_id", "device_at", "received_at", "at", "version", "report_type", "counter", "total_in",
+            "total_out", "entries", "exits", "rule", "gap", "lost_reports", "unknowable", "skewed", "raw"),
+            records=[(sensor, stamps[k], stamps[k], stamps[k], 1, 0x20, -1, k, k, int(entries[k]),
+                      int(exits[k]), "increase", 0, 0, False, False, b"") for k in range(n)])
+        stored += n
+        if i % 100 == 99:
+            progress.show(f"loading the venues: {i + 1:,}/{hives:,} hives, {stored:,} reports")
+    await conn.execute(f"ANALYZE {s}.sensor_report")
+    return stored
+
+
+async def _prepare(dsn: str, schema: str, ev: Events, progress: report.Progress,
+                   venues: tuple[int, int, int] = (0, 0, 0)) -> int:
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -209,6 +251,9 @@ async def _prepare(dsn: str, schema: str, ev: Events, progress: report.Progress)
                 await conn.execute(f'ALTER TABLE "{schema}".fence_event DROP CONSTRAINT IF EXISTS "{name}"')
                 await conn.execute(f'DROP INDEX IF EXISTS "{schema}"."{name}"')
         await load(conn, schema, ev, progress)
+        hives, days, seed = venues
+        return await load_venues(conn, schema, hives, days, int(ev.fence.max()) + 1, seed, progress) \
+            if hives else 0
     finally:
         await conn.close()
 
@@ -222,11 +267,12 @@ async def _drop(dsn: str, schema: str) -> None:
 
 
 def bench_occupancy(events: int, schema: str, master: str, *, days: int = DAYS, seed: int = 1,
-                    partitions: int = 0, keep: bool = False) -> dict[str, Any]:
+                    partitions: int = 0, keep: bool = False, hives: int = HIVES) -> dict[str, Any]:
     """Generate `events` events into `schema` (created, and dropped afterwards unless `keep`),
     run the job over the `days` generated days in one pass and return its figures:
-    events, wall_s (the whole run, starting Spark included unless a session was running),
-    events_per_s, the phases, rows written, the target and whether it was met."""
+    events, wall_s (the fence part, starting Spark included unless a session was running; the
+    venue part's time is venue_s), events_per_s, the phases, rows written, the target and
+    whether it was met; the venue part's hives, reports, hive days, rows and reports/s."""
     check_schema(schema)
     cfg = job_config(master=master, partitions=partitions or None)
     progress = report.Progress(f"occupancy-analytics {events:,} events", clock=True)
@@ -236,7 +282,7 @@ def bench_occupancy(events: int, schema: str, master: str, *, days: int = DAYS, 
     gen_s = time.perf_counter() - t
     try:
         t = time.perf_counter()
-        asyncio.run(_prepare(cfg.postgres_url, schema, ev, progress))
+        reports = asyncio.run(_prepare(cfg.postgres_url, schema, ev, progress, (hives, days, seed)))
         load_s = time.perf_counter() - t
         last = FIRST_DAY + dt.timedelta(days=days - 1)
         progress.show("starting Spark")
@@ -245,12 +291,24 @@ def bench_occupancy(events: int, schema: str, master: str, *, days: int = DAYS, 
         progress.close()
         if not keep:
             asyncio.run(_drop(cfg.postgres_url, schema))
-    rate = summary.events / summary.wall_s if summary.wall_s else 0.0
-    return {"events": summary.events, "days": days, "fences": int(ev.fence.max()) + 1,
-            "objects": int(ev.obj.max()) + 1, "wall_s": summary.wall_s, "events_per_s": rate,
+    venue_s = float(summary.phases.get("venues", 0.0))
+    fence_s = summary.wall_s - venue_s  # the fences' figure is the fences' time
+    rate = summary.events / fence_s if fence_s else 0.0
+    v = summary.venues
+    return {"hives": hives, "reports": reports, "hive_days": v.hive_days if v else 0,
+            "venue_rows": sum((v.written or {}).values()) if v else 0, "venue_s": venue_s,
+            "reports_per_s": reports / venue_s if venue_s else 0.0,
+            "events": summary.events, "days": days, "fences": int(ev.fence.max()) + 1,
+            "objects": int(ev.obj.max()) + 1, "wall_s": fence_s, "events_per_s": rate,
             "rows_written": summary.rows, "phases_s": summary.phases, "generate_s": gen_s,
             "load_s": load_s, "master": master, "target_events_per_s": TARGET_EVENTS_PER_S,
             "ok": rate >= TARGET_EVENTS_PER_S}
+
+
+def venue_line(out: dict[str, Any]) -> str:
+    return (f"  venues: {out['hives']:,} hives, {out['reports']:,} reports, {out['hive_days']:,} hive days, "
+            f"{out['venue_rows']:,} rows in {out['venue_s']:.1f} s = {out['reports_per_s']:,.0f} reports/s "
+            "(no target: a figure)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,15 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", action="store_true", help="keep the schema (and its data) afterwards")
+    p.add_argument("--hives", type=int, default=HIVES, help="hives with a sensor each (the venue part)")
     a = p.parse_args(argv)
     out = bench_occupancy(a.events, a.schema, a.master, days=a.days, seed=a.seed, partitions=a.partitions,
-                          keep=a.keep)
+                          keep=a.keep, hives=a.hives)
     for k, v in out.items():
         print(f"{k:>22}: {v:,.2f}" if isinstance(v, float) else f"{k:>22}: {v}")
     rate = out["events_per_s"]
     vs = report.times(report.ratio(rate, TARGET_EVENTS_PER_S), f"target {TARGET_EVENTS_PER_S:,.0f}")
     print(report.summary([f"occupancy-analytics {out['events']:,} events over {out['days']} days in "
-                          f"{out['wall_s']:.1f} s (Spark's start included) = {rate:,.0f} events/s ({vs})"],
+                          f"{out['wall_s']:.1f} s (Spark's start included) = {rate:,.0f} events/s ({vs})",
+                          venue_line(out)],
                          verdict="OK" if out["ok"] else "MISSED"))
     return 0 if out["ok"] else 1
 
