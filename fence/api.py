@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from exchanges.shell import Counters
 from fence.auth import AuthUnavailable, Unauthenticated, User
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService
 from fence.venues import owner_store as os_
@@ -82,8 +83,31 @@ class BodyLimit:
         await JSONResponse({"error": reason}, status_code=413)(scope, receive, send)
 
 
+class RequestMetrics:
+    """ASGI middleware: each HTTP request's time to its response's start into the histogram
+    http_request_seconds, and its status class into http_responses_<n>xx (for /metrics)."""
+
+    def __init__(self, app: ASGIApp, counters: Counters) -> None:
+        self.app, self.counters = app, counters
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.counters.observe("http_request_seconds", time.perf_counter() - started)
+                self.counters.bump(f"http_responses_{int(message['status']) // 100}xx")
+            await send(message)
+
+        await self.app(scope, receive, timed)
+
+
 def create_app(service: FenceService, verifier: Verifier, health: Any = None,
-               venues: VenueReads | None = None, commands: SensorCommands | None = None) -> FastAPI:
+               venues: VenueReads | None = None, commands: SensorCommands | None = None,
+               counters: Counters | None = None) -> FastAPI:
     app = FastAPI(
         title="geofence fence API",
         version="1",
@@ -121,6 +145,8 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                             status_code=422)
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    if counters is not None:
+        app.add_middleware(RequestMetrics, counters=counters)
 
     def tagged(response: Response, result: dict[str, Any]) -> dict[str, Any]:
         version = (result.get("properties") or {}).get("version")

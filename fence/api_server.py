@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,7 @@ class _Server(uvicorn.Server):
 
 
 async def serve_amqp(config: ApiConfig, rpc: RpcServer, follower: Follower, counters: shell.Counters,
-                     stop: asyncio.Event) -> None:
+                     stop: asyncio.Event, extra: Callable[[], Mapping[str, float]] | None = None) -> None:
     cfg = config.sidecar
 
     async def session(stop: asyncio.Event) -> None:
@@ -113,7 +113,17 @@ async def serve_amqp(config: ApiConfig, rpc: RpcServer, follower: Follower, coun
                  shell.periodic(stop, DUE_EVERY_S, follower.due),
                  shell.periodic(stop, 30, lambda: log.info("%s", counters.line()))], cfg.drain_s)
 
-    await shell.serve(cfg, session, stop)
+    await shell.serve(cfg, session, stop, counters, extra)
+
+
+def venue_metrics(venues: VenueReads) -> dict[str, float]:
+    """The venue reads' counts for /metrics (names ending _total are counters)."""
+    c = venues.cache
+    out = {"venue_pg_reads_total": float(venues.pg_reads)}
+    if c is not None:
+        out.update({"venue_cache_hits_total": float(c.hits), "venue_cache_misses_total": float(c.misses),
+                    "venue_cache_failures_total": float(c.failures)})
+    return out
 
 
 def venue_health(venues: VenueReads) -> dict[str, Any]:
@@ -140,7 +150,7 @@ async def main(config: ApiConfig) -> int:
         venues = VenueReads(manager.pool, cache)
         commands = SensorCommands(cfg.amqp_for(t.INGRESS_VHOST))
         app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
-                         venues, commands)
+                         venues, commands, counters)
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                         access_log=False, lifespan="off", http="httptools"))
 
@@ -157,6 +167,6 @@ async def main(config: ApiConfig) -> int:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(http())
             tg.create_task(stop_http())
-            tg.create_task(serve_amqp(config, rpc, follower, counters, stop))
+            tg.create_task(serve_amqp(config, rpc, follower, counters, stop, lambda: venue_metrics(venues)))
     log.info("stopped: %s", counters.line())
     return 0

@@ -157,7 +157,7 @@ async def main(config: shell.SidecarConfig) -> int:
     log.info("%s", config.describe())
     archiver = Archiver(config)
     try:
-        await shell.serve(config, archiver.session, stop)
+        await shell.serve(config, archiver.session, stop, archiver.counters)
     finally:
         await archiver.close()
     log.info("stopped: %s", archiver.counters.line())

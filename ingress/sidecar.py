@@ -191,6 +191,6 @@ async def main(config: shell.SidecarConfig) -> int:
     sidecar = IngressSidecar(config, core)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(watch_store(config.postgres_url, sidecar, config.regions, stop, config.name))
-        await shell.serve(config, sidecar.session, stop)
+        await shell.serve(config, sidecar.session, stop, sidecar.counters)
     log.info("stopped: %s", sidecar.counters.line())
     return 0

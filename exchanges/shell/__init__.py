@@ -4,13 +4,14 @@ fence/x_fence/sidecar.py) only decode, call their core, publish what it returns 
 
 One module per concept, each with its invariants:
 - config: `SidecarConfig` from the GEOFENCE_* variables (through exchanges/settings.py), `ConfigError`;
-- counters: `Counters`, `reason_key`;
+- counters: `Counters` (counts, gauges, histograms), `reason_key`;
+- metrics: the Counters as Prometheus metric families, `metrics_server` (/metrics);
 - connections: connections and channels, `InstanceLock`, `connection_lost`, `BROKER_GONE`,
   `Backoff`;
 - publish: `Out`, `Plains`, `publish_all`, `dead_letter`, `reply`, `PublishRefused`;
 - intake: `Intake`, `run_batches`, `settle`, `SidecarFault`, `reason_of`;
 - lifecycle: the `Sidecar` protocol, `run_sidecar`, `serve`, `run_session`, `periodic`.
-Imports go one way, config/counters <- connections <- publish <- intake <- lifecycle, and
+Imports go one way, config/counters <- metrics, connections <- publish <- intake <- lifecycle, and
 nothing here imports a role (fence/, ingress/, spark_jobs/, deploy/): only
 exchanges.topology and exchanges.contract.
 

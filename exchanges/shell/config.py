@@ -28,6 +28,14 @@ ENV_KEYS = t.SIDECAR_ENV_KEYS
 
 
 
+def parse_listen(value: str) -> tuple[str, int]:
+    """host:port (GEOFENCE_METRICS_LISTEN); ValueError says why not."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port
+        raise ValueError(f"{value!r}: host:port expected")
+    return host.strip("[]"), int(port)
+
+
 @dataclass(frozen=True)
 class SidecarConfig:
     """One sidecar's settings, built once in main from GEOFENCE_* variables.
@@ -56,6 +64,9 @@ class SidecarConfig:
     # memcache://host:port of the venues' read cache (the sensor sidecar fills it, the API
     # reads it); empty: no cache (reads go to PostgreSQL)
     memcached_url: str = ""
+    # host:port where the sidecar serves Prometheus' /metrics (exchanges/shell/metrics.py);
+    # empty: none
+    metrics_listen: str = ""
 
     @classmethod
     def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,
@@ -98,6 +109,12 @@ class SidecarConfig:
                 raise ConfigError(f"GEOFENCE_MEMCACHED_URL={env['GEOFENCE_MEMCACHED_URL']!r}: "
                                   "memcache://host:port expected")
             kw["memcached_url"] = env["GEOFENCE_MEMCACHED_URL"]
+        if env.get("GEOFENCE_METRICS_LISTEN"):
+            try:
+                parse_listen(env["GEOFENCE_METRICS_LISTEN"])
+            except ValueError as exc:
+                raise ConfigError(f"GEOFENCE_METRICS_LISTEN={exc}") from None
+            kw["metrics_listen"] = env["GEOFENCE_METRICS_LISTEN"]
         config = cls(role, instance, amqp, pg, **kw)
         try:
             _ = config.topology
@@ -127,6 +144,7 @@ class SidecarConfig:
                 f"batch <= {self.batch_max}, prefetch {self.prefetch}, drain {self.drain_s:g}s"
                 + (f", journal {self.journal_dir}" if self.journal_dir else "")
                 + (f", cache {self.memcached_url}" if self.memcached_url else "")
+                + (f", metrics {self.metrics_listen}" if self.metrics_listen else "")
                 + ("" if self.persistence else ", PERSISTENCE OFF (benchmarks only)"))
 
 

@@ -10,8 +10,44 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+# Bucket bounds of the histograms a role observes (exchanges/shell/metrics.py serves them);
+# a name not here gets DEFAULT_BUCKETS.
+SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    "batch_size": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000),
+    "confirm_wait_seconds": SECONDS,
+    "journal_sync_seconds": (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+    "event_latency_seconds": SECONDS,
+    "http_request_seconds": SECONDS,
+}
+DEFAULT_BUCKETS = SECONDS
+
+
+class Histogram:
+    """Counts per bucket (value <= bound; the last one past every bound) and their sum."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = np.asarray(bounds, dtype=np.float64)
+        self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)
+        self.total = 0.0
+
+    def observe(self, values: npt.ArrayLike) -> None:
+        v = np.asarray(values, dtype=np.float64).ravel()
+        if v.size:
+            self.counts += np.bincount(np.searchsorted(self.bounds, v, side="left"),
+                                       minlength=self.counts.size)
+            self.total += float(v.sum())
+
+    @property
+    def count(self) -> int:
+        return int(self.counts.sum())
 
 
 @dataclass
@@ -27,14 +63,28 @@ class Counters:
     dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason (shortened)
     retries: int = 0
     other: Counter[str] = field(default_factory=Counter)  # a role's own counts (bump)
+    events_by: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, reason)
+    gauges: dict[str, float] = field(default_factory=dict)  # a role's levels now (gauge)
+    histograms: dict[str, Histogram] = field(default_factory=dict)  # observe
 
     def bump(self, name: str, n: int = 1) -> None:
         self.other[name] += n
+
+    def gauge(self, name: str, value: float) -> None:
+        self.gauges[name] = float(value)
+
+    def observe(self, name: str, values: npt.ArrayLike) -> None:
+        """One value or an array of them into histogram `name` (buckets: HISTOGRAM_BUCKETS)."""
+        h = self.histograms.get(name)
+        if h is None:
+            h = self.histograms[name] = Histogram(HISTOGRAM_BUCKETS.get(name, DEFAULT_BUCKETS))
+        h.observe(values)
 
     def batch(self, size: int) -> None:
         self.batches += 1
         self.received += size
         self.largest_batch = max(self.largest_batch, size)
+        self.observe("batch_size", size)
 
     def to_json(self) -> dict[str, Any]:
         return {"received": self.received, "positions": self.positions, "published": self.published,

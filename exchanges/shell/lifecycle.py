@@ -18,7 +18,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from aio_pika.abc import AbstractConnection
@@ -27,6 +27,7 @@ from exchanges.shell.config import SidecarConfig
 from exchanges.shell.connections import BROKER_GONE, Backoff, TookOver, connection_lost
 from exchanges.shell.counters import Counters
 from exchanges.shell.intake import Intake
+from exchanges.shell.metrics import metrics_server, registry_of
 
 log = logging.getLogger("geofence")
 
@@ -70,7 +71,7 @@ async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str
     if not await sidecar.recover(stop):
         return 0
     try:
-        await serve(config, sidecar.session, stop)
+        await serve(config, sidecar.session, stop, sidecar.counters, getattr(sidecar, "gauges", None))
     except TookOver as exc:  # its state is stale: no close (an x-fence would snapshot it)
         log.error("%s", exc)
         return EXIT_TOOK_OVER
@@ -79,8 +80,22 @@ async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str
     return 0
 
 
-async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event) -> None:
-    """Run sessions until `stop`; a session ends by raising when the broker goes away."""
+async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event,
+                counters: Counters | None = None,
+                extra: Callable[[], Mapping[str, float]] | None = None) -> None:
+    """Run sessions until `stop`; a session ends by raising when the broker goes away. With
+    `counters`, they are served as Prometheus metrics on config.metrics_listen meanwhile
+    (`extra`: more gauges, read at each scrape)."""
+    if counters is None or not config.metrics_listen:
+        await _serve(config, session, stop, counters)
+        return
+    registry = registry_of(counters, config.role, config.instance, extra)
+    async with metrics_server(config.metrics_listen, registry):
+        await _serve(config, session, stop, counters)
+
+
+async def _serve(config: SidecarConfig, session: Session, stop: asyncio.Event, counters: Counters | None
+                 ) -> None:
     backoff = Backoff()
     while not stop.is_set():
         started = time.monotonic()
@@ -91,6 +106,8 @@ async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event) ->
             lost = group.exceptions[0]
         if lost is None or stop.is_set():
             continue
+        if counters is not None:
+            counters.bump("reconnects")
         if time.monotonic() - started > 30:
             backoff.reset()
         delay = backoff.next()

@@ -84,7 +84,10 @@ async def publish_all(outs: Sequence[Out | Plains], counters: Counters,
     is plain) go out as one write per channel (`_publish_plain`), the others one by one
     through aiormq."""
     pending = list(outs)
+    if not pending:
+        return
     backoff = Backoff(0.05, 2.0)
+    started = time.monotonic()  # to the last confirm, retries included: confirm_wait_seconds
     while pending:
         plain: dict[int, list[Plains]] = {}  # by channel
         other: list[Out] = []
@@ -122,6 +125,7 @@ async def publish_all(outs: Sequence[Out | Plains], counters: Counters,
                         "%.2fs", len(failed), delay)
             await asyncio.sleep(delay)  # back-pressure: the input stays unacked meanwhile
         pending = list(failed)
+    counters.observe("confirm_wait_seconds", time.monotonic() - started)
 
 
 async def _publish_one(o: Out) -> list[BaseException | None]:

@@ -197,6 +197,12 @@ class GeoSidecar:
                 await conn.close()
             return None if stored is None else FenceBinding(fid, version, stored.ranges, stored.interior)
 
+    def gauges(self) -> dict[str, float]:
+        """Levels for /metrics, read at each scrape."""
+        s = self.core.stats()
+        return {"objects_tracked": float(s["objects"]), "fences_bound": float(s["fences"]),  # type: ignore[arg-type]
+                "ranges_bound": float(s["ranges"])}  # type: ignore[arg-type]
+
     def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
         fences = self.core.fences()
         out: dict[str, Any] = {"region": self.region, "stats": self.core.stats(),

@@ -53,6 +53,7 @@ class Notifier:
         self.sender = sender
         self.counters = counters
         self.buckets = nr.TokenBucket()
+        self.open_alerts = {sa.SILENT: 0, sa.LOW_BATTERY: 0}  # as of the last watch (for /metrics)
 
     async def handle(self, conn: asyncpg.Connection, messages: Sequence[AbstractIncomingMessage],
                      dead_letter: Any) -> None:
@@ -131,6 +132,7 @@ class Notifier:
             None if hive_ids is None else list(hive_ids))
         raised: list[tuple[sa.SensorHealth, str, str]] = []
         cleared: list[tuple[str, str]] = []
+        open_now = {sa.SILENT: 0, sa.LOW_BATTERY: 0}
         for r in rows:
             h = sa.SensorHealth(r["id"], r["hive_id"], r["name"], r["owner_uid"], r["report_interval_min"],
                                 r["low_battery_mv"], r["created_at"].timestamp(),
@@ -139,6 +141,10 @@ class Notifier:
             up, down = sa.decide(h, set(r["open_kinds"]), now)
             raised += [(h, kind, detail) for kind, detail in up]
             cleared += [(h.sensor_id, kind) for kind in down]
+            for kind in (set(r["open_kinds"]) - set(down)) | {k for k, _ in up}:
+                open_now[kind] = open_now.get(kind, 0) + 1
+        if hive_ids is None:
+            self.open_alerts = open_now
         if cleared:
             await conn.executemany("UPDATE sensor_alert SET cleared_at = now() WHERE sensor_id = $1 "
                                    "AND kind = $2 AND cleared_at IS NULL", cleared)

@@ -276,6 +276,12 @@ class SensorSidecar:
                                  "send notifications")
         await shell.publish_all(outs, self.counters)
 
+    def gauges(self) -> dict[str, float]:
+        """Levels for /metrics, read at each scrape."""
+        return {"hives": float(len(self.hives)), "sensors": float(len(self.core.sensors)),
+                "sensors_silent": float(self.notifier.open_alerts.get("silent", 0)),
+                "sensors_low_battery": float(self.notifier.open_alerts.get("low_battery", 0))}
+
     async def watch_sensors(self) -> None:
         """Owner alerts: silent sensors, low batteries (notifier.py)."""
         now = time.time()

@@ -53,7 +53,7 @@ from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from fence import store
 from fence.x_fence.core import XFence
-from fence.x_fence.events import Event
+from fence.x_fence.events import ENTERED, EXITED, Event
 from fence.x_fence.journal import Recovered, StateDir
 from fence.x_fence.journal import pack as journal_pack
 
@@ -183,6 +183,7 @@ class FenceSidecar:
             self.counters.bump("journal_records")
             self.counters.bump("journal_bytes", self.journal.journal_bytes - before)
             self.counters.bump("journal_us", int((time.perf_counter() - started) * 1e6))
+            self.counters.observe("journal_sync_seconds", time.perf_counter() - started)
         self.unpersisted = False
         if self.journal.wants_rotation:
             gen, data = self._begin_snapshot()
@@ -274,7 +275,22 @@ class FenceSidecar:
                     events += self.core.drop(step.fence_id, step.version, step.ts)
                     log.info("fence %s v%d deleted", step.fence_id, step.version)
             await shell.publish_all(outs + self.event_outs(events), self.counters)
+            self.observe_latency(events)
             await self.persist()
+
+    def observe_latency(self, events: Sequence[Event]) -> None:
+        """Device to event: from the position's own time to now, its event confirmed (ENTER /
+        LEAVE decided by positions; timeouts and fence changes are not a position's)."""
+        if events:
+            now = time.time()
+            self.counters.observe("event_latency_seconds", [now - e.position_ts for e in events
+                                                            if e.reason in (ENTERED, EXITED)])
+
+    def gauges(self) -> dict[str, float]:
+        """Levels for /metrics, read at each scrape."""
+        s = self.core.stats()
+        return {"objects_tracked": s["objects"], "fences_bound": s["fences"],
+                "inside_pairs": s["inside_pairs"], "held_positions": s["held_now"]}
 
     def clock(self) -> float:
         """Now, for timeouts: the wall clock once the input queue's backlog is consumed,
@@ -298,6 +314,7 @@ class FenceSidecar:
         self.counters.events += len(events)
         if not events:
             return []
+        self.counters.events_by.update((e.event, e.reason) for e in events)
         bodies = [orjson.dumps(e.to_json()) for e in events]
         keys = [t.event_routing_key(e.fence_id, e.event, e.object_id) for e in events]
         outs: list[shell.Out | shell.Plains] = [shell.Plains(self.events, keys, bodies, "application/json")]
