@@ -1,6 +1,6 @@
-"""The four services of the local stack: RabbitMQ, PostgreSQL, memcached and the Firebase
-Auth emulator. For each: is it running, launch it, wait until it serves, configure it, stop
-it; SERVICES lists them in start order for `deploy.stack`.
+"""The services of the local stack: RabbitMQ, PostgreSQL, memcached, the Firebase Auth
+emulator and Prometheus (deploy/monitoring.py). For each: is it running, launch it, wait
+until it serves, configure it, stop it; SERVICES lists them in start order for `deploy.stack`.
 
 Trade-offs, chosen for a development / CI machine without systemd:
 
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy import firebase_emulator as fe
+from deploy import monitoring
 from deploy.processes import (
     POLL_INTERVAL,
     ProcessId,
@@ -53,7 +54,8 @@ from deploy.processes import (
 )
 from deploy.settings import FIREBASE_PROJECT, USER, Secrets, Settings, management_url
 
-PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel")
+PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel",
+           "rabbitmq_prometheus")
 ENABLED_PLUGINS_FILE = Path("/etc/rabbitmq/enabled_plugins")
 RABBITMQ_LOG_DIR = Path("/var/log/rabbitmq")
 
@@ -65,7 +67,8 @@ def rabbitmq_env(settings: Settings) -> dict[str, str]:
     """Listeners on GEOFENCE_HOST and the configured ports, without touching /etc/rabbitmq."""
     h, mqtt, web = settings.host, settings.mqtt_port, settings.management_port
     erl_args = (f'-rabbitmq_mqtt tcp_listeners [{{"{h}",{mqtt}}}] '
-                f'-rabbitmq_management tcp_config [{{ip,"{h}"}},{{port,{web}}}]')
+                f'-rabbitmq_management tcp_config [{{ip,"{h}"}},{{port,{web}}}] '
+                f'-rabbitmq_prometheus tcp_config [{{ip,"{h}"}},{{port,{settings.rabbitmq_metrics_port}}}]')
     return {**os.environ, "RABBITMQ_NODE_IP_ADDRESS": h,
             "RABBITMQ_NODE_PORT": str(settings.amqp_port),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": erl_args}
@@ -114,7 +117,15 @@ def rabbitmq_await(settings: Settings) -> ProcessId:
     return identify(rabbitmq_pid())
 
 
+def _prometheus_plugin_listens(settings: Settings) -> bool:
+    """rabbitmq_prometheus answers, on our port or (a node not started with our arguments)
+    on its default one."""
+    return port_open(settings.host, settings.rabbitmq_metrics_port) or port_open(settings.host, 15692)
+
+
 def _await_rabbitmq_listeners(settings: Settings) -> None:
+    wait_until(functools.partial(_prometheus_plugin_listens, settings), settings.start_timeout,
+               "RabbitMQ's rabbitmq_prometheus plugin to listen")
     for port in (settings.amqp_port, settings.mqtt_port, settings.management_port):
         wait_until(functools.partial(port_open, settings.host, port), settings.start_timeout,
                    f"RabbitMQ to listen on {settings.host}:{port}")
@@ -126,8 +137,10 @@ def rabbitmq_pid() -> int:
 
 
 def rabbitmq_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
-    if not started_now and not port_open(settings.host, settings.mqtt_port):
-        # A node started elsewhere without our plugins: enable them on the running node.
+    if not started_now and not (port_open(settings.host, settings.mqtt_port)
+                                and _prometheus_plugin_listens(settings)):
+        # A node started elsewhere (or before a plugin was added here) without our plugins:
+        # enable them on the running node.
         run(["rabbitmqctl", "await_startup", "--timeout", str(int(settings.start_timeout))])
         run(["rabbitmq-plugins", "enable", *PLUGINS], timeout=settings.start_timeout)
         _await_rabbitmq_listeners(settings)
@@ -406,4 +419,6 @@ SERVICES: tuple[Service, ...] = (
             memcached_configure, memcached_stop),
     Service("firebase-auth", firebase_running, firebase_launch, firebase_await, firebase_configure,
             firebase_stop),
+    Service("prometheus", monitoring.running, monitoring.launch, monitoring.await_started,
+            monitoring.configure, monitoring.stop),
 )

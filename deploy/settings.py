@@ -87,12 +87,26 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_MEMCACHED_PORT": ("memcached_port", _port),
     "GEOFENCE_API_PORT": ("api_port", _port),
     "GEOFENCE_FIREBASE_AUTH_PORT": ("firebase_auth_port", _port),
+    "GEOFENCE_PROMETHEUS_PORT": ("prometheus_port", _port),
+    "GEOFENCE_RABBITMQ_METRICS_PORT": ("rabbitmq_metrics_port", _port),
+    "GEOFENCE_METRICS_PORT": ("metrics_port", _port),
     "GEOFENCE_PG_BINDIR": ("pg_bindir", _abs_path),
     "GEOFENCE_START_TIMEOUT": ("start_timeout", lambda key, raw: positive(key, raw, float)),
     "GEOFENCE_REGIONS": ("regions", _names),
     "GEOFENCE_WORKERS": ("workers", _names),
 }
 ENV_KEYS = tuple(_ENV_KEYS)
+
+
+def sidecar_ids(topology: topo.Topology) -> list[tuple[str, str]]:
+    """(role, instance) of every process `geofence up` runs, in start order (deploy/sidecars.py)."""
+    return [("x-ingress", ""), *(("x-geo", r) for r in topology.regions),
+            *(("x-fence", w) for w in topology.workers), ("fence-archiver", ""), ("api", ""),
+            ("venue-sensors", "")]
+
+
+def sidecar_names(topology: topo.Topology) -> list[str]:
+    return [f"{role}-{instance}" if instance else role for role, instance in sidecar_ids(topology)]
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,9 @@ class Settings:
     memcached_port: int = 11211
     api_port: int = 8080  # the fence API (HTTP), `geofence api`
     firebase_auth_port: int = 9099  # the Firebase Auth emulator
+    prometheus_port: int = 9090  # Debian's prometheus, scraping everything below
+    rabbitmq_metrics_port: int = 15692  # RabbitMQ's rabbitmq_prometheus plugin
+    metrics_port: int = 9470  # the first sidecar's /metrics; the others follow (metrics_ports)
     pg_bindir: Path | None = None  # None: the newest /usr/lib/postgresql/*/bin
     start_timeout: float = 120.0
     regions: tuple[str, ...] = topo.Topology.regions  # x-geo regions (vhosts gf-region-<r>)
@@ -146,7 +163,13 @@ class Settings:
         return {"amqp": self.amqp_port, "mqtt": self.mqtt_port,
                 "management": self.management_port, "postgres": self.pg_port,
                 "memcached": self.memcached_port, "api": self.api_port,
-                "firebase-auth": self.firebase_auth_port}
+                "firebase-auth": self.firebase_auth_port, "prometheus": self.prometheus_port,
+                "rabbitmq-metrics": self.rabbitmq_metrics_port,
+                **{f"{name} metrics": port for name, port in self.metrics_ports().items()}}
+
+    def metrics_ports(self) -> dict[str, int]:
+        """Each sidecar's /metrics port (sidecar name -> port): metrics_port, then one up each."""
+        return {name: self.metrics_port + i for i, name in enumerate(sidecar_names(self.topology))}
 
     @property
     def state_file(self) -> Path:
@@ -287,6 +310,9 @@ class ConnectionSettings(TypedDict):
     memcached: MemcachedSettings
     management: ManagementSettings
     api: str | None
+    metrics: dict[str, str]  # sidecar name -> its /metrics URL
+    rabbitmq_metrics: str
+    prometheus: str
     firebase: FirebaseSettings
     state_dir: str
 
@@ -324,6 +350,10 @@ def connection_settings(settings: Settings, pw: Secrets) -> ConnectionSettings:
         "memcached": {"host": settings.host, "port": settings.memcached_port},
         "management": {"url": management_url(settings)},
         "api": f"http://{settings.host}:{settings.api_port}",
+        "metrics": {name: f"http://{settings.host}:{port}/metrics"
+                    for name, port in settings.metrics_ports().items()},
+        "rabbitmq_metrics": f"http://{settings.host}:{settings.rabbitmq_metrics_port}/metrics",
+        "prometheus": f"http://{settings.host}:{settings.prometheus_port}",
         "firebase": {"project": FIREBASE_PROJECT,
                      "auth_emulator_host": f"{settings.host}:{settings.firebase_auth_port}"},
         "state_dir": str(settings.state_dir),

@@ -9,7 +9,8 @@
 #    sources changed (a hash kept in .venv);
 # 3. enables the RabbitMQ plugins (offline, before the node starts);
 # 4. `geofence up`: RabbitMQ, a private PostgreSQL cluster, memcached, the Firebase Auth
-#    emulator (npm firebase-tools, installed under the state dir the first time), the schema,
+#    emulator (npm firebase-tools, installed under the state dir the first time), Prometheus
+#    (scraping every process's /metrics), the schema,
 #    the pipeline's sidecars, the events archiver and the fence API;
 # 5. demo: runs the demo; test: ruff, mypy, then pytest last; none: stops there.
 #
@@ -29,7 +30,7 @@ esac
 REPO="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.geofence-install.sha256"
-PLUGINS=(rabbitmq_mqtt rabbitmq_federation rabbitmq_management rabbitmq_shovel rabbitmq_federation_management)
+PLUGINS=(rabbitmq_mqtt rabbitmq_federation rabbitmq_management rabbitmq_shovel rabbitmq_federation_management rabbitmq_prometheus)
 ENABLED_PLUGINS=/etc/rabbitmq/enabled_plugins
 PYTHON="${PYTHON:-python3}"
 cd "$REPO"
@@ -57,7 +58,7 @@ java_ok() {
 
 missing_packages() {
     local p
-    for p in rabbitmq-server memcached libpostgresql-jdbc-java gcc libc6-dev; do
+    for p in rabbitmq-server memcached libpostgresql-jdbc-java gcc libc6-dev prometheus; do
         pkg_installed "$p" || echo "$p"
     done
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || echo postgresql
@@ -155,6 +156,11 @@ enable_plugins() {
 # ---------------------------------------------------------------- main
 
 install_packages
+# Debian's prometheus unit would take port 9090 at boot with /etc/prometheus's config; the local
+# stack runs its own (deploy/monitoring.py), so it is disabled where systemd runs.
+if [ -d /run/systemd/system ] && systemctl is-enabled prometheus >/dev/null 2>&1; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
 setup_venv
 enable_plugins
 "$VENV/bin/geofence" up

@@ -30,7 +30,7 @@ from deploy.processes import ProcessId, Say, StackError, identify, port_open, pr
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.apply import management
 from deploy.rabbitmq.plan import api_path
-from deploy.settings import FIREBASE_PROJECT, Secrets, Settings, postgres_dsn
+from deploy.settings import FIREBASE_PROJECT, Secrets, Settings, postgres_dsn, sidecar_ids
 from exchanges import topology as t
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,9 +55,7 @@ class Sidecar:
 
 
 def sidecars(topology: t.Topology) -> list[Sidecar]:
-    return [Sidecar("x-ingress"), *(Sidecar("x-geo", r) for r in topology.regions),
-            *(Sidecar("x-fence", w) for w in topology.workers), Sidecar("fence-archiver"), Sidecar("api"),
-            Sidecar("venue-sensors")]
+    return [Sidecar(role, instance) for role, instance in sidecar_ids(topology)]
 
 
 def input_queues(topology: t.Topology) -> list[tuple[str, str]]:
@@ -84,6 +82,7 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}
     env.update(passed_on())
+    env["GEOFENCE_METRICS_LISTEN"] = f"{settings.host}:{settings.metrics_ports()[sc.name]}"
     if sc.role in ("api", "venue-sensors"):  # the venues' read cache
         env["GEOFENCE_MEMCACHED_URL"] = f"memcache://{settings.host}:{settings.memcached_port}"
     if sc.role == "x-fence":  # its snapshot and journal

@@ -139,9 +139,14 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
                   f"{h}:{settings.memcached_port}"),
         StatusRow("firebase-auth", port_open(h, settings.firebase_auth_port), ours["firebase-auth"],
                   f"http://{h}:{settings.firebase_auth_port} (Auth emulator, project {FIREBASE_PROJECT})"),
+        StatusRow("prometheus", port_open(h, settings.prometheus_port), ours["prometheus"],
+                  f"http://{h}:{settings.prometheus_port} (scrapes every /metrics below)"),
     )
     alive = sidecars.running(settings)
-    rows += tuple(StatusRow(name, ok, True, f"log {settings.log_dir / (name + '.log')}")
+    metrics = settings.metrics_ports()
+    rows += tuple(StatusRow(name, ok, True, f"log {settings.log_dir / (name + '.log')}, metrics "
+                            f"http://{h}:{metrics[name]}/metrics" if name in metrics else
+                            f"log {settings.log_dir / (name + '.log')}")
                   for name, ok in alive.items())
     return Status(rows, pw.values() if pw else ())
 

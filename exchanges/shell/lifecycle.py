@@ -89,7 +89,8 @@ async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event,
     if counters is None or not config.metrics_listen:
         await _serve(config, session, stop, counters)
         return
-    registry = registry_of(counters, config.role, config.instance, extra)
+    counters.bump("reconnects", 0)  # a counter is there from the start, at zero
+    registry = registry_of(counters, config.role, extra)
     async with metrics_server(config.metrics_listen, registry):
         await _serve(config, session, stop, counters)
 

@@ -3,10 +3,12 @@ GEOFENCE_METRICS_LISTEN (host:port) at /metrics by a small asyncio server in the
 event loop.
 
 Names follow Prometheus' conventions: `geofence_` prefix, `_total` counters, base units
-(seconds, bytes), labels `role` and `instance` on every family (`reason`, `kind` where a count
-is split). What a role counts with `Counters.bump(name)` becomes `geofence_<name>_total`, what
-it sets with `gauge(name)` `geofence_<name>`, what it observes with `observe(name, values)` a
-histogram `geofence_<name>` with the buckets of HISTOGRAM_BUCKETS.
+(seconds, bytes), label `role` on every family (`reason`, `kind` where a count is split). Which
+process a series comes from is the scrape target's business (its `instance`, and the `name`
+label deploy/monitoring.py gives each target: x-fence-w0), so the process does not repeat
+it. What a role counts with `Counters.bump(name)` becomes `geofence_<name>_total`, what it sets
+with `gauge(name)` `geofence_<name>`, what it observes with `observe(name, values)` a histogram
+`geofence_<name>` with the buckets of HISTOGRAM_BUCKETS.
 
 Trade-off: the metrics are read from the live Counters at scrape time, in the event loop (no
 thread, no lock: the loop is the only writer), and the histograms are numpy bucket counts a
@@ -56,13 +58,13 @@ def metric_name(name: str) -> str:
 class CountersCollector(Collector):
     """A role's Counters as metric families (read at each scrape)."""
 
-    def __init__(self, counters: Counters, role: str, instance: str,
+    def __init__(self, counters: Counters, role: str,
                  extra: Callable[[], Mapping[str, float]] | None = None) -> None:
-        self.counters, self.labels = counters, (role, instance or role)
+        self.counters, self.labels = counters, (role,)
         self.extra = extra  # more values, read at the scrape: a name ending _total is a counter
 
     def collect(self) -> Iterator[Any]:
-        c, labels, names = self.counters, list(self.labels), ["role", "instance"]
+        c, labels, names = self.counters, list(self.labels), ["role"]
         for name, value in (("messages_received", c.received), ("positions", c.positions),
                             ("published", c.published), ("events", c.events), ("batches", c.batches),
                             ("publish_retries", c.retries)):
@@ -79,8 +81,11 @@ class CountersCollector(Collector):
             f.add_metric([*labels, kind, reason], n)
         yield f
         for name, count in list(c.other.items()):
+            amount = float(count)
+            if name.endswith("_us"):  # microseconds counted, seconds exported (base units)
+                name, amount = name.removesuffix("_us") + "_seconds", count / 1e6
             f = CounterMetricFamily(metric_name(name), f"{name} (counted by the role)", labels=names)
-            f.add_metric(labels, count)
+            f.add_metric(labels, amount)
             yield f
         gauges: dict[str, float] = dict(c.gauges)
         if self.extra is not None:
@@ -108,10 +113,10 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-def registry_of(counters: Counters, role: str, instance: str,
+def registry_of(counters: Counters, role: str,
                 extra: Callable[[], Mapping[str, float]] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CountersCollector(counters, role, instance, extra))
+    registry.register(CountersCollector(counters, role, extra))
     return registry
 
 

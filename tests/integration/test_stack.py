@@ -120,7 +120,7 @@ def test_plugins_enabled_and_listening(stack: ConnectionSettings) -> None:
     listed = subprocess.run(["rabbitmq-plugins", "list", "-e", "-m"], capture_output=True,
                             text=True, timeout=120, check=True, cwd="/").stdout.split()
     for plugin in ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management",
-                   "rabbitmq_shovel"):
+                   "rabbitmq_shovel", "rabbitmq_prometheus"):
         assert plugin in listed
     overview = _management_get(stack, "api/overview")
     protocols = {listener["protocol"] for listener in overview["listeners"]}

@@ -94,6 +94,8 @@ def test_bad_values_are_rejected_naming_the_key(key: str, value: str) -> None:
 def test_two_services_on_one_port_are_rejected() -> None:
     with pytest.raises(SettingsError, match="one port"):
         Settings.from_env({"GEOFENCE_PG_PORT": "5672"})
+    with pytest.raises(SettingsError, match="one port"):  # a sidecar's /metrics among them
+        Settings.from_env({"GEOFENCE_PROMETHEUS_PORT": "9473"})
 
 
 def test_settings_are_frozen() -> None:
@@ -117,6 +119,11 @@ def test_connection_settings_shape() -> None:
         "memcached": {"host": "127.0.0.1", "port": 11211},
         "management": {"url": "http://127.0.0.1:15672/"},
         "api": "http://127.0.0.1:8080",
+        "metrics": {name: f"http://127.0.0.1:{port}/metrics" for name, port in (
+            ("x-ingress", 9470), ("x-geo-a", 9471), ("x-geo-b", 9472), ("x-fence-w0", 9473),
+            ("x-fence-w1", 9474), ("fence-archiver", 9475), ("api", 9476), ("venue-sensors", 9477))},
+        "rabbitmq_metrics": "http://127.0.0.1:15692/metrics",
+        "prometheus": "http://127.0.0.1:9090",
         "firebase": {"project": "demo-geofence", "auth_emulator_host": "127.0.0.1:9099"},
         "state_dir": "/var/lib/geofence",
     }
@@ -221,9 +228,10 @@ def test_parse_proc_stat_handles_odd_command_names() -> None:
 
 def test_missing_plugins_reads_the_erlang_list() -> None:
     assert missing_plugins(
-        "[rabbitmq_federation,rabbitmq_management,rabbitmq_mqtt,rabbitmq_shovel].\n") == []
+        "[rabbitmq_federation,rabbitmq_management,rabbitmq_mqtt,rabbitmq_shovel,\n"
+        " rabbitmq_prometheus].\n") == []
     assert missing_plugins("[rabbitmq_management].") == [
-        "rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_shovel"]
+        "rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_shovel", "rabbitmq_prometheus"]
     assert missing_plugins("") == list(PLUGINS)
 
 

@@ -17,7 +17,7 @@ from exchanges.shell.metrics import metrics_server, registry_of
 
 
 def scrape(counters: Counters, extra: dict[str, float] | None = None) -> dict[str, object]:
-    registry = registry_of(counters, "x-fence", "w0", (lambda: extra) if extra else None)
+    registry = registry_of(counters, "x-fence", (lambda: extra) if extra else None)
     text = generate_latest(registry).decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
 
@@ -26,7 +26,7 @@ def samples(family: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}  # type: ignore[attr-defined]
 
 
-def test_the_counters_become_families_with_role_and_instance() -> None:
+def test_the_counters_become_families_with_their_role() -> None:
     c = Counters()
     c.batch(3)
     c.batch(700)
@@ -34,24 +34,26 @@ def test_the_counters_become_families_with_role_and_instance() -> None:
     c.dead_lettered["lat N is outside [N, N]"] += 2
     c.events_by[("enter", "entered")] += 5
     c.bump("journal_records", 4)
+    c.bump("journal_us", 2_500_000)
     c.gauge("objects_tracked", 42)
     got = scrape(c, {"venue_cache_hits_total": 9.0, "queue_depth": 3.0})
-    me = (("instance", "w0"), ("role", "x-fence"))
+    me = (("role", "x-fence"),)
     assert samples(got["geofence_positions"])[("geofence_positions_total", me)] == 703
     assert samples(got["geofence_messages_received"])[("geofence_messages_received_total", me)] == 703
     dl = samples(got["geofence_dead_letters"])
-    assert dl[("geofence_dead_letters_total", (*me[:1], ("reason", "lat N is outside [N, N]"), me[1]))] == 2
+    assert dl[("geofence_dead_letters_total", (("reason", "lat N is outside [N, N]"), *me))] == 2
     ev = samples(got["geofence_events_out"])
-    assert ev[("geofence_events_out_total", (me[0], ("kind", "enter"), ("reason", "entered"), me[1]))] == 5
+    assert ev[("geofence_events_out_total", (("kind", "enter"), ("reason", "entered"), *me))] == 5
     assert got["geofence_journal_records"].type == "counter"
+    assert samples(got["geofence_journal_seconds"])[("geofence_journal_seconds_total", me)] == 2.5
     assert samples(got["geofence_objects_tracked"])[("geofence_objects_tracked", me)] == 42
     assert got["geofence_objects_tracked"].type == "gauge"
     assert got["geofence_venue_cache_hits"].type == "counter" and got["geofence_queue_depth"].type == "gauge"
     h = samples(got["geofence_batch_size"])
     assert h[("geofence_batch_size_count", me)] == 2 and h[("geofence_batch_size_sum", me)] == 703
-    assert h[("geofence_batch_size_bucket", (me[0], ("le", "5.0"), me[1]))] == 1
-    assert h[("geofence_batch_size_bucket", (me[0], ("le", "1000.0"), me[1]))] == 2
-    assert h[("geofence_batch_size_bucket", (me[0], ("le", "+Inf"), me[1]))] == 2
+    assert h[("geofence_batch_size_bucket", (("le", "5.0"), *me))] == 1
+    assert h[("geofence_batch_size_bucket", (("le", "1000.0"), *me))] == 2
+    assert h[("geofence_batch_size_bucket", (("le", "+Inf"), *me))] == 2
 
 
 def test_a_histogram_takes_a_batch_of_values_at_once() -> None:
@@ -68,7 +70,7 @@ def test_a_histogram_takes_a_batch_of_values_at_once() -> None:
 async def test_the_server_answers_get_metrics_and_nothing_else() -> None:
     c = Counters()
     c.positions = 7
-    async with metrics_server("127.0.0.1:0", registry_of(c, "x-ingress", "")) as server:
+    async with metrics_server("127.0.0.1:0", registry_of(c, "x-ingress")) as server:
         assert server is not None
         port = server.sockets[0].getsockname()[1]
 
@@ -81,9 +83,9 @@ async def test_the_server_answers_get_metrics_and_nothing_else() -> None:
 
         status, ctype, body = await asyncio.to_thread(get, "/metrics")
         assert status == 200 and ctype.startswith("text/plain; version=0.0.4")
-        assert 'geofence_positions_total{instance="x-ingress",role="x-ingress"} 7.0' in body
+        assert 'geofence_positions_total{role="x-ingress"} 7.0' in body
         assert (await asyncio.to_thread(get, "/"))[0] == 404
-    async with metrics_server("", registry_of(c, "x", "")) as none:
+    async with metrics_server("", registry_of(c, "x")) as none:
         assert none is None
 
 
