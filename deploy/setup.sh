@@ -58,7 +58,9 @@ java_ok() {
 
 missing_packages() {
     local p
-    for p in rabbitmq-server memcached libpostgresql-jdbc-java gcc libc6-dev prometheus; do
+    # chromium + chromium-driver: the page tests' real browser (tests/integration/browser.py)
+    for p in rabbitmq-server memcached libpostgresql-jdbc-java gcc libc6-dev prometheus chromium \
+             chromium-driver; do
         pkg_installed "$p" || echo "$p"
     done
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || echo postgresql
@@ -138,6 +140,21 @@ setup_venv() {
     echo "$want" >"$STAMP"
 }
 
+# ---------------------------------------------------------------- the pages' JS libraries
+
+# The API's pages use JS libraries from npm (fence/web/package.json, versions pinned by its
+# package-lock.json), served by the API itself: no CDN. `npm ci` again only when the lock changed.
+install_web() {
+    local web="$REPO/fence/web" stamp="$REPO/fence/web/node_modules/.geofence-lock.sha256" want
+    want="$(sha256sum "$web/package-lock.json" | cut -d' ' -f1)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        return
+    fi
+    say "npm ci (the pages' JS libraries, fence/web)"
+    (cd "$web" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    echo "$want" >"$stamp"
+}
+
 # ---------------------------------------------------------------- RabbitMQ plugins
 
 enable_plugins() {
@@ -162,6 +179,7 @@ if [ -d /run/systemd/system ] && systemctl is-enabled prometheus >/dev/null 2>&1
     systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 setup_venv
+install_web
 enable_plugins
 "$VENV/bin/geofence" up
 

@@ -89,6 +89,7 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
         env["GEOFENCE_JOURNAL_DIR"] = str(settings.state_dir / "state" / sc.name)
     if sc.role == "api":
         env.update({"GEOFENCE_API_HOST": settings.host, "GEOFENCE_API_PORT": str(settings.api_port),
+                    "GEOFENCE_PROMETHEUS_URL": f"http://{settings.host}:{settings.prometheus_port}",
                     "GEOFENCE_FIREBASE_PROJECT": FIREBASE_PROJECT,
                     "FIREBASE_AUTH_EMULATOR_HOST": f"{settings.host}:{settings.firebase_auth_port}"})
     return env

@@ -33,13 +33,15 @@ from fence.api import create_app
 from fence.auth import FirebaseVerifier
 from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
 from fence.manager import FenceManager
+from fence.ops import OpsFigures
+from fence.pages import add_pages
 from fence.rpc import RpcServer
 from fence.service import FenceService
 from fence.venues.commands import SensorCommands
 from fence.venues.reads import VenueCache, VenueReads
 
 log = logging.getLogger("geofence")
-API_KEYS = ("GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT")
+API_KEYS = ("GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT", "GEOFENCE_PROMETHEUS_URL")
 ROLE = "fence-api"
 RPC_BATCH = 64
 
@@ -52,6 +54,7 @@ class ApiConfig:
     firebase_project: str = "demo-geofence"
     emulator_host: str | None = None
     credentials_path: str | None = None  # a service account JSON (real Firebase; optional)
+    prometheus_url: str | None = None  # where /ops reads its figures (fence/ops.py)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -68,6 +71,11 @@ class ApiConfig:
             kw["port"] = port
         if env.get("GEOFENCE_FIREBASE_PROJECT"):
             kw["firebase_project"] = env["GEOFENCE_FIREBASE_PROJECT"]
+        if env.get("GEOFENCE_PROMETHEUS_URL"):
+            if not env["GEOFENCE_PROMETHEUS_URL"].startswith(("http://", "https://")):
+                raise shell.ConfigError(f"GEOFENCE_PROMETHEUS_URL={env['GEOFENCE_PROMETHEUS_URL']!r}: "
+                                        "http(s)://host:port expected")
+            kw["prometheus_url"] = env["GEOFENCE_PROMETHEUS_URL"]
         return cls(sidecar, emulator_host=env.get("FIREBASE_AUTH_EMULATOR_HOST") or None,
                    credentials_path=env.get("GOOGLE_APPLICATION_CREDENTIALS") or None, **kw)
 
@@ -151,6 +159,7 @@ async def main(config: ApiConfig) -> int:
         commands = SensorCommands(cfg.amqp_for(t.INGRESS_VHOST))
         app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
                          venues, commands, counters)
+        add_pages(app, OpsFigures(config.prometheus_url) if config.prometheus_url else None)
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                         access_log=False, lifespan="off", http="httptools"))
 

@@ -1,0 +1,92 @@
+// /ops: polls /ops/data (the figures fence/ops.py asks Prometheus for) every few seconds and
+// draws them. uPlot (npm, served from /vendor/uplot) for the two charts.
+"use strict";
+
+const POLL_MS = 5000;
+const charts = {};
+
+function fmt(x, digits = 1) {
+  if (x === null || x === undefined) return "–";
+  return x >= 1000 ? Math.round(x).toLocaleString("en") : x.toFixed(digits);
+}
+
+function ms(x) {
+  return x === null || x === undefined ? "–" : `${fmt(x, 1)} ms`;
+}
+
+function fill(id, rows, cells, empty) {
+  const body = document.querySelector(`#${id} tbody`);
+  body.replaceChildren();
+  if (!rows.length) {
+    const tr = body.insertRow();
+    const td = tr.insertCell();
+    td.colSpan = body.parentElement.tHead.rows[0].cells.length;
+    td.className = "empty";
+    td.textContent = empty;
+    return;
+  }
+  for (const row of rows) {
+    const tr = body.insertRow();
+    for (const [text, cls] of cells(row)) {
+      const td = tr.insertCell();
+      td.textContent = text;
+      if (cls) td.className = cls;
+    }
+  }
+}
+
+function chart(id, series, data) {
+  const el = document.getElementById(id);
+  const width = Math.max(300, el.clientWidth);
+  if (!charts[id]) {
+    charts[id] = new uPlot({
+      width, height: 220, series: [{}, ...series],
+      axes: [{}, { size: 60 }], scales: { x: { time: true } },
+    }, data, el);
+  } else {
+    charts[id].setData(data);
+  }
+}
+
+function render(d) {
+  const last = (xs) => { for (let i = xs.length - 1; i >= 0; i--) if (xs[i] !== null) return xs[i]; return null; };
+  document.getElementById("updates").textContent = fmt(last(d.series.updates_per_s));
+  document.getElementById("events").textContent = fmt(last(d.series.events_per_s));
+  document.getElementById("p50").textContent = ms(d.latency_ms.p50);
+  document.getElementById("p99").textContent = ms(d.latency_ms.p99);
+  chart("chart-rates", [
+    { label: "updates/s", stroke: "#1f5fbf", width: 2 },
+    { label: "events/s", stroke: "#c2410c", width: 2 },
+  ], [d.series.t, d.series.updates_per_s, d.series.events_per_s]);
+  chart("chart-latency", [{ label: "p99 ms", stroke: "#7c3aed", width: 2 }], [d.series.t, d.series.p99_ms]);
+  fill("processes", d.processes, (p) => [
+    [p.name], [p.up ? "up" : "DOWN", p.up ? "up" : "down"], [fmt(p.received_per_s), "n"],
+    [fmt(p.positions), "n"], [fmt(p.events), "n"], [fmt(p.objects, 0), "n"], [fmt(p.fences, 0), "n"],
+    [fmt(p.held, 0), "n"],
+  ], "no process scraped yet");
+  fill("queues", d.queues, (q) => [[q.vhost], [q.queue], [fmt(q.ready, 0), "n"], [fmt(q.unacked, 0), "n"]],
+       "no queue metrics (rabbitmq_prometheus)");
+  fill("dead-letters", d.dead_letters, (x) => [[x.role], [x.reason], [fmt(x.total, 0), "n"],
+       [fmt(x.last_15m, 0), "n"]], "none");
+  fill("alerts", d.alerts, (a) => [[a.name], [a.state, a.state], [a.summary]], "none firing");
+  const up = d.processes.filter((p) => p.up).length;
+  document.getElementById("status").textContent =
+    `${up}/${d.processes.length} processes up · updated ${new Date(d.at * 1000).toLocaleTimeString()}`;
+}
+
+async function poll() {
+  const status = document.getElementById("status");
+  try {
+    const r = await fetch("/ops/data", { cache: "no-store" });
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error || r.statusText);
+    status.classList.remove("error");
+    render(body);
+  } catch (e) {
+    status.textContent = `no figures: ${e.message}`;
+    status.classList.add("error");
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+poll();
