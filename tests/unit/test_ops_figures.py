@@ -1,0 +1,48 @@
+"""The /ops page's figures from Prometheus' answers (fence/ops.shape, pure)."""
+
+from __future__ import annotations
+
+from fence.ops import QUERIES, SERIES, STEP_S, shape
+
+
+def vector(*rows: tuple[dict[str, str], float | str]) -> list[dict[str, object]]:
+    return [{"metric": m, "value": [0, str(v)]} for m, v in rows]
+
+
+def answers() -> dict[str, list[dict[str, object]]]:
+    got: dict[str, list[dict[str, object]]] = {k: [] for k in QUERIES}
+    got["up"] = vector(({"name": "x-fence-w0"}, 1), ({"name": "x-ingress"}, 0))
+    got["received"] = vector(({"name": "x-fence-w0", "role": "x-fence"}, 12.5))
+    got["positions"] = vector(({"name": "x-fence-w0"}, 100.0))
+    got["objects"] = vector(({"name": "x-fence-w0"}, 42))
+    q = {"vhost": "gf-fences", "queue": "x-fence.w0"}
+    got["queues"] = vector((q, 7), ({"vhost": "gf-ingress", "queue": "x-ingress.positions"}, 30))
+    got["ready"] = vector((q, 5), ({"vhost": "gf-ingress", "queue": "x-ingress.positions"}, 30))
+    got["unacked"] = vector((q, 2))
+    got["dead_letters"] = vector(({"role": "x-ingress", "reason": "lat N is outside [N, N]"}, 9))
+    got["dead_letters_15m"] = vector(({"role": "x-ingress", "reason": "lat N is outside [N, N]"}, 4))
+    got["p99"] = vector(({}, 0.0425))
+    got["p50"] = vector(({}, "NaN"))
+    return got
+
+
+def test_the_answers_become_the_pages_figures() -> None:
+    now, start = 1000.0, 1000.0 - 3 * STEP_S
+    ranges = {name: {start: 1.0, start + STEP_S: None, now: 3.0} for name in SERIES}
+    alerts = [{"labels": {"alertname": "GeofenceRoleDown"}, "state": "firing",
+               "annotations": {"summary": "x-ingress does not answer"}}]
+    d = shape(answers(), ranges, alerts, now, start)
+    assert [p["name"] for p in d["processes"]] == ["x-fence-w0", "x-ingress"]
+    w0, ingress = d["processes"]
+    assert (w0["up"], w0["role"], w0["received_per_s"], w0["positions"], w0["objects"]) == (
+        True, "x-fence", 12.5, 100.0, 42)
+    assert (ingress["up"], ingress["received_per_s"], ingress["objects"]) == (False, None, None)
+    assert [(q["queue"], q["ready"], q["unacked"]) for q in d["queues"]] == [
+        ("x-ingress.positions", 30, None), ("x-fence.w0", 5, 2)]
+    assert d["dead_letters"] == [{"role": "x-ingress", "reason": "lat N is outside [N, N]", "total": 9,
+                                  "last_15m": 4}]
+    assert d["latency_ms"] == {"p50": None, "p99": 42.5}  # NaN (no events) is no figure
+    assert d["series"]["t"] == [start + i * STEP_S for i in range(4)]
+    assert d["series"]["updates_per_s"] == [1.0, None, None, 3.0]  # gaps stay gaps
+    assert d["alerts"] == [{"name": "GeofenceRoleDown", "state": "firing",
+                            "summary": "x-ingress does not answer"}]
