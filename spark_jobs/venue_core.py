@@ -1,5 +1,6 @@
 """The pure core of the venue analytics: a hive's counts in, its hourly rows, days, "popular
-times" profile and forecast out. No I/O; spark_jobs/venue_analytics.py is the shell.
+times" profile and forecast out. No I/O; spark_jobs/venue_analytics.py is the shell. A single
+day's curve is fence/venues/day_curve.py's (the owners' live "today" uses it too).
 
 Rules (tests/unit/test_venue_core.py checks them against a second-by-second reference):
 - Days and hours. A hive's business day D runs from D reset_hour:00 local time to the next
@@ -47,41 +48,28 @@ core does, would save that at the price of the time-zone and DST handling per hi
 from __future__ import annotations
 
 import datetime as dt
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from zoneinfo import ZoneInfo
 
 import numpy as np
+
+from fence.venues.day_curve import (
+    CORRECTIONS,
+    HOUR_S,
+    Day,
+    HiveInput,
+    analyse_day,
+    correction,
+    day_bounds,
+    slots,
+)
+
+__all__ = ["CORRECTIONS", "HOUR_S", "LOOKBACK_DAYS", "Day", "HiveInput", "Output", "analyse", "analyse_day",
+           "analyse_hive", "correction", "day_bounds", "slots"]  # a day's curve: fence/venues/day_curve.py
 
 LOOKBACK_DAYS = 28
 RECENT_DAYS = 7
 TREND_LIMITS = (0.5, 2.0)
-HOUR_S = 3_600.0
-CORRECTIONS = ("none", "exits", "entries", "one-sided", "open")
-
-
-@lru_cache(maxsize=1024)
-def _zone(tz: str) -> ZoneInfo:
-    return ZoneInfo(tz)
-
-
-@dataclass(frozen=True)
-class HiveInput:
-    """One hive's data for a run: its counts (any order), its fence's phones per UTC hour
-    start (mean, peak), and its computed days before the run (day -> the 24 hourly means of the
-    sensors, and of the phones or None)."""
-
-    hive_id: str
-    tz: str
-    reset_hour: int
-    has_fence: bool
-    at: np.ndarray  # float64 epoch seconds
-    entries: np.ndarray  # int64
-    exits: np.ndarray  # int64
-    phones: Mapping[float, tuple[float, int]] = field(default_factory=dict)
-    history: Mapping[dt.date, tuple[np.ndarray, np.ndarray | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,108 +86,6 @@ class Output:
         self.days += other.days
         self.profile += other.profile
         self.forecast += other.forecast
-
-
-def day_bounds(day: dt.date, tz: str, reset_hour: int) -> tuple[float, float]:
-    """The instants business day `day` starts and ends at."""
-    z = _zone(tz)
-
-    def start(d: dt.date) -> float:
-        return dt.datetime.combine(d, dt.time(reset_hour), z).timestamp()
-
-    return start(day), start(day + dt.timedelta(days=1))
-
-
-def slots(day: dt.date, tz: str, reset_hour: int) -> tuple[np.ndarray, np.ndarray]:
-    """The day's hour slots: their edges (n + 1 instants) and the local hour each begins in."""
-    start, end = day_bounds(day, tz, reset_hour)
-    n = max(1, round((end - start) / HOUR_S))
-    edges = start + HOUR_S * np.arange(n + 1, dtype=np.float64)
-    edges[-1] = end
-    z = _zone(tz)
-    labels = np.array([dt.datetime.fromtimestamp(e, dt.UTC).astimezone(z).hour for e in edges[:-1]],
-                      dtype=np.int64)
-    return edges, labels
-
-
-@dataclass(frozen=True)
-class Day:
-    """One computed day: its row for venue_day and its 24 hourly figures."""
-
-    day: dt.date
-    reports: int
-    entries: int
-    exits: int
-    correction: str
-    factor: float
-    complete: bool
-    hourly_entries: np.ndarray  # (24,) int64
-    hourly_exits: np.ndarray
-    mean: np.ndarray  # (24,) float64
-    peak: np.ndarray
-    present: np.ndarray  # (24,) bool: the hour exists that day
-    phones_mean: np.ndarray | None
-    phones_peak: np.ndarray | None
-
-
-def correction(entries: int, exits: int, complete: bool) -> tuple[str, float, float]:
-    """(rule, entry factor, exit factor) of a day's drift correction."""
-    if not complete:
-        return "open", 1.0, 1.0
-    if entries == exits:
-        return "none", 1.0, 1.0
-    if entries > exits:
-        return ("exits", 1.0, entries / exits) if exits else ("one-sided", 1.0, 1.0)
-    return ("entries", exits / entries, 1.0) if entries else ("one-sided", 1.0, 1.0)
-
-
-def analyse_day(h: HiveInput, day: dt.date, now: float) -> Day | None:
-    """A day of a hive, None when nothing was counted in it."""
-    edges, labels = slots(day, h.tz, h.reset_hour)
-    start, end = float(edges[0]), float(edges[-1])
-    sel = (h.at >= start) & (h.at < end)
-    if not sel.any():
-        return None
-    order = np.argsort(h.at[sel], kind="stable")
-    at, ent, ex = h.at[sel][order], h.entries[sel][order], h.exits[sel][order]
-    e_tot, x_tot = int(ent.sum()), int(ex.sum())
-    complete = end <= now
-    rule, fe, fx = correction(e_tot, x_tot, complete)
-    value = np.maximum(0.0, fe * np.cumsum(ent) - fx * np.cumsum(ex))
-    last = np.flatnonzero(np.r_[at[1:] != at[:-1], True])  # one step per instant
-    t, v = at[last], value[last]
-    # the curve: 0 before t[0], v[i] on [t[i], t[i+1]); area from the start up to each knot
-    width = np.diff(np.r_[t, end])
-    area = np.r_[0.0, np.cumsum(v * width)[:-1]]
-    k = np.searchsorted(t, edges, side="right") - 1
-    inside = k >= 0
-    at_edge = np.where(inside, v[np.maximum(k, 0)], 0.0)
-    cum = np.where(inside, area[np.maximum(k, 0)] + at_edge * (edges - t[np.maximum(k, 0)]), 0.0)
-    n = len(labels)
-    slot_mean = np.diff(cum) / np.diff(edges)
-    slot_peak = at_edge[:-1].copy()
-    np.maximum.at(slot_peak, np.searchsorted(edges, t, side="right") - 1, v)
-    slot_of = np.searchsorted(edges, at, side="right") - 1
-    slot_e = np.bincount(slot_of, ent, minlength=n)
-    slot_x = np.bincount(slot_of, ex, minlength=n)
-
-    # local hours: a repeated hour (DST ends) merges its two slots
-    present = np.zeros(24, bool)
-    present[labels] = True
-    times = np.bincount(labels, minlength=24)
-    mean = np.bincount(labels, slot_mean, minlength=24) / np.maximum(times, 1)
-    peak = np.zeros(24)
-    np.maximum.at(peak, labels, slot_peak)
-    phones_mean = phones_peak = None
-    if h.has_fence:
-        got = [h.phones.get(math.floor(s / HOUR_S) * HOUR_S, (0.0, 0)) for s in edges[:-1]]
-        phones_mean = np.bincount(labels, [g[0] for g in got], minlength=24) / np.maximum(times, 1)
-        phones_peak = np.zeros(24, np.int64)
-        np.maximum.at(phones_peak, labels, np.array([g[1] for g in got], np.int64))
-    return Day(day, len(at), e_tot, x_tot, rule, fx if rule == "exits" else fe, complete,
-               np.bincount(labels, slot_e, minlength=24).round().astype(np.int64),
-               np.bincount(labels, slot_x, minlength=24).round().astype(np.int64),
-               mean, peak, present, phones_mean, phones_peak)
 
 
 def _seasonal(days: Sequence[tuple[dt.date, np.ndarray]], target_weekday: int | None

@@ -7,8 +7,10 @@ reporting interval, `low_battery` when the last status said less than its low_ba
 `config` the newest configuration pushed and whether a status has carried its id since
 (`applied`) or not yet (`pending`).
 
-Analytics, as the nightly job left them (spark_jobs/venue_core.py has the rules): the last days
-(counts as counted, the drift correction applied), each day's hours with both sources side by
+Analytics: today so far, by local hour, from the sensors' reports (fence/venues/day_curve.py,
+raw: the day has not ended), then the days as the nightly job left them
+(spark_jobs/venue_core.py has the rules): the last days (counts as counted, the drift
+correction applied), each day's hours with both sources side by
 side, the "popular times" profile (7 x 24), and the forecasts of those days and of the next,
 each hour beside what happened.
 """
@@ -22,8 +24,11 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import asyncpg
+import numpy as np
 import orjson
 
+from fence.venues.day_curve import HiveInput, analyse_day, day_bounds, slots
+from fence.venues.occupancy import business_day
 from fence.venues.sensor_frames import SensorConfig
 from fence.venues.user_store import UserError
 
@@ -214,9 +219,11 @@ async def analytics(pool: asyncpg.Pool, uid: str, hive_id: str, days: int, today
         raise UserError(422, f"days: 1 to {MAX_ANALYTICS_DAYS}")
     async with pool.acquire() as conn:
         await _owned(conn, uid, hive_id)
+        live = await _today(conn, hive_id, time.time())
         last = today or await conn.fetchval("SELECT max(day) FROM venue_day WHERE hive_id = $1", hive_id)
         if last is None:
-            return {"hive_id": hive_id, "days": [], "hourly": {}, "profile": None, "forecast": []}
+            return {"hive_id": hive_id, "today": live, "days": [], "hourly": {}, "profile": None,
+                    "forecast": []}
         first = last - timedelta(days=days - 1)
         day_rows = await conn.fetch(
             "SELECT day, reports, entries, exits, residual, correction, factor, complete FROM venue_day "
@@ -253,6 +260,7 @@ async def analytics(pool: asyncpg.Pool, uid: str, hive_id: str, days: int, today
                    "phones": phones, "samples": samples}
     return {
         "hive_id": hive_id,
+        "today": live,
         "days": [{"day": r["day"].isoformat(), "reports": r["reports"], "entries": r["entries"],
                   "exits": r["exits"], "residual": r["residual"], "correction": r["correction"],
                   "factor": r["factor"], "complete": r["complete"]} for r in day_rows],
@@ -263,3 +271,29 @@ async def analytics(pool: asyncpg.Pool, uid: str, hive_id: str, days: int, today
                       "basis": r["basis"], "samples": r["samples"],
                       "actual": actual.get((r["day"], r["hour"]))} for r in forecast_rows],
     }
+
+
+async def _today(conn: asyncpg.Connection, hive_id: str, now: float) -> dict[str, Any]:
+    """The current business day so far, by local hour (raw: corrected once it has ended)."""
+    h = await conn.fetchrow("SELECT tz, reset_hour FROM hive WHERE id = $1", hive_id)
+    day = business_day(now, h["tz"], h["reset_hour"])
+    start, end = day_bounds(day, h["tz"], h["reset_hour"])
+    rows = await conn.fetch(
+        "SELECT date_part('epoch', r.at) AS t, r.entries, r.exits FROM sensor_report r "
+        "JOIN sensor s ON s.id = r.sensor_id WHERE s.hive_id = $1 AND r.at >= to_timestamp($2) "
+        "AND r.at < to_timestamp($3) UNION ALL SELECT date_part('epoch', e.at), (e.event_type = 1)::int, "
+        "(e.event_type = 0)::int FROM sensor_event e JOIN sensor s ON s.id = e.sensor_id "
+        "WHERE s.hive_id = $1 AND e.at >= to_timestamp($2) AND e.at < to_timestamp($3) "
+        "AND e.event_type IN (0, 1)", hive_id, start, end)
+    a = np.array([(r["t"], r["entries"], r["exits"]) for r in rows], dtype=np.float64).reshape(-1, 3)
+    curve = analyse_day(HiveInput(hive_id, h["tz"], h["reset_hour"], False, a[:, 0], a[:, 1].astype(np.int64),
+                                  a[:, 2].astype(np.int64)), day, now)
+    if curve is None:
+        return {"day": day.isoformat(), "hours": []}
+    edges, labels = slots(day, h["tz"], h["reset_hour"])
+    order = list(dict.fromkeys(labels.tolist()))  # local hours in the day's order (from the reset)
+    begun = {lab for lab, e in zip(labels.tolist(), edges[:-1].tolist(), strict=True) if e <= now}
+    return {"day": day.isoformat(), "hours": [
+        {"hour": hour, "entries": int(curve.hourly_entries[hour]), "exits": int(curve.hourly_exits[hour]),
+         "mean_occupancy": float(curve.mean[hour]), "peak_occupancy": float(curve.peak[hour])}
+        for hour in order if hour in begun]}

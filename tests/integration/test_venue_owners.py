@@ -43,6 +43,8 @@ async def ids(stack: ConnectionSettings) -> AsyncIterator[tuple[str, str]]:
     pg = await asyncpg.connect(stack["postgres"]["dsn"])
     for table in ("hive_status", "hive_day", "venue_hourly", "venue_day", "venue_profile", "venue_forecast"):
         await pg.execute(f"DELETE FROM {table} WHERE hive_id = $1", hive_id)
+    await pg.execute("DELETE FROM sensor_report WHERE sensor_id IN "
+                     "(SELECT id FROM sensor WHERE hive_id = $1)", hive_id)
     await pg.execute("DELETE FROM sensor WHERE hive_id = $1", hive_id)
     await pg.execute("DELETE FROM hive WHERE id = $1", hive_id)
     await pg.close()
@@ -130,7 +132,8 @@ async def test_an_owner_reads_the_analytics_and_the_public_sees_busier_than_usua
             "id": hive_id, "name": "Analytics bar", "type": "bar", "lon": 9.52, "lat": 47.14, "tz": tz})
         assert made.status_code == 201, made.text
         empty = (await http.get(f"/owner/hives/{hive_id}/analytics", headers=auth)).json()
-        assert empty == {"hive_id": hive_id, "days": [], "hourly": {}, "profile": None, "forecast": []}
+        assert empty == {"hive_id": hive_id, "today": {"day": today.isoformat(), "hours": []}, "days": [],
+                         "hourly": {}, "profile": None, "forecast": []}
 
         pg = await asyncpg.connect(stack["postgres"]["dsn"])
         try:
@@ -152,10 +155,22 @@ async def test_an_owner_reads_the_analytics_and_the_public_sees_busier_than_usua
                 [(hive_id, d, h) for d in (yesterday, today) for h in range(24)])
             await pg.execute("INSERT INTO hive_status (hive_id, day, entries, exits, occupancy, raw) "
                              "VALUES ($1, $2, 40, 10, 30, 30)", hive_id, today)
+            # today so far: two reports of a sensor, 5 in then 2 out (the live "today" curve)
+            await pg.execute("INSERT INTO sensor (id, hive_id) VALUES ($1, $2)", f"{hive_id}-s", hive_id)
+            await pg.executemany(
+                "INSERT INTO sensor_report (sensor_id, device_at, received_at, at, version, "
+                "report_type, counter, total_in, total_out, entries, exits, rule, gap, lost_reports, "
+                "unknowable, skewed, raw) VALUES ($1, to_timestamp($2), to_timestamp($2), "
+                "to_timestamp($2), 1, 255, -1, $3, $4, $3, $4, 'increase', 0, 0, false, false, '')",
+                [(f"{hive_id}-s", now - 20, 5, 0), (f"{hive_id}-s", now - 10, 0, 2)])
         finally:
             await pg.close()
 
         got = (await http.get(f"/owner/hives/{hive_id}/analytics?days=7", headers=auth)).json()
+        assert got["today"]["day"] == today.isoformat()
+        hours_today = got["today"]["hours"]
+        assert (sum(x["entries"] for x in hours_today), sum(x["exits"] for x in hours_today)) == (5, 2)
+        assert hours_today[-1]["hour"] == hour and max(x["peak_occupancy"] for x in hours_today) == 5
         assert [d["day"] for d in got["days"]] == [yesterday.isoformat()]
         assert got["days"][0]["correction"] == "exits" and got["days"][0]["residual"] == 4
         hours = got["hourly"][yesterday.isoformat()]
