@@ -41,7 +41,8 @@ from fence.venues.commands import SensorCommands
 from fence.venues.reads import VenueCache, VenueReads
 
 log = logging.getLogger("geofence")
-API_KEYS = ("GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT", "GEOFENCE_PROMETHEUS_URL")
+API_KEYS = ("GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT", "GEOFENCE_PROMETHEUS_URL",
+            "GEOFENCE_FIREBASE_WEB_API_KEY")
 ROLE = "fence-api"
 RPC_BATCH = 64
 
@@ -55,6 +56,7 @@ class ApiConfig:
     emulator_host: str | None = None
     credentials_path: str | None = None  # a service account JSON (real Firebase; optional)
     prometheus_url: str | None = None  # where /ops reads its figures (fence/ops.py)
+    web_api_key: str | None = None  # the Firebase project's web API key: the pages sign in with it
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -71,6 +73,8 @@ class ApiConfig:
             kw["port"] = port
         if env.get("GEOFENCE_FIREBASE_PROJECT"):
             kw["firebase_project"] = env["GEOFENCE_FIREBASE_PROJECT"]
+        if env.get("GEOFENCE_FIREBASE_WEB_API_KEY"):
+            kw["web_api_key"] = env["GEOFENCE_FIREBASE_WEB_API_KEY"]
         if env.get("GEOFENCE_PROMETHEUS_URL"):
             if not env["GEOFENCE_PROMETHEUS_URL"].startswith(("http://", "https://")):
                 raise shell.ConfigError(f"GEOFENCE_PROMETHEUS_URL={env['GEOFENCE_PROMETHEUS_URL']!r}: "
@@ -159,7 +163,9 @@ async def main(config: ApiConfig) -> int:
         commands = SensorCommands(cfg.amqp_for(t.INGRESS_VHOST))
         app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
                          venues, commands, counters)
-        add_pages(app, OpsFigures(config.prometheus_url) if config.prometheus_url else None)
+        add_pages(app, OpsFigures(config.prometheus_url) if config.prometheus_url else None, {
+            "project": config.firebase_project, "api_key": config.web_api_key or "local-emulator",
+            "emulator": f"http://{config.emulator_host}" if config.emulator_host else None})
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                         access_log=False, lifespan="off", http="httptools"))
 

@@ -43,7 +43,11 @@ def console_errors(driver: Any) -> list[str]:
 
 
 def screenshot(driver: Any, name: str) -> Path:
+    """The whole page (the window grown to its height) as <repo>/test-output/<name>.png."""
     OUTPUT.mkdir(exist_ok=True)
     path = OUTPUT / f"{name}.png"
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    width = driver.get_window_size()["width"]
+    driver.set_window_size(width, min(4000, int(height) + 120))
     driver.save_screenshot(str(path))
     return path
