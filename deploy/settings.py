@@ -143,11 +143,11 @@ class Settings:
         except ConfigError as exc:  # a check of exchanges/settings.py: this stack's error all the same
             raise SettingsError(str(exc)) from None
         settings = cls(**values)
-        settings.check_ports_distinct()
         try:
             _ = settings.topology  # validates the region and worker names
         except ValueError as exc:
             raise SettingsError(f"GEOFENCE_REGIONS / GEOFENCE_WORKERS: {exc}") from None
+        settings.check_ports_distinct()  # the sidecars' metrics ports need the topology
         return settings
 
     @property
