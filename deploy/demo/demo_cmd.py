@@ -336,6 +336,8 @@ The stack stays up (`geofence down` stops it). Look at it:
   geofence inspect geo {settings.regions[0]}                  an x-geo region's bindings
   geofence inspect ring / worldmap / topology
   curl {api}/hives?q=       the venues and how busy they are (no token)
+  {api}/ops          the pipeline's figures: rates, latency, queues, dead letters, alerts
+  {conn['prometheus']}         Prometheus (every process's /metrics, the alert rules)
   API docs: {api}/docs  (Bearer token: a Firebase ID token; locally from the Auth emulator at
             http://{conn['firebase']['auth_emulator_host']}, project {conn['firebase']['project']})
 Vehicles stay in their fences until their {TIMEOUT_S:g} s timeout, then LEAVE with reason timeout.""")

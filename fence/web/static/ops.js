@@ -5,34 +5,8 @@
 const POLL_MS = 5000;
 const charts = {};
 
-function fmt(x, digits = 1) {
-  if (x === null || x === undefined) return "–";
-  return x >= 1000 ? Math.round(x).toLocaleString("en") : x.toFixed(digits);
-}
-
 function ms(x) {
   return x === null || x === undefined ? "–" : `${fmt(x, 1)} ms`;
-}
-
-function fill(id, rows, cells, empty) {
-  const body = document.querySelector(`#${id} tbody`);
-  body.replaceChildren();
-  if (!rows.length) {
-    const tr = body.insertRow();
-    const td = tr.insertCell();
-    td.colSpan = body.parentElement.tHead.rows[0].cells.length;
-    td.className = "empty";
-    td.textContent = empty;
-    return;
-  }
-  for (const row of rows) {
-    const tr = body.insertRow();
-    for (const [text, cls] of cells(row)) {
-      const td = tr.insertCell();
-      td.textContent = text;
-      if (cls) td.className = cls;
-    }
-  }
 }
 
 function chart(id, series, data) {

@@ -11,33 +11,6 @@ const hiveId = decodeURIComponent(location.pathname.split("/").pop());
 const charts = {};
 let token = null;
 
-function fmt(x, digits = 1) {
-  if (x === null || x === undefined) return "–";
-  return Number.isInteger(x) ? String(x) : x.toFixed(digits);
-}
-
-function setText(id, text) { document.getElementById(id).textContent = text; }
-
-function fill(id, rows, cells, empty) {
-  const body = document.querySelector(`#${id} tbody`);
-  body.replaceChildren();
-  if (!rows.length) {
-    const td = body.insertRow().insertCell();
-    td.colSpan = document.querySelector(`#${id} thead tr`).cells.length;
-    td.className = "empty";
-    td.textContent = empty;
-    return;
-  }
-  for (const row of rows) {
-    const tr = body.insertRow();
-    for (const [text, cls] of cells(row)) {
-      const td = tr.insertCell();
-      td.textContent = text;
-      if (cls) td.className = cls;
-    }
-  }
-}
-
 function chart(id, opts, data) {
   const el = document.getElementById(id);
   if (charts[id]) charts[id].destroy();
