@@ -24,7 +24,8 @@ HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
     "batch_size": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000),
     "confirm_wait_seconds": SECONDS,
     "journal_sync_seconds": (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
-    "event_latency_seconds": SECONDS,
+    # up to minutes: a backlog after an outage shows as what it is, not as "10 s or more"
+    "event_latency_seconds": (*SECONDS, 30.0, 60.0, 120.0, 300.0),
     "http_request_seconds": SECONDS,
 }
 DEFAULT_BUCKETS = SECONDS
