@@ -21,6 +21,7 @@ import urllib.request
 from typing import Any
 
 WINDOW_S = 900
+TOP_QUEUES = 15
 STEP_S = 5
 RATE = "30s"  # over 6 scrapes at the local stack's 5 s interval
 QUERIES = {
@@ -31,7 +32,6 @@ QUERIES = {
     "objects": "geofence_objects_tracked",
     "fences": "geofence_fences_bound",
     "held": "geofence_held_positions",
-    "queues": "topk(15, rabbitmq_detailed_queue_messages_ready + rabbitmq_detailed_queue_messages_unacked)",
     "ready": "rabbitmq_detailed_queue_messages_ready",
     "unacked": "rabbitmq_detailed_queue_messages_unacked",
     "dead_letters": "sum by (role, reason) (geofence_dead_letters_total)",
@@ -108,11 +108,9 @@ def shape(got: dict[str, list[dict[str, Any]]], ranges: dict[str, dict[float, fl
         processes.append({"name": name, "role": role, "up": state == 1.0, "received_per_s": rate,
                           **{k: per[k].get((name,)) for k in per}})
     ready, unacked = _by(got["ready"], "vhost", "queue"), _by(got["unacked"], "vhost", "queue")
-    queues = [{"vhost": r["metric"].get("vhost", ""), "queue": r["metric"].get("queue", ""),
-               "ready": ready.get((r["metric"].get("vhost", ""), r["metric"].get("queue", ""))),
-               "unacked": unacked.get((r["metric"].get("vhost", ""), r["metric"].get("queue", "")))}
-              for r in got["queues"]]
-    queues.sort(key=lambda q: -((q["ready"] or 0) + (q["unacked"] or 0)))
+    deepest = sorted({*ready, *unacked}, key=lambda k: (-((ready.get(k) or 0) + (unacked.get(k) or 0)), k))
+    queues = [{"vhost": k[0], "queue": k[1], "ready": ready.get(k), "unacked": unacked.get(k)}
+              for k in deepest[:TOP_QUEUES]]
     recent = _by(got["dead_letters_15m"], "role", "reason")
     dead = [{"role": role, "reason": reason, "total": v, "last_15m": recent.get((role, reason))}
             for (role, reason), v in sorted(_by(got["dead_letters"], "role", "reason").items())]

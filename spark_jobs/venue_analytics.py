@@ -30,9 +30,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from fence.venues.venue_store import counts_sql
 from spark_jobs import venue_core as core
 from spark_jobs.session import hash_predicates, run_tasks
 
+OUTPUT_OF = {"venue_hourly": "hourly", "venue_day": "days", "venue_profile": "profile",
+             "venue_forecast": "forecast"}  # table -> the core's Output field with its rows
 TABLES = {  # stage and output columns, in the core's row order
     "venue_hourly": ("hive_id", "day", "hour", "entries", "exits", "mean_occupancy", "peak_occupancy",
                      "phones_mean", "phones_peak"),
@@ -78,7 +81,7 @@ class VenueTask:
             hives = await read_share(conn, self.schema, hash_predicates("h.id", self.n)[i], self.days)
             out = core.analyse(hives, self.days, self.now)
             for table, columns in TABLES.items():
-                rows = getattr(out, table.removeprefix("venue_") if table != "venue_day" else "days")
+                rows = getattr(out, OUTPUT_OF[table])
                 if rows:
                     await conn.copy_records_to_table(f"{table}_stage", schema_name=self.schema,
                                                      columns=("run_id", "task", *columns),
@@ -99,14 +102,7 @@ async def read_share(conn: Any, schema: str, predicate: str, days: Sequence[dt.d
                              "ORDER BY h.id")
     if not hives:
         return []
-    joined = f"JOIN {s}.sensor x ON x.id = {{}}.sensor_id JOIN {s}.hive h ON h.id = x.hive_id"
-    # every report, zeros included: a report without counts still says the sensor was alive
-    counts = await conn.fetch(
-        f"SELECT h.id, date_part('epoch', r.at) AS t, r.entries, r.exits "
-        f"FROM {s}.sensor_report r {joined.format('r')} WHERE {predicate} AND r.at >= $1 AND r.at < $2 "
-        f"UNION ALL SELECT h.id, date_part('epoch', e.at), (e.event_type = 1)::int, (e.event_type = 0)::int "
-        f"FROM {s}.sensor_event e {joined.format('e')} "
-        f"WHERE {predicate} AND e.at >= $1 AND e.at < $2 AND e.event_type IN (0, 1)", lo, hi)
+    counts = await conn.fetch(counts_sql(schema, predicate), lo, hi)
     phones = await conn.fetch(
         f"SELECT h.id, date_part('epoch', o.day::timestamp AT TIME ZONE 'UTC') + o.hour * 3600 AS t, "
         f"o.mean_occupancy, o.peak_occupancy FROM {s}.occupancy_hourly o "

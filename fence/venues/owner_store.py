@@ -31,6 +31,7 @@ from fence.venues.day_curve import HiveInput, analyse_day, day_bounds, slots
 from fence.venues.occupancy import business_day
 from fence.venues.sensor_frames import SensorConfig
 from fence.venues.user_store import UserError
+from fence.venues.venue_store import counts_sql
 
 HIVE_FIELDS = {"id", "name", "type", "address", "lon", "lat", "tz", "reset_hour", "opening_hours",
                "capacity", "fence_id"}
@@ -278,14 +279,9 @@ async def _today(conn: asyncpg.Connection, hive_id: str, now: float) -> dict[str
     h = await conn.fetchrow("SELECT tz, reset_hour FROM hive WHERE id = $1", hive_id)
     day = business_day(now, h["tz"], h["reset_hour"])
     start, end = day_bounds(day, h["tz"], h["reset_hour"])
-    rows = await conn.fetch(
-        "SELECT date_part('epoch', r.at) AS t, r.entries, r.exits FROM sensor_report r "
-        "JOIN sensor s ON s.id = r.sensor_id WHERE s.hive_id = $1 AND r.at >= to_timestamp($2) "
-        "AND r.at < to_timestamp($3) UNION ALL SELECT date_part('epoch', e.at), (e.event_type = 1)::int, "
-        "(e.event_type = 0)::int FROM sensor_event e JOIN sensor s ON s.id = e.sensor_id "
-        "WHERE s.hive_id = $1 AND e.at >= to_timestamp($2) AND e.at < to_timestamp($3) "
-        "AND e.event_type IN (0, 1)", hive_id, start, end)
-    a = np.array([(r["t"], r["entries"], r["exits"]) for r in rows], dtype=np.float64).reshape(-1, 3)
+    rows = await conn.fetch(counts_sql("public", "h.id = $3"), datetime.fromtimestamp(start, UTC),
+                            datetime.fromtimestamp(end, UTC), hive_id)
+    a = np.array([(r[1], r[2], r[3]) for r in rows], dtype=np.float64).reshape(-1, 3)
     curve = analyse_day(HiveInput(hive_id, h["tz"], h["reset_hour"], False, a[:, 0], a[:, 1].astype(np.int64),
                                   a[:, 2].astype(np.int64)), day, now)
     if curve is None:

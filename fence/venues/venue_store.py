@@ -39,6 +39,22 @@ def _report(r: CountRow) -> tuple[Any, ...]:
             r.skewed, r.raw)
 
 
+def counts_sql(schema: str, hive_predicate: str) -> str:
+    """The counted instants of the hives matching `hive_predicate` (on h.id) with `at` in
+    [$1, $2) (timestamptz): (hive id, epoch seconds, entries, exits) of every sensor report,
+    zeros included (a report without counts still says the sensor was alive), and of every v2
+    event report: what the live figure adds (sidecar.py), for the owners' "today" and the
+    nightly analytics."""
+    s = f'"{schema}"'
+    joined = f"JOIN {s}.sensor x ON x.id = {{}}.sensor_id JOIN {s}.hive h ON h.id = x.hive_id"
+    return (f"SELECT h.id, date_part('epoch', r.at) AS t, r.entries, r.exits "
+            f"FROM {s}.sensor_report r {joined.format('r')} "
+            f"WHERE {hive_predicate} AND r.at >= $1 AND r.at < $2 "
+            f"UNION ALL SELECT h.id, date_part('epoch', e.at), (e.event_type = 1)::int, "
+            f"(e.event_type = 0)::int FROM {s}.sensor_event e {joined.format('e')} "
+            f"WHERE {hive_predicate} AND e.at >= $1 AND e.at < $2 AND e.event_type IN (0, 1)")
+
+
 async def load(conn: asyncpg.Connection, sensor_ids: Sequence[str] | None = None
                ) -> tuple[dict[str, SensorInfo], dict[str, dict[str, Any]], dict[str, HiveOccupancy]]:
     """The sensors (all, or those of `sensor_ids` that exist) with their hive's time zone, the
