@@ -68,6 +68,12 @@ def _ipv4(key: str, raw: str) -> str:
 
 
 
+def _tile_url(key: str, raw: str) -> str:
+    if not raw.startswith(("http://", "https://")) or not all(k in raw for k in ("{z}", "{x}", "{y}")):
+        raise SettingsError(f"{key}={raw!r}: a tile URL template, http(s) with {{z}}, {{x}} and {{y}}")
+    return raw
+
+
 def _names(key: str, raw: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(","))
     if not all(names):
@@ -94,6 +100,7 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_START_TIMEOUT": ("start_timeout", lambda key, raw: positive(key, raw, float)),
     "GEOFENCE_REGIONS": ("regions", _names),
     "GEOFENCE_WORKERS": ("workers", _names),
+    "GEOFENCE_MAP_TILES": ("map_tiles", _tile_url),
 }
 ENV_KEYS = tuple(_ENV_KEYS)
 
@@ -129,6 +136,7 @@ class Settings:
     start_timeout: float = 120.0
     regions: tuple[str, ...] = topo.Topology.regions  # x-geo regions (vhosts gf-region-<r>)
     workers: tuple[str, ...] = topo.Topology.workers  # x-fence workers
+    map_tiles: str | None = None  # /map's background tiles where there is internet (else the roads)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -170,6 +178,11 @@ class Settings:
     def metrics_ports(self) -> dict[str, int]:
         """Each sidecar's /metrics port (sidecar name -> port): metrics_port, then one up each."""
         return {name: self.metrics_port + i for i, name in enumerate(sidecar_names(self.topology))}
+
+    @property
+    def map_roads_file(self) -> Path:
+        """The live map's roads (deploy/demo/map_roads.py writes it at `up`)."""
+        return self.state_dir / "web" / "roads.geojson"
 
     @property
     def state_file(self) -> Path:

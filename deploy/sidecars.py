@@ -91,7 +91,10 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
         env.update({"GEOFENCE_API_HOST": settings.host, "GEOFENCE_API_PORT": str(settings.api_port),
                     "GEOFENCE_PROMETHEUS_URL": f"http://{settings.host}:{settings.prometheus_port}",
                     "GEOFENCE_FIREBASE_PROJECT": FIREBASE_PROJECT,
+                    "GEOFENCE_MAP_ROADS": str(settings.map_roads_file),
                     "FIREBASE_AUTH_EMULATOR_HOST": f"{settings.host}:{settings.firebase_auth_port}"})
+        if settings.map_tiles:
+            env["GEOFENCE_MAP_TILES"] = settings.map_tiles
     return env
 
 

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 from deploy import sidecars
+from deploy.demo import map_roads
 from deploy.processes import (
     Say,
     ServiceRecord,
@@ -79,6 +80,7 @@ def up(settings: Settings, say: Say) -> State:
     for svc in SERVICES:
         svc.configure(settings, pw, svc in launched)
     rabbit_topology.ensure(settings, pw, say)
+    map_roads.ensure(settings.map_roads_file)  # before the API reads it
     sidecars.up(settings, pw, say)  # the pipeline's processes, once the broker is set up
     return state
 

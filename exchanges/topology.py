@@ -65,6 +65,14 @@ API_QUEUE = "fence.api"
 FOLLOW_EXCHANGE = "fence.follow"
 FOLLOW_QUEUE = "fence.follow"
 
+# The live map (fence/map_feed.py): x-ingress publishes, once a second, the latest position of
+# each object that moved (a sample, transient, unconfirmed) to fence.map-positions in
+# gf-ingress; each API process reads it and fence.event-batches through queues of its own,
+# exclusive, named fence.map.<process>.<what>: the gf-map-taps policy keeps them short and
+# drops their oldest message (a map wants the newest, never a backlog).
+MAP_POSITIONS_EXCHANGE = "fence.map-positions"
+MAP_TAP_QUEUE_PREFIX = "fence.map."
+
 # gf-ingress: venue presence sensors (fence/venues/): their MQTT frames (sensors/<id>/...) on
 # amq.topic --"sensors.#"--> queue venue.sensors --> the sensor sidecar, which publishes each
 # hive's occupancy when it moves on venue.occupancy (topic, key hive-occupancy.<hive_id>) and
@@ -183,6 +191,7 @@ EXCHANGE_TYPES: dict[str, str] = {
     FENCE_CONTROL_EXCHANGE: "direct",  # routing key = x-fence worker
     API_EXCHANGE: "direct",  # routing key "" (one service; replicas share the queue)
     FOLLOW_EXCHANGE: "fanout",
+    MAP_POSITIONS_EXCHANGE: "fanout",
     EVENTS_EXCHANGE: "topic",
     EVENT_BATCHES_EXCHANGE: "fanout",
     OCCUPANCY_EXCHANGE: "topic",
@@ -192,6 +201,7 @@ EXCHANGE_TYPES: dict[str, str] = {
 # Policies (one per queue group, so that the group's settings never shadow each other).
 DEAD_LETTER_POLICY = "gf-dead-letters"  # every queue of a vhost but the ones below
 INPUT_LIMITS_POLICY = "gf-input-limits"  # sidecar input queues: dead letters + length limit
+MAP_TAPS_POLICY = "gf-map-taps"  # the live map's queues: short, oldest dropped, no dead letters
 FEDERATE_FENCE_IN_POLICY = "gf-federate-x-fence-in"  # gf-fences x-fence.in <- regions
 FEDERATE_EVENTS_POLICY = "gf-federate-events"  # gf-ingress amq.topic <- fence.events
 
@@ -205,6 +215,11 @@ DEVICE_TAG = "gf-device"
 MQTT_SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"  # + <client_id> + "qos0" / "qos1"
 POSITIONS_TOPIC_PREFIX = "positions"  # MQTT positions/<object_id>
 EVENTS_TOPIC_PREFIX = "fence-events"  # MQTT fence-events/<fence_id>/<kind>/<object_id>
+
+
+def map_tap_queue(process: str, what: str) -> str:
+    """An API process's own queue for the live map (`what`: positions | events)."""
+    return f"{MAP_TAP_QUEUE_PREFIX}{process}.{what}"
 
 
 def upstream_name(vhost: str) -> str:

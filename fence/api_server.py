@@ -3,11 +3,14 @@ exchanges of every region, x-fence's control queues) serves three fronts:
 
 - the HTTP API (fence/api.py, uvicorn) on GEOFENCE_API_HOST:GEOFENCE_API_PORT;
 - the AMQP API (fence/rpc.py) on queue fence.api (replicas share it);
-- the follower (fence/follow_shell.py) on queue fence.follow: fences that follow objects.
+- the follower (fence/follow_shell.py) on queue fence.follow: fences that follow objects;
+- the pages (fence/pages.py) and the live map's feed (fence/map_feed.py), while a map is open.
 
 Settings: the sidecar ones (GEOFENCE_AMQP_URL as the fence-manager user, GEOFENCE_POSTGRES_URL,
 GEOFENCE_REGIONS, GEOFENCE_WORKERS, ...) plus GEOFENCE_API_HOST (127.0.0.1), GEOFENCE_API_PORT
-(8080) and GEOFENCE_FIREBASE_PROJECT (the Firebase project whose ID tokens are accepted);
+(8080), GEOFENCE_MAP_ROADS (a GeoJSON file: /map's offline roads), GEOFENCE_MAP_TILES (a tile
+URL template, where there is internet) and GEOFENCE_FIREBASE_PROJECT (the Firebase project
+whose ID tokens are accepted);
 FIREBASE_AUTH_EMULATOR_HOST (host:port) points firebase-admin at the Auth emulator instead of
 Google. SIGTERM: the HTTP server stops taking requests, the AMQP fronts drain, then the
 manager closes.
@@ -33,8 +36,9 @@ from fence.api import create_app
 from fence.auth import FirebaseVerifier
 from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
 from fence.manager import FenceManager
+from fence.map_feed import MapFeed
 from fence.ops import OpsFigures
-from fence.pages import add_pages
+from fence.pages import MapFiles, add_pages
 from fence.rpc import RpcServer
 from fence.service import FenceService
 from fence.venues.commands import SensorCommands
@@ -42,7 +46,7 @@ from fence.venues.reads import VenueCache, VenueReads
 
 log = logging.getLogger("geofence")
 API_KEYS = ("GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT", "GEOFENCE_PROMETHEUS_URL",
-            "GEOFENCE_FIREBASE_WEB_API_KEY")
+            "GEOFENCE_FIREBASE_WEB_API_KEY", "GEOFENCE_MAP_ROADS", "GEOFENCE_MAP_TILES")
 ROLE = "fence-api"
 RPC_BATCH = 64
 
@@ -57,6 +61,8 @@ class ApiConfig:
     credentials_path: str | None = None  # a service account JSON (real Firebase; optional)
     prometheus_url: str | None = None  # where /ops reads its figures (fence/ops.py)
     web_api_key: str | None = None  # the Firebase project's web API key: the pages sign in with it
+    map_roads: str | None = None  # a GeoJSON file of roads: /map's offline background
+    map_tiles: str | None = None  # a raster tile URL template ({z}/{x}/{y}): /map's background online
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -80,6 +86,15 @@ class ApiConfig:
                 raise shell.ConfigError(f"GEOFENCE_PROMETHEUS_URL={env['GEOFENCE_PROMETHEUS_URL']!r}: "
                                         "http(s)://host:port expected")
             kw["prometheus_url"] = env["GEOFENCE_PROMETHEUS_URL"]
+        if env.get("GEOFENCE_MAP_ROADS"):
+            kw["map_roads"] = env["GEOFENCE_MAP_ROADS"]
+        if env.get("GEOFENCE_MAP_TILES"):
+            tiles = env["GEOFENCE_MAP_TILES"]
+            placeholders = all(k in tiles for k in ("{z}", "{x}", "{y}"))
+            if not tiles.startswith(("http://", "https://")) or not placeholders:
+                raise shell.ConfigError(f"GEOFENCE_MAP_TILES={tiles!r}: "
+                                        "an http(s) URL with {z}, {x} and {y}")
+            kw["map_tiles"] = tiles
         return cls(sidecar, emulator_host=env.get("FIREBASE_AUTH_EMULATOR_HOST") or None,
                    credentials_path=env.get("GOOGLE_APPLICATION_CREDENTIALS") or None, **kw)
 
@@ -163,9 +178,11 @@ async def main(config: ApiConfig) -> int:
         commands = SensorCommands(cfg.amqp_for(t.INGRESS_VHOST))
         app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
                          venues, commands, counters)
+        feed = MapFeed(cfg, manager, counters)
         add_pages(app, OpsFigures(config.prometheus_url) if config.prometheus_url else None, {
             "project": config.firebase_project, "api_key": config.web_api_key or "local-emulator",
-            "emulator": f"http://{config.emulator_host}" if config.emulator_host else None})
+            "emulator": f"http://{config.emulator_host}" if config.emulator_host else None},
+            feed, MapFiles(Path(config.map_roads) if config.map_roads else None, config.map_tiles))
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                         access_log=False, lifespan="off", http="httptools"))
 
@@ -183,5 +200,6 @@ async def main(config: ApiConfig) -> int:
             tg.create_task(http())
             tg.create_task(stop_http())
             tg.create_task(serve_amqp(config, rpc, follower, counters, stop, lambda: venue_metrics(venues)))
+            tg.create_task(feed.run(stop))
     log.info("stopped: %s", counters.line())
     return 0

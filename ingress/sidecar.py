@@ -13,6 +13,10 @@ Fences that follow an object (fence/follow.py) need that object's positions: the
 followed are re-read with the worldmap, and the positions of a batch that belong to them go,
 as one more confirmed message, to fence.follow (gf-ingress), where the fence service reads
 them. A set lookup per position, and only while some fence follows something.
+
+The live map's sample (ingress/map_tap.py): once a second, the latest position of each object
+that moved goes to fence.map-positions, transient and unconfirmed on a channel of its own (a
+lost sample is replaced by the next one; the pipeline never waits for the map).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
@@ -31,6 +36,7 @@ from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, pack
 from ingress.core import XIngress
+from ingress.map_tap import MapSampler
 from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many
 
 log = logging.getLogger("geofence")
@@ -38,6 +44,8 @@ WORLDMAP_POLL_S = 2.0
 GATEWAY_BATCH_MESSAGES = 64  # gateway messages hold up to 50,000 positions each
 POSITIONS = "positions"
 FOLLOW = "follow"
+MAP = "map"
+MAP_EVERY_S = 1.0
 
 
 class IngressSidecar:
@@ -50,6 +58,8 @@ class IngressSidecar:
         # batches routed (the objects' memory moved on) and not confirmed yet: if a session
         # ends with some, the memory goes (each object is announced again, as after a restart)
         self.unconfirmed = 0
+        self.map_sampler = MapSampler()
+        self.map_out: AbstractExchange | None = None
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """Nothing to recover: `main` read the worldmap the core is built on (shell.Sidecar)."""
@@ -77,6 +87,8 @@ class IngressSidecar:
             for region, conn in regions.items():
                 ch = await shell.open_channel(conn, stack, confirms=cfg.persistence)
                 self.geo_in[region] = await ch.get_exchange(t.GEO_IN_EXCHANGE, ensure=False)
+            map_ch = await shell.open_channel(ingress, stack, confirms=False)  # samples: see above
+            self.map_out = await map_ch.get_exchange(t.MAP_POSITIONS_EXCHANGE, ensure=False)
             pos_ch = await shell.open_channel(ingress, stack)
             bat_ch = await shell.open_channel(ingress, stack)
             mqtt = shell.Intake.on(await pos_ch.get_queue(t.POSITIONS_QUEUE), cfg.batch_max, cfg.prefetch)
@@ -92,8 +104,19 @@ class IngressSidecar:
                  shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE,
                                                                     gateway),
                                    self.counters, self.dlx)],
-                [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
+                [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line())),
+                 shell.periodic(stop, MAP_EVERY_S, self.send_map_sample)],
                 cfg.drain_s)
+
+    async def send_map_sample(self) -> None:
+        sample = self.map_sampler.take()
+        if sample is None or self.map_out is None:
+            return
+        # not mandatory: with no map open the exchange has no queue and the sample just goes
+        await self.map_out.publish(aio_pika.Message(pack(MAP, **sample.to_wire()), content_type=CONTENT_TYPE,
+                                                    delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT), "",
+                                   mandatory=False)
+        self.counters.bump("map_samples")
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -135,6 +158,7 @@ class IngressSidecar:
                 outs.append(shell.Out(self.follow, "", pack(FOLLOW, batch=batch.take(tapped).to_wire()),
                                       CONTENT_TYPE))
         started = time.monotonic()
+        self.map_sampler.note(batch)
         await shell.publish_all(outs, self.counters)
         self.unconfirmed -= 1
         if intake is not None:

@@ -7,6 +7,7 @@ Exchanges, queues, bindings (declared by the topology; the sidecars only declare
 
     gf-ingress     amq.topic --"positions.*"--> x-ingress.positions
                    ingress.batches (fanout) --> x-ingress.batches
+                   fence.map-positions (fanout): the API binds its own map queue (below)
     gf-region-<r>  x-geo.in (fanout) --> x-geo.positions
                    x-geo.control (fanout) --> x-geo.control
                    x-fence.in (direct): no local queue; the federation link's queue is bound
@@ -30,9 +31,14 @@ each queue group gets one policy carrying all of its settings, and the patterns 
                       goes to dead-letters with reason delivery_limit), dead-letter-strategy
                       at-least-once (the dead-lettering itself is confirmed, so it cannot
                       lose the message)
+    gf-map-taps       (priority 5, queues, gf-ingress and gf-fences) the live map's queues
+                      (fence.map.<process>.<what>, exclusive, declared by each API process):
+                      max-length 64 messages, overflow drop-head, no dead-letter exchange. A
+                      map shows the newest sample; an old one is worth nothing, so dropping it
+                      is the point (and dead-lettering it would fill dead-letters with samples).
     gf-dead-letters   (priority 0, queues) every other queue of the vhost except
-                      dead-letters itself: dead-letter-exchange dead-letters. The
-                      dead-letters queue has no limit: a bounded one would drop bad input.
+                      dead-letters itself and the map taps: dead-letter-exchange dead-letters.
+                      The dead-letters queue has no limit: a bounded one would drop bad input.
     gf-federate-x-fence-in  (gf-fences, exchanges, ^x-fence\\.in$) upstream set gf-regions
     gf-federate-events      (gf-ingress, exchanges, ^amq\\.topic$) upstream gf-fences
                             (its exchange fence.events)
@@ -71,6 +77,8 @@ INPUT_QUEUE_MAX_LENGTH = 1_000_000  # messages; at ~300 B each, ~300 MB of backl
 DELIVERY_LIMIT = 10
 QUORUM = "quorum"
 INPUT_LIMITS_PRIORITY = 10
+MAP_TAPS_PRIORITY = 5
+MAP_TAP_MAX_LENGTH = 64  # messages: a few seconds of samples and event batches
 DEAD_LETTER_PRIORITY = 0
 FEDERATION_PRIORITY = 0
 NOTHING = "^$"
@@ -197,10 +205,23 @@ def exactly(*names: str) -> str:
     return f"^{alternatives}$" if len(unique) == 1 else f"^({alternatives})$"
 
 
-def all_but(*names: str) -> str:
-    """A regex matching every name except exactly these (a negative lookahead)."""
+def all_but(*names: str, prefixes: tuple[str, ...] = ()) -> str:
+    """A regex matching every name except exactly these and those starting with one of the
+    prefixes (a negative lookahead)."""
     alternatives = "|".join(regex_escape(n) for n in dict.fromkeys(names))
-    return f"^(?!({alternatives})$)"
+    starts = "".join(f"|{regex_escape(p)}" for p in dict.fromkeys(prefixes))
+    return f"^(?!({alternatives})${starts})"
+
+
+def prefixed(prefix: str) -> str:
+    """A regex part (unanchored) for the names that start with `prefix`."""
+    return f"{regex_escape(prefix)}.+"
+
+
+def either(*patterns: str) -> str:
+    """One anchored regex matching what any of these anchored ones (^...$) matches."""
+    inner = [p[1:-1] for p in patterns if p != NOTHING]
+    return f"^({'|'.join(inner)})$" if inner else NOTHING
 
 
 def federation_read(upstream_exchange: str) -> str:
@@ -233,7 +254,8 @@ def _exchange(vhost: str, name: str) -> Exchange:
 
 def exchanges(topology: Topology) -> tuple[Exchange, ...]:
     found = [_exchange(t.INGRESS_VHOST, t.BATCHES_EXCHANGE), _exchange(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE),
-             _exchange(t.INGRESS_VHOST, t.OCCUPANCY_EXCHANGE)]
+             _exchange(t.INGRESS_VHOST, t.OCCUPANCY_EXCHANGE),
+             _exchange(t.INGRESS_VHOST, t.MAP_POSITIONS_EXCHANGE)]
     for v in region_vhosts(topology):
         found += [_exchange(v, t.GEO_IN_EXCHANGE), _exchange(v, t.GEO_CONTROL_EXCHANGE),
                   _exchange(v, t.FENCE_IN_EXCHANGE)]
@@ -302,7 +324,8 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     found = [Permission(t.ADMIN_USER, v, EVERYTHING, EVERYTHING, EVERYTHING)
              for v in (DEFAULT_VHOST, *topology.vhosts)]
     # configure: only each role's instance lock (an exclusive queue, see exchanges/shell/connections.py)
-    found.append(Permission(t.INGRESS_USER, ingress, exactly(t.INGRESS_LOCK), exactly(dlx, t.FOLLOW_EXCHANGE),
+    found.append(Permission(t.INGRESS_USER, ingress, exactly(t.INGRESS_LOCK),
+                            exactly(dlx, t.FOLLOW_EXCHANGE, t.MAP_POSITIONS_EXCHANGE),
                             exactly(t.POSITIONS_QUEUE, t.BATCHES_QUEUE)))
     found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)
               for v in regions]
@@ -316,12 +339,16 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                             exactly(*input_queues(topology, fences))))
     found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)
               for v in regions]
-    # the fence service: control, its API queue (answers on the default exchange), the follow tap
-    found.append(Permission(t.MANAGER_USER, fences, NOTHING,
-                            exactly(t.FENCE_CONTROL_EXCHANGE, dlx, DEFAULT_EXCHANGE), exactly(t.API_QUEUE)))
+    # the fence service: control, its API queue (answers on the default exchange), the follow tap;
+    # the live map's own queues (declared exclusive: configure; bound: write on the queue, read on
+    # the exchange; consumed: read)
+    taps = f"^{prefixed(t.MAP_TAP_QUEUE_PREFIX)}$"
+    found.append(Permission(t.MANAGER_USER, fences, taps,
+                            either(exactly(t.FENCE_CONTROL_EXCHANGE, dlx, DEFAULT_EXCHANGE), taps),
+                            either(exactly(t.API_QUEUE, t.EVENT_BATCHES_EXCHANGE), taps)))
     # ... and in gf-ingress the follow tap, and sensor configurations on amq.topic (fence/venues/commands.py)
-    found.append(Permission(t.MANAGER_USER, ingress, NOTHING, exactly(dlx, t.MQTT_TOPIC_EXCHANGE),
-                            exactly(t.FOLLOW_QUEUE)))
+    found.append(Permission(t.MANAGER_USER, ingress, taps, either(exactly(dlx, t.MQTT_TOPIC_EXCHANGE), taps),
+                            either(exactly(t.FOLLOW_QUEUE, t.MAP_POSITIONS_EXCHANGE), taps)))
     found.append(Permission(t.ARCHIVER_USER, fences, NOTHING, exactly(dlx), exactly(t.ARCHIVE_QUEUE)))
     # the sensor sidecar: its frames in, occupancy out (AMQP and MQTT), configurations to sensors
     # and binds its queue of hive fences' events to amq.topic (write on the queue, read on amq.topic)
@@ -387,7 +414,13 @@ def policies(topology: Topology) -> tuple[Policy, ...]:
         group = input_queues(topology, v)
         found.append(Policy(v, t.INPUT_LIMITS_POLICY, exactly(*group), limits,
                             INPUT_LIMITS_PRIORITY, "queues"))
-        found.append(Policy(v, t.DEAD_LETTER_POLICY, all_but(t.DEAD_LETTER_QUEUE, *group), dlx,
+        taps: tuple[str, ...] = ()
+        if v in (t.INGRESS_VHOST, t.FENCES_VHOST):
+            taps = (t.MAP_TAP_QUEUE_PREFIX,)
+            found.append(Policy(v, t.MAP_TAPS_POLICY, f"^{prefixed(t.MAP_TAP_QUEUE_PREFIX)}$",
+                                {"max-length": MAP_TAP_MAX_LENGTH, "overflow": "drop-head"},
+                                MAP_TAPS_PRIORITY, "queues"))
+        found.append(Policy(v, t.DEAD_LETTER_POLICY, all_but(t.DEAD_LETTER_QUEUE, *group, prefixes=taps), dlx,
                             DEAD_LETTER_PRIORITY, "queues"))
     found.append(Policy(t.FENCES_VHOST, t.FEDERATE_FENCE_IN_POLICY, exactly(t.FENCE_IN_EXCHANGE),
                         {"federation-upstream-set": t.REGIONS_UPSTREAM_SET}, FEDERATION_PRIORITY,

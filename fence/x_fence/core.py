@@ -716,6 +716,16 @@ class XFence:
         code = self._fence_code.get(fence_id)
         return None if code is None else self._fences[code]
 
+    def counts(self) -> dict[str, int]:
+        """How many objects are inside each fence that has any (the live map's colours)."""
+        codes, n = np.unique((self._keys & _LOW).astype(np.int64), return_counts=True)
+        out = {}
+        for code, k in zip(codes.tolist(), n.tolist(), strict=True):
+            d = self._fences[code]
+            if d is not None:
+                out[d.fence_id] = k
+        return out
+
     def occupants(self, fence_id: str) -> list[dict[str, Any]]:
         code = self._fence_code.get(fence_id)
         if code is None:

@@ -360,6 +360,8 @@ class FenceSidecar:
                              "last_seen": self.core.last_seen(str(object_id))}
         if msg.get("fences"):
             out["fences"] = self.core.fences()
+        if msg.get("counts"):
+            out["counts"] = self.core.counts()
         return out
 
 

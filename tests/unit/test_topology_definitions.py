@@ -94,13 +94,20 @@ def test_a_topology_needs_a_region_and_a_worker() -> None:
 def test_each_queue_gets_exactly_one_policy_with_all_its_settings(defs: d.Definitions) -> None:
     queue_policies = [p for p in defs.policies if p.apply_to == "queues"]
     others = ["amq.gen-AbC", "federation: x-fence.in -> rabbit@h:gf-fences:x-fence.in",
-              "mqtt-subscription-dev1qos1", "x-ingress.positions.old", "my-app.events"]
+              "mqtt-subscription-dev1qos1", "x-ingress.positions.old", "my-app.events",
+              "fence.map.vm-12.positions", "fence.map.vm-12.events", "fence.mapping", "fence.map"]
     for vhost in defs.vhosts:
         inputs = d.input_queues(defs.topology, vhost)
         for name in (*inputs, "dead-letters", *others):
             matching = [p for p in queue_policies if p.vhost == vhost and re.search(p.pattern, name)]
             if name == "dead-letters":
                 assert matching == []  # no dead-lettering loop, no limit: nothing dropped
+            elif name.startswith(t.MAP_TAP_QUEUE_PREFIX):
+                if vhost in ("gf-ingress", "gf-fences"):
+                    assert [p.name for p in matching] == [t.MAP_TAPS_POLICY]
+                    assert matching[0].definition == {"max-length": 64, "overflow": "drop-head"}
+                else:
+                    assert [p.name for p in matching] == [t.DEAD_LETTER_POLICY]
             elif name in inputs:
                 assert [p.name for p in matching] == [t.INPUT_LIMITS_POLICY]
                 assert matching[0].definition == {"dead-letter-exchange": "dead-letters",
@@ -151,6 +158,11 @@ def test_regex_helpers() -> None:
     pattern = d.all_but("dead-letters", "x.y")
     assert re.search(pattern, "dead-letters.2") and re.search(pattern, "x.yz")
     assert not re.search(pattern, "dead-letters") and not re.search(pattern, "x.y")
+    pattern = d.all_but("dead-letters", prefixes=("fence.map.",))
+    assert re.search(pattern, "fence.map") and re.search(pattern, "fence.mapx.y") and re.search(pattern, "a")
+    assert not re.search(pattern, "fence.map.p.events") and not re.search(pattern, "dead-letters")
+    assert d.either(d.exactly("a.b"), "^c.+$") == "^(a\\.b|c.+)$"
+    assert d.either(d.NOTHING, d.NOTHING) == d.NOTHING
 
 
 # (user, vhost, right, resource, allowed)
@@ -192,6 +204,21 @@ CASES = [
     (t.MANAGER_USER, "gf-fences", "write", "x-fence.control", True),
     (t.MANAGER_USER, "gf-fences", "write", "fence.events", False),
     (t.MANAGER_USER, "gf-fences", "read", "x-fence.w0.control", False),
+    # the live map: its own queues, on fence.event-batches and fence.map-positions
+    (t.MANAGER_USER, "gf-fences", "configure", "fence.map.vm-12.events", True),
+    (t.MANAGER_USER, "gf-fences", "write", "fence.map.vm-12.events", True),
+    (t.MANAGER_USER, "gf-fences", "read", "fence.map.vm-12.events", True),
+    (t.MANAGER_USER, "gf-fences", "read", "fence.event-batches", True),
+    (t.MANAGER_USER, "gf-fences", "configure", "fence.archive", False),
+    (t.MANAGER_USER, "gf-fences", "read", "fence.archive", False),
+    (t.MANAGER_USER, "gf-fences", "configure", "fence.map.", False),
+    (t.MANAGER_USER, "gf-ingress", "configure", "fence.map.vm-12.positions", True),
+    (t.MANAGER_USER, "gf-ingress", "read", "fence.map-positions", True),
+    (t.MANAGER_USER, "gf-ingress", "write", "fence.map-positions", False),
+    (t.MANAGER_USER, "gf-ingress", "read", "x-ingress.positions", False),
+    (t.INGRESS_USER, "gf-ingress", "write", "fence.map-positions", True),
+    (t.INGRESS_USER, "gf-ingress", "read", "fence.map.vm-12.positions", False),
+    (t.CLIENT_USER, "gf-fences", "read", "fence.map.vm-12.events", False),
     (t.GATEWAY_USER, "gf-ingress", "write", "ingress.batches", True),
     (t.GATEWAY_USER, "gf-ingress", "write", "amq.topic", False),
     (t.GATEWAY_USER, "gf-ingress", "read", "x-ingress.batches", False),
@@ -222,7 +249,10 @@ def test_permission_regexes(user: str, vhost: str, right: str, resource: str, al
 def test_sidecars_configure_only_their_instance_lock_and_admin_everything() -> None:
     locks = {(t.INGRESS_USER, "gf-ingress"): "^lock\\.x-ingress$",
              (t.GEO_USER, "gf-region-a"): "^lock\\.x-geo$", (t.GEO_USER, "gf-region-b"): "^lock\\.x-geo$",
-             (t.FENCE_USER, "gf-fences"): "^(lock\\.x-fence\\.w0|lock\\.x-fence\\.w1)$"}
+             (t.FENCE_USER, "gf-fences"): "^(lock\\.x-fence\\.w0|lock\\.x-fence\\.w1)$",
+             # the API's own live-map queues (exclusive, fence/map_feed.py)
+             (t.MANAGER_USER, "gf-fences"): "^fence\\.map\\..+$",
+             (t.MANAGER_USER, "gf-ingress"): "^fence\\.map\\..+$"}
     for p in DEFAULT.permissions:
         if p.user in (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.GATEWAY_USER):
             assert p.configure == locks.get((p.user, p.vhost), "^$"), (p.user, p.vhost)

@@ -214,7 +214,7 @@ def test_render_masks_secrets_and_quotes_for_the_shell() -> None:
     assert not any(pw in text for pw in PASSWORDS.values())
     assert "printf '%s\\n' '****' | rabbitmqctl add_user x-geo" in lines
     assert ("rabbitmqctl set_permissions -p gf-ingress x-ingress '^lock\\.x-ingress$' "
-            "'^(dead-letters|fence\\.follow)$' "
+            "'^(dead-letters|fence\\.follow|fence\\.map-positions)$' "
             "'^(x-ingress\\.positions|x-ingress\\.batches)$'") in lines
     assert ("api PUT api/queues/gf-fences/x-fence.w0 "
             "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{\"x-queue-type\":\"quorum\"}}'") in lines
