@@ -184,7 +184,8 @@ async def main(config: ApiConfig) -> int:
             "emulator": f"http://{config.emulator_host}" if config.emulator_host else None},
             feed, MapFiles(Path(config.map_roads) if config.map_roads else None, config.map_tiles))
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                        access_log=False, lifespan="off", http="httptools"))
+                                        access_log=False, lifespan="off", http="httptools",
+                                        ws="wsproto", ws_per_message_deflate=False))  # see fence/map_view.py
 
         async def stop_http() -> None:
             await stop.wait()

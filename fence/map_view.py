@@ -8,7 +8,8 @@ events, at most `frame_events`; the rates) and the shell encodes it once and off
 open map. A browser that has not taken the previous frame loses it and is sent a snapshot
 instead (everything, at most `snapshot_objects` objects) when it is ready again. Per-browser
 filtering (its viewport) would spare bandwidth but cost an encoding per browser per frame; a
-map of this size is a few hundred kB per snapshot and a few tens of kB per delta.
+full delta frame (5,000 objects) is ~175 kB of JSON, sent uncompressed: permessage-deflate
+would compress it once per map (a zlib pass each), which is the cost this design avoids.
 
 Counts are the workers' (asked every few seconds), not sums of the events: the feed sees a
 sample of the events when they come faster than a map could show them, and a sum of a sample
@@ -32,7 +33,7 @@ SNAPSHOT_OBJECTS = 50_000
 RECENT_EVENTS = 50  # events a new map gets in its snapshot
 STALE_S = 120.0  # an object not seen this long leaves the map
 RATE_WINDOW_S = 10.0
-DEGREES = 6  # ~0.1 m: enough for a map, and the JSON stays short
+DEGREES = 5  # ~1 m: enough for a map, and the JSON stays short (~35 bytes an object)
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,7 @@ class MapView:
     def _columns(self, ids: list[str]) -> dict[str, list[Any]]:
         objs = self._objects
         rows = [objs[i] for i in ids]
-        return {"ids": ids, "lon": [r[0] for r in rows], "lat": [r[1] for r in rows],
-                "ts": [r[2] for r in rows]}
+        return {"ids": ids, "lon": [r[0] for r in rows], "lat": [r[1] for r in rows]}
 
     def _expire(self, now: float) -> None:
         objects, cutoff = self._objects, now - self.stale_s

@@ -211,7 +211,9 @@ async def run_demo(args: argparse.Namespace) -> int:
     fleet.true_positions(0.0)  # the first legs planned (~0.2 s) before the clock starts
     ids = [f"d{run}-{v}" for v in fleet.ids]
     print(f"Fleet: {args.vehicles} vehicles on {network.n_nodes:,} road nodes, reporting every "
-          f"{1 / args.rate:g} s over MQTT for {args.duration:g} s (GPS noise {args.noise:g} m)\n")
+          f"{1 / args.rate:g} s over MQTT for {args.duration:g} s (GPS noise {args.noise:g} m)")
+    print(f"Watch it live: {conn['api']}/map (the fleet moving, fences coloured by who is inside, "
+          f"ENTER / LEAVE as they happen); {conn['api']}/ops (the pipeline's figures)\n")
 
     screen = Screen()
     received: list[reference.EventTuple] = []
@@ -336,6 +338,7 @@ The stack stays up (`geofence down` stops it). Look at it:
   geofence inspect geo {settings.regions[0]}                  an x-geo region's bindings
   geofence inspect ring / worldmap / topology
   curl {api}/hives?q=       the venues and how busy they are (no token)
+  {api}/map          the live map: vehicles, fences by occupancy, events, search
   {api}/ops          the pipeline's figures: rates, latency, queues, dead letters, alerts
   {conn['prometheus']}         Prometheus (every process's /metrics, the alert rules)
   API docs: {api}/docs  (Bearer token: a Firebase ID token; locally from the Auth emulator at

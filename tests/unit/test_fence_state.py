@@ -108,6 +108,17 @@ def test_any_batching_gives_the_shapely_ground_truth(steps, cuts) -> None:  # ty
         got += p.feed(points[i:i + n])
         i, c = i + n, c + 1
     assert canon(got) == canon(truth(points))
+    # the live map's counts (x-fence inspect "counts") agree with the occupants and the truth
+    inside: dict[str, set[str]] = {}
+    for o, lon, lat, _ in points:
+        for f in FENCES:
+            inside.setdefault(f, set()).discard(o)
+        for f, g in FENCES.items():
+            if shapely.contains_xy(g, lon, lat):
+                inside[f].add(o)
+    want = {f: len(objs) for f, objs in inside.items() if objs}
+    assert p.fence.counts() == want
+    assert want == {f: len(p.fence.occupants(f)) for f in p.fence.fences() if p.fence.occupants(f)}
 
 
 def test_timeout_leave_and_reentry() -> None:

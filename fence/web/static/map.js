@@ -20,7 +20,7 @@ const objectsRenderer = L.canvas({ padding: 0.2, pane: "objects" });
 const fences = new Map(); // id -> {layer, name, count}
 const objects = new Map(); // id -> circle marker
 const state = { frames: 0, snapshots: 0, events: 0, lastFrame: 0, ws: null, live: false, moves: 0 };
-window.gfMap = { fences, objects, state }; // what the browser test reads
+window.gfMap = { map, fences, objects, state }; // what the browser test reads
 
 function shade(n) {
   let i = 0;
@@ -38,9 +38,10 @@ function legend() {
   el.replaceChildren("inside:");
   LIMITS.forEach((n, i) => {
     if (i === 0) return;
-    const box = document.createElement("i");
+    const item = document.createElement("span"), box = document.createElement("i");
     box.style.background = SHADES[i];
-    el.append(box, `${n}${i + 1 < LIMITS.length ? "–" + (LIMITS[i + 1] - 1) : "+"}`);
+    item.append(box, ` ${n}${i + 1 < LIMITS.length ? "–" + (LIMITS[i + 1] - 1) : "+"}`);
+    el.append(item);
   });
 }
 
