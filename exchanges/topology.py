@@ -67,10 +67,12 @@ FOLLOW_QUEUE = "fence.follow"
 
 # The live map (fence/map_feed.py): x-ingress publishes, once a second, the latest position of
 # each object that moved (a sample, transient, unconfirmed) to fence.map-positions in
-# gf-ingress; each API process reads it and fence.event-batches through queues of its own,
+# gf-ingress, and each x-fence worker twice a second its newest events to fence.map-events in
+# gf-fences; each API process reads both through queues of its own,
 # exclusive, named fence.map.<process>.<what>: the gf-map-taps policy keeps them short and
 # drops their oldest message (a map wants the newest, never a backlog).
 MAP_POSITIONS_EXCHANGE = "fence.map-positions"
+MAP_EVENTS_EXCHANGE = "fence.map-events"  # gf-fences: each x-fence's newest events, twice a second
 MAP_TAP_QUEUE_PREFIX = "fence.map."
 
 # gf-ingress: venue presence sensors (fence/venues/): their MQTT frames (sensors/<id>/...) on
@@ -192,6 +194,7 @@ EXCHANGE_TYPES: dict[str, str] = {
     API_EXCHANGE: "direct",  # routing key "" (one service; replicas share the queue)
     FOLLOW_EXCHANGE: "fanout",
     MAP_POSITIONS_EXCHANGE: "fanout",
+    MAP_EVENTS_EXCHANGE: "fanout",
     EVENTS_EXCHANGE: "topic",
     EVENT_BATCHES_EXCHANGE: "fanout",
     OCCUPANCY_EXCHANGE: "topic",

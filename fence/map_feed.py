@@ -1,5 +1,5 @@
 """The live map's feed in the API process: reads x-ingress's position samples (fence.map-positions)
-and the workers' event batches (fence.event-batches) through queues of its own, asks the workers
+and the workers' event samples (fence.map-events) through queues of its own, asks the workers
 for their counts, keeps the map's state (fence/map_view.py) and sends every open map the same
 frame twice a second over its websocket.
 
@@ -8,9 +8,9 @@ It costs nothing while no map is open: the queues exist only while a map is open
 are exclusive (they go with the connection) and the gf-map-taps policy keeps them short,
 dropping the oldest (deploy/rabbitmq/definitions.py): the pipeline never waits for a map.
 
-Event batches can come faster than anyone can look at them: the feed keeps the last
-`EVENT_BODIES` messages' bodies as they come (counting their events on the bytes) and decodes
-only those, once per frame.
+Both samples are taken at the source (ingress/map_tap.py; fence/x_fence/sidecar.py keeps its
+newest events): however fast positions and events come, the feed gets a few messages a second,
+and neither the broker nor this process carries the whole stream for a map.
 
 One map, one `MapClient`: a mailbox of one frame. A frame the browser did not take before the
 next one is dropped, and the map gets a snapshot when it is ready again (at most one per
@@ -26,7 +26,6 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +45,6 @@ COUNTS_EVERY_S = 2.0
 HEARTBEAT_S = 5.0
 LINGER_S = 30.0  # the feed keeps its queues this long after the last map closed
 RESYNC_S = 5.0
-EVENT_BODIES = 8
 PREFETCH = 32
 MAX_FENCES_PAGE = 5_000
 
@@ -102,8 +100,6 @@ class MapFeed:
         self.clients: set[MapClient] = set()
         self.process = f"{socket.gethostname()}-{os.getpid()}"
         self._wanted = asyncio.Event()
-        self._bodies: deque[bytes] = deque(maxlen=EVENT_BODIES)
-        self._events_seen = 0
         self._worker_counts: dict[str, dict[str, int]] = {}
         self._snapshot: tuple[float, bytes] | None = None
         self.live = False  # consuming now
@@ -179,7 +175,7 @@ class MapFeed:
             positions = await pos_ch.declare_queue(t.map_tap_queue(self.process, "positions"), exclusive=True)
             await positions.bind(t.MAP_POSITIONS_EXCHANGE)
             events = await ev_ch.declare_queue(t.map_tap_queue(self.process, "events"), exclusive=True)
-            await events.bind(t.EVENT_BATCHES_EXCHANGE)
+            await events.bind(t.MAP_EVENTS_EXCHANGE)
             await positions.consume(self._on_sample)
             await events.consume(self._on_events)
             self.live = True
@@ -215,16 +211,6 @@ class MapFeed:
             log.info("map feed: %s", "stopping" if stop.is_set() else "no map open: queues closed")
 
     def _broadcast(self, now: float) -> bool:
-        bodies, self._bodies = list(self._bodies), deque(maxlen=EVENT_BODIES)
-        seen, self._events_seen = self._events_seen, 0
-        decoded = []
-        for body in bodies:
-            try:
-                decoded += parse_events(orjson.loads(body))
-            except ValueError as exc:
-                self._bad("event batch", exc)
-        if seen or decoded:
-            self.view.add_events(decoded, max(seen, len(decoded)), now)
         frame = self.view.frame(now)
         if frame is None:
             return False
@@ -249,8 +235,12 @@ class MapFeed:
 
     async def _on_events(self, message: AbstractIncomingMessage) -> None:
         async with message.process(requeue=False):
-            self._bodies.append(message.body)
-            self._events_seen += message.body.count(b'"event_id"')
+            try:
+                msg = orjson.loads(message.body)
+                events = parse_events(msg["events"])
+                self.view.add_events(events, max(int(msg["seen"]), len(events)), time.time())
+            except (ValueError, KeyError, TypeError) as exc:
+                self._bad("event sample", exc)
 
     async def _ask_counts(self) -> None:
         async def one(worker: str) -> None:

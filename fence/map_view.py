@@ -8,7 +8,7 @@ events, at most `frame_events`; the rates) and the shell encodes it once and off
 open map. A browser that has not taken the previous frame loses it and is sent a snapshot
 instead (everything, at most `snapshot_objects` objects) when it is ready again. Per-browser
 filtering (its viewport) would spare bandwidth but cost an encoding per browser per frame; a
-full delta frame (5,000 objects) is ~175 kB of JSON, sent uncompressed: permessage-deflate
+full delta frame (2,500 objects) is ~90 kB of JSON, sent uncompressed: permessage-deflate
 would compress it once per map (a zlib pass each), which is the cost this design avoids.
 
 Counts are the workers' (asked every few seconds), not sums of the events: the feed sees a
@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 FRAME_EVERY_S = 0.5  # frames per second per map: 2, whatever the load
-FRAME_OBJECTS = 5_000
+FRAME_OBJECTS = 2_500  # 5,000 objects a second per map: each of 10,000 moving ones every 2 s
 FRAME_EVENTS = 200
 SNAPSHOT_OBJECTS = 50_000
 RECENT_EVENTS = 50  # events a new map gets in its snapshot
@@ -49,10 +49,10 @@ class MapEvent:
 
 
 def parse_events(batch: Any) -> list[MapEvent]:
-    """An event-batch message (a JSON array of fence/x_fence/events.Event.to_json) as map events;
-    ValueError when it is not one."""
+    """Events on the wire (a JSON array of fence/x_fence/events.Event.to_json) as map events;
+    ValueError when they are not."""
     if not isinstance(batch, list):
-        raise ValueError("an event batch is a JSON array")
+        raise ValueError("events come as a JSON array")
     out = []
     for e in batch:
         try:

@@ -17,6 +17,7 @@ Exchanges, queues, bindings (declared by the topology; the sidecars only declare
                    fence.event-batches (fanout) --> fence.archive (the events archiver)
                    fence.events (topic), fence.event-batches: applications bind their own
                    queues (app.<anything>)
+                   fence.map-events (fanout): the API binds its own map queue (below)
     every vhost    dead-letters (fanout) --> dead-letters (a classic queue)
 
 Policies (RabbitMQ applies one policy per queue, the highest priority one that matches, so
@@ -261,7 +262,7 @@ def exchanges(topology: Topology) -> tuple[Exchange, ...]:
                   _exchange(v, t.FENCE_IN_EXCHANGE)]
     found += [_exchange(t.FENCES_VHOST, name) for name in (
         t.FENCE_IN_EXCHANGE, t.FENCE_CONTROL_EXCHANGE, t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE,
-        t.API_EXCHANGE)]
+        t.API_EXCHANGE, t.MAP_EVENTS_EXCHANGE)]
     found += [_exchange(v, t.DEAD_LETTER_EXCHANGE) for v in topology.vhosts]
     return tuple(found)
 
@@ -335,7 +336,8 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                          exactly(*input_queues(topology, v))) for v in regions]
     locks = exactly(*(t.fence_lock(w) for w in topology.workers))
     found.append(Permission(t.FENCE_USER, fences, locks,
-                            exactly(t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE, dlx, DEFAULT_EXCHANGE),
+                            exactly(t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE, t.MAP_EVENTS_EXCHANGE, dlx,
+                                    DEFAULT_EXCHANGE),
                             exactly(*input_queues(topology, fences))))
     found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)
               for v in regions]
@@ -345,7 +347,7 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     taps = f"^{prefixed(t.MAP_TAP_QUEUE_PREFIX)}$"
     found.append(Permission(t.MANAGER_USER, fences, taps,
                             either(exactly(t.FENCE_CONTROL_EXCHANGE, dlx, DEFAULT_EXCHANGE), taps),
-                            either(exactly(t.API_QUEUE, t.EVENT_BATCHES_EXCHANGE), taps)))
+                            either(exactly(t.API_QUEUE, t.MAP_EVENTS_EXCHANGE), taps)))
     # ... and in gf-ingress the follow tap, and sensor configurations on amq.topic (fence/venues/commands.py)
     found.append(Permission(t.MANAGER_USER, ingress, taps, either(exactly(dlx, t.MQTT_TOPIC_EXCHANGE), taps),
                             either(exactly(t.FOLLOW_QUEUE, t.MAP_POSITIONS_EXCHANGE), taps)))

@@ -8,6 +8,10 @@ EVENTS_PER_BATCH_MESSAGE) for consumers of every event: the archiver, analytics,
 A broker routes an event nobody subscribed to nowhere, at the cost of one unroutable
 publish; a consumer of everything pays one delivery per batch, not one per event.
 
+The live map (fence/map_feed.py) gets a third, small copy: twice a second, the newest
+MAP_EVENTS events and how many there were, to fence.map-events, transient and unconfirmed on a
+channel of its own (a map shows a sample; it never holds the worker up).
+
 Durability: the core's state (who is inside which fence since when, each object's last
 position and handover time, positions held for a notice) lives in a snapshot plus a journal
 under GEOFENCE_JOURNAL_DIR (fence/x_fence/journal.py; records from XFence.changes, formats in
@@ -38,10 +42,12 @@ import contextlib
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
@@ -58,6 +64,8 @@ from fence.x_fence.journal import Recovered, StateDir
 from fence.x_fence.journal import pack as journal_pack
 
 log = logging.getLogger("geofence")
+MAP_EVENTS = 200  # per sample: what a map's frame shows at most (fence/map_view.FRAME_EVENTS)
+MAP_EVERY_S = 0.5
 EXPIRE_EVERY_S = 1.0
 EVENTS_PER_BATCH_MESSAGE = 2_000  # a batch message stays well under a megabyte
 POSITIONS = "positions"
@@ -72,6 +80,9 @@ class FenceSidecar:
         self.core = XFence(self.worker)
         self.counters = shell.Counters()
         self.lock = asyncio.Lock()  # the core and the order of what it emits
+        self.map_tail: deque[bytes] = deque(maxlen=MAP_EVENTS)  # the newest events' bodies
+        self.map_seen = 0  # events since the last map sample
+        self.map_out: AbstractExchange | None = None
         self.journal: StateDir | None = None
         if config.persistence:
             if not config.journal_dir:
@@ -210,6 +221,8 @@ class FenceSidecar:
             self.events: AbstractExchange = await self.out_ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
             self.event_batches = await self.out_ch.get_exchange(t.EVENT_BATCHES_EXCHANGE, ensure=False)
             self.dlx = await self.out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+            map_ch = await shell.open_channel(conn, stack, confirms=False)  # samples: see above
+            self.map_out = await map_ch.get_exchange(t.MAP_EVENTS_EXCHANGE, ensure=False)
             if self.unpersisted and self.journal is not None:
                 await self._reload()
             await self._start_journal()
@@ -226,7 +239,20 @@ class FenceSidecar:
                 [shell.run_batches(inputs, self.handle_inputs, self.counters, self.dlx),
                  shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
                 [shell.periodic(stop, EXPIRE_EVERY_S, self.expire),
+                 shell.periodic(stop, MAP_EVERY_S, self.send_map_sample),
                  shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
+
+    async def send_map_sample(self) -> None:
+        if not self.map_seen or self.map_out is None:
+            return
+        body = b'{"seen":%d,"events":[%s]}' % (self.map_seen, b",".join(self.map_tail))
+        self.map_tail.clear()
+        self.map_seen = 0
+        # not mandatory: with no map open the exchange has no queue and the sample just goes
+        await self.map_out.publish(aio_pika.Message(body, content_type="application/json",
+                                                    delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT), "",
+                                   mandatory=False)
+        self.counters.bump("map_samples")
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -316,6 +342,8 @@ class FenceSidecar:
             return []
         self.counters.events_by.update((e.event, e.reason) for e in events)
         bodies = [orjson.dumps(e.to_json()) for e in events]
+        self.map_tail.extend(bodies[-MAP_EVENTS:])
+        self.map_seen += len(bodies)
         keys = [t.event_routing_key(e.fence_id, e.event, e.object_id) for e in events]
         outs: list[shell.Out | shell.Plains] = [shell.Plains(self.events, keys, bodies, "application/json")]
         for at in range(0, len(bodies), EVENTS_PER_BATCH_MESSAGE):

@@ -93,6 +93,7 @@ async def test_the_map_socket_sends_a_snapshot_then_at_most_two_frames_a_second(
         stack: ConnectionSettings) -> None:
     oid = f"map-{uuid.uuid4().hex[:8]}"
     stop = asyncio.Event()
+    assert stack["api"]
     sock = await asyncio.to_thread(MapSocket, stack["api"])
     sender = asyncio.create_task(moving(stack, oid, stop))
     try:

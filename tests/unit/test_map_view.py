@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from exchanges.shell import ConfigError
 from fence.api_server import ApiConfig
 from fence.map_feed import RESYNC_S, ClientGone, MapClient
 from fence.map_view import MapEvent, MapView, parse_events
+from fence.x_fence.sidecar import MAP_EVENTS
 from ingress.map_tap import MapSampler
 
 
@@ -241,3 +244,50 @@ def test_tile_url_settings() -> None:
             Settings.from_env({"GEOFENCE_MAP_TILES": bad})
     assert Settings.from_env({"GEOFENCE_MAP_TILES": ok}).map_tiles == ok
     assert Settings.from_env({}).map_tiles is None
+
+
+
+def worker_with_events(n: int) -> object:
+    """An x-fence sidecar's map-sample state after it published `n` events (FenceSidecar.event_outs
+    on a stand-in for the sidecar: the code the worker runs, without a broker)."""
+    from types import SimpleNamespace
+
+    from exchanges.shell import Counters
+    from fence.x_fence.events import Event, event_id
+    from fence.x_fence.sidecar import FenceSidecar
+
+    fake = SimpleNamespace(counters=Counters(), events="events", event_batches="batches", worker="w0",
+                           map_tail=deque(maxlen=MAP_EVENTS), map_seen=0, map_out=None)
+    for at in range(0, n, 700):  # in batches, as they come
+        events = [Event("enter" if i % 3 else "leave", f"f-{i % 7}", f"o-{i}", 1000.0 + i, "entered",
+                        event_id(f"f-{i % 7}", 1, f"o-{i}", "enter", "entered", 1000.0 + i))
+                  for i in range(at, min(n, at + 700))]
+        FenceSidecar.event_outs(fake, events)  # type: ignore[arg-type]
+    return fake
+
+
+@pytest.mark.parametrize("n", [1, 199, 200, 201, 2500])
+async def test_a_workers_event_sample_is_its_newest_events_and_their_count(n: int) -> None:
+    from fence.x_fence.sidecar import FenceSidecar
+
+    published: list[bytes] = []
+
+    class Exchange:
+        async def publish(self, message: Any, routing_key: str, mandatory: bool = True) -> None:
+            assert not mandatory and routing_key == ""
+            published.append(message.body)
+
+    fake = worker_with_events(n)
+    fake.map_out = Exchange()  # type: ignore[attr-defined]
+    await FenceSidecar.send_map_sample(fake)  # type: ignore[arg-type]
+    await FenceSidecar.send_map_sample(fake)  # nothing new: nothing sent
+    assert len(published) == 1
+    msg = json.loads(published[0])
+    events = parse_events(msg["events"])
+    assert msg["seen"] == n and len(events) == min(n, MAP_EVENTS)
+    assert [e.object_id for e in events] == [f"o-{i}" for i in range(max(0, n - MAP_EVENTS), n)]
+    v = MapView()
+    v.add_events(events, msg["seen"], now=1.0)
+    f = v.frame(1.0)
+    assert f is not None and len(f["events"]) == min(n, MAP_EVENTS)
+    assert f["events_skipped"] == n - len(f["events"])

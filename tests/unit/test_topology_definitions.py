@@ -204,11 +204,14 @@ CASES = [
     (t.MANAGER_USER, "gf-fences", "write", "x-fence.control", True),
     (t.MANAGER_USER, "gf-fences", "write", "fence.events", False),
     (t.MANAGER_USER, "gf-fences", "read", "x-fence.w0.control", False),
-    # the live map: its own queues, on fence.event-batches and fence.map-positions
+    # the live map: its own queues, on fence.map-events and fence.map-positions
     (t.MANAGER_USER, "gf-fences", "configure", "fence.map.vm-12.events", True),
     (t.MANAGER_USER, "gf-fences", "write", "fence.map.vm-12.events", True),
     (t.MANAGER_USER, "gf-fences", "read", "fence.map.vm-12.events", True),
-    (t.MANAGER_USER, "gf-fences", "read", "fence.event-batches", True),
+    (t.MANAGER_USER, "gf-fences", "read", "fence.map-events", True),
+    (t.MANAGER_USER, "gf-fences", "read", "fence.event-batches", False),
+    (t.FENCE_USER, "gf-fences", "write", "fence.map-events", True),
+    (t.MANAGER_USER, "gf-fences", "write", "fence.map-events", False),
     (t.MANAGER_USER, "gf-fences", "configure", "fence.archive", False),
     (t.MANAGER_USER, "gf-fences", "read", "fence.archive", False),
     (t.MANAGER_USER, "gf-fences", "configure", "fence.map.", False),
