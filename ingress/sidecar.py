@@ -16,7 +16,11 @@ them. A set lookup per position, and only while some fence follows something.
 
 The live map's sample (ingress/map_tap.py): once a second, the latest position of each object
 that moved goes to fence.map-positions, transient and unconfirmed on a channel of its own (a
-lost sample is replaced by the next one; the pipeline never waits for the map).
+lost sample is replaced by the next one; the pipeline never waits for the map). Only while a
+map is open: the sample is published mandatory (with a confirm, awaited by the sampling task
+alone), and when the broker returns it (no queue bound: no map open anywhere) x-ingress stops
+sampling and sends, once a second, an empty probe instead, until a probe is routed. A map
+opening waits up to two seconds for its first positions; no map open costs no sampling.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aio_pika
+import aiormq
 import asyncpg
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
@@ -46,6 +51,7 @@ POSITIONS = "positions"
 FOLLOW = "follow"
 MAP = "map"
 MAP_EVERY_S = 1.0
+NO_SAMPLE = {"batch": PositionBatch.empty().to_wire(), "moved": 0, "positions": 0}  # a probe
 
 
 class IngressSidecar:
@@ -60,6 +66,7 @@ class IngressSidecar:
         self.unconfirmed = 0
         self.map_sampler = MapSampler()
         self.map_out: AbstractExchange | None = None
+        self.map_listening = True  # a map is open (the last sample or probe was routed)
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """Nothing to recover: `main` read the worldmap the core is built on (shell.Sidecar)."""
@@ -87,7 +94,7 @@ class IngressSidecar:
             for region, conn in regions.items():
                 ch = await shell.open_channel(conn, stack, confirms=cfg.persistence)
                 self.geo_in[region] = await ch.get_exchange(t.GEO_IN_EXCHANGE, ensure=False)
-            map_ch = await shell.open_channel(ingress, stack, confirms=False)  # samples: see above
+            map_ch = await shell.open_channel(ingress, stack)  # samples: see above
             self.map_out = await map_ch.get_exchange(t.MAP_POSITIONS_EXCHANGE, ensure=False)
             pos_ch = await shell.open_channel(ingress, stack)
             bat_ch = await shell.open_channel(ingress, stack)
@@ -109,14 +116,24 @@ class IngressSidecar:
                 cfg.drain_s)
 
     async def send_map_sample(self) -> None:
-        sample = self.map_sampler.take()
-        if sample is None or self.map_out is None:
+        """Once a second: the sample while a map is open, else a probe (see the docstring)."""
+        if self.map_out is None:
             return
-        # not mandatory: with no map open the exchange has no queue and the sample just goes
-        await self.map_out.publish(aio_pika.Message(pack(MAP, **sample.to_wire()), content_type=CONTENT_TYPE,
-                                                    delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT), "",
-                                   mandatory=False)
-        self.counters.bump("map_samples")
+        sample = self.map_sampler.take()
+        real = sample is not None and self.map_listening
+        body = pack(MAP, **(sample.to_wire() if sample is not None and real else NO_SAMPLE))
+        try:
+            await self.map_out.publish(aio_pika.Message(body, content_type=CONTENT_TYPE,
+                                                        delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT),
+                                       "", mandatory=True)
+            listening = True
+        except aiormq.exceptions.DeliveryError:  # returned: no map open anywhere
+            listening = False
+        if listening != self.map_listening:
+            log.info("live map: %s", "a map is open: sampling positions" if listening
+                     else "no map open: sampling stopped")
+            self.map_listening = listening
+        self.counters.bump("map_samples" if real else "map_probes")
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -158,7 +175,8 @@ class IngressSidecar:
                 outs.append(shell.Out(self.follow, "", pack(FOLLOW, batch=batch.take(tapped).to_wire()),
                                       CONTENT_TYPE))
         started = time.monotonic()
-        self.map_sampler.note(batch)
+        if self.map_listening:
+            self.map_sampler.note(batch)
         await shell.publish_all(outs, self.counters)
         self.unconfirmed -= 1
         if intake is not None:

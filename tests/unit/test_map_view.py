@@ -291,3 +291,41 @@ async def test_a_workers_event_sample_is_its_newest_events_and_their_count(n: in
     f = v.frame(1.0)
     assert f is not None and len(f["events"]) == min(n, MAP_EVENTS)
     assert f["events_skipped"] == n - len(f["events"])
+
+
+async def test_x_ingress_samples_only_while_a_map_listens() -> None:
+    """IngressSidecar.send_map_sample on a stand-in: a returned sample (no queue bound) stops the
+    sampling and probes instead; a probe that is routed starts it again."""
+    from types import SimpleNamespace
+
+    import aiormq
+
+    from exchanges.shell import Counters
+    from ingress.sidecar import IngressSidecar
+
+    sent: list[dict[str, Any]] = []
+    bound = {"yes": False}
+    fake = SimpleNamespace(map_sampler=MapSampler(), map_listening=True, counters=Counters())
+
+    class Exchange:
+        async def publish(self, message: Any, routing_key: str, mandatory: bool = False) -> None:
+            assert mandatory
+            sent.append(unpack(message.body))
+            if not bound["yes"]:
+                raise aiormq.exceptions.DeliveryError(None, None)  # type: ignore[arg-type]  # returned
+
+    fake.map_out = Exchange()
+    tick = IngressSidecar.send_map_sample
+    fake.map_sampler.note(batch([("a", 1.0, 2.0, 3.0)]))
+    await tick(fake)  # type: ignore[arg-type]
+    assert len(sent[-1]["batch"]["ids"]) == 1 and not fake.map_listening  # nobody bound: returned
+    await tick(fake)  # type: ignore[arg-type]
+    assert sent[-1]["batch"]["ids"] == [] and not fake.map_listening  # a probe, returned too
+    bound["yes"] = True  # a map opens
+    await tick(fake)  # type: ignore[arg-type]
+    assert sent[-1]["batch"]["ids"] == [] and fake.map_listening  # the probe was routed
+    fake.map_sampler.note(batch([("b", 1.0, 2.0, 3.0)]))  # the sidecar notes batches again
+    await tick(fake)  # type: ignore[arg-type]
+    assert sent[-1]["batch"]["ids"] == ["b"] and sent[-1]["positions"] == 1 and fake.map_listening
+    counts = fake.counters.to_json()
+    assert counts["map_samples"] == 2 and counts["map_probes"] == 2
