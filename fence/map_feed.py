@@ -161,6 +161,12 @@ class MapFeed:
                 self.live = False
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), backoff.next())
+            except* Exception as group:  # a bug in the feed: logged, the API goes on serving
+                log.error("map feed failed; again", exc_info=group.exceptions[0])
+                self.counters.bump("map_feed_failures")
+                self.live = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff.next())
             self.live = False
         for client in list(self.clients):
             client.close()
