@@ -338,7 +338,9 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     found.append(Permission(t.FENCE_USER, fences, locks,
                             exactly(t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE, t.MAP_EVENTS_EXCHANGE, dlx,
                                     DEFAULT_EXCHANGE),
-                            exactly(*input_queues(topology, fences))))
+                            # its own input and control queues only, not the archive's nor the API's
+                            exactly(*(q for w in topology.workers
+                                      for q in (t.fence_queue(w), t.fence_control_queue(w))))))
     found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)
               for v in regions]
     # the fence service: control, its API queue (answers on the default exchange), the follow tap;

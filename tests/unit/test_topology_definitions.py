@@ -192,6 +192,8 @@ CASES = [
     (t.FENCE_USER, "gf-fences", "read", "x-fence.w1.control", True),
     (t.FENCE_USER, "gf-fences", "read", "x-fence.w2", False),
     (t.FENCE_USER, "gf-fences", "read", "dead-letters", False),
+    (t.FENCE_USER, "gf-fences", "read", "fence.archive", False),  # the archiver's
+    (t.FENCE_USER, "gf-fences", "read", "fence.api", False),  # the fence service's
     (t.FENCE_USER, "gf-fences", "write", "fence.events", True),
     (t.FENCE_USER, "gf-fences", "write", "fence.event-batches", True),
     (t.FENCE_USER, "gf-fences", "write", "fence.events.mqtt", False),  # retired
