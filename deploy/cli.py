@@ -57,6 +57,7 @@ SPARK_JOBS: dict[str, tuple[str, str]] = {
                          "recompute every fence's covering, repair live bindings, re-split the worldmap"),
     "occupancy-analytics": ("deploy.spark_cmd",
                             "per fence and hour: entries, exits, occupancy, dwell; busiest hours; forecast"),
+    "cluster": ("deploy.spark_cluster", "a Spark standalone cluster on this machine: up, down, status"),
 }
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"inspect": INSPECT_TARGETS, "spark": SPARK_JOBS}
 

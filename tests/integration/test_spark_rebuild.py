@@ -65,45 +65,54 @@ def shapes(n: int) -> list[Polygon | MultiPolygon]:
     return out
 
 
+async def seed_drift(conn: Any, schema: str, wm: Worldmap) -> tuple[list[str], list[Polygon | MultiPolygon],
+                                                                 set[tuple[str, str, str, int, int]]]:
+    """30 fences in `schema` with bindings drifted 4 ways (right, a range missing, a region too
+    many, none at all) and a deleted fence: the ids, the shapes and the diff a rebuild must find
+    ((region, fence, action, removed, added))."""
+    geoms = shapes(30)
+    ids = [f"rb-{i:02d}" for i in range(len(geoms))]
+    expected: set[tuple[str, str, str, int, int]] = set()
+    await clone_schema(conn, schema, TABLES)
+    for i, (fid, g) in enumerate(zip(ids, geoms, strict=True)):
+        x0, y0, x1, y1 = g.bounds
+        await conn.execute(f'INSERT INTO "{schema}".fence (id, geometry, timeout_s, version, min_lon, '
+                           "min_lat, max_lon, max_lat) VALUES ($1, $2, 60, $3, $4, $5, $6, $7)",
+                           fid, json.dumps(mapping(g)), i + 1, x0, y0, x1, y1)
+        b = bindings(g, wm)
+        rows = {r: to_bytes(*v) for r, v in b.per_region.items()}
+        if 10 <= i < 15:  # drift: one range missing in its first region -> change, 0 removed, 1 added
+            region = sorted(rows)[0]
+            r, f = b.per_region[region]
+            rows[region] = to_bytes(r[1:], f[1:])
+            expected.add((region, fid, "change", 0, 1))
+        elif 15 <= i < 20:  # a region bound that the fence does not touch -> remove
+            other = next(r for r in wm.regions if r not in rows) if len(rows) < len(wm.regions) else None
+            if other is not None:
+                rows[other] = to_bytes(np.array([[5, 9]], np.uint64), np.array([True]))
+                expected.add((other, fid, "remove", 1, 0))
+        elif i >= 20:  # nothing bound -> add in every region it touches
+            expected |= {(r, fid, "add", 0, len(v[0])) for r, v in b.per_region.items()}
+            rows = {}
+        for region, (rb, fb) in rows.items():
+            await conn.execute(f'INSERT INTO "{schema}".fence_range (fence_id, region, version, bits, '
+                               "ranges, interior) VALUES ($1, $2, $3, $4, $5, $6)",
+                               fid, region, i + 1, b.bits, rb, fb)
+    await conn.execute(f'INSERT INTO "{schema}".fence (id, geometry, timeout_s, version, min_lon, '
+                       "min_lat, max_lon, max_lat, deleted_at) "
+                       "VALUES ('rb-gone', $1, 60, 3, 0, 0, 1, 1, now())",
+                       json.dumps(mapping(geoms[0])))
+    return ids, geoms, expected
+
+
 async def test_dry_run_coverings_equal_the_kernel_and_the_diff_is_the_drift(
         spark: Any, spark_config: JobConfig, pg_schema: str, stack: ConnectionSettings) -> None:
     dsn = stack["postgres"]["dsn"]
     wm = await routing_store.read_worldmap(dsn)
     assert wm is not None
-    geoms = shapes(30)
-    ids = [f"rb-{i:02d}" for i in range(len(geoms))]
-    expected: set[tuple[str, str, str, int, int]] = set()  # (region, fence, action, removed, added)
     conn = await asyncpg.connect(dsn)
     try:
-        await clone_schema(conn, pg_schema, TABLES)
-        for i, (fid, g) in enumerate(zip(ids, geoms, strict=True)):
-            x0, y0, x1, y1 = g.bounds
-            await conn.execute(f'INSERT INTO "{pg_schema}".fence (id, geometry, timeout_s, version, min_lon, '
-                               "min_lat, max_lon, max_lat) VALUES ($1, $2, 60, $3, $4, $5, $6, $7)",
-                               fid, json.dumps(mapping(g)), i + 1, x0, y0, x1, y1)
-            b = bindings(g, wm)
-            rows = {r: to_bytes(*v) for r, v in b.per_region.items()}
-            if 10 <= i < 15:  # drift: one range missing in its first region -> change, 0 removed, 1 added
-                region = sorted(rows)[0]
-                r, f = b.per_region[region]
-                rows[region] = to_bytes(r[1:], f[1:])
-                expected.add((region, fid, "change", 0, 1))
-            elif 15 <= i < 20:  # a region bound that the fence does not touch -> remove
-                other = next(r for r in wm.regions if r not in rows) if len(rows) < len(wm.regions) else None
-                if other is not None:
-                    rows[other] = to_bytes(np.array([[5, 9]], np.uint64), np.array([True]))
-                    expected.add((other, fid, "remove", 1, 0))
-            elif i >= 20:  # nothing bound -> add in every region it touches
-                expected |= {(r, fid, "add", 0, len(v[0])) for r, v in b.per_region.items()}
-                rows = {}
-            for region, (rb, fb) in rows.items():
-                await conn.execute(f'INSERT INTO "{pg_schema}".fence_range (fence_id, region, version, bits, '
-                                   "ranges, interior) VALUES ($1, $2, $3, $4, $5, $6)",
-                                   fid, region, i + 1, b.bits, rb, fb)
-        await conn.execute(f'INSERT INTO "{pg_schema}".fence (id, geometry, timeout_s, version, min_lon, '
-                           "min_lat, max_lon, max_lat, deleted_at) "
-                           "VALUES ('rb-gone', $1, 60, 3, 0, 0, 1, 1, now())",
-                           json.dumps(mapping(geoms[0])))
+        ids, geoms, expected = await seed_drift(conn, pg_schema, wm)
 
         job = rebuild_bindings.Job(spark_config, job_args(schema=pg_schema, dry_run=True))
         report = await asyncio.to_thread(job.run, spark)  # the job runs its own event loops
