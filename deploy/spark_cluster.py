@@ -65,7 +65,10 @@ def cluster_dir(settings: Settings) -> Path:
 def environment(settings: Settings) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": settings.host,
-                "SPARK_LOG_DIR": str(settings.log_dir), "SPARK_NO_DAEMONIZE": "1"})
+                "SPARK_LOG_DIR": str(settings.log_dir), "SPARK_NO_DAEMONIZE": "1",
+                # finished applications' directories (jars, logs) go after a week
+                "SPARK_WORKER_OPTS": "-Dspark.worker.cleanup.enabled=true "
+                                     "-Dspark.worker.cleanup.appDataTtl=604800"})
     if shutil.which("java") is None:
         raise StackError("java not found: run `bash deploy/setup.sh` (Debian's default-jre-headless)")
     return env
