@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "venue-sensors": ("deploy.sidecar_cmd", "run the sensor sidecar (sensor frames -> hive occupancy)"),
     "fence": ("deploy.fence_cmd", "add, replace, remove, list fences (GeoJSON)"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
+    "host": ("deploy.host_units", "render the systemd units and environment files for a host"),
     "dlq": ("deploy.dlq_cmd", "dead-lettered messages: list, replay"),
     "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),
     "spark": ("", "the nightly PySpark jobs (see `geofence spark -h`)"),

@@ -1,0 +1,212 @@
+"""`geofence host render`: what a host with systemd needs to run the pipeline's roles: the units
+of deploy/systemd rendered for an install prefix and a settings directory, and each role's
+environment file (mode 600) with its broker URL and credentials from the topology's secrets,
+each file checked by the very parser the role reads it with (a missing or unknown key is
+refused here, not at the first start on the host).
+
+Trade-off: the files are written to a directory for an operator to review and put in place
+(`install -m 600 ...`, `systemctl daemon-reload`), not installed by this command: creating the
+service user, the virtualenv under the prefix and enabling units change a machine and are
+listed, not done (`plan`). The same rendering serves a second host: render with GEOFENCE_HOST
+set to the first host's address and keep the roles that host runs (`--roles x-fence:w2`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+from deploy import sidecars
+from deploy.settings import Secrets, Settings, load_secrets, postgres_dsn, sidecar_ids
+from exchanges import shell
+from exchanges import topology as t
+from fence.api_server import ApiConfig
+from spark_jobs.session import JobConfig
+
+UNITS = Path(__file__).resolve().parent / "systemd"
+DEFAULT_PREFIX, DEFAULT_ETC = Path("/opt/geofence"), Path("/etc/geofence")
+# local-stack settings a host must not get: the Auth emulator turns signature checks off, the
+# journal dir and the state paths are the units' own (StateDirectory)
+LOCAL_ONLY = ("FIREBASE_AUTH_EMULATOR_HOST", "GEOFENCE_JOURNAL_DIR", "GEOFENCE_MAP_ROADS")
+SPARK_ENV = "spark.env"
+INSTANCED = ("x-geo", "x-fence")  # template units (@): one instance per region / worker
+_FILE = re.compile(r"^EnvironmentFile=-?(\S+)$", re.M)
+
+
+def render_unit(text: str, prefix: Path, etc: Path) -> str:
+    return text.replace(str(DEFAULT_PREFIX), str(prefix)).replace(str(DEFAULT_ETC), str(etc))
+
+
+def units(prefix: Path, etc: Path) -> dict[str, str]:
+    """Every unit of deploy/systemd, rendered: file name -> text."""
+    return {p.name: render_unit(p.read_text(), prefix, etc) for p in sorted(UNITS.iterdir())
+            if p.suffix in (".service", ".timer")}
+
+
+def env_file_names(unit_texts: Mapping[str, str]) -> set[str]:
+    """The environment files the units read (instances' `%i` left as is)."""
+    return {Path(m).name for text in unit_texts.values() for m in _FILE.findall(text)}
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """An environment file as systemd reads it (KEY=VALUE lines, # comments)."""
+    out = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key:
+            raise shell.ConfigError(f"line {n}: KEY=VALUE expected, got {line[:40]!r}")
+        out[key.strip()] = value
+    return out
+
+
+def check(role: str, instance: str, env: Mapping[str, str]) -> None:
+    """The role's own parser on `env`: a ConfigError for a missing, bad or unknown key."""
+    if role == "api":
+        ApiConfig.from_env(env)
+    elif role == "spark":
+        JobConfig.from_env(env)
+    else:
+        shell.SidecarConfig.from_env(role, instance, env)
+
+
+def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str]] | None = None
+                 ) -> dict[str, dict[str, str]]:
+    """File name -> settings, for `roles` ((role, instance); default: every process of the
+    topology, and the nightly jobs). A kind of role shares `<role>.env`; its instances' own
+    metrics port goes to `<role>-<instance>.env`."""
+    wanted = list(roles) if roles is not None else [*sidecar_ids(settings.topology), ("spark", "")]
+    files: dict[str, dict[str, str]] = {}
+    for role, instance in wanted:
+        if role == "spark":
+            files[SPARK_ENV] = spark_environment(settings, pw)
+            continue
+        env = {k: v for k, v in sidecars.environment(settings, pw, sidecars.Sidecar(role, instance)).items()
+               if k not in LOCAL_ONLY}
+        metrics = env.pop("GEOFENCE_METRICS_LISTEN")
+        env["GEOFENCE_AMQP_URL"] = env["GEOFENCE_AMQP_URL"].replace(f"name={quote(f'{role}-{instance}')}",
+                                                                    f"name={quote(role)}")
+        if instance:
+            files.setdefault(f"{role}.env", env)
+            files[f"{role}-{instance}.env"] = {"GEOFENCE_METRICS_LISTEN": metrics}
+        else:
+            files[f"{role}.env"] = {**env, "GEOFENCE_METRICS_LISTEN": metrics}
+    return files
+
+
+def spark_environment(settings: Settings, pw: Secrets) -> dict[str, str]:
+    user = t.MANAGER_USER
+    amqp = (f"amqp://{quote(user, safe='')}:{quote(pw.users[user], safe='')}@{settings.host}:"
+            f"{settings.amqp_port}/?name=spark")
+    return {"GEOFENCE_POSTGRES_URL": postgres_dsn(settings, pw.postgres_password), "GEOFENCE_AMQP_URL": amqp,
+            "GEOFENCE_REGIONS": ",".join(settings.regions), "GEOFENCE_WORKERS": ",".join(settings.workers),
+            "GEOFENCE_SPARK_MASTER": "local[*]"}
+
+
+def check_file(name: str, text: str, shared: Mapping[str, str] | None = None) -> None:
+    """An environment file as its role will read it (an instance's file with its kind's shared
+    one; a kind's shared file as its first instance would)."""
+    stem, kind = name.removesuffix(".env"), _kind_file(name).removesuffix(".env")
+    env = {**(shared or {}), **parse_env(text)}
+    if kind in INSTANCED:
+        key = "GEOFENCE_REGIONS" if kind == "x-geo" else "GEOFENCE_WORKERS"
+        instance = stem[len(kind) + 1:] or env.get(key, "").split(",")[0]
+        check(kind, instance, env)
+    else:
+        check(stem, "", env)
+
+
+def write(out: Path, prefix: Path, etc: Path, files: Mapping[str, Mapping[str, str]]) -> list[Path]:
+    """The rendered units under out/units, the environment files (mode 600) under out/env."""
+    written = []
+    (out / "units").mkdir(parents=True, exist_ok=True)
+    env_dir = out / "env"
+    env_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name, text in units(prefix, etc).items():
+        path = out / "units" / name
+        path.write_text(text)
+        written.append(path)
+    for name, env in files.items():
+        path = env_dir / name
+        text = "".join(f"{k}={v}\n" for k, v in env.items())
+        kind = _kind_file(name)
+        check_file(name, text, files.get(kind) if kind != name else None)
+        path.touch(mode=0o600)
+        path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def _kind_file(name: str) -> str:
+    """The shared file of an instance's file (x-geo-a.env -> x-geo.env); else the name itself."""
+    for role in INSTANCED:
+        if name.startswith(f"{role}-"):
+            return f"{role}.env"
+    return name
+
+
+def plan(out: Path, prefix: Path, etc: Path, files: Mapping[str, object]) -> list[str]:
+    """The commands that put the rendered files in place on the host (printed, not run)."""
+    enable = []
+    for name in sorted(files):
+        stem, kind = name.removesuffix(".env"), _kind_file(name).removesuffix(".env")
+        if stem == "spark":
+            enable += ["geofence-spark-rebuild-bindings.timer", "geofence-spark-occupancy-analytics.timer"]
+        elif kind != stem:
+            enable.append(f"geofence-{kind}@{stem[len(kind) + 1:]}.service")
+        elif stem not in INSTANCED:
+            enable.append(f"geofence-{stem}.service")
+    return [
+        "id -u geofence >/dev/null 2>&1 || useradd --system --home-dir /var/lib/geofence "
+        "--shell /usr/sbin/nologin geofence",
+        f"install -d -m 755 {prefix} && git archive HEAD | tar -x -C {prefix}",
+        f"python3 -m venv {prefix}/.venv && {prefix}/.venv/bin/pip install -q -e {prefix}"
+        "   # builds the C kernel",
+        f"(cd {prefix}/fence/web && npm ci --no-audit --no-fund)   # the pages' JS libraries",
+        f"install -d -m 700 {etc}   # systemd reads the files as root, before it drops to the user",
+        f"install -m 600 {out}/env/*.env {etc}/",
+        f"install -m 644 {out}/units/* /etc/systemd/system/",
+        "systemctl daemon-reload",
+        f"systemctl enable --now {' '.join(enable)}",
+    ]
+
+
+def parse_roles(raw: str) -> list[tuple[str, str]]:
+    """`x-ingress,x-geo:a,x-fence:w0,api,spark` -> [(role, instance), ...]."""
+    out = []
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        role, _, instance = item.partition(":")
+        if role not in (*sidecars.USERS, "spark"):
+            raise shell.ConfigError(f"--roles: unknown role {role!r}")
+        if (role in ("x-geo", "x-fence")) != bool(instance):
+            raise shell.ConfigError(f"--roles: {role!r} " + ("needs :<instance>" if not instance
+                                                              else "takes no instance"))
+        out.append((role, instance))
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("action", choices=("render",), help="write the units and environment files")
+    parser.add_argument("--out", type=Path, required=True, help="directory to write units/ and env/ into")
+    parser.add_argument("--prefix", type=Path, default=DEFAULT_PREFIX, help="install prefix (the checkout)")
+    parser.add_argument("--etc", type=Path, default=DEFAULT_ETC, help="where the environment files go")
+    parser.add_argument("--roles", help="comma-separated role[:instance] this host runs (default: all)")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    roles = parse_roles(args.roles) if args.roles else None
+    files = environments(settings, load_secrets(settings), roles)
+    written = write(args.out, args.prefix, args.etc, files)
+    print(f"{len(written)} files under {args.out} (env files mode 600: they hold passwords)")
+    print("then, on the host, as root:")
+    for line in plan(args.out, args.prefix, args.etc, files):
+        print(f"  {line}")
+    return 0
