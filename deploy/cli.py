@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fence": ("deploy.fence_cmd", "add, replace, remove, list fences (GeoJSON)"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
     "host": ("deploy.host_units", "render the systemd units and environment files for a host"),
+    "region": ("deploy.region_cmd", "the x-geo regions: intervals, bindings, objects, rates"),
     "dlq": ("deploy.dlq_cmd", "dead-lettered messages: list, replay"),
     "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),
     "spark": ("", "the nightly PySpark jobs (see `geofence spark -h`)"),
