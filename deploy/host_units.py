@@ -18,10 +18,9 @@ import re
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from urllib.parse import quote
 
 from deploy import sidecars
-from deploy.settings import Secrets, Settings, load_secrets, postgres_dsn, sidecar_ids
+from deploy.settings import Secrets, Settings, load_secrets, postgres_dsn, sidecar_amqp_url, sidecar_ids
 from exchanges import shell
 from exchanges import topology as t
 from fence.api_server import ApiConfig
@@ -90,8 +89,8 @@ def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str
         env = {k: v for k, v in sidecars.environment(settings, pw, sidecars.Sidecar(role, instance)).items()
                if k not in LOCAL_ONLY}
         metrics = env.pop("GEOFENCE_METRICS_LISTEN")
-        env["GEOFENCE_AMQP_URL"] = env["GEOFENCE_AMQP_URL"].replace(f"name={quote(f'{role}-{instance}')}",
-                                                                    f"name={quote(role)}")
+        user = sidecars.USERS[role]  # one file for every instance: named after the role
+        env["GEOFENCE_AMQP_URL"] = sidecar_amqp_url(settings, user, pw.users[user], role)
         if instance:
             files.setdefault(f"{role}.env", env)
             files[f"{role}-{instance}.env"] = {"GEOFENCE_METRICS_LISTEN": metrics}
@@ -101,9 +100,7 @@ def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str
 
 
 def spark_environment(settings: Settings, pw: Secrets) -> dict[str, str]:
-    user = t.MANAGER_USER
-    amqp = (f"amqp://{quote(user, safe='')}:{quote(pw.users[user], safe='')}@{settings.host}:"
-            f"{settings.amqp_port}/?name=spark")
+    amqp = sidecar_amqp_url(settings, t.MANAGER_USER, pw.users[t.MANAGER_USER], "spark")
     return {"GEOFENCE_POSTGRES_URL": postgres_dsn(settings, pw.postgres_password), "GEOFENCE_AMQP_URL": amqp,
             "GEOFENCE_REGIONS": ",".join(settings.regions), "GEOFENCE_WORKERS": ",".join(settings.workers),
             "GEOFENCE_SPARK_MASTER": "local[*]"}

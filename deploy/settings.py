@@ -335,6 +335,12 @@ def amqp_url(settings: Settings, password: str, vhost: str = "/", user: str = US
             f"{settings.amqp_port}/{quote(vhost, safe='')}")
 
 
+def sidecar_amqp_url(settings: Settings, user: str, password: str, name: str) -> str:
+    """A process's broker URL: its user, and `name` as the connection's name in RabbitMQ."""
+    return (f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{settings.host}:"
+            f"{settings.amqp_port}/?name={quote(name, safe='')}")
+
+
 def user_urls(settings: Settings, pw: Secrets) -> dict[str, dict[str, str]]:
     """{sidecar user: {vhost: AMQP URL}} for the users whose passwords are known."""
     return {user: {v: amqp_url(settings, pw.users[user], v, user) for v in vhosts}

@@ -24,13 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from deploy.processes import ProcessId, Say, StackError, identify, port_open, process_identity, terminate
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.apply import management
 from deploy.rabbitmq.plan import api_path
-from deploy.settings import FIREBASE_PROJECT, Secrets, Settings, postgres_dsn, sidecar_ids
+from deploy.settings import FIREBASE_PROJECT, Secrets, Settings, postgres_dsn, sidecar_amqp_url, sidecar_ids
 from exchanges import topology as t
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,9 +74,7 @@ def passed_on(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
     user = USERS[sc.role]
-    amqp = (f"amqp://{quote(user, safe='')}:{quote(pw.users[user], safe='')}@{settings.host}:"
-            f"{settings.amqp_port}/?name={quote(sc.name, safe='')}")
-    env = {"GEOFENCE_AMQP_URL": amqp,
+    env = {"GEOFENCE_AMQP_URL": sidecar_amqp_url(settings, user, pw.users[user], sc.name),
            "GEOFENCE_POSTGRES_URL": postgres_dsn(settings, pw.postgres_password),
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}

@@ -103,7 +103,6 @@ class MapFeed:
         self._worker_counts: dict[str, dict[str, int]] = {}
         self._snapshot: tuple[float, bytes] | None = None
         self.live = False  # consuming now
-        self.bad_messages = 0
 
     # -- maps ------------------------------------------------------------------------------
 
@@ -269,7 +268,6 @@ class MapFeed:
     def _bad(self, what: str, exc: Exception) -> None:
         # these come from our own sidecars, not from users: a bad one is a bug, logged and
         # counted; the tap queue has no dead-letter exchange (samples are not kept)
-        self.bad_messages += 1
         self.counters.bump("map_bad_messages")
         log.error("map feed: a %s it cannot read (%s)", what, str(exc)[:200])
 

@@ -26,12 +26,10 @@ from exchanges import topology as t
 from fence.map_view import FRAME_EVERY_S
 from tests.integration.browser import chromium, console_errors, screenshot
 from tests.integration.clients import DEADLINE, api, poll
+from tests.integration.test_pages import INK
 
 pytestmark = pytest.mark.integration
 WAIT = 60.0
-INK = """const c = arguments[0];
-const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
-let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;"""
 
 
 class MapSocket:
@@ -184,7 +182,9 @@ async def test_the_map_page_shows_the_demo_fleet(stack: ConnectionSettings) -> N
                        "the search result", DEADLINE)
             box.clear()
             driver.execute_script("gfMap.map.setView([47.15, 9.54], 12)")  # the country, for the shot
-            await asyncio.sleep(1.5)  # lets the next frames land on the picture (not a synchronisation)
+            frames = driver.execute_script("return gfMap.state.frames")
+            await poll(lambda: driver.execute_script("return gfMap.state.frames") >= frames + 2,
+                       "two more frames on the picture", DEADLINE)
             path = screenshot(driver, "map")
             assert path.stat().st_size > 20_000
             assert console_errors(driver) == []

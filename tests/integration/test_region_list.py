@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from typing import Any
 
 import pytest
 
@@ -14,23 +16,32 @@ from tests.integration.clients import geofence
 from tests.integration.test_map import moving
 
 pytestmark = pytest.mark.integration
+WAIT = 60.0
 
 
 async def test_region_list_shows_every_region_with_its_traffic(stack: ConnectionSettings) -> None:
     stop = asyncio.Event()
     sender = asyncio.create_task(moving(stack, "region-list-probe", stop))
+    listed: list[Any] = []
+
+    async def routed() -> bool:
+        done = await asyncio.to_thread(geofence, "region", "list", "--json", "--interval", "2")
+        assert done.returncode == 0, done.stdout + done.stderr
+        listed[:] = json.loads(done.stdout)
+        return bool(sum(r.get("positions_per_s", 0) for r in listed) > 0)
+
     try:
-        await asyncio.sleep(1.0)  # lets the probe's positions start (a window, not a synchronisation)
-        done = await asyncio.to_thread(geofence, "region", "list", "--json", "--interval", "3")
+        end = time.monotonic() + WAIT
+        while not await routed():  # the probe's first positions may come after the first read
+            assert time.monotonic() < end, f"no positions routed in {WAIT:g}s: {listed}"
     finally:
         stop.set()
         sent = await sender
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = {r["region"]: r for r in json.loads(done.stdout)}
+    rows = {r["region"]: r for r in listed}
     assert set(rows) >= set(Settings.from_env().regions)
     assert all(r["up"] and r["in_worldmap"] for r in rows.values())
     assert abs(sum(r["share"] for r in rows.values()) - 1.0) < 1e-9
     assert all(r["fences_bound"] == r["fences_stored"] for r in rows.values()), rows
-    assert sum(r["positions_per_s"] for r in rows.values()) > 0 and len(sent) > 10
+    assert len(sent) > 10
     human = await asyncio.to_thread(geofence, "region", "list", "--interval", "0")
     assert human.returncode == 0 and human.stdout.startswith("region") and "!" not in human.stdout

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -24,19 +20,13 @@ from exchanges import routing_store
 from spark_jobs import rebuild_bindings
 from spark_jobs.occupancy_reference import compute
 from spark_jobs.session import JobConfig
+from tests.integration.clients import geofence
 from tests.integration.test_spark_occupancy import insert, run, tables
 from tests.integration.test_spark_rebuild import job_args, seed_drift
 from tests.occupancy_events import DAYS, assert_matches, generate
 
 pytestmark = pytest.mark.integration
 MASTER_UI = "http://127.0.0.1:8090/json/"
-
-
-def geofence(*args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("geofence")
-    argv = [str(script)] if script.exists() else [sys.executable, "-m", "deploy.cli"]
-    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
 
 
 def finished_apps() -> list[dict[str, Any]]:
