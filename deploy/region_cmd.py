@@ -1,10 +1,14 @@
-"""`geofence region list`: the x-geo regions as an operator sees them: each region's Hilbert
-intervals and share of the curve (the stored worldmap), the fences bound to it as stored
-(fence_range) and as its x-geo holds them (a difference is flagged), the objects it tracks, and
-the positions and messages it routes per second (its counters, asked twice `--interval` apart).
+"""`geofence region list | add | remove`. `list`: the x-geo regions as an operator sees
+them: each region's Hilbert intervals and share of the curve (the stored worldmap), the
+fences bound to it as stored (fence_range) and as its x-geo holds them (a difference is
+flagged), the objects it tracks, and the positions and messages it routes per second (its
+counters, asked twice `--interval` apart).
 
 Reads PostgreSQL and asks each region's x-geo over its control exchange, as `geofence inspect
 geo` does; a region whose x-geo does not answer is listed as down, not skipped.
+
+`add NAME --split-from R [--at HILBERT | --balance]` and `remove NAME --into R`: a region
+added or removed while positions flow (deploy/region_ops.py), with a SUMMARY line.
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
 
 import asyncpg
 
+from deploy import region_ops
 from deploy.inspect_cmd import RpcTimeout, ask
-from deploy.settings import ConnectionSettings, Settings, load_connection_settings
+from deploy.processes import StackError
+from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.worldmap import TOP, Worldmap
@@ -109,12 +116,59 @@ def human(data: list[dict[str, Any]]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("action", choices=("list",), help="list the regions")
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between the two counter reads")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("action", choices=("list", "add", "remove"),
+                        help="list the regions; add one (a split of another, live); remove one (joined "
+                             "into another, live)")
+    parser.add_argument("region", nargs="?", help="the region to add or remove (a name such as c)")
+    parser.add_argument("--split-from", metavar="R", help="add: the region to split")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--at", type=int, metavar="HILBERT",
+                       help="add: the Hilbert index where the new region's part begins (to the end of "
+                            "that interval of R)")
+    where.add_argument("--balance", action="store_true",
+                       help="add: split where R's bound ranges divide in two halves (the default)")
+    parser.add_argument("--into", metavar="R", help="remove: the region that takes its part")
+    parser.add_argument("--settle-timeout", type=float, default=60.0,
+                        help="add / remove: seconds for every x-ingress to take a new worldmap")
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="list: seconds between the two counter reads")
+    parser.add_argument("--json", action="store_true", help="list: print JSON")
+
+
+def change(args: argparse.Namespace) -> int:
+    """`region add` / `region remove` on the local stack."""
+
+    def say(text: str) -> None:
+        print(f"geofence region: {text}", flush=True)
+
+    if os.environ.get("GEOFENCE_REGIONS"):
+        print(f"geofence region {args.action}: GEOFENCE_REGIONS is set, and it would override the "
+              "regions this command records: unset it (the stack keeps its regions in its state dir)",
+              file=sys.stderr)
+        return 2
+    needed = "--split-from" if args.action == "add" else "--into"
+    if not args.region or not (args.split_from if args.action == "add" else args.into):
+        print(f"geofence region {args.action}: give the region and {needed}", file=sys.stderr)
+        return 2
+    try:
+        settings = Settings.from_env()
+        pw = load_secrets(settings)
+        if args.action == "add":
+            outcome = asyncio.run(region_ops.add(settings, pw, args.region, args.split_from, args.at, say,
+                                                 args.settle_timeout))
+        else:
+            outcome = asyncio.run(region_ops.remove(settings, pw, args.region, args.into, say,
+                                                    args.settle_timeout))
+    except (StackError, ValueError, OSError, asyncpg.PostgresError) as exc:
+        print(f"geofence region {args.action}: error: {exc}", file=sys.stderr)
+        return 1
+    print(outcome.line(), flush=True)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action != "list":
+        return change(args)
     try:
         data = asyncio.run(gather(args.interval))
     except (RuntimeError, OSError) as exc:

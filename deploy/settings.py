@@ -16,7 +16,7 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict
 from urllib.parse import quote
@@ -150,6 +150,13 @@ class Settings:
             raise
         except ConfigError as exc:  # a check of exchanges/settings.py: this stack's error all the same
             raise SettingsError(str(exc)) from None
+        # GEOFENCE_REGIONS / _WORKERS, when set, say what the stack runs; unset, it runs what
+        # was recorded last (by `geofence up` or a live `geofence region` change), else the
+        # defaults
+        live = read_live_topology(Path(values.get("state_dir", cls.state_dir)))
+        for name in ("regions", "workers"):
+            if live is not None and name not in values:
+                values[name] = live[name]
         settings = cls(**values)
         try:
             _ = settings.topology  # validates the region and worker names
@@ -176,8 +183,13 @@ class Settings:
                 **{f"{name} metrics": port for name, port in self.metrics_ports().items()}}
 
     def metrics_ports(self) -> dict[str, int]:
-        """Each sidecar's /metrics port (sidecar name -> port): metrics_port, then one up each."""
-        return {name: self.metrics_port + i for i, name in enumerate(sidecar_names(self.topology))}
+        """Each sidecar's /metrics port (sidecar name -> port): metrics_port, then one up each:
+        the single roles, the workers, then the regions, so a region added live (appended)
+        moves no running sidecar's port."""
+        names = sidecar_names(self.topology)
+        order = [n for n in names if not n.startswith(("x-fence-", "x-geo-"))] + \
+            [n for n in names if n.startswith("x-fence-")] + [n for n in names if n.startswith("x-geo-")]
+        return {name: self.metrics_port + i for i, name in enumerate(order)}
 
     @property
     def map_roads_file(self) -> Path:
@@ -220,6 +232,37 @@ class Settings:
     def log_dir(self) -> Path:
         return self.state_dir / "log"
 
+
+
+# --------------------------------------------------------------------------- live topology
+
+LIVE_TOPOLOGY_FILE = "topology.json"
+
+
+def read_live_topology(state_dir: Path) -> dict[str, tuple[str, ...]] | None:
+    """The regions and workers `geofence region` / `geofence worker` left the stack with
+    (None: never changed live, GEOFENCE_REGIONS / _WORKERS or their defaults hold)."""
+    path = state_dir / LIVE_TOPOLOGY_FILE
+    try:
+        data = json.loads(path.read_text())
+        return {k: tuple(str(n) for n in data[k]) for k in ("regions", "workers")}
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SettingsError(f"{path} is damaged ({type(exc).__name__}: {exc}); it lists the regions "
+                            "and workers the stack runs: repair it") from None
+
+
+def write_live_topology(settings: Settings, regions: tuple[str, ...], workers: tuple[str, ...]) -> Settings:
+    """Record the stack's regions and workers (written whole, then renamed); the settings
+    with them."""
+    new = replace(settings, regions=tuple(regions), workers=tuple(workers))
+    _ = new.topology  # validates the names
+    path = settings.state_dir / LIVE_TOPOLOGY_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"regions": list(regions), "workers": list(workers)}, indent=2) + "\n")
+    os.replace(tmp, path)
+    return new
 
 
 # --------------------------------------------------------------------------- secrets

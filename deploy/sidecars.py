@@ -166,11 +166,19 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say) -> None
     conn = await routing_store.connect(dsn)
     try:
         wm = await routing_store.latest_worldmap(conn)
-        if wm is None or set(wm.regions) != set(regions):
+        # A map routing to a region the stack no longer has is replaced by equal shares (not
+        # live: GEOFENCE_REGIONS changed by hand). A region the map lacks is left owning
+        # nothing: `geofence region add` gives it its part live (or finishes an add cut short).
+        if wm is None or set(wm.regions) - set(regions):
             version = 1 if wm is None else wm.version + 1
             new = Worldmap.over_area(list(regions), version=version)
             await store.save_worldmap(conn, new)
             say(f"worldmap: version {version} stored (regions {', '.join(regions)})")
+        else:
+            idle = [r for r in regions if r not in wm.regions or not len(wm.intervals(r))]
+            if idle:
+                say(f"worldmap: region {', '.join(idle)} owns no part of the curve: `geofence region "
+                    "add NAME --split-from R` gives it one")
     finally:
         await conn.close()
 
@@ -178,24 +186,45 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say) -> None
 def up(settings: Settings, pw: Secrets, say: Say) -> None:
     dsn = postgres_dsn(settings, pw.postgres_password)
     asyncio.run(prepare_database(dsn, settings.regions, say))
-    # the code and the settings passed on: a sidecar runs again when either changed
-    digest = hashlib.sha256((code_digest() + json.dumps(passed_on(), sort_keys=True)).encode()).hexdigest()
     records = load_records(settings)
     wanted = {sc.name for sc in sidecars(settings.topology)}
     for name in sorted(set(records) - wanted):  # a region or worker that is gone
         _stop_one(settings, records, name, say, "not in the topology any more")
     for sc in sidecars(settings.topology):
-        rec = records.get(sc.name)
-        proc = _process(rec)
-        if proc is not None and rec is not None and rec.get("digest") == digest:
-            continue
-        if proc is not None:
-            _stop_one(settings, records, sc.name, say, "code or settings changed")
-        records[sc.name] = _launch(settings, pw, sc, digest)
-        save_records(settings, records)
-        say(f"{sc.name}: started (pid {records[sc.name]['pid']}, log {log_path(settings, sc.name)})")
+        start(settings, pw, sc, say, records)
     save_records(settings, records)
     wait_ready(settings, pw)
+
+
+def digest_of(settings: Settings, sc: Sidecar) -> str:
+    """The code, the settings passed on and the sidecar's metrics port: a sidecar runs
+    again when one of them changed (not for the regions and workers listed in its
+    environment: the roles follow those live)."""
+    seen = {**passed_on(), "metrics": settings.metrics_ports()[sc.name]}
+    return hashlib.sha256((code_digest() + json.dumps(seen, sort_keys=True)).encode()).hexdigest()
+
+
+def start(settings: Settings, pw: Secrets, sc: Sidecar, say: Say,
+          records: dict[str, dict[str, Any]] | None = None) -> bool:
+    """Start sidecar `sc` unless it runs with the same digest (restarted if it changed);
+    recorded in sidecars.json. True if it was started."""
+    records = load_records(settings) if records is None else records
+    digest = digest_of(settings, sc)
+    rec = records.get(sc.name)
+    proc = _process(rec)
+    if proc is not None and rec is not None and rec.get("digest") == digest:
+        return False
+    if proc is not None:
+        _stop_one(settings, records, sc.name, say, "code or settings changed")
+    records[sc.name] = _launch(settings, pw, sc, digest)
+    save_records(settings, records)
+    say(f"{sc.name}: started (pid {records[sc.name]['pid']}, log {log_path(settings, sc.name)})")
+    return True
+
+
+def stop(settings: Settings, name: str, say: Say, why: str) -> None:
+    """Stop sidecar `name` (drained: SIGTERM, then its drain time) and forget it."""
+    _stop_one(settings, load_records(settings), name, say, why)
 
 
 def log_path(settings: Settings, name: str) -> Path:

@@ -39,6 +39,8 @@ from deploy.settings import (
     ensure_secrets,
     management_url,
     postgres_dsn,
+    read_live_topology,
+    write_live_topology,
 )
 from exchanges.settings import mask
 
@@ -82,6 +84,8 @@ def up(settings: Settings, say: Say) -> State:
     rabbit_topology.ensure(settings, pw, say)
     map_roads.ensure(settings.map_roads_file)  # before the API reads it
     sidecars.up(settings, pw, say)  # the pipeline's processes, once the broker is set up
+    if read_live_topology(settings.state_dir) != {"regions": settings.regions, "workers": settings.workers}:
+        write_live_topology(settings, settings.regions, settings.workers)  # what runs (see Settings)
     return state
 
 

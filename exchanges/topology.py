@@ -210,7 +210,11 @@ FEDERATE_EVENTS_POLICY = "gf-federate-events"  # gf-ingress amq.topic <- fence.e
 
 # Federation upstreams (runtime parameters of the downstream vhost). An upstream is named
 # after the vhost it reads from.
-REGIONS_UPSTREAM_SET = "gf-regions"  # in gf-fences: one upstream per region vhost
+# The federation policy of gf-fences' x-fence.in uses RabbitMQ's implicit upstream set "all":
+# every upstream of the vhost, one per region vhost (so gf-fences holds no other upstream).
+# Adding or clearing one upstream starts or stops that link alone; changing a named set
+# restarts every link of the exchange, which reorders what they were carrying.
+REGIONS_UPSTREAM_SET = "all"
 
 # Devices: one RabbitMQ user per object id, in gf-ingress, tagged so that tools tell them
 # from the sidecar users. MQTT login "gf-ingress:<object_id>", MQTT client id = object id.

@@ -160,6 +160,43 @@ class Worldmap:
         remap = np.array([regions.index(x) if x != region else -1 for x in self.regions])
         return Worldmap(self.version + 1, regions, self.starts[keep], remap[owner[keep]])
 
+    def vacate(self, region: str, into: str) -> Worldmap:
+        """The first step of a live scale in: everything `region` owns goes to `into`, but
+        `region` stays listed (owning nothing), so x-ingress still tells it when an object it
+        last routed there moves on (a handover notice), as for any crossing. `drop` ends it."""
+        r, t = self.regions.index(region), self.regions.index(into)
+        if r == t:
+            raise ValueError(f"region {region!r} cannot be joined into itself")
+        owner = np.where(self.owner == r, t, self.owner)
+        keep = np.r_[True, owner[1:] != owner[:-1]]
+        return Worldmap(self.version + 1, self.regions, self.starts[keep], owner[keep])
+
+    def drop(self, region: str) -> Worldmap:
+        """Remove a region that owns nothing (after `vacate`)."""
+        r = self.regions.index(region)
+        if (self.owner == r).any():
+            raise ValueError(f"region {region!r} still owns part of the curve: vacate it first")
+        regions = tuple(x for x in self.regions if x != region)
+        remap = np.array([regions.index(x) if x != region else -1 for x in self.regions])
+        return Worldmap(self.version + 1, regions, self.starts, remap[self.owner])
+
+    def balanced_cut(self, region: str, sample: npt.ArrayLike) -> int:
+        """Where to split `region` so each side holds about half of `sample` (indices, e.g.
+        the starts of the ranges bound there): the sample's median inside the region's
+        largest-sample interval, moved off an interval start. ValueError if there is no such
+        point (a region with nothing bound is split in the middle of its largest interval)."""
+        spans = self.intervals(region)
+        if not len(spans):
+            raise ValueError(f"region {region!r} owns no part of the curve")
+        h = np.sort(np.asarray(sample, dtype=np.uint64))
+        counts = [int(np.count_nonzero((h >= s) & (h <= e))) for s, e in spans]
+        s, e = (int(x) for x in spans[int(np.argmax(counts))])
+        inside = h[(h > np.uint64(s)) & (h <= np.uint64(e))]
+        at = int(inside[len(inside) // 2]) if inside.size else s + (e - s + 1) // 2
+        if not s < at <= e:
+            raise ValueError(f"region {region!r}'s interval [{s}, {e}] is too small to split")
+        return at
+
     # -- persistence ------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:

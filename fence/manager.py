@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from dataclasses import dataclass
 from types import TracebackType
@@ -47,6 +48,8 @@ class Change:
                 f"in {where}; worker {self.worker}")
 
 
+REGIONS_POLL_S = 1.0
+log = logging.getLogger("geofence")
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"  # RabbitMQ's pseudo-queue: it exists (passive declare)
 POOL_SIZE = 4
 
@@ -56,7 +59,7 @@ class FenceManager:
     (x-fence's control queues: occupants). Safe for concurrent use by the API's requests."""
 
     def __init__(self, amqp_url: str, postgres_url: str, regions: tuple[str, ...],
-                 workers: tuple[str, ...]) -> None:
+                 workers: tuple[str, ...], follow_worldmap: bool = True) -> None:
         self.amqp_url, self.postgres_url = amqp_url, postgres_url
         self.regions, self.workers, self.ring = regions, workers, HashRing(list(workers))
         self.counters = shell.Counters()
@@ -64,6 +67,10 @@ class FenceManager:
         self._control: dict[str, AbstractExchange] = {}
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
         self._worldmap: Worldmap | None = None
+        self._conns: dict[str, AbstractConnection] = {}
+        self._regions_lock = asyncio.Lock()
+        # False: the regions given stay (`geofence region`, which changes the worldmap itself)
+        self.follow_worldmap = follow_worldmap
 
     async def __aenter__(self) -> FenceManager:
         try:
@@ -71,27 +78,63 @@ class FenceManager:
                 self.postgres_url, min_size=1, max_size=POOL_SIZE, init=routing_store.init_connection)
             self._stack.push_async_callback(self.pool.close)
             for vhost in (*(t.region_vhost(r) for r in self.regions), t.FENCES_VHOST):
-                # robust: a long-lived API process outlives broker restarts (channels and the
-                # reply consumer come back by themselves)
-                conn: AbstractConnection = await aio_pika.connect_robust(_vhost_url(self.amqp_url, vhost),
-                                                                         timeout=10)
-                self._stack.push_async_callback(conn.close)
-                ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
-                # declared (passively), not just named (get_queue(ensure=False)): only a declared
-                # queue is restored with its consumer when the robust channel reopens. Without
-                # the direct reply-to consumer every inspect request after a broker restart
-                # closed the channel (PRECONDITION_FAILED "fast reply consumer does not exist").
-                replies = await ch.declare_queue(DIRECT_REPLY_TO, passive=True)
-                await replies.consume(self._on_reply, no_ack=True)
-                if vhost == t.FENCES_VHOST:
-                    self._fence_control = await ch.get_exchange(t.FENCE_CONTROL_EXCHANGE, ensure=False)
-                else:
-                    region = vhost.removeprefix(t.REGION_VHOST_PREFIX)
-                    self._control[region] = await ch.get_exchange(t.GEO_CONTROL_EXCHANGE, ensure=False)
+                await self._open(vhost)
+            if self.follow_worldmap:
+                watcher = asyncio.create_task(self._watch_regions(), name="fence-manager-regions")
+                self._stack.push_async_callback(_cancel, watcher)
         except BaseException:
             await self._stack.aclose()
             raise
         return self
+
+    async def _open(self, vhost: str) -> None:
+        # robust: a long-lived API process outlives broker restarts (channels and the
+        # reply consumer come back by themselves)
+        conn: AbstractConnection = await aio_pika.connect_robust(_vhost_url(self.amqp_url, vhost), timeout=10)
+        self._conns[vhost] = conn
+        self._stack.push_async_callback(_close_quietly, conn)
+        ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        # declared (passively), not just named (get_queue(ensure=False)): only a declared
+        # queue is restored with its consumer when the robust channel reopens. Without
+        # the direct reply-to consumer every inspect request after a broker restart
+        # closed the channel (PRECONDITION_FAILED "fast reply consumer does not exist").
+        replies = await ch.declare_queue(DIRECT_REPLY_TO, passive=True)
+        await replies.consume(self._on_reply, no_ack=True)
+        if vhost == t.FENCES_VHOST:
+            self._fence_control = await ch.get_exchange(t.FENCE_CONTROL_EXCHANGE, ensure=False)
+        else:
+            region = vhost.removeprefix(t.REGION_VHOST_PREFIX)
+            self._control[region] = await ch.get_exchange(t.GEO_CONTROL_EXCHANGE, ensure=False)
+
+    async def _watch_regions(self) -> None:
+        """Follow the worldmap's regions between changes too (a long-lived API process lets
+        go of a removed region before its vhost is deleted)."""
+        while True:
+            await asyncio.sleep(REGIONS_POLL_S)
+            try:
+                async with self.pool.acquire() as conn:
+                    version = await routing_store.latest_worldmap_version(conn)
+                    if self._worldmap is None or self._worldmap.version != version:
+                        self._worldmap = await routing_store.latest_worldmap(conn)
+                if self._worldmap is not None:
+                    await self.follow_regions(self._worldmap.regions)
+            except (OSError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as exc:
+                log.warning("cannot follow the worldmap's regions: %s", exc)
+
+    async def follow_regions(self, regions: tuple[str, ...]) -> None:
+        """Regions come and go live (`geofence region add / remove`): reach every region of
+        the worldmap in force, and let go of one it no longer names (its vhost goes next)."""
+        if set(regions) == set(self._control):
+            return
+        async with self._regions_lock:
+            for region in regions:
+                if region not in self._control:
+                    await self._open(t.region_vhost(region))
+            if self.follow_worldmap:
+                for region in set(self._control) - set(regions):
+                    del self._control[region]
+                    await _close_quietly(self._conns.pop(t.region_vhost(region)))
+            self.regions = tuple(self._control)
 
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
         waiter = self._waiting.pop(message.correlation_id or "", None)
@@ -152,6 +195,7 @@ class FenceManager:
                 wm = self._worldmap
                 if wm is None:
                     raise RuntimeError("no worldmap stored: run `geofence up`")
+                await self.follow_regions(wm.regions)
                 b = bindings(spec.geometry, wm)
                 try:
                     saved = await store.save_fence(conn, spec, b, expected_version, create, owner,
@@ -165,6 +209,7 @@ class FenceManager:
         outs, sent = [], 0
         # the regions the fence touched or touches: each gets the change and forwards it
         told = [r for r in self.regions if saved.previous.get(r) is not None or r in b.per_region]
+        assert set(b.per_region) <= set(told), "a region of the worldmap without a connection"
         for region in told:  # diffs where the region keeps the fence
             old, new = saved.previous.get(region), b.per_region.get(region)
             d = None if new is None or old is None else binding_diff.diff(old.ranges, old.interior, *new)
@@ -192,6 +237,7 @@ class FenceManager:
             record = await store.replace_region_bindings(conn, fence_id, version, bits, per_region)
         if record is None:
             return False
+        await self.follow_regions(tuple({*self._control, *per_region}))
         ts = record.updated_at.timestamp()  # the fence's own change time: x-fence sees no change
         told = sorted(per_region)
         outs = [shell.Out(self._control[region], "", control.define_for_region(
@@ -203,11 +249,25 @@ class FenceManager:
     async def remove(self, fence_id: str, expected_version: int | None = None,
                      owner: str | None = None) -> Change:
         async with self.pool.acquire() as conn:
+            wm = await routing_store.latest_worldmap(conn)
             version, when = await store.delete_fence(conn, fence_id, expected_version, owner)
+        if wm is not None:
+            await self.follow_regions(wm.regions)
         drop = control.drop_message(control.Drop(fence_id, version, when.timestamp()))
-        outs = [shell.Out(self._control[r], "", drop, CONTENT_TYPE) for r in self.regions]
+        outs = [shell.Out(x, "", drop, CONTENT_TYPE) for x in self._control.values()]
         await shell.publish_all(outs, self.counters)
         return Change(fence_id, version, (), 0, 0, self.ring.node_for(fence_id))
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _close_quietly(conn: AbstractConnection) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(conn.close(), 5)
 
 
 class WorkerUnavailable(RuntimeError):

@@ -40,6 +40,7 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, pack
+from exchanges.worldmap import Worldmap
 from ingress.core import XIngress
 from ingress.map_tap import MapSampler
 from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many
@@ -67,6 +68,13 @@ class IngressSidecar:
         self.map_sampler = MapSampler()
         self.map_out: AbstractExchange | None = None
         self.map_listening = True  # a map is open (the last sample or probe was routed)
+        # Regions come and go live (`geofence region add / remove`): a stored worldmap naming
+        # a region this session has no connection to waits in `pending` while the session
+        # ends cleanly (drained) and the next one connects to it; one whose regions this
+        # session no longer needs ends it as well, dropping the region's connection.
+        self.pending: Worldmap | None = None
+        self.connected: frozenset[str] = frozenset()
+        self.regions_changed = asyncio.Event()
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """Nothing to recover: `main` read the worldmap the core is built on (shell.Sidecar)."""
@@ -86,7 +94,9 @@ class IngressSidecar:
         async with contextlib.AsyncExitStack() as stack:
             ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
             await self.instance_lock.acquire(ingress, stack)
-            regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack) for r in cfg.regions}
+            wanted = {*self.core.worldmap.regions, *(self.pending.regions if self.pending else ())}
+            self.regions_changed.clear()
+            regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack) for r in sorted(wanted)}
             out_ch = await shell.open_channel(ingress, stack, confirms=cfg.persistence)
             self.dlx = await out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
             self.follow = await out_ch.get_exchange(t.FOLLOW_EXCHANGE, ensure=False)
@@ -101,19 +111,44 @@ class IngressSidecar:
             mqtt = shell.Intake.on(await pos_ch.get_queue(t.POSITIONS_QUEUE), cfg.batch_max, cfg.prefetch)
             gateway = shell.Intake.on(await bat_ch.get_queue(t.BATCHES_QUEUE), GATEWAY_BATCH_MESSAGES,
                                        4 * GATEWAY_BATCH_MESSAGES)
+            self.connected = frozenset(regions)
+            if self.pending is not None:
+                self.adopt(self.pending)
             log.info("consuming %s and %s; regions %s", t.POSITIONS_QUEUE, t.BATCHES_QUEUE,
-                     ", ".join(cfg.regions))
+                     ", ".join(sorted(regions)))
+            ending = asyncio.Event()  # stop, or the regions changed: this session drains and ends
             await shell.run_session(
-                stop, [ingress, *regions.values()], [mqtt, gateway],
+                ending, [ingress, *regions.values()], [mqtt, gateway],
                 [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, t.POSITIONS_QUEUE,
                                                                  mqtt),
                                    self.counters, self.dlx),
                  shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE,
                                                                     gateway),
                                    self.counters, self.dlx)],
-                [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line())),
-                 shell.periodic(stop, MAP_EVERY_S, self.send_map_sample)],
+                [shell.periodic(ending, 30, lambda: log.info("%s", self.counters.line())),
+                 shell.periodic(ending, MAP_EVERY_S, self.send_map_sample),
+                 _first_of(stop, self.regions_changed, ending)],
                 cfg.drain_s)
+        if not stop.is_set():
+            log.info("regions changed: connecting again to %s",
+                     ", ".join(sorted({*self.core.worldmap.regions,
+                                       *(self.pending.regions if self.pending else ())})))
+
+    def offer(self, wm: Worldmap) -> None:
+        """A newer stored worldmap (watch_store): taken at once when this session reaches
+        every region it names, else when the next one does (see __init__)."""
+        if set(wm.regions) <= self.connected:
+            self.adopt(wm)
+        else:
+            self.pending = wm
+            self.regions_changed.set()
+
+    def adopt(self, wm: Worldmap) -> None:
+        self.pending = None
+        if self.core.set_worldmap(wm):
+            log.info("worldmap version %d loaded: regions %s", wm.version, ", ".join(wm.regions))
+        if self.connected - set(self.core.worldmap.regions):  # a region removed: drop its connection
+            self.regions_changed.set()
 
     async def send_map_sample(self) -> None:
         """Once a second: the sample while a map is open, else a probe (see the docstring)."""
@@ -184,7 +219,7 @@ class IngressSidecar:
         self.counters.positions += len(batch)
 
 
-async def watch_store(pg_url: str, sidecar: IngressSidecar, regions: Sequence[str], stop: asyncio.Event,
+async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
                       instance: str = "x-ingress") -> None:
     """Re-read the worldmap when a newer version is stored, and the followed objects, and say
     which map this instance routes with (a re-split waits for that); PostgreSQL being away
@@ -198,14 +233,11 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, regions: Sequence[st
         try:
             conn = await routing_store.connect(pg_url)
             try:
-                if await routing_store.latest_worldmap_version(conn) > core.worldmap.version:
+                newest = max(core.worldmap.version, sidecar.pending.version if sidecar.pending else 0)
+                if await routing_store.latest_worldmap_version(conn) > newest:
                     wm = await routing_store.latest_worldmap(conn)
-                    unknown = sorted(set(wm.regions) - set(regions)) if wm is not None else []
-                    if wm is not None and unknown:
-                        log.error("worldmap version %d routes to regions %s this deployment does not "
-                                  "have; keeping version %d", wm.version, unknown, core.worldmap.version)
-                    elif wm is not None and core.set_worldmap(wm):
-                        log.info("worldmap version %d loaded: regions %s", wm.version, ", ".join(wm.regions))
+                    if wm is not None:
+                        sidecar.offer(wm)
                 await routing_store.record_worldmap_seen(conn, instance, core.worldmap.version)
                 followed = frozenset(await routing_store.followed_objects(conn))
                 if followed != sidecar.followed:
@@ -217,6 +249,17 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, regions: Sequence[st
             log.warning("store check failed (%s); keeping worldmap version %d", exc, core.worldmap.version)
 
 
+async def _first_of(stop: asyncio.Event, changed: asyncio.Event, ending: asyncio.Event) -> None:
+    """Sets `ending` when the sidecar stops or its regions changed."""
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(changed.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    ending.set()
+
+
 async def main(config: shell.SidecarConfig) -> int:
     stop = asyncio.Event()
     shell.install_signal_handlers(stop)
@@ -225,14 +268,10 @@ async def main(config: shell.SidecarConfig) -> int:
                                                 "worldmap", stop)
     if wm is None:
         return 0
-    missing = sorted(set(wm.regions) - set(config.regions))
-    if missing:
-        log.error("the worldmap routes to regions %s that this deployment does not have", missing)
-        return 2
     core = XIngress(wm)
     sidecar = IngressSidecar(config, core)
     async with asyncio.TaskGroup() as tg:
-        tg.create_task(watch_store(config.postgres_url, sidecar, config.regions, stop, config.name))
+        tg.create_task(watch_store(config.postgres_url, sidecar, stop, config.name))
         await shell.serve(config, sidecar.session, stop, sidecar.counters)
     log.info("stopped: %s", sidecar.counters.line())
     return 0

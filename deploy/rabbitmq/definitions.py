@@ -40,7 +40,10 @@ each queue group gets one policy carrying all of its settings, and the patterns 
     gf-dead-letters   (priority 0, queues) every other queue of the vhost except
                       dead-letters itself and the map taps: dead-letter-exchange dead-letters.
                       The dead-letters queue has no limit: a bounded one would drop bad input.
-    gf-federate-x-fence-in  (gf-fences, exchanges, ^x-fence\\.in$) upstream set gf-regions
+    gf-federate-x-fence-in  (gf-fences, exchanges, ^x-fence\\.in$) upstream set "all" (RabbitMQ's
+                            implicit set: every upstream of gf-fences, one per region vhost;
+                            a region added or removed starts or stops its own link only,
+                            where a named set's change restarts every link of the exchange)
     gf-federate-events      (gf-ingress, exchanges, ^amq\\.topic$) upstream gf-fences
                             (its exchange fence.events)
 
@@ -401,8 +404,6 @@ def parameters(topology: Topology, endpoint: Endpoint, federation_password: str)
     found = [Parameter(t.FENCES_VHOST, "federation-upstream", t.upstream_name(v),
                        upstream(endpoint, federation_password, v, t.FENCE_IN_EXCHANGE))
              for v in regions]
-    found.append(Parameter(t.FENCES_VHOST, "federation-upstream-set", t.REGIONS_UPSTREAM_SET,
-                           [{"upstream": t.upstream_name(v)} for v in regions]))
     found.append(Parameter(t.INGRESS_VHOST, "federation-upstream", t.upstream_name(t.FENCES_VHOST),
                            upstream(endpoint, federation_password, t.FENCES_VHOST,
                                     t.EVENTS_EXCHANGE)))

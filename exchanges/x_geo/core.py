@@ -212,6 +212,25 @@ class XGeo:
         interior = binding.interior[row[row >= 0]] if binding is not None else np.empty(0, bool)
         return self._rechecks(worker, fence_id, version, objs, row, np.asarray(interior, bool))
 
+    def rebind(self, fence_id: str, version: int, binding: FenceBinding | None) -> bool:
+        """The version applied, bound here with other ranges (None: none): a live region
+        change (`geofence region add / remove`, the nightly re-split) moves a fence's ranges
+        between regions without changing the fence, so nobody is re-checked. True if the
+        bound ranges changed; False for another version (`change` handles those)."""
+        if self._versions.get(fence_id) != version:
+            return False
+        old = self.binding(fence_id)
+        if binding is None:
+            if old is None:
+                return False
+            self._index.remove(fence_id, missing_ok=True)
+            return True
+        if old is not None and np.array_equal(old.ranges, binding.ranges) \
+                and np.array_equal(old.interior, binding.interior):
+            return False
+        self.add_binding(binding)
+        return True
+
     def _rechecks(self, worker: str, fence_id: str, version: int, objs: npt.NDArray[np.int64],
                   row: npt.NDArray[np.int64], interior: npt.NDArray[np.bool_]) -> WorkerBatch:
         """Re-check rows of `fence_id` for these objects: a candidate (with its interior

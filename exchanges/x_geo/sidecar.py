@@ -160,6 +160,11 @@ class GeoSidecar:
         binding = None
         if known != version:  # (the same version again: applied already, forwarded below)
             binding = change.binding() if change.diff is None else await self.rebound(change)
+        elif change.diff is None and change.ranges is not None \
+                and self.core.rebind(fid, version, change.binding()):
+            self.counters.bump("moved_bindings")  # the same fence, other ranges here (see XGeo.rebind)
+            log.info("fence %s v%d: ranges here moved (%d now)", fid, version,
+                     len(change.ranges) if change.ranges is not None else 0)
         # the fence's worker hears of every change through every region it was sent to, with
         # the latest positions here to decide who is inside (XGeo.change)
         recheck = self.core.change(fid, version, binding)

@@ -96,7 +96,7 @@ def make_workload() -> Workload:
 @dataclass
 class Fault:
     label: str
-    kind: str  # kill | broker | cut
+    kind: str  # kill | broker | cut | scale
     at_update: int  # updates published before it was injected
     started: float  # time.monotonic()
     started_wall: float  # time.time()
@@ -286,6 +286,15 @@ class FaultRun:
         f.note = f"{n} connections cut"
         queues = [(v, q) for name in names for v, q in sidecar_queues(self.stack.topology, name)]
         self._measure(f, queues, "any")
+        return f
+
+    async def scale(self, label: str, op: Callable[[], Awaitable[str]]) -> Fault:
+        """A live topology change (`geofence region add`, ...) while the stream flows: `op`
+        returns its summary line; its "recovery" is the first event after it."""
+        f = self._begin(label, "scale")
+        f.note = await op()
+        say(f"{self.title}: {f.note}")
+        self._measure(f, [], "any")
         return f
 
     def _scope(self, name: str) -> str:

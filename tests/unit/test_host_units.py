@@ -75,7 +75,7 @@ def test_each_env_file_a_unit_reads_is_written_complete_and_private(rendered: Pa
     assert re.fullmatch(r"amqp://x-ingress:x-ingress-pw@127\.0\.0\.1:5672/\?name=x-ingress",
                         ingress["GEOFENCE_AMQP_URL"])
     w1 = h.parse_env((env_dir / "x-fence-w1.env").read_text())
-    assert w1 == {"GEOFENCE_METRICS_LISTEN": "127.0.0.1:9474"}
+    assert w1 == {"GEOFENCE_METRICS_LISTEN": "127.0.0.1:9475"}
     assert h.parse_env((env_dir / "x-fence.env").read_text())["GEOFENCE_AMQP_URL"].endswith("?name=x-fence")
 
 

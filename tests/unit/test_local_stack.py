@@ -120,8 +120,9 @@ def test_connection_settings_shape() -> None:
         "management": {"url": "http://127.0.0.1:15672/"},
         "api": "http://127.0.0.1:8080",
         "metrics": {name: f"http://127.0.0.1:{port}/metrics" for name, port in (
-            ("x-ingress", 9470), ("x-geo-a", 9471), ("x-geo-b", 9472), ("x-fence-w0", 9473),
-            ("x-fence-w1", 9474), ("fence-archiver", 9475), ("api", 9476), ("venue-sensors", 9477))},
+            # the single roles, the workers, then the regions (a region added live is appended)
+            ("x-ingress", 9470), ("fence-archiver", 9471), ("api", 9472), ("venue-sensors", 9473),
+            ("x-fence-w0", 9474), ("x-fence-w1", 9475), ("x-geo-a", 9476), ("x-geo-b", 9477))},
         "rabbitmq_metrics": "http://127.0.0.1:15692/metrics",
         "prometheus": "http://127.0.0.1:9090",
         "firebase": {"project": "demo-geofence", "auth_emulator_host": "127.0.0.1:9099"},

@@ -3,9 +3,12 @@ two rounds of x-geo answers: shares, intervals, rates, a region down, a drifted 
 
 from __future__ import annotations
 
-import numpy as np
+import argparse
 
-from deploy.region_cmd import human, rows
+import numpy as np
+import pytest
+
+from deploy.region_cmd import add_arguments, human, rows, run
 from exchanges.worldmap import TOP, Worldmap
 
 
@@ -40,3 +43,19 @@ def test_a_single_round_has_no_rates() -> None:
     wm = Worldmap.single("a")
     got = rows(wm, {}, {"a": answer(0, 0, 5, 5)}, {"a": answer(0, 0, 9, 9)}, 0.0)
     assert got[0]["up"] and "positions_per_s" not in got[0] and got[0]["share"] == 1.0
+
+
+def test_add_and_remove_refuse_incomplete_commands_and_an_overriding_environment(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, "region")
+    monkeypatch.delenv("GEOFENCE_REGIONS", raising=False)
+    assert run(parser.parse_args(["add", "c"])) == 2
+    assert "give the region and --split-from" in capsys.readouterr().err
+    assert run(parser.parse_args(["remove", "c"])) == 2
+    assert "--into" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --at and --balance exclude each other
+        parser.parse_args(["add", "c", "--split-from", "a", "--at", "5", "--balance"])
+    monkeypatch.setenv("GEOFENCE_REGIONS", "a,b")
+    assert run(parser.parse_args(["add", "c", "--split-from", "a"])) == 2
+    assert "GEOFENCE_REGIONS is set" in capsys.readouterr().err

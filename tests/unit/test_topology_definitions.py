@@ -131,13 +131,15 @@ def test_federation_policies_and_upstreams() -> None:
     fed = {(p.vhost, p.name): p for p in DEFAULT.policies if p.apply_to == "exchanges"}
     fence_in = fed[("gf-fences", t.FEDERATE_FENCE_IN_POLICY)]
     assert re.search(fence_in.pattern, "x-fence.in") and not re.search(fence_in.pattern, "x-fence.inx")
-    assert fence_in.definition == {"federation-upstream-set": "gf-regions"}
+    # RabbitMQ's implicit set "all": adding a region's upstream starts its link alone (a named
+    # set's change would restart every link of the exchange)
+    assert fence_in.definition == {"federation-upstream-set": "all"}
     events = fed[("gf-ingress", t.FEDERATE_EVENTS_POLICY)]
     assert events.pattern == r"^amq\.topic$"
     assert events.definition == {"federation-upstream": "gf-fences"}
     params = {(p.vhost, p.component, p.name): p.value for p in DEFAULT.parameters}
-    assert params[("gf-fences", "federation-upstream-set", "gf-regions")] == [
-        {"upstream": "gf-region-a"}, {"upstream": "gf-region-b"}]
+    assert not [k for k in params if k[1] == "federation-upstream-set"]
+    assert sorted(k[2] for k in params if k[0] == "gf-fences") == ["gf-region-a", "gf-region-b"]
     a = params[("gf-fences", "federation-upstream", "gf-region-a")]
     assert a == {"uri": "amqp://federation:fed-Pw%2F1@127.0.0.1:5672/gf-region-a",
                  "exchange": "x-fence.in", "ack-mode": "on-confirm", "trust-user-id": False,
