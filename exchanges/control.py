@@ -42,6 +42,11 @@ from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import FenceBinding
 
 DEFINE, REBIND, DROP, INSPECT = "define", "rebind", "drop", "inspect"
+# `geofence worker add / remove` (deploy/worker_ops.py), requests with a reply like INSPECT:
+# to x-geo, route with the stored worker ring of this version; to x-fence, the state of the
+# fences a ring gives to other workers (EXPORT), that state taken in (IMPORT), and those
+# fences forgotten once the ring is in force (FORGET).
+RING, EXPORT, IMPORT, FORGET = "ring", "export", "import", "forget"
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,12 +10,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import asyncpg
 import numpy as np
 
+from exchanges.hash_ring import HashRing
 from exchanges.shell import Backoff
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding
@@ -138,8 +139,26 @@ async def latest_worldmap_version(conn: asyncpg.Connection) -> int:
     return int(v or 0)
 
 
-async def record_worldmap_seen(conn: asyncpg.Connection, instance: str, version: int) -> None:
-    """An x-ingress routes with worldmap `version` now."""
-    await conn.execute("INSERT INTO worldmap_seen (instance, version) VALUES ($1, $2) "
-                       "ON CONFLICT (instance) DO UPDATE SET version = EXCLUDED.version, seen_at = now()",
-                       instance, version)
+async def record_worldmap_seen(conn: asyncpg.Connection, instance: str, version: int,
+                               paused: bool = False) -> None:
+    """An x-ingress routes with worldmap `version` now (and has stopped consuming: `paused`)."""
+    await conn.execute("INSERT INTO worldmap_seen (instance, version, paused) VALUES ($1, $2, $3) "
+                       "ON CONFLICT (instance) DO UPDATE SET version = EXCLUDED.version, "
+                       "paused = EXCLUDED.paused, seen_at = now()", instance, version, paused)
+
+
+async def ingress_paused(conn: asyncpg.Connection) -> bool:
+    """x-ingress is to stop consuming (a worker handover drains the pipeline; a lease)."""
+    return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM ingress_pause WHERE until > now())"))
+
+
+async def latest_ring(conn: asyncpg.Connection) -> tuple[int, HashRing] | None:
+    """The newest stored worker ring and its version (None: none stored, GEOFENCE_WORKERS hold)."""
+    row = await conn.fetchrow("SELECT version, body FROM worker_ring ORDER BY version DESC LIMIT 1")
+    return None if row is None else (int(row["version"]), HashRing.from_dict(row["body"]))
+
+
+async def ring_or(conn: asyncpg.Connection, workers: Sequence[str]) -> tuple[int, HashRing]:
+    """The stored ring, else version 0: `workers` with weight 1 each."""
+    found = await latest_ring(conn)
+    return found if found is not None else (0, HashRing(list(workers)))

@@ -212,6 +212,40 @@ class XGeo:
         interior = binding.interior[row[row >= 0]] if binding is not None else np.empty(0, bool)
         return self._rechecks(worker, fence_id, version, objs, row, np.asarray(interior, bool))
 
+    def set_ring(self, workers: Sequence[str], ring: Ring) -> dict[str, int]:
+        """Route with a new worker membership (`geofence worker add / remove`, once the moved
+        fences' state is on their new workers): every fence's worker again, and the objects'
+        memory of where they were routed carried over, so an object inside a fence that moved
+        sends its next position to the fence's new worker too (its LEAVE stays immediate).
+        Returns how many bound fences each worker gained."""
+        if not workers or len(workers) > MAX_WORKERS or len(set(workers)) != len(workers):
+            raise ValueError(f"1..{MAX_WORKERS} distinct workers, got {list(workers)}")
+        old_workers, index = self.workers, {w: i for i, w in enumerate(workers)}
+        gained: dict[str, int] = {}
+        losers: set[int] = set()  # old bits of workers that lost fences
+        gainers_mask = 0
+        for fence_id in self.fences():
+            slot = self._index.slot_of(fence_id)
+            before, after = old_workers[int(self._worker_of_slot[slot])], ring.node_for(fence_id)
+            self._worker_of_slot[slot] = index[after]
+            if before != after:
+                gained[after] = gained.get(after, 0) + 1
+                losers.add(self._worker_index[before])
+                gainers_mask |= 1 << index[after]
+        n = len(self._objects)
+        old_masks = self._last_mask[:n].copy()
+        masks = np.zeros(n, np.int64)
+        for w, i in self._worker_index.items():
+            had = (old_masks >> i) & 1 == 1
+            if w in index:
+                masks[had] |= 1 << index[w]
+            if i in losers:
+                masks[had] |= gainers_mask
+        self._last_mask = masks
+        self.workers, self._worker_index, self._ring = list(workers), index, ring
+        self._all = (1 << len(workers)) - 1
+        return gained
+
     def rebind(self, fence_id: str, version: int, binding: FenceBinding | None) -> bool:
         """The version applied, bound here with other ranges (None: none): a live region
         change (`geofence region add / remove`, the nightly re-split) moves a fence's ranges

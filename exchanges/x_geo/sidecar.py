@@ -41,7 +41,8 @@ class GeoSidecar:
         self.config = config
         self.region = config.instance
         self.instance_lock = shell.InstanceLock(t.GEO_LOCK)
-        self.ring = HashRing(list(config.workers))
+        self.ring = HashRing(list(config.workers))  # the stored ring replaces it at `recover`
+        self.ring_version = 0
         self.core = XGeo(self.region, list(config.workers), self.ring, announce_unknown=True)
         self.counters = shell.Counters()
         self.lock = asyncio.Lock()
@@ -55,6 +56,13 @@ class GeoSidecar:
             "fence bindings", stop)
         if bindings is None:
             return False
+        ring = await routing_store.read_until_stopped(
+            self.config.postgres_url, lambda conn: routing_store.ring_or(conn, self.config.workers),
+            "worker ring", stop)
+        if ring is None:
+            return False
+        self.ring_version, self.ring = ring
+        self.core.set_ring(self.ring.nodes, self.ring)
         self.core.recover(bindings)
         log.info("recovered %d fence bindings of region %s", len(bindings), self.region)
         return True
@@ -137,6 +145,9 @@ class GeoSidecar:
                     if msg["kind"] == control.INSPECT:
                         out = shell.reply(self.out_ch, m, self.inspect(msg))
                         outs += [out] if out else []
+                    elif msg["kind"] == control.RING:
+                        out = shell.reply(self.out_ch, m, await self.take_ring(int(msg["version"])))
+                        outs += [out] if out else []
                     else:
                         outs += await self.apply(control.parse(msg))
                 except BAD_INPUT as exc:
@@ -202,6 +213,25 @@ class GeoSidecar:
                 await conn.close()
             return None if stored is None else FenceBinding(fid, version, stored.ranges, stored.interior)
 
+    async def take_ring(self, version: int) -> dict[str, Any]:
+        """Route with the stored worker ring `version` (`geofence worker add / remove`, once
+        the moved fences' state is on their new workers; x-ingress is paused meanwhile)."""
+        if version == self.ring_version:
+            return {"ring": version, "gained": {}}
+        conn = await routing_store.connect(self.config.postgres_url)
+        try:
+            found = await routing_store.latest_ring(conn)
+        finally:
+            await conn.close()
+        if found is None or found[0] != version:
+            raise InvalidMessage(f"worker ring version {version} is not the newest stored "
+                                 f"({found[0] if found else 'none'})")
+        self.ring_version, self.ring = found
+        gained = self.core.set_ring(self.ring.nodes, self.ring)
+        log.info("worker ring version %d: workers %s; fences moved %s", version, ", ".join(self.ring.nodes),
+                 gained or "none")
+        return {"ring": version, "gained": gained}
+
     def gauges(self) -> dict[str, float]:
         """Levels for /metrics, read at each scrape."""
         s = self.core.stats()
@@ -211,7 +241,8 @@ class GeoSidecar:
     def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
         fences = self.core.fences()
         out: dict[str, Any] = {"region": self.region, "stats": self.core.stats(),
-                               "counters": self.counters.to_json(), "ring": self.ring.to_dict()}
+                               "counters": self.counters.to_json(), "ring": self.ring.to_dict(),
+                               "ring_version": self.ring_version}
         limit = int(msg.get("limit", 100))  # 0: a barrier (fence.manager.applied), answer fast
         out["fences"] = {f: self.core.worker_of(f) for f in fences[:limit]}
         out["fences_total"] = len(fences)

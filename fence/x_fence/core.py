@@ -46,7 +46,7 @@ a redelivered event by its id).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -706,6 +706,104 @@ class XFence:
         self._keys, self._since = self._keys[~due], self._since[~due]
         self._dirty_objs.append(objs[due])
         return held + events
+
+    # -- handover (`geofence worker add / remove`) -----------------------------------------
+
+    def export(self, keep: Callable[[str], bool]) -> dict[str, Any]:
+        """The state of the fences `keep` refuses (a new ring gives them to other workers), as
+        plain data: their definitions (with a change in transition), who is inside since
+        when, and those objects' rows (last position, handover time). Changes nothing: the
+        fences stay here until `forget` (the handover is abandoned, they go on here)."""
+        codes = sorted(c for name, c in self._fence_code.items() if not keep(name))
+        sel = np.isin((self._keys & _LOW).astype(np.int64), codes)
+        objs, p_obj = np.unique((self._keys[sel] >> _SHIFT).astype(np.int64), return_inverse=True)
+        at = {c: i for i, c in enumerate(codes)}
+        p_fence = np.array([at[int(c)] for c in (self._keys[sel] & _LOW).astype(np.int64)], np.int64)
+        gated = np.flatnonzero(self._ho_ts[: len(self._objects)] > 0)
+        return {
+            "format": codec.FORMAT, "from": self.worker,
+            "fences": [[self._fence_names[c], self._stored(c)] for c in codes],
+            "versions": {self._fence_names[c]: self._versions[self._fence_names[c]] for c in codes},
+            "ids": [self._objects.ids[o] for o in objs.tolist()],
+            **{name: codec.pack_array(getattr(self, f"_{name}")[objs], "<f8") for name in codec.ROWS},
+            "pair_object": codec.pack_array(p_obj.astype(np.int64), "<i8"),
+            "pair_fence": codec.pack_array(p_fence, "<i8"),
+            "since": codec.pack_array(self._since[sel], "<f8"),
+            # every object's latest handover notice: notices go to every worker, and a new
+            # one never saw those before it joined (its gates would wait for them)
+            "gate_ids": [self._objects.ids[o] for o in gated.tolist()],
+            "gate_ts": codec.pack_array(self._ho_ts[gated], "<f8"),
+        }
+
+    def take(self, data: dict[str, Any], mine: Callable[[str], bool]) -> int:
+        """Install, of what another worker's `export` gave, the fences `mine` accepts (the
+        new ring's share of this worker); the same state again changes nothing. Each object
+        keeps the newer of its two rows (positions it was sent here, or there). Returns the
+        number of fences taken."""
+        if data.get("format") != codec.FORMAT:
+            raise ValueError(f"x-fence handover format {data.get('format')!r}, "
+                             f"this code reads {codec.FORMAT}")
+        gate_ids = [str(i) for i in data["gate_ids"]]
+        gate_ts = codec.unpack_array(data["gate_ts"], "<f8", np.float64)
+        if gate_ts.size != len(gate_ids):
+            raise ValueError("x-fence handover: handover times do not match their ids")
+        if gate_ids:
+            gated = self._codes(gate_ids)
+            self._ho_ts[gated] = np.maximum(self._ho_ts[gated], gate_ts)
+            self._dirty_objs.append(gated)
+        wanted = [i for i, (name, _) in enumerate(data["fences"]) if mine(str(name))]
+        p_obj = codec.unpack_array(data["pair_object"], "<i8", np.int64)
+        p_fence = codec.unpack_array(data["pair_fence"], "<i8", np.int64)
+        since = codec.unpack_array(data["since"], "<f8", np.float64)
+        if not (p_obj.size == p_fence.size == since.size):
+            raise ValueError("x-fence handover: the pairs' columns differ in length")
+        pick = np.isin(p_fence, wanted)
+        used = np.unique(p_obj[pick])
+        ids = [str(data["ids"][i]) for i in used.tolist()]
+        objs = self._codes(ids) if ids else np.empty(0, np.int64)
+        theirs = {name: codec.unpack_array(data[name], "<f8", np.float64) for name in codec.ROWS}
+        if any(v.size != len(data["ids"]) for v in theirs.values()):
+            raise ValueError("x-fence handover: object rows do not match the ids")
+        theirs = {name: v[used] for name, v in theirs.items()}
+        newer = theirs["last_ts"] > self._last_ts[objs]
+        for name in ("last_ts", "last_lon", "last_lat"):
+            getattr(self, f"_{name}")[objs[newer]] = theirs[name][newer]
+        self._ho_ts[objs] = np.maximum(self._ho_ts[objs], theirs["ho_ts"])
+        codes = np.full(len(data["fences"]), -1, np.int64)
+        for i in wanted:
+            name, stored = data["fences"][i]
+            code = self._fence_code.get(name)
+            if code is None:
+                code = self._new_slot(name)
+            self._put_stored(code, codec.unpack_fence(stored))
+            self._fence_code[name] = code
+            self._versions[name] = max(self._versions.get(name, 0), int(data["versions"][name]))
+            self._dirty_fences.add(code)
+            codes[i] = code
+        fence_codes = codes[wanted]
+        local = np.searchsorted(used, p_obj[pick])  # each pair's object among `used`
+        keys = (objs[local].astype(np.uint64) << _SHIFT) | codes[p_fence[pick]].astype(np.uint64)
+        since = since[pick]
+        stale = np.isin((self._keys & _LOW).astype(np.int64), fence_codes)  # taken again: replaced
+        order = np.argsort(keys, kind="stable")
+        self._merge_pairs(self._keys[~stale], self._since[~stale], keys[order], since[order])
+        self._dirty_objs.append(objs)
+        return len(wanted)
+
+    def forget(self, keep: Callable[[str], bool]) -> int:
+        """Let go of the fences `keep` refuses, with no event (their new worker has their
+        state and decides from now on). Returns how many."""
+        codes = [c for name, c in self._fence_code.items() if not keep(name)]
+        if not codes:
+            return 0
+        mask = np.isin((self._keys & _LOW).astype(np.int64), codes)
+        self._dirty_objs.append((self._keys[mask] >> _SHIFT).astype(np.int64))
+        self._keys, self._since = self._keys[~mask], self._since[~mask]
+        for code in codes:
+            del self._fence_code[self._fence_names[code]]
+            self._clear_slot(code)
+            self._dirty_fences.add(code)
+        return len(codes)
 
     # -- state for `geofence inspect fence` -------------------------------------------------
 

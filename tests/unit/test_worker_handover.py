@@ -1,0 +1,156 @@
+"""Workers added and removed (issue 21) without a broker: objects walk over a dozen fences
+and two regions, real x-ingress / x-geo / x-fence cores route them, and at a random batch
+the ring changes (a worker added, with a weight, or removed): the pipeline drained (x-ingress
+paused), each old worker exports the fences it loses (XFence.export), each new owner takes
+its share (take), the x-geos route with the new ring (XGeo.set_ring) and the old workers
+forget. The events are shapely's: none lost, none twice, whatever the moment; the state of
+every fence is on exactly its new worker, and the journal replays the handover."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import shapely
+from shapely.geometry import box
+
+import hilbert_c as hk
+from exchanges.batch import PositionBatch
+from exchanges.fence_def import FenceDef
+from exchanges.hash_ring import HashRing
+from exchanges.worldmap import Worldmap
+from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.range_index import INDEX_BITS
+from fence.x_fence.core import XFence
+from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE
+from ingress.core import XIngress
+from tests.unit.test_fence_sidecar_core import Ev, kinds
+
+AREA = (9.50, 47.10, 9.53, 47.13)
+CHANGES = {
+    "add w2": ({"w0": 1, "w1": 1}, {"w0": 1, "w1": 1, "w2": 1}),
+    "add w2 weight 3": ({"w0": 1, "w1": 1}, {"w0": 1, "w1": 1, "w2": 3}),
+    "remove w1": ({"w0": 1, "w1": 1, "w2": 1}, {"w0": 1, "w2": 1}),
+    "remove to one": ({"w0": 1, "w1": 1}, {"w1": 1}),
+}
+
+
+@dataclasses.dataclass
+class World:
+    fences: dict[str, object]
+    worldmap: Worldmap
+    walk: list[tuple[str, float, float, float]]
+    truth: list[Ev]
+
+
+def world(rng: np.random.Generator) -> World:
+    x0, y0, x1, y1 = AREA
+    centres, sizes = rng.uniform((x0, y0), (x1, y1), (14, 2)), rng.uniform(0.002, 0.006, (14, 2))
+    fences = {f"F{i}": box(*(centres[i] - sizes[i]), *(centres[i] + sizes[i])) for i in range(14)}
+    lon, lat = rng.uniform(x0, x1, 8), rng.uniform(y0, y1, 8)
+    walk: list[tuple[str, float, float, float]] = []
+    truth: list[Ev] = []
+    inside: list[set[str]] = [set() for _ in range(8)]
+    for t in range(100, 150):
+        lon = np.clip(lon + rng.normal(0.0, 0.002, 8), x0, x1)
+        lat = np.clip(lat + rng.normal(0.0, 0.002, 8), y0, y1)
+        for o in rng.permutation(8).tolist():
+            walk.append((f"o{o}", float(lon[o]), float(lat[o]), float(t)))
+            now = {f for f, g in fences.items() if shapely.contains_xy(g, lon[o], lat[o])}
+            truth += [(ENTER, f, f"o{o}", ENTERED, float(t)) for f in now - inside[o]]
+            truth += [(LEAVE, f, f"o{o}", EXITED, float(t)) for f in inside[o] - now]
+            inside[o] = now
+    return World(fences, Worldmap.over_area(["a", "b"], AREA), walk, truth)
+
+
+def batches(w: World, rng: np.random.Generator) -> list[PositionBatch]:
+    out, lo = [], 0
+    while lo < len(w.walk):
+        hi = min(len(w.walk), lo + int(rng.integers(1, 9)))
+        ids, lons, lats, tss = zip(*w.walk[lo:hi], strict=True)
+        out.append(PositionBatch(list(ids), np.array(lons), np.array(lats), np.array(tss),
+                                 np.zeros(hi - lo, np.uint64)))
+        lo = hi
+    return out
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+@pytest.mark.parametrize("seed", range(12))
+def test_a_ring_change_mid_stream_loses_and_repeats_no_event(change: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    w = world(rng)
+    before, after = (HashRing(x) for x in CHANGES[change])
+    geo = {}
+    for region in w.worldmap.regions:
+        g = XGeo(region, list(before.nodes), before, announce_unknown=True)
+        for fid, geom in w.fences.items():
+            cov = hk.cover(geom, 20).to_bits(INDEX_BITS)
+            clipped = w.worldmap.clip(cov.ranges, cov.interior)
+            if region in clipped:
+                g.add_binding(FenceBinding(fid, 1, *clipped[region]))
+        geo[region] = g
+    workers = {n: XFence(n) for n in {*before.nodes, *after.nodes}}
+    for fid, geom in w.fences.items():
+        workers[before.node_for(fid)].define(FenceDef(fid, 1, geom, 1e9), 0.0)
+    journal = {n: [x.snapshot()] for n, x in workers.items()}
+    persisted = dict.fromkeys(workers, 0)
+
+    def persist(n: str) -> None:  # as the sidecar does after each batch
+        record = workers[n].changes(persisted[n])
+        if record is not None:
+            journal[n].append(record)
+            persisted[n] = len(workers[n]._objects)
+
+    ingress = XIngress(w.worldmap)
+    todo = batches(w, rng)
+    switch = int(rng.integers(len(todo) // 5, 4 * len(todo) // 5))
+    got: list[Ev] = []
+    moved = 0
+    for i, batch in enumerate(todo):
+        if i == switch:  # drained: every routed batch was applied (x-ingress paused)
+            exports = {n: workers[n].export(lambda f, n=n: after.node_for(f) == n) for n in before.nodes}
+            for n in after.nodes:
+                for data in exports.values():
+                    moved += workers[n].take(data, lambda f, n=n: after.node_for(f) == n)
+            for g in geo.values():
+                g.set_ring(list(after.nodes), after)
+            for n in before.nodes:
+                workers[n].forget(lambda f, n=n: after.node_for(f) == n)
+            for n in workers:
+                persist(n)
+            for fid in w.fences:  # each fence on exactly its new worker
+                assert [n for n, x in workers.items() if fid in x.fences()] == [after.node_for(fid)]
+        ring = after if i >= switch else before
+        for region, rb in ingress.route(batch).regions.items():
+            for n, wb in geo[region].route(rb.batch, notice=rb.notice, gate=rb.gate,
+                                           announced=rb.announced).items():
+                assert n in ring.nodes
+                got += kinds(workers[n].route(wb))
+                persist(n)
+    assert moved == sum(before.node_for(f) != after.node_for(f) for f in w.fences)
+    assert len(w.truth) >= 20
+    assert sorted(got) == sorted(w.truth)
+    assert all(x.stats()["held_now"] == 0 for x in workers.values())  # no gate left waiting
+    for n, x in workers.items():  # the journal (snapshot, then records) gives the same state
+        replayed = XFence.restore(journal[n][0])
+        for record in journal[n][1:]:
+            replayed.apply(record)
+        assert replayed.fences() == x.fences()
+        assert {f: replayed.occupants(f) for f in x.fences()} == {f: x.occupants(f) for f in x.fences()}
+
+
+def test_take_again_changes_nothing_and_refuses_another_format() -> None:
+    a, b = XFence("w0"), XFence("w1")
+    a.define(FenceDef("F", 1, box(0, 0, 1, 1), 60.0), 0.0)
+    from tests.unit.test_fence_sidecar_core import at
+    a.route(dataclasses.replace(at("o", (0.5, 0.5), 10.0, ["F"]), worker="w0"))
+    data = a.export(lambda f: False)
+    assert data["ids"] == ["o"] and [f for f, _ in data["fences"]] == ["F"]
+    assert b.take(data, lambda f: True) == 1 and b.take(data, lambda f: True) == 1
+    assert b.occupants("F") == a.occupants("F") and b.fences() == ["F"]
+    assert b.take(data, lambda f: False) == 0
+    assert a.forget(lambda f: False) == 1 and a.fences() == [] and a.forget(lambda f: False) == 0
+    assert b.expire(10.0 + 61.0)[0].reason == "timeout"  # the timer moved with the pair
+    with pytest.raises(ValueError, match="format"):
+        b.take({**data, "format": 99}, lambda f: True)
