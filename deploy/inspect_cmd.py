@@ -13,8 +13,10 @@ import uuid
 from typing import Any
 
 import aio_pika
+import asyncpg
 import numpy as np
 
+from deploy.processes import StackError
 from deploy.settings import Settings, load_connection_settings
 from exchanges import routing_store
 from exchanges import topology as t
@@ -44,15 +46,16 @@ class RpcTimeout(RuntimeError):
 
 
 async def ask(url: str, exchange: str, routing_key: str, request: dict[str, Any],
-              timeout: float = RPC_TIMEOUT_S) -> Any:
-    """Publish `request` with reply_to a private queue and wait for the one answer."""
+              timeout: float = RPC_TIMEOUT_S, kind: str = INSPECT) -> Any:
+    """Publish `request` (an inspect request unless `kind` says otherwise) with reply_to a
+    private queue and wait for the one answer."""
     conn = await aio_pika.connect(url, timeout=10)
     try:
         ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
         replies = await ch.declare_queue("", exclusive=True, auto_delete=True)
         ex = await ch.get_exchange(exchange, ensure=False)
         cid = uuid.uuid4().hex
-        await ex.publish(aio_pika.Message(pack(INSPECT, **request), content_type=CONTENT_TYPE,
+        await ex.publish(aio_pika.Message(pack(kind, **request), content_type=CONTENT_TYPE,
                                           reply_to=replies.name, correlation_id=cid), routing_key)
         async with replies.iterator(timeout=timeout) as it:
             async for message in it:
@@ -67,10 +70,23 @@ async def ask(url: str, exchange: str, routing_key: str, request: dict[str, Any]
     raise RpcTimeout("the reply queue closed")
 
 
+async def ring_in_force(settings: Settings) -> HashRing:
+    """The stored worker ring (`geofence worker add / remove`), else GEOFENCE_WORKERS'
+    (also when the stack is not up: the ring is computed, not asked)."""
+    try:
+        conn = await routing_store.connect(load_connection_settings(settings)["postgres"]["dsn"])
+    except (StackError, OSError, asyncpg.PostgresError):
+        return HashRing(list(settings.workers))
+    try:
+        return (await routing_store.ring_or(conn, settings.workers))[1]
+    finally:
+        await conn.close()
+
+
 async def _run(args: argparse.Namespace) -> Any:
     settings = Settings.from_env()
     target = args.target
-    ring = HashRing(list(settings.workers))
+    ring = await ring_in_force(settings)
     if target == "ring":
         return {"workers": list(ring.nodes), "shares": ring.shares(),
                 "vnodes_per_weight": ring.vnodes_per_weight,
@@ -90,14 +106,14 @@ async def _run(args: argparse.Namespace) -> Any:
         return {"worker": worker, **answer["fence"]}
     if target == "object":
         answers = await asyncio.gather(*(ask(fences_url, t.FENCE_CONTROL_EXCHANGE, w, {"object_id": args.id})
-                                         for w in settings.workers))
+                                         for w in ring.nodes))
         regions = await asyncio.gather(*(ask(conn["amqp"][t.region_vhost(r)], t.GEO_CONTROL_EXCHANGE, "",
                                              {"limit": 0, "object_id": args.id}) for r in settings.regions))
         latest = {r: a["object"]["latest"] for r, a in zip(settings.regions, regions, strict=True)
                   if a["object"]["latest"] is not None}
         return {"object_id": args.id, "fences": sorted(f for a in answers for f in a["object"]["fences"]),
                 "latest": latest,  # per region whose x-geo has the object (one, unless in transit)
-                "workers": {w: a["object"] for w, a in zip(settings.workers, answers, strict=True)}}
+                "workers": {w: a["object"] for w, a in zip(ring.nodes, answers, strict=True)}}
     if target == "worker":
         return await ask(fences_url, t.FENCE_CONTROL_EXCHANGE, args.worker,
                          {"fences": True, "limit": args.limit})

@@ -103,6 +103,7 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_MAP_TILES": ("map_tiles", _tile_url),
 }
 ENV_KEYS = tuple(_ENV_KEYS)
+WORKER_PORTS = 16  # metrics ports kept for x-fence workers (see Settings.metrics_ports)
 
 
 def sidecar_ids(topology: topo.Topology) -> list[tuple[str, str]]:
@@ -183,13 +184,19 @@ class Settings:
                 **{f"{name} metrics": port for name, port in self.metrics_ports().items()}}
 
     def metrics_ports(self) -> dict[str, int]:
-        """Each sidecar's /metrics port (sidecar name -> port): metrics_port, then one up each:
-        the single roles, the workers, then the regions, so a region added live (appended)
-        moves no running sidecar's port."""
+        """Each sidecar's /metrics port (sidecar name -> port) from metrics_port up: the
+        single roles, then a block of WORKER_PORTS for the workers, then the regions; so a
+        worker or region added live (appended) moves no running sidecar's port (unless the
+        workers outgrow their block)."""
         names = sidecar_names(self.topology)
-        order = [n for n in names if not n.startswith(("x-fence-", "x-geo-"))] + \
-            [n for n in names if n.startswith("x-fence-")] + [n for n in names if n.startswith("x-geo-")]
-        return {name: self.metrics_port + i for i, name in enumerate(order)}
+        single = [n for n in names if not n.startswith(("x-fence-", "x-geo-"))]
+        workers = [n for n in names if n.startswith("x-fence-")]
+        regions = [n for n in names if n.startswith("x-geo-")]
+        ports = {name: self.metrics_port + i for i, name in enumerate(single)}
+        ports.update({name: self.metrics_port + len(single) + i for i, name in enumerate(workers)})
+        first = self.metrics_port + len(single) + max(WORKER_PORTS, len(workers))
+        ports.update({name: first + i for i, name in enumerate(regions)})
+        return ports
 
     @property
     def map_roads_file(self) -> Path:

@@ -47,6 +47,11 @@ DEFINE, REBIND, DROP, INSPECT = "define", "rebind", "drop", "inspect"
 # fences a ring gives to other workers (EXPORT), that state taken in (IMPORT), and those
 # fences forgotten once the ring is in force (FORGET).
 RING, EXPORT, IMPORT, FORGET = "ring", "export", "import", "forget"
+# A drain barrier: published by `geofence worker` to each region's x-geo.in while x-ingress is
+# paused; x-geo forwards it, behind every position it routed, to each of its workers; a
+# worker that reaches it has applied everything its region sent before, and says so to the
+# queue named in `reply` (gf-fences) with its `barrier` id, region and positions still held.
+BARRIER = "barrier"
 
 
 @dataclass(frozen=True, eq=False)

@@ -140,16 +140,19 @@ async def latest_worldmap_version(conn: asyncpg.Connection) -> int:
 
 
 async def record_worldmap_seen(conn: asyncpg.Connection, instance: str, version: int,
-                               paused: bool = False) -> None:
-    """An x-ingress routes with worldmap `version` now (and has stopped consuming: `paused`)."""
-    await conn.execute("INSERT INTO worldmap_seen (instance, version, paused) VALUES ($1, $2, $3) "
+                               paused_for: str | None = None) -> None:
+    """An x-ingress routes with worldmap `version` now (and has stopped consuming for the
+    pause `paused_for`)."""
+    await conn.execute("INSERT INTO worldmap_seen (instance, version, paused_for) VALUES ($1, $2, $3) "
                        "ON CONFLICT (instance) DO UPDATE SET version = EXCLUDED.version, "
-                       "paused = EXCLUDED.paused, seen_at = now()", instance, version, paused)
+                       "paused_for = EXCLUDED.paused_for, seen_at = now()", instance, version, paused_for)
 
 
-async def ingress_paused(conn: asyncpg.Connection) -> bool:
-    """x-ingress is to stop consuming (a worker handover drains the pipeline; a lease)."""
-    return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM ingress_pause WHERE until > now())"))
+async def ingress_pause(conn: asyncpg.Connection) -> str | None:
+    """The token of the pause x-ingress is to honour (a worker handover drains the
+    pipeline; a lease), or None."""
+    token = await conn.fetchval("SELECT token FROM ingress_pause WHERE until > now()")
+    return None if token is None else str(token)
 
 
 async def latest_ring(conn: asyncpg.Connection) -> tuple[int, HashRing] | None:

@@ -62,6 +62,7 @@ class FenceManager:
                  workers: tuple[str, ...], follow_worldmap: bool = True) -> None:
         self.amqp_url, self.postgres_url = amqp_url, postgres_url
         self.regions, self.workers, self.ring = regions, workers, HashRing(list(workers))
+        self.ring_version = 0  # the stored ring replaces the one of `workers` on entering
         self.counters = shell.Counters()
         self._stack = contextlib.AsyncExitStack()
         self._control: dict[str, AbstractExchange] = {}
@@ -77,6 +78,9 @@ class FenceManager:
             self.pool: asyncpg.Pool = await asyncpg.create_pool(
                 self.postgres_url, min_size=1, max_size=POOL_SIZE, init=routing_store.init_connection)
             self._stack.push_async_callback(self.pool.close)
+            async with self.pool.acquire() as conn:  # the stored worker ring, if any
+                self.ring_version, self.ring = await routing_store.ring_or(conn, self.workers)
+            self.workers = self.ring.nodes
             for vhost in (*(t.region_vhost(r) for r in self.regions), t.FENCES_VHOST):
                 await self._open(vhost)
             if self.follow_worldmap:
@@ -108,7 +112,8 @@ class FenceManager:
 
     async def _watch_regions(self) -> None:
         """Follow the worldmap's regions between changes too (a long-lived API process lets
-        go of a removed region before its vhost is deleted)."""
+        go of a removed region before its vhost is deleted), and the stored worker ring
+        (`geofence worker add / remove`: which worker has a fence)."""
         while True:
             await asyncio.sleep(REGIONS_POLL_S)
             try:
@@ -116,6 +121,10 @@ class FenceManager:
                     version = await routing_store.latest_worldmap_version(conn)
                     if self._worldmap is None or self._worldmap.version != version:
                         self._worldmap = await routing_store.latest_worldmap(conn)
+                    ring = await routing_store.latest_ring(conn)
+                if ring is not None and ring[0] != self.ring_version:
+                    self.ring_version, self.ring = ring
+                    self.workers = self.ring.nodes
                 if self._worldmap is not None:
                     await self.follow_regions(self._worldmap.regions)
             except (OSError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as exc:

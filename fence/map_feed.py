@@ -257,6 +257,8 @@ class MapFeed:
             except shell.BROKER_GONE as exc:  # the manager reconnects on its own; counts stay
                 log.debug("map feed: counts of %s: %s", worker, exc)
 
+        for gone in set(self._worker_counts) - set(self.manager.workers):  # a worker removed
+            del self._worker_counts[gone]
         async with asyncio.TaskGroup() as tg:
             for w in self.manager.workers:
                 tg.create_task(one(w))

@@ -46,7 +46,7 @@ from ingress.map_tap import MapSampler
 from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many
 
 log = logging.getLogger("geofence")
-WORLDMAP_POLL_S = 2.0
+WORLDMAP_POLL_S = 1.0
 GATEWAY_BATCH_MESSAGES = 64  # gateway messages hold up to 50,000 positions each
 POSITIONS = "positions"
 FOLLOW = "follow"
@@ -74,7 +74,11 @@ class IngressSidecar:
         # session no longer needs ends it as well, dropping the region's connection.
         self.pending: Worldmap | None = None
         self.connected: frozenset[str] = frozenset()
-        self.regions_changed = asyncio.Event()
+        self.regions_changed = asyncio.Event()  # (or a pause: the session ends all the same)
+        # A worker handover pauses x-ingress (PostgreSQL's ingress_pause, a lease): the
+        # session ends drained and the next one waits; `consuming` says whether one runs.
+        self.paused: str | None = None  # the pause's token
+        self.consuming = False
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """Nothing to recover: `main` read the worldmap the core is built on (shell.Sidecar)."""
@@ -87,6 +91,11 @@ class IngressSidecar:
 
     async def session(self, stop: asyncio.Event) -> None:
         cfg = self.config
+        while self.paused and not stop.is_set():  # see __init__; watch_store lifts it
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+        if stop.is_set():
+            return
         if self.unconfirmed:
             self.core.forget_objects()
             self.unconfirmed = 0
@@ -116,23 +125,27 @@ class IngressSidecar:
                 self.adopt(self.pending)
             log.info("consuming %s and %s; regions %s", t.POSITIONS_QUEUE, t.BATCHES_QUEUE,
                      ", ".join(sorted(regions)))
-            ending = asyncio.Event()  # stop, or the regions changed: this session drains and ends
-            await shell.run_session(
-                ending, [ingress, *regions.values()], [mqtt, gateway],
-                [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, t.POSITIONS_QUEUE,
-                                                                 mqtt),
-                                   self.counters, self.dlx),
-                 shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE,
-                                                                    gateway),
-                                   self.counters, self.dlx)],
-                [shell.periodic(ending, 30, lambda: log.info("%s", self.counters.line())),
-                 shell.periodic(ending, MAP_EVERY_S, self.send_map_sample),
-                 _first_of(stop, self.regions_changed, ending)],
-                cfg.drain_s)
+            ending = asyncio.Event()  # stop, the regions changed, a pause: this session drains and ends
+            self.consuming = True
+            try:
+                await shell.run_session(
+                    ending, [ingress, *regions.values()], [mqtt, gateway],
+                    [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt,
+                                                                     t.POSITIONS_QUEUE, mqtt),
+                                       self.counters, self.dlx),
+                     shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway,
+                                                                        t.BATCHES_QUEUE, gateway),
+                                       self.counters, self.dlx)],
+                    [shell.periodic(ending, 30, lambda: log.info("%s", self.counters.line())),
+                     shell.periodic(ending, MAP_EVERY_S, self.send_map_sample),
+                     _first_of(stop, self.regions_changed, ending)],
+                    cfg.drain_s)
+            finally:
+                self.consuming = False
         if not stop.is_set():
-            log.info("regions changed: connecting again to %s",
-                     ", ".join(sorted({*self.core.worldmap.regions,
-                                       *(self.pending.regions if self.pending else ())})))
+            log.info("%s", "paused (a worker handover): consuming stopped" if self.paused else
+                     "regions changed: connecting again to " + ", ".join(sorted(
+                         {*self.core.worldmap.regions, *(self.pending.regions if self.pending else ())})))
 
     def offer(self, wm: Worldmap) -> None:
         """A newer stored worldmap (watch_store): taken at once when this session reaches
@@ -233,12 +246,20 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
         try:
             conn = await routing_store.connect(pg_url)
             try:
+                paused = await routing_store.ingress_pause(conn)
+                if paused != sidecar.paused:
+                    log.info("%s", "pause asked (a worker handover): draining" if paused else "pause lifted")
+                    if paused and not sidecar.paused:
+                        sidecar.regions_changed.set()
+                    sidecar.paused = paused
                 newest = max(core.worldmap.version, sidecar.pending.version if sidecar.pending else 0)
                 if await routing_store.latest_worldmap_version(conn) > newest:
                     wm = await routing_store.latest_worldmap(conn)
                     if wm is not None:
                         sidecar.offer(wm)
-                await routing_store.record_worldmap_seen(conn, instance, core.worldmap.version)
+                await routing_store.record_worldmap_seen(
+                    conn, instance, core.worldmap.version,
+                    sidecar.paused if sidecar.paused and not sidecar.consuming else None)
                 followed = frozenset(await routing_store.followed_objects(conn))
                 if followed != sidecar.followed:
                     log.info("%d objects followed by fences", len(followed))

@@ -12,12 +12,14 @@ CREATE TABLE worker_ring (
 
 -- While a row says so (until its lease runs out), every x-ingress stops consuming: the
 -- pipeline drains so that a handover finds no position between two workers. A controller
--- that dies leaves the pause to expire on its own.
+-- that dies leaves the pause to expire on its own. `token` names this pause.
 CREATE TABLE ingress_pause (
     id      integer PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+    token   text NOT NULL,
     until   timestamptz NOT NULL,
     reason  text NOT NULL
 );
 
--- An x-ingress says it has stopped consuming (paused and drained), as it says its worldmap.
-ALTER TABLE worldmap_seen ADD COLUMN paused boolean NOT NULL DEFAULT false;
+-- An x-ingress says which pause it has stopped consuming for (NULL: it consumes), as it
+-- says its worldmap: a controller waits for its own token, never for an older pause's.
+ALTER TABLE worldmap_seen ADD COLUMN paused_for text;

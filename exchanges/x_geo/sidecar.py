@@ -103,9 +103,14 @@ class GeoSidecar:
     async def handle_positions(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         outs: list[shell.Out] = []
         batches: list[RegionBatch] = []
+        barriers: list[bytes] = []
         for m in messages:
             try:
                 msg = unpack(m.body)
+                if msg["kind"] == control.BARRIER:  # behind what is routed here (see control)
+                    barriers.append(pack(control.BARRIER, barrier=str(msg["barrier"]),
+                                         reply=str(msg["reply"]), region=self.region))
+                    continue
                 if msg["kind"] == POSITIONS:
                     rb = RegionBatch.from_wire(msg)
                 elif msg["kind"] == HANDOVER:  # notices apart (wire of the first pipeline version)
@@ -133,6 +138,9 @@ class GeoSidecar:
                          for worker, wb in routed.items()]
             await shell.publish_all(outs, self.counters)
             self.unacked = False  # confirmed: the workers got what the memory says
+            if barriers:  # once the positions are confirmed: behind them on every link
+                await shell.publish_all([shell.Out(self.fence_in, w, b, CONTENT_TYPE)
+                                         for b in barriers for w in self.ring.nodes], self.counters)
 
     # -- control -----------------------------------------------------------------------------
 
@@ -224,8 +232,8 @@ class GeoSidecar:
         finally:
             await conn.close()
         if found is None or found[0] != version:
-            raise InvalidMessage(f"worker ring version {version} is not the newest stored "
-                                 f"({found[0] if found else 'none'})")
+            return {"error": f"worker ring version {version} is not the newest stored "
+                             f"({found[0] if found else 'none'})"}
         self.ring_version, self.ring = found
         gained = self.core.set_ring(self.ring.nodes, self.ring)
         log.info("worker ring version %d: workers %s; fences moved %s", version, ", ".join(self.ring.nodes),

@@ -709,17 +709,18 @@ class XFence:
 
     # -- handover (`geofence worker add / remove`) -----------------------------------------
 
-    def export(self, keep: Callable[[str], bool]) -> dict[str, Any]:
+    def export(self, keep: Callable[[str], bool], gates: bool = True) -> dict[str, Any]:
         """The state of the fences `keep` refuses (a new ring gives them to other workers), as
         plain data: their definitions (with a change in transition), who is inside since
         when, and those objects' rows (last position, handover time). Changes nothing: the
-        fences stay here until `forget` (the handover is abandoned, they go on here)."""
+        fences stay here until `forget` (the handover is abandoned, they go on here).
+        `gates`: with every object's handover time (a worker that joins needs them once)."""
         codes = sorted(c for name, c in self._fence_code.items() if not keep(name))
         sel = np.isin((self._keys & _LOW).astype(np.int64), codes)
         objs, p_obj = np.unique((self._keys[sel] >> _SHIFT).astype(np.int64), return_inverse=True)
         at = {c: i for i, c in enumerate(codes)}
         p_fence = np.array([at[int(c)] for c in (self._keys[sel] & _LOW).astype(np.int64)], np.int64)
-        gated = np.flatnonzero(self._ho_ts[: len(self._objects)] > 0)
+        gated = np.flatnonzero(self._ho_ts[: len(self._objects)] > 0) if gates else np.empty(0, np.int64)
         return {
             "format": codec.FORMAT, "from": self.worker,
             "fences": [[self._fence_names[c], self._stored(c)] for c in codes],

@@ -38,6 +38,8 @@ under a backlog, an object is not timed out while its positions wait in the queu
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import logging
 import math
@@ -62,6 +64,7 @@ from fence.x_fence.core import XFence
 from fence.x_fence.events import ENTERED, EXITED, Event
 from fence.x_fence.journal import Recovered, StateDir
 from fence.x_fence.journal import pack as journal_pack
+from fence.x_fence.journal import unpack as journal_unpack
 
 log = logging.getLogger("geofence")
 MAP_EVENTS = 200  # per sample: what a map's frame shows at most (fence/map_view.FRAME_EVENTS)
@@ -76,7 +79,8 @@ class FenceSidecar:
         self.config = config
         self.worker = config.instance
         self.instance_lock = shell.InstanceLock(t.fence_lock(self.worker))
-        self.ring = HashRing(list(config.workers))
+        self.ring = HashRing(list(config.workers))  # the stored ring replaces it at `recover`
+        self.ring_version = 0
         self.core = XFence(self.worker)
         self.counters = shell.Counters()
         self.lock = asyncio.Lock()  # the core and the order of what it emits
@@ -116,10 +120,14 @@ class FenceSidecar:
                          self.core.stats())
             else:
                 log.info("no state in %s: a new worker", self.journal.path)
+        ring = await routing_store.read_until_stopped(
+            self.config.postgres_url, lambda conn: routing_store.ring_or(conn, self.config.workers),
+            "worker ring", stop)
         records = await routing_store.read_until_stopped(self.config.postgres_url, store.live_fences,
                                                          "fences", stop)
-        if records is None:
+        if records is None or ring is None:
             return False
+        self.ring_version, self.ring = ring
         mine = [r for r in records if self.ring.node_for(r.fence.fence_id) == self.worker]
         events: list[Event] = []
         for r in mine:  # version-guarded: what the state has already is a no-op
@@ -260,9 +268,14 @@ class FenceSidecar:
         """Runs of position parts are routed together; definitions apply between them."""
         outs: list[shell.Out | shell.Plains] = []
         steps: list[list[WorkerBatch] | control.Define | control.Drop] = []  # in queue order
+        barriers: list[dict[str, Any]] = []  # answered once the steps before are applied
         for m in messages:
             try:
                 msg = unpack(m.body)
+                if msg["kind"] == control.BARRIER:
+                    barriers.append({"barrier": str(msg["barrier"]), "region": str(msg["region"]),
+                                     "reply": str(msg["reply"])})
+                    continue
                 if msg["kind"] == POSITIONS:
                     parts = [WorkerBatch.from_wire(p) for p in msg["parts"]]
                     if not parts or any(p.worker != self.worker for p in parts):
@@ -303,6 +316,13 @@ class FenceSidecar:
             await shell.publish_all(outs + self.event_outs(events), self.counters)
             self.observe_latency(events)
             await self.persist()
+            if barriers:
+                held = self.core.stats()["held_now"]
+                answers = [orjson.dumps({"worker": self.worker, "region": b["region"],
+                                         "barrier": b["barrier"], "held_now": held}) for b in barriers]
+                await shell.publish_all([shell.Out(self.out_ch.default_exchange, b["reply"], body,
+                                                   "application/json", mandatory=False)
+                                         for b, body in zip(barriers, answers, strict=True)], self.counters)
 
     def observe_latency(self, events: Sequence[Event]) -> None:
         """Device to event: from the position's own time to now, its event confirmed (ENTER /
@@ -359,9 +379,13 @@ class FenceSidecar:
         for m in messages:
             try:
                 msg = unpack(m.body)
-                if msg["kind"] != control.INSPECT:
+                if msg["kind"] == control.INSPECT:
+                    answer = self.inspect(msg)
+                elif msg["kind"] in (control.EXPORT, control.IMPORT, control.FORGET):
+                    answer = await self.hand_over(msg)
+                else:
                     raise InvalidMessage(f"unknown control kind {msg['kind']!r}")
-                out = shell.reply(self.out_ch, m, self.inspect(msg))
+                out = shell.reply(self.out_ch, m, answer)
                 if out is not None:
                     outs.append(out)
             except BAD_INPUT as exc:
@@ -369,9 +393,40 @@ class FenceSidecar:
                                               t.fence_control_queue(self.worker), self.counters))
         await shell.publish_all(outs, self.counters)
 
+    async def hand_over(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """`geofence worker add / remove` (deploy/worker_ops.py), with x-ingress paused and the
+        pipeline drained: EXPORT the state of the fences the ring given gives to others (a
+        copy, base64 msgpack), IMPORT this worker's share of another's export, FORGET what
+        the ring gives to others once it is in force; IMPORT and FORGET are journaled before
+        the answer. A bad request is answered with its error (the controller is waiting)."""
+        try:
+            ring = HashRing.from_dict(msg["ring"])
+            mine = ring.node_for
+            async with self.lock:
+                if msg["kind"] == control.EXPORT:
+                    data = self.core.export(lambda f: mine(f) == self.worker, bool(msg.get("gates", True)))
+                    return {"worker": self.worker, "fences": len(data["fences"]),
+                            "names": [name for name, _ in data["fences"]], "gates": len(data["gate_ids"]),
+                            "pairs": len(data["since"]) // 8,
+                            "state": base64.b64encode(journal_pack(data)).decode()}
+                self.unpersisted = True
+                if msg["kind"] == control.IMPORT:
+                    data = journal_unpack(base64.b64decode(msg["state"]))
+                    n = self.core.take(data, lambda f: mine(f) == self.worker)
+                else:
+                    n = self.core.forget(lambda f: mine(f) == self.worker)
+                    self.ring, self.ring_version = ring, int(msg.get("version", self.ring_version))
+                await self.persist()
+            log.info("handover (%s): %d fences %s", msg["kind"], n,
+                     "taken" if msg["kind"] == control.IMPORT else "let go")
+            return {"worker": self.worker, "fences": n, "stats": self.core.stats()}
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            log.error("handover request refused: %s: %s", type(exc).__name__, exc)
+            return {"worker": self.worker, "error": f"{type(exc).__name__}: {exc}"}
+
     def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"worker": self.worker, "stats": self.core.stats(),
-                               "counters": self.counters.to_json()}
+                               "counters": self.counters.to_json(), "ring_version": self.ring_version}
         if self.journal is not None:
             out["journal"] = {"dir": str(self.journal.path), "generation": self.journal.generation,
                               "journal_bytes": self.journal.journal_bytes,

@@ -120,9 +120,10 @@ def test_connection_settings_shape() -> None:
         "management": {"url": "http://127.0.0.1:15672/"},
         "api": "http://127.0.0.1:8080",
         "metrics": {name: f"http://127.0.0.1:{port}/metrics" for name, port in (
-            # the single roles, the workers, then the regions (a region added live is appended)
+            # the single roles, a block of 16 for the workers, then the regions (a worker or a
+            # region added live is appended: no running sidecar's port moves)
             ("x-ingress", 9470), ("fence-archiver", 9471), ("api", 9472), ("venue-sensors", 9473),
-            ("x-fence-w0", 9474), ("x-fence-w1", 9475), ("x-geo-a", 9476), ("x-geo-b", 9477))},
+            ("x-fence-w0", 9474), ("x-fence-w1", 9475), ("x-geo-a", 9490), ("x-geo-b", 9491))},
         "rabbitmq_metrics": "http://127.0.0.1:15692/metrics",
         "prometheus": "http://127.0.0.1:9090",
         "firebase": {"project": "demo-geofence", "auth_emulator_host": "127.0.0.1:9099"},

@@ -1,0 +1,107 @@
+"""`geofence worker list | add | remove`: the x-fence workers.
+
+`list`: the ring in force (stored by `worker add / remove`, else GEOFENCE_WORKERS), each
+worker's weight and share of the ring, and what it holds (fences, objects inside, positions
+held for a gate), asked over its control queue; a worker that does not answer is listed as
+down. `add NAME [--weight K]` and `remove NAME`: a worker added or removed while positions
+flow, its fences' state handed over (deploy/worker_ops.py), with a SUMMARY line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import asyncpg
+
+from deploy import worker_ops
+from deploy.inspect_cmd import RpcTimeout, ask
+from deploy.processes import StackError
+from deploy.region_ops import live
+from deploy.settings import Settings, connection_settings, load_secrets
+from exchanges import topology as t
+
+
+async def gather() -> dict[str, Any]:
+    settings = live(Settings.from_env())
+    pw = load_secrets(settings)
+    version, ring, fences = await worker_ops.current_ring(settings, pw)
+    url = connection_settings(settings, pw)["amqp"][t.FENCES_VHOST]
+
+    async def one(worker: str) -> dict[str, Any]:
+        try:
+            answer: dict[str, Any] = await ask(url, t.FENCE_CONTROL_EXCHANGE, worker, {}, timeout=5.0)
+            return answer
+        except (RpcTimeout, OSError) as exc:
+            return {"error": str(exc)}
+
+    names = sorted({*ring.nodes, *settings.workers})
+    answers = await asyncio.gather(*(one(w) for w in names))
+    shares = ring.shares()
+    rows = []
+    for w, a in zip(names, answers, strict=True):
+        row: dict[str, Any] = {"worker": w, "on_ring": w in ring.nodes, "weight": ring.weights.get(w, 0),
+                               "share": shares.get(w, 0.0), "up": "stats" in a}
+        if "stats" in a:
+            s = a["stats"]
+            row.update(fences=s["fences"], objects=s["objects"], inside=s["inside_pairs"], held=s["held_now"],
+                       ring_version=a.get("ring_version"))
+        rows.append(row)
+    return {"ring_version": version, "fences": fences, "workers": rows}
+
+
+def human(data: dict[str, Any]) -> str:
+    lines = [f"worker ring version {data['ring_version']} ({data['fences']:,} live fences)",
+             f"{'worker':<10}{'weight':>7}{'share':>8}{'fences':>9}{'objects':>9}{'inside':>9}{'held':>6}"]
+    for r in data["workers"]:
+        if r["up"]:
+            tail = f"{r['fences']:>9,}{r['objects']:>9,}{r['inside']:>9,}{r['held']:>6,}"
+        else:
+            tail = "     down"
+        ring = "" if r["on_ring"] else "  (not on the ring)"
+        lines.append(f"{r['worker']:<10}{r['weight']:>7}{r['share']:>8.1%}{tail}{ring}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("action", choices=("list", "add", "remove"),
+                        help="list the workers; add one (its share of the fences handed over, live); "
+                             "remove one (its fences handed to the others, live)")
+    parser.add_argument("worker", nargs="?", help="the worker to add or remove (a name such as w2)")
+    parser.add_argument("--weight", type=int, default=1,
+                        help="add: the worker's weight on the ring (its share grows with it; default 1)")
+    parser.add_argument("--json", action="store_true", help="list: print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    def say(text: str) -> None:
+        print(f"geofence worker: {text}", flush=True)
+
+    try:
+        if args.action == "list":
+            data = asyncio.run(gather())
+            print(json.dumps(data, indent=2) if args.json else human(data))
+            return 0 if all(r["up"] for r in data["workers"]) else 1
+        if not args.worker:
+            print(f"geofence worker {args.action}: give the worker's name", file=sys.stderr)
+            return 2
+        if os.environ.get("GEOFENCE_WORKERS"):
+            print(f"geofence worker {args.action}: GEOFENCE_WORKERS is set, and it would override the "
+                  "workers this command records: unset it (the stack keeps its workers in its state dir)",
+                  file=sys.stderr)
+            return 2
+        settings = Settings.from_env()
+        pw = load_secrets(settings)
+        if args.action == "add":
+            outcome = asyncio.run(worker_ops.add(settings, pw, args.worker, args.weight, say))
+        else:
+            outcome = asyncio.run(worker_ops.remove(settings, pw, args.worker, say))
+    except (StackError, ValueError, OSError, asyncpg.PostgresError) as exc:
+        print(f"geofence worker {args.action}: error: {exc}", file=sys.stderr)
+        return 1
+    print(outcome.line(), flush=True)
+    return 0

@@ -1,0 +1,65 @@
+"""Workers added and removed while positions flow (issue 21): the fault suite's stream
+(50,000 updates, 500 fences, shapely ground truth) runs while a third x-fence worker is
+added with weight 2 (`geofence worker add w-live --weight 2`: the ring moves its share of the
+fences, whose state is handed over while x-ingress is paused and the pipeline drained) and
+later removed again (its fences handed back). The deduped events must be exactly the ground
+truth: no second ENTER, no LEAVE lost, for the objects inside a moved fence too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from deploy import worker_ops
+from tests.faults.run import FaultRun, Workload, execute
+from tests.faults.stack import Stack
+from tests.faults.timing import say
+from tests.faults.verdict import failure_message
+
+pytestmark = pytest.mark.timeout(600)
+NEW = "w-live"
+RATE = 1_500.0  # updates/s: both changes happen while the stream flows
+
+
+async def test_worker_added_and_removed_live(fault_stack: Stack, workload: Workload, fault_seed: int) -> None:
+    stack = fault_stack
+    _, ring, _ = await worker_ops.current_ring(stack.settings, stack.pw)
+    assert NEW not in ring.nodes, f"worker {NEW} exists already"
+    run = FaultRun(stack, workload, f"worker {NEW} added live (weight 2), then removed live", fault_seed + 4,
+                   RATE)
+    outcomes: list[worker_ops.Outcome] = []
+
+    def log(line: str) -> None:
+        say(f"{run.title}: {line}")
+
+    async def op(coro: object) -> str:
+        outcome = await coro  # type: ignore[misc]
+        assert isinstance(outcome, worker_ops.Outcome)
+        outcomes.append(outcome)
+        return outcome.line()
+
+    async def inject(run: FaultRun) -> None:
+        add_at, remove_at = run.moments(2, 0.1, 0.6)
+        await run.reach(add_at)
+        await run.scale(f"worker add {NEW} --weight 2", lambda: op(
+            worker_ops.add(stack.settings, stack.pw, NEW, 2, log)))
+        await run.reach(remove_at)
+        await run.scale(f"worker remove {NEW}", lambda: op(
+            worker_ops.remove(stack.settings, stack.pw, NEW, log)))
+
+    try:
+        out = await execute(run, inject)
+    finally:  # a run that broke off leaves no extra worker behind
+        _, now, _ = await worker_ops.current_ring(stack.settings, stack.pw)
+        if NEW in now.nodes:
+            with contextlib.suppress(Exception):
+                await worker_ops.remove(stack.settings, stack.pw, NEW, log)
+    assert not out.problems, failure_message(out)
+    added, removed = outcomes
+    # the run's fences moved and came back, with objects inside them
+    assert added.moved > 0 and removed.moved > 0 and added.pairs_moved + removed.pairs_moved > 0, outcomes
+    assert added.ring_after == added.ring_before + 1 and removed.ring_after == added.ring_after + 1
+    _, final, _ = await worker_ops.current_ring(stack.settings, stack.pw)
+    assert final.weights == ring.weights
