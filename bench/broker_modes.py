@@ -88,6 +88,7 @@ class BrokerRun:
     idle_wait_s: float = 0.0  # waiting for the pipeline to drain before publishing
     backlog: int = 0  # the largest pipeline backlog seen then (messages; -1: unknown)
     parked: int = 0  # parking updates sent after the run
+    arrivals: np.ndarray = field(default_factory=lambda: np.empty(0))  # each event's receipt (time.time())
 
     @property
     def updates_per_s(self) -> float:
@@ -477,6 +478,7 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
             if ticker:
                 ticker.cancel()
     result.events = [e for e, _ in sink.got]
+    result.arrivals = np.array([recv for _, recv in sink.got], np.float64)
     where = update_index(st)
     lat = [(recv - sent_at[where[(e[2], e[3])]]) * 1000.0 for e, recv in sink.got if (e[2], e[3]) in where]
     result.latency_ms = np.asarray(lat)

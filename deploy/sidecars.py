@@ -153,7 +153,8 @@ def process(settings: Settings, name: str) -> ProcessId | None:
 # --------------------------------------------------------------------------- up / down
 
 
-async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say) -> None:
+async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say,
+                           workers: tuple[str, ...] | None = None) -> None:
     # here, not at the top: asyncpg, numpy and shapely, which `geofence status` and `down` do not need
     from deploy.migrate import migrate
     from exchanges import routing_store
@@ -174,7 +175,13 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say) -> None
             new = Worldmap.over_area(list(regions), version=version)
             await store.save_worldmap(conn, new)
             say(f"worldmap: version {version} stored (regions {', '.join(regions)})")
-        else:
+        ring = await routing_store.latest_ring(conn)
+        if workers is not None and ring is not None and set(ring[1].nodes) != set(workers):
+            raise StackError(f"the worker ring in force (version {ring[0]}: {', '.join(ring[1].nodes)}) "
+                             f"is not the workers to run ({', '.join(workers)}): change workers with "
+                             "`geofence worker add / remove` (their fences' state moves with them), or unset "
+                             "GEOFENCE_WORKERS")
+        if wm is not None and not set(wm.regions) - set(regions):
             idle = [r for r in regions if r not in wm.regions or not len(wm.intervals(r))]
             if idle:
                 say(f"worldmap: region {', '.join(idle)} owns no part of the curve: `geofence region "
@@ -185,7 +192,7 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say) -> None
 
 def up(settings: Settings, pw: Secrets, say: Say) -> None:
     dsn = postgres_dsn(settings, pw.postgres_password)
-    asyncio.run(prepare_database(dsn, settings.regions, say))
+    asyncio.run(prepare_database(dsn, settings.regions, say, settings.workers))
     records = load_records(settings)
     wanted = {sc.name for sc in sidecars(settings.topology)}
     for name in sorted(set(records) - wanted):  # a region or worker that is gone
