@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -26,7 +25,7 @@ import asyncpg
 from deploy import region_ops
 from deploy.inspect_cmd import RpcTimeout, ask
 from deploy.processes import StackError
-from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets
+from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets, overriding
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.worldmap import TOP, Worldmap
@@ -141,10 +140,9 @@ def change(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(f"geofence region: {text}", flush=True)
 
-    if os.environ.get("GEOFENCE_REGIONS"):
-        print(f"geofence region {args.action}: GEOFENCE_REGIONS is set, and it would override the "
-              "regions this command records: unset it (the stack keeps its regions in its state dir)",
-              file=sys.stderr)
+    refused = overriding("GEOFENCE_REGIONS", "regions")
+    if refused:
+        print(f"geofence region {args.action}: {refused}", file=sys.stderr)
         return 2
     needed = "--split-from" if args.action == "add" else "--into"
     if not args.region or not (args.split_from if args.action == "add" else args.into):

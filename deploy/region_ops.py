@@ -31,6 +31,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import asyncpg
 import numpy as np
@@ -55,7 +56,8 @@ from fence import store
 from fence.manager import FenceManager
 
 INGRESS_ALIVE_S = 60.0  # an x-ingress that checked in within this long must take the map
-CONCURRENCY = 32  # rebinds in flight (each one a transaction and a confirmed control message)
+CHUNK = 100  # fences rebound in one transaction, their defines confirmed together
+CONCURRENCY = 4  # chunks in flight (the fence manager's PostgreSQL pool)
 
 
 class RegionError(StackError):
@@ -99,8 +101,14 @@ def percent(share: float) -> str:
     return f"{share * 100:.3g}%"
 
 
+class Timed(Protocol):
+    seconds: dict[str, float]
+
+
 class Timer:
-    def __init__(self, outcome: Outcome) -> None:
+    """Adds the seconds since the last lap to `outcome.seconds[name]`."""
+
+    def __init__(self, outcome: Timed) -> None:
         self.outcome, self.started = outcome, time.monotonic()
 
     def lap(self, name: str) -> None:
@@ -188,11 +196,13 @@ def backlog(settings: Settings, pw: Secrets, region: str) -> int:
     return sum(int(q.get("messages") or 0) for q in queues if q["name"] != t.DEAD_LETTER_QUEUE)
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float) -> None:
+async def until(check: Callable[[], bool], what: str, timeout: float,
+                error: type[StackError] = StackError) -> None:
+    """Polls `check` (blocking: in a thread) until it holds; `error` after `timeout`."""
     deadline = time.monotonic() + timeout
     while not await asyncio.to_thread(check):
         if time.monotonic() > deadline:
-            raise RegionError(f"{what}: not after {timeout:g}s")
+            raise error(f"{what}: not after {timeout:g}s")
         await asyncio.sleep(0.25)
 
 
@@ -201,18 +211,23 @@ async def until(check: Callable[[], bool], what: str, timeout: float) -> None:
 
 async def rebind_all(manager: FenceManager, rebinds: Iterable[moves.Rebind], outcome: Outcome,
                      counter: str) -> None:
-    """Every rebind stored and sent (CONCURRENCY at a time), then applied by every x-geo."""
+    """Every rebind stored and sent (CHUNK fences a transaction, CONCURRENCY chunks at a
+    time), then applied by every x-geo."""
+    todo = list(rebinds)
     sem = asyncio.Semaphore(CONCURRENCY)
 
-    async def one(rb: moves.Rebind) -> None:
+    async def chunk(part: list[moves.Rebind]) -> None:
         async with sem:
-            if await manager.rebind(rb.fence_id, rb.version, rb.bits, rb.per_region):
+            done = await manager.rebind_many([(rb.fence_id, rb.version, rb.bits, rb.per_region)
+                                              for rb in part])
+        for rb, ok in zip(part, done, strict=True):
+            if ok:
                 setattr(outcome, counter, getattr(outcome, counter) + 1)
                 outcome.ranges_moved += rb.ranges
             else:
                 outcome.skipped += 1
 
-    await asyncio.gather(*(one(rb) for rb in rebinds))
+    await asyncio.gather(*(chunk(todo[i:i + CHUNK]) for i in range(0, len(todo), CHUNK)))
     await manager.applied(timeout=120.0)
 
 
@@ -224,16 +239,21 @@ def manager_for(settings: Settings, pw: Secrets, dsn: str, regions: tuple[str, .
 # --------------------------------------------------------------------------- add
 
 
-async def add(settings: Settings, pw: Secrets, name: str, split_from: str, at: int | None, say: Say,
-              settle_timeout: float = 60.0) -> Outcome:
+async def begin(settings: Settings, pw: Secrets, action: str, name: str, other: str
+                ) -> tuple[Settings, str, Outcome, Worldmap]:
+    """The stack's regions now, its DSN, the outcome to fill and the worldmap in force."""
     settings = live(settings)
     dsn = postgres_dsn(settings, pw.postgres_password)
-    out = Outcome("add", name, split_from)
-    clock = Timer(out)
     wm = await routing_store.read_worldmap(dsn)
     if wm is None:
         raise RegionError("no worldmap stored: run `geofence up`")
-    out.worldmap_before = wm.version
+    return settings, dsn, Outcome(action, name, other, worldmap_before=wm.version), wm
+
+
+async def add(settings: Settings, pw: Secrets, name: str, split_from: str, at: int | None, say: Say,
+              settle_timeout: float = 60.0) -> Outcome:
+    settings, dsn, out, wm = await begin(settings, pw, "add", name, split_from)
+    clock = Timer(out)
     if split_from not in wm.regions or split_from == name:
         raise RegionError(f"no region {split_from!r} to split (regions: {', '.join(wm.regions)})")
     try:
@@ -264,9 +284,10 @@ async def add(settings: Settings, pw: Secrets, name: str, split_from: str, at: i
     await asyncio.to_thread(rabbit.apply, settings, pw, say)
     monitoring.write_config(settings)
     await asyncio.to_thread(sidecars.start, settings, pw, sidecars.Sidecar("x-geo", name), say)
-    await until(lambda: consumed(settings, pw, name), f"x-geo {name} consuming", sidecars.READY_TIMEOUT_S)
+    await until(lambda: consumed(settings, pw, name), f"x-geo {name} consuming", sidecars.READY_TIMEOUT_S,
+                RegionError)
     await until(lambda: federation_running(settings, pw, name),
-                f"federation link from {t.region_vhost(name)}", sidecars.READY_TIMEOUT_S)
+                f"federation link from {t.region_vhost(name)}", sidecars.READY_TIMEOUT_S, RegionError)
     clock.lap("topology")
 
     async with manager_for(settings, pw, dsn, (*wm.regions, name)) as manager:
@@ -296,14 +317,8 @@ async def add(settings: Settings, pw: Secrets, name: str, split_from: str, at: i
 
 async def remove(settings: Settings, pw: Secrets, name: str, into: str, say: Say,
                  settle_timeout: float = 60.0, drain_timeout: float = 120.0) -> Outcome:
-    settings = live(settings)
-    dsn = postgres_dsn(settings, pw.postgres_password)
-    out = Outcome("remove", name, into)
+    settings, dsn, out, wm = await begin(settings, pw, "remove", name, into)
     clock = Timer(out)
-    wm = await routing_store.read_worldmap(dsn)
-    if wm is None:
-        raise RegionError("no worldmap stored: run `geofence up`")
-    out.worldmap_before = wm.version
     if into not in wm.regions or into == name:
         raise RegionError(f"no region {into!r} to join {name!r} into (regions: {', '.join(wm.regions)})")
     if name in wm.regions:
@@ -333,13 +348,13 @@ async def remove(settings: Settings, pw: Secrets, name: str, into: str, say: Say
             clock.lap("shrink")
         # 4. what is queued there goes through, then the map without it
         await until(lambda: backlog(settings, pw, name) == 0, f"the queues of {t.region_vhost(name)} drained",
-                    drain_timeout)
+                    drain_timeout, RegionError)
         final = mid.drop(name)
         await store_map(dsn, final, mid.version)
         out.worldmap_after = final.version
         await settled(dsn, final.version, settle_timeout, say)
         await until(lambda: backlog(settings, pw, name) == 0, f"the queues of {t.region_vhost(name)} drained",
-                    drain_timeout)
+                    drain_timeout, RegionError)
         clock.lap("drain")
     else:
         out.worldmap_after = wm.version

@@ -260,6 +260,15 @@ def read_live_topology(state_dir: Path) -> dict[str, tuple[str, ...]] | None:
                             "and workers the stack runs: repair it") from None
 
 
+def overriding(key: str, what: str) -> str | None:
+    """Why a live change of the stack's `what` (regions, workers) is refused: `key` set in
+    the environment would override what the change records (None: it is not set)."""
+    if os.environ.get(key):
+        return (f"{key} is set, and it would override the {what} this command records: unset it "
+                f"(the stack keeps its {what} in its state dir)")
+    return None
+
+
 def write_live_topology(settings: Settings, regions: tuple[str, ...], workers: tuple[str, ...]) -> Settings:
     """Record the stack's regions and workers (written whole, then renamed); the settings
     with them."""

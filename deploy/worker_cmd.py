@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
@@ -22,7 +21,7 @@ from deploy import worker_ops
 from deploy.inspect_cmd import RpcTimeout, ask
 from deploy.processes import StackError
 from deploy.region_ops import live
-from deploy.settings import Settings, connection_settings, load_secrets
+from deploy.settings import Settings, connection_settings, load_secrets, overriding
 from exchanges import topology as t
 
 
@@ -89,10 +88,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.worker:
             print(f"geofence worker {args.action}: give the worker's name", file=sys.stderr)
             return 2
-        if os.environ.get("GEOFENCE_WORKERS"):
-            print(f"geofence worker {args.action}: GEOFENCE_WORKERS is set, and it would override the "
-                  "workers this command records: unset it (the stack keeps its workers in its state dir)",
-                  file=sys.stderr)
+        refused = overriding("GEOFENCE_WORKERS", "workers")
+        if refused:
+            print(f"geofence worker {args.action}: {refused}", file=sys.stderr)
             return 2
         settings = Settings.from_env()
         pw = load_secrets(settings)

@@ -43,7 +43,7 @@ from deploy.inspect_cmd import ask
 from deploy.processes import Say, StackError
 from deploy.rabbitmq import apply as rabbit
 from deploy.rabbitmq.plan import Http, Step, api_path
-from deploy.region_ops import live, percent
+from deploy.region_ops import Timer, live, percent, until
 from deploy.settings import Secrets, Settings, connection_settings, write_live_topology
 from exchanges import control, routing_store
 from exchanges import topology as t
@@ -83,16 +83,6 @@ class Outcome:
                 f"{self.paused_s:.1f} s, fence changes blocked {self.blocked_s:.1f} s; "
                 f"{sum(self.seconds.values()):.1f} s ("
                 + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items()) + ")")
-
-
-class Clock:
-    def __init__(self, out: Outcome) -> None:
-        self.out, self.at = out, time.monotonic()
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.out.seconds[name] = self.out.seconds.get(name, 0.0) + now - self.at
-        self.at = now
 
 
 # --------------------------------------------------------------------------- the pause
@@ -197,7 +187,7 @@ async def hand_over(settings: Settings, pw: Secrets, old: tuple[int, HashRing], 
     dsn = conn_settings["postgres"]["dsn"]
     version, ring = old
     regions = list(settings.regions)
-    clock = Clock(out)
+    clock = Timer(out)
     lock = await routing_store.connect(dsn)
     conn = await routing_store.connect(dsn)
     blocked_at = paused_at = 0.0
@@ -290,21 +280,13 @@ async def messages_in(url: str, queue: str) -> int:
         await conn.close()
 
 
-async def until(check: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(check):
-        if time.monotonic() > deadline:
-            raise WorkerError(f"{what}: not after {timeout:g}s")
-        await asyncio.sleep(0.25)
-
-
 # --------------------------------------------------------------------------- add / remove
 
 
 async def add(settings: Settings, pw: Secrets, name: str, weight: int, say: Say) -> Outcome:
     settings = live(settings)
     out = Outcome("add", name, weight)
-    clock = Clock(out)
+    clock = Timer(out)
     version, ring, out.fences = await current_ring(settings, pw)
     out.ring_before = out.ring_after = version
     if weight < 1:
@@ -325,7 +307,7 @@ async def add(settings: Settings, pw: Secrets, name: str, weight: int, say: Say)
     monitoring.write_config(settings)
     await asyncio.to_thread(sidecars.start, settings, pw, sidecars.Sidecar("x-fence", name), say)
     await until(lambda: queues_consumed(settings, pw, name), f"x-fence {name} consuming",
-                sidecars.READY_TIMEOUT_S)
+                sidecars.READY_TIMEOUT_S, WorkerError)
     clock.lap("topology")
     await hand_over(settings, pw, (version, ring), new, out, say)
     return out
@@ -334,7 +316,7 @@ async def add(settings: Settings, pw: Secrets, name: str, weight: int, say: Say)
 async def remove(settings: Settings, pw: Secrets, name: str, say: Say) -> Outcome:
     settings = live(settings)
     out = Outcome("remove", name)
-    clock = Clock(out)
+    clock = Timer(out)
     version, ring, out.fences = await current_ring(settings, pw)
     out.ring_before = out.ring_after = version
     if name in ring.nodes:

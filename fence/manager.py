@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -242,18 +243,28 @@ class FenceManager:
         re-splits): stored, then a whole "define" to each of those regions, as `put` sends.
         False when the fence changed since `version` (nothing done: that change's bindings
         stand)."""
-        async with self.pool.acquire() as conn:
-            record = await store.replace_region_bindings(conn, fence_id, version, bits, per_region)
-        if record is None:
-            return False
-        await self.follow_regions(tuple({*self._control, *per_region}))
-        ts = record.updated_at.timestamp()  # the fence's own change time: x-fence sees no change
-        told = sorted(per_region)
-        outs = [shell.Out(self._control[region], "", control.define_for_region(
-                    record.fence, ts, bits, *(b or (_EMPTY_RANGES, _EMPTY_FLAGS)), regions=told),
-                    CONTENT_TYPE) for region, b in sorted(per_region.items())]
+        return (await self.rebind_many([(fence_id, version, bits, per_region)]))[0]
+
+    async def rebind_many(self, items: Sequence[tuple[str, int, int, dict[str, tuple[Any, Any] | None]]]
+                          ) -> list[bool]:
+        """`rebind` for many fences: stored in one transaction (each fence under its own
+        version guard), then every define sent and confirmed at once (a live region change
+        moves thousands of fences)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            records = [await store.replace_region_bindings(conn, fid, version, bits, per_region)
+                       for fid, version, bits, per_region in items]
+        await self.follow_regions(tuple({*self._control, *(r for item in items for r in item[3])}))
+        outs = []
+        for (_, _, bits, per_region), record in zip(items, records, strict=True):
+            if record is None:
+                continue
+            ts = record.updated_at.timestamp()  # the fence's own change time: x-fence sees no change
+            told = sorted(per_region)
+            outs += [shell.Out(self._control[region], "", control.define_for_region(
+                        record.fence, ts, bits, *(b or (_EMPTY_RANGES, _EMPTY_FLAGS)), regions=told),
+                        CONTENT_TYPE) for region, b in sorted(per_region.items())]
         await shell.publish_all(outs, self.counters)
-        return True
+        return [r is not None for r in records]
 
     async def remove(self, fence_id: str, expected_version: int | None = None,
                      owner: str | None = None) -> Change:
