@@ -21,6 +21,13 @@ map is open: the sample is published mandatory (with a confirm, awaited by the s
 alone), and when the broker returns it (no queue bound: no map open anywhere) x-ingress stops
 sampling and sends, once a second, an empty probe instead, until a probe is routed. A map
 opening waits up to two seconds for its first positions; no map open costs no sampling.
+
+Live changes. The regions it connects to are the worldmap's, not a fixed list: a newer map
+naming a region it has no connection to (`geofence region add`) waits while the session ends
+drained and the next one connects to it; a map without a region (`region remove`) lets that
+connection go the same way. A pause (`geofence worker add / remove`: a token with a lease in
+PostgreSQL) ends the session drained too, and the next one waits until the pause is lifted;
+the store watcher reports which pause it honours, so the controller knows nothing is routed.
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@ position routed by a new binding can never overtake that fence's definition on x
 Per worker, what one batch routed goes out as one message, in queue order; handover
 notices travel in line with the positions (x-ingress puts them in the same message), so an
 object's exit from this region reaches its workers between the right positions.
+
+Live changes: the workers are the stored ring's (`worker_ring`, read at `recover`, and again
+when `geofence worker` asks with a RING control message, once the moved fences' state is on
+their new workers); a drain barrier in the positions queue is forwarded behind everything
+routed to each worker; a fence defined again at the same version with other ranges (a region
+change moving its ranges) is re-bound here without re-checking anyone.
 """
 
 from __future__ import annotations

@@ -33,6 +33,12 @@ with reason `timeout` and ts = last seen + timeout_s, so the event and its id do
 on when the check ran. Silence is judged on the wall clock once the worker has caught up
 with its queue, and on the newest position time consumed until then: after a restart, or
 under a backlog, an object is not timed out while its positions wait in the queue.
+
+Handover (`geofence worker add / remove`, deploy/worker_ops.py): a drain barrier in the input
+queue is answered once everything before it is applied; on the control queue, EXPORT copies
+the state of the fences a new ring gives to others, IMPORT takes this worker's share of
+another's export, FORGET lets go of what was given away; IMPORT and FORGET are journaled
+before they are answered. Which fences are this worker's at `recover` is the stored ring's.
 """
 
 from __future__ import annotations
