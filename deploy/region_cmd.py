@@ -126,6 +126,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
                             "that interval of R)")
     where.add_argument("--balance", action="store_true",
                        help="add: split where R's bound ranges divide in two halves (the default)")
+    parser.add_argument("--broker", type=int, choices=(1, 2), default=1,
+                        help="add: the RabbitMQ node of the region's vhost: 1, the pipeline's own "
+                             "(default), or 2, a second, independent node (started if it is not; "
+                             "federated to the first)")
     parser.add_argument("--into", metavar="R", help="remove: the region that takes its part")
     parser.add_argument("--settle-timeout", type=float, default=60.0,
                         help="add / remove: seconds for every x-ingress to take a new worldmap")
@@ -153,7 +157,7 @@ def change(args: argparse.Namespace) -> int:
         pw = load_secrets(settings)
         if args.action == "add":
             outcome = asyncio.run(region_ops.add(settings, pw, args.region, args.split_from, args.at, say,
-                                                 args.settle_timeout))
+                                                 args.settle_timeout, args.broker))
         else:
             outcome = asyncio.run(region_ops.remove(settings, pw, args.region, args.into, say,
                                                     args.settle_timeout))

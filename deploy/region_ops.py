@@ -36,7 +36,7 @@ from typing import Protocol
 import asyncpg
 import numpy as np
 
-from deploy import monitoring, sidecars
+from deploy import monitoring, sidecars, stack
 from deploy.processes import Say, StackError
 from deploy.rabbitmq import apply as rabbit
 from deploy.rabbitmq.plan import api_path, ctl
@@ -94,7 +94,8 @@ def live(settings: Settings) -> Settings:
     found = read_live_topology(settings.state_dir)
     if found is None:
         return settings
-    return replace(settings, regions=found["regions"], workers=found["workers"])
+    return replace(settings, regions=found["regions"], workers=found["workers"],
+                   placement=found.get("placement", ()))
 
 
 def percent(share: float) -> str:
@@ -134,6 +135,20 @@ async def bound(dsn: str, regions: Sequence[str]) -> list[moves.Bound]:
     return [moves.Bound(r["fence_id"], r["region"], int(r["version"]), int(r["bits"]),
                         np.frombuffer(r["ranges"], "<u8").astype(np.uint64).reshape(-1, 2),
                         np.frombuffer(r["interior"], np.uint8).astype(bool)) for r in rows]
+
+
+async def place(dsn: str, region: str, endpoint: tuple[str, int] | None) -> None:
+    """Record where the region's vhost is (None: on the pipeline's own broker)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        if endpoint is None:
+            await conn.execute("DELETE FROM region_broker WHERE region = $1", region)
+        else:
+            await conn.execute("INSERT INTO region_broker (region, host, port) VALUES ($1, $2, $3) "
+                               "ON CONFLICT (region) DO UPDATE SET host = EXCLUDED.host, "
+                               "port = EXCLUDED.port", region, *endpoint)
+    finally:
+        await conn.close()
 
 
 async def store_map(dsn: str, new: Worldmap, base: int) -> None:
@@ -183,7 +198,7 @@ def federation_running(settings: Settings, pw: Secrets, region: str) -> bool:
 
 
 def consumed(settings: Settings, pw: Secrets, region: str) -> bool:
-    mgmt = rabbit.management(settings, pw)
+    mgmt = rabbit.management(settings, pw, settings.broker_of(region))
     vhost = t.region_vhost(region)
     return all(mgmt.get(api_path("queues", vhost, q)).get("consumers")
                for q in (t.GEO_POSITIONS_QUEUE, t.GEO_CONTROL_QUEUE))
@@ -191,7 +206,7 @@ def consumed(settings: Settings, pw: Secrets, region: str) -> bool:
 
 def backlog(settings: Settings, pw: Secrets, region: str) -> int:
     """Messages still in the region's vhost: its x-geo's queues and the federation link's."""
-    mgmt = rabbit.management(settings, pw)
+    mgmt = rabbit.management(settings, pw, settings.broker_of(region))
     queues = mgmt.get(api_path("queues", t.region_vhost(region)) + "?columns=name,messages")
     return sum(int(q.get("messages") or 0) for q in queues if q["name"] != t.DEAD_LETTER_QUEUE)
 
@@ -251,8 +266,13 @@ async def begin(settings: Settings, pw: Secrets, action: str, name: str, other: 
 
 
 async def add(settings: Settings, pw: Secrets, name: str, split_from: str, at: int | None, say: Say,
-              settle_timeout: float = 60.0) -> Outcome:
+              settle_timeout: float = 60.0, broker: int = 1) -> Outcome:
+    """`broker` 2: the region's vhost on the second RabbitMQ node (started if it is not)."""
     settings, dsn, out, wm = await begin(settings, pw, "add", name, split_from)
+    if broker not in (1, 2):
+        raise RegionError("a region goes on broker 1 (the pipeline's own) or 2 (the second node)")
+    if name in settings.regions and settings.broker_of(name) != broker:
+        raise RegionError(f"region {name} is on broker {settings.broker_of(name)}: remove it first")
     clock = Timer(out)
     if split_from not in wm.regions or split_from == name:
         raise RegionError(f"no region {split_from!r} to split (regions: {', '.join(wm.regions)})")
@@ -280,7 +300,11 @@ async def add(settings: Settings, pw: Secrets, name: str, split_from: str, at: i
 
     # 1. the broker and the process
     if name not in settings.regions:
-        settings = write_live_topology(settings, (*settings.regions, name), settings.workers)
+        placement = (*settings.placement, (name, broker)) if broker != 1 else None
+        settings = write_live_topology(settings, (*settings.regions, name), settings.workers, placement)
+    if broker != 1:  # the second node, and where its region is for x-ingress and the fence service
+        await asyncio.to_thread(stack.start_services, settings, pw, say)
+        await place(dsn, name, (settings.host, settings.broker_amqp_port(broker)))
     await asyncio.to_thread(rabbit.apply, settings, pw, say)
     monitoring.write_config(settings)
     await asyncio.to_thread(sidecars.start, settings, pw, sidecars.Sidecar("x-geo", name), say)
@@ -359,17 +383,20 @@ async def remove(settings: Settings, pw: Secrets, name: str, into: str, say: Say
     else:
         out.worldmap_after = wm.version
     # 5. the process, then the broker's part
+    placed_on = settings.broker_of(name)
     await asyncio.to_thread(sidecars.stop, settings, f"x-geo-{name}", say, "region removed")
     if name in settings.regions:
         settings = write_live_topology(settings, tuple(r for r in settings.regions if r != name),
                                        settings.workers)
     monitoring.write_config(settings)
     await asyncio.to_thread(rabbit.apply, settings, pw, say)  # clears its federation upstream
-    mgmt = rabbit.management(settings, pw)
+    node = placed_on  # the region's node, recorded before the topology forgot it
+    mgmt = rabbit.management(settings, pw, node)
     vhost = t.region_vhost(name)
     if mgmt.exists(api_path("vhosts", vhost)):
-        await asyncio.to_thread(rabbit.run_steps, [ctl("delete_vhost", vhost)], mgmt,
+        await asyncio.to_thread(rabbit.run_steps, [rabbit.on_node(ctl("delete_vhost", vhost), node)], mgmt,
                                 tuple(rabbit.passwords(pw).values()), say)
+    await place(dsn, name, None)
     clock.lap("topology")
     return out
 

@@ -28,6 +28,7 @@ import base64
 import functools
 import json
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -183,6 +184,89 @@ def rabbitmq_set_user(pw: Secrets) -> None:
 def rabbitmq_stop(settings: Settings, proc: ProcessId) -> None:
     run(["rabbitmqctl", "stop"], timeout=settings.start_timeout)
     wait_gone(proc, settings.start_timeout, "RabbitMQ")
+
+
+# --------------------------------------------------------------------------- a second RabbitMQ node
+#
+# GEOFENCE_BROKERS=2 (or a region placed on it): an independent node, not a cluster member
+# (the Nokia talk: federation, not clustering, across hosts), on the next ports, with its own
+# node name, data and log dirs under the state dir and its own plugins file (no MQTT: devices
+# connect to the first). Regions placed on it are federated to gf-fences over AMQP/TCP.
+
+BROKER2_PLUGINS = ("rabbitmq_federation", "rabbitmq_management", "rabbitmq_prometheus",
+                   "rabbitmq_federation_management")
+
+
+def broker2_node() -> str:
+    return f"geofence2@{socket.gethostname().split('.')[0]}"
+
+
+def broker2_dir(settings: Settings) -> Path:
+    return settings.state_dir / "rabbitmq2"
+
+
+def broker2_env(settings: Settings) -> dict[str, str]:
+    h, d = settings.host, broker2_dir(settings)
+    web, prom = settings.broker_management_port(2), settings.broker_metrics_port(2)
+    erl_args = (f'-rabbitmq_management tcp_config [{{ip,"{h}"}},{{port,{web}}}] '
+                f'-rabbitmq_prometheus tcp_config [{{ip,"{h}"}},{{port,{prom}}}]')
+    return {**os.environ, "RABBITMQ_NODENAME": broker2_node(), "RABBITMQ_NODE_IP_ADDRESS": h,
+            "RABBITMQ_NODE_PORT": str(settings.broker_amqp_port(2)),
+            "RABBITMQ_DIST_PORT": str(25672 + 1), "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"), "RABBITMQ_PID_FILE": str(d / "rabbitmq2.pid"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": erl_args}
+
+
+def ctl2(*args: str) -> list[str]:
+    """rabbitmqctl against the second node."""
+    return ["rabbitmqctl", "-n", broker2_node(), *args]
+
+
+def broker2_running(settings: Settings) -> bool:
+    return port_open(settings.host, settings.broker_amqp_port(2))
+
+
+def broker2_launch(settings: Settings) -> None:
+    d = broker2_dir(settings)
+    for sub in ("", "mnesia", "log"):
+        (d / sub).mkdir(mode=0o750, parents=True, exist_ok=True)
+    (d / "enabled_plugins").write_text("[" + ",".join(BROKER2_PLUGINS) + "].\n")
+    run(["chown", "-R", "rabbitmq:rabbitmq", str(d)])
+    launch(["rabbitmq-server", "-detached"], settings.log_dir / "rabbitmq2-launch.log",
+           env=broker2_env(settings))
+
+
+def broker2_await(settings: Settings) -> ProcessId:
+    deadline = time.monotonic() + settings.start_timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StackError(f"the second RabbitMQ did not start within {settings.start_timeout:g}s; see "
+                             f"{broker2_dir(settings) / 'log'} and {settings.log_dir}/rabbitmq2-launch.log")
+        if run(ctl2("await_startup", "--timeout", str(max(1, int(left)))), check=False,
+               timeout=left + 30).returncode == 0:
+            break
+        time.sleep(POLL_INTERVAL)
+    for port in (settings.broker_amqp_port(2), settings.broker_management_port(2)):
+        wait_until(functools.partial(port_open, settings.host, port), settings.start_timeout,
+                   f"the second RabbitMQ to listen on {settings.host}:{port}")
+    out = run(ctl2("eval", "list_to_integer(os:getpid()).")).stdout
+    return identify(int(out.strip().splitlines()[-1]))
+
+
+def broker2_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
+    """The administrator, as on the first node."""
+    listed = run(ctl2("-q", "list_users", "--formatter", "json")).stdout
+    exists = any(u.get("user") == USER for u in json.loads(listed or "[]"))
+    run(ctl2("change_password" if exists else "add_user", USER), stdin=pw.rabbitmq_password + "\n")
+    run(ctl2("set_user_tags", USER, "administrator"))
+    run(ctl2("set_permissions", "-p", "/", USER, ".*", ".*", ".*"))
+
+
+def broker2_stop(settings: Settings, proc: ProcessId) -> None:
+    run(ctl2("stop"), timeout=settings.start_timeout)
+    wait_gone(proc, settings.start_timeout, "the second RabbitMQ")
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -409,11 +493,14 @@ class Service:
     await_started: Callable[[Settings], ProcessId]
     configure: Callable[[Settings, Secrets, bool], None]
     stop: Callable[[Settings, ProcessId], None]
+    wanted: Callable[[Settings], bool] = lambda settings: True  # run by this stack?
 
 
 SERVICES: tuple[Service, ...] = (
     Service("rabbitmq", rabbitmq_running, rabbitmq_launch, rabbitmq_await, rabbitmq_configure,
             rabbitmq_stop),
+    Service("rabbitmq-2", broker2_running, broker2_launch, broker2_await, broker2_configure, broker2_stop,
+            lambda settings: settings.broker_count == 2),
     Service("postgres", pg_running, pg_launch, pg_await, pg_configure, pg_stop),
     Service("memcached", memcached_running, memcached_launch, memcached_await,
             memcached_configure, memcached_stop),

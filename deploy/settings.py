@@ -74,6 +74,12 @@ def _tile_url(key: str, raw: str) -> str:
     return raw
 
 
+def _brokers(key: str, raw: str) -> int:
+    if raw not in ("1", "2"):
+        raise SettingsError(f"{key}={raw!r}: 1 (one RabbitMQ) or 2 (a second, independent node)")
+    return int(raw)
+
+
 def _names(key: str, raw: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(","))
     if not all(names):
@@ -101,6 +107,7 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_REGIONS": ("regions", _names),
     "GEOFENCE_WORKERS": ("workers", _names),
     "GEOFENCE_MAP_TILES": ("map_tiles", _tile_url),
+    "GEOFENCE_BROKERS": ("brokers", lambda key, raw: _brokers(key, raw)),
 }
 ENV_KEYS = tuple(_ENV_KEYS)
 WORKER_PORTS = 16  # metrics ports kept for x-fence workers (see Settings.metrics_ports)
@@ -138,6 +145,10 @@ class Settings:
     regions: tuple[str, ...] = topo.Topology.regions  # x-geo regions (vhosts gf-region-<r>)
     workers: tuple[str, ...] = topo.Topology.workers  # x-fence workers
     map_tiles: str | None = None  # /map's background tiles where there is internet (else the roads)
+    # RabbitMQ nodes of the local stack: 1, or 2 (a second, independent node on the next
+    # ports, not clustered: regions placed on it are federated to the first over AMQP)
+    brokers: int = 1
+    placement: tuple[tuple[str, int], ...] = ()  # regions not on broker 1: (region, broker)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -158,6 +169,9 @@ class Settings:
         for name in ("regions", "workers"):
             if live is not None and name not in values:
                 values[name] = live[name]
+        if live is not None:
+            values["placement"] = tuple((r, b) for r, b in live.get("placement", ())
+                                        if r in values.get("regions", cls.regions))
         settings = cls(**values)
         try:
             _ = settings.topology  # validates the region and worker names
@@ -170,6 +184,30 @@ class Settings:
     def topology(self) -> topo.Topology:
         return topo.Topology(regions=self.regions, workers=self.workers)
 
+    @property
+    def broker_count(self) -> int:
+        """The RabbitMQ nodes the stack runs: GEOFENCE_BROKERS, or 2 while a region is placed
+        on the second."""
+        return 2 if self.brokers == 2 or self.placement else 1
+
+    def broker_of(self, region: str) -> int:
+        return dict(self.placement).get(region, 1)
+
+    def broker_amqp_port(self, broker: int) -> int:
+        return self.amqp_port + broker - 1
+
+    def broker_management_port(self, broker: int) -> int:
+        return self.management_port + broker - 1
+
+    def broker_metrics_port(self, broker: int) -> int:
+        return self.rabbitmq_metrics_port + broker - 1
+
+    def vhost_port(self, vhost: str) -> int:
+        """The AMQP port of the node that holds `vhost`."""
+        if vhost.startswith(topo.REGION_VHOST_PREFIX):
+            return self.broker_amqp_port(self.broker_of(vhost.removeprefix(topo.REGION_VHOST_PREFIX)))
+        return self.amqp_port
+
     def check_ports_distinct(self) -> None:
         ports = self.ports()
         if len(set(ports.values())) != len(ports):
@@ -181,6 +219,10 @@ class Settings:
                 "memcached": self.memcached_port, "api": self.api_port,
                 "firebase-auth": self.firebase_auth_port, "prometheus": self.prometheus_port,
                 "rabbitmq-metrics": self.rabbitmq_metrics_port,
+                **({"amqp (broker 2)": self.broker_amqp_port(2),
+                    "management (broker 2)": self.broker_management_port(2),
+                    "rabbitmq-metrics (broker 2)": self.broker_metrics_port(2)}
+                   if self.broker_count == 2 else {}),
                 **{f"{name} metrics": port for name, port in self.metrics_ports().items()}}
 
     def metrics_ports(self) -> dict[str, int]:
@@ -246,13 +288,18 @@ class Settings:
 LIVE_TOPOLOGY_FILE = "topology.json"
 
 
-def read_live_topology(state_dir: Path) -> dict[str, tuple[str, ...]] | None:
-    """The regions and workers `geofence region` / `geofence worker` left the stack with
+def read_live_topology(state_dir: Path) -> dict[str, Any] | None:
+    """The regions and workers `geofence region` / `geofence worker` left the stack with,
+    and the regions placed on the second broker ("placement": (region, broker) pairs)
     (None: never changed live, GEOFENCE_REGIONS / _WORKERS or their defaults hold)."""
     path = state_dir / LIVE_TOPOLOGY_FILE
     try:
         data = json.loads(path.read_text())
-        return {k: tuple(str(n) for n in data[k]) for k in ("regions", "workers")}
+        out: dict[str, Any] = {k: tuple(str(n) for n in data[k]) for k in ("regions", "workers")}
+        placed = data.get("placement", {})
+        if placed:
+            out["placement"] = tuple(sorted((str(r), int(b)) for r, b in placed.items()))
+        return out
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as exc:
@@ -269,14 +316,21 @@ def overriding(key: str, what: str) -> str | None:
     return None
 
 
-def write_live_topology(settings: Settings, regions: tuple[str, ...], workers: tuple[str, ...]) -> Settings:
-    """Record the stack's regions and workers (written whole, then renamed); the settings
-    with them."""
-    new = replace(settings, regions=tuple(regions), workers=tuple(workers))
+def write_live_topology(settings: Settings, regions: tuple[str, ...], workers: tuple[str, ...],
+                        placement: tuple[tuple[str, int], ...] | None = None) -> Settings:
+    """Record the stack's regions and workers, and where regions are placed (kept as they
+    are unless given; a region gone loses its place) (written whole, then renamed); the
+    settings with them."""
+    placed = tuple((r, b) for r, b in (settings.placement if placement is None else placement)
+                   if r in regions and b != 1)
+    new = replace(settings, regions=tuple(regions), workers=tuple(workers), placement=placed)
     _ = new.topology  # validates the names
     path = settings.state_dir / LIVE_TOPOLOGY_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"regions": list(regions), "workers": list(workers)}, indent=2) + "\n")
+    body: dict[str, Any] = {"regions": list(regions), "workers": list(workers)}
+    if placed:
+        body["placement"] = dict(placed)
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
     os.replace(tmp, path)
     return new
 
@@ -390,14 +444,15 @@ class ConnectionSettings(TypedDict):
 
 
 def amqp_url(settings: Settings, password: str, vhost: str = "/", user: str = USER) -> str:
+    """The URL of `vhost` on the node that holds it."""
     return (f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{settings.host}:"
-            f"{settings.amqp_port}/{quote(vhost, safe='')}")
+            f"{settings.vhost_port(vhost)}/{quote(vhost, safe='')}")
 
 
-def sidecar_amqp_url(settings: Settings, user: str, password: str, name: str) -> str:
+def sidecar_amqp_url(settings: Settings, user: str, password: str, name: str, broker: int = 1) -> str:
     """A process's broker URL: its user, and `name` as the connection's name in RabbitMQ."""
     return (f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{settings.host}:"
-            f"{settings.amqp_port}/?name={quote(name, safe='')}")
+            f"{settings.broker_amqp_port(broker)}/?name={quote(name, safe='')}")
 
 
 def user_urls(settings: Settings, pw: Secrets) -> dict[str, dict[str, str]]:

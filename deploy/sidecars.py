@@ -27,7 +27,7 @@ from typing import Any
 
 from deploy.processes import ProcessId, Say, StackError, identify, port_open, process_identity, terminate
 from deploy.rabbitmq import definitions as d
-from deploy.rabbitmq.apply import management
+from deploy.rabbitmq.apply import broker_of_vhost, management
 from deploy.rabbitmq.plan import api_path
 from deploy.settings import FIREBASE_PROJECT, Secrets, Settings, postgres_dsn, sidecar_amqp_url, sidecar_ids
 from exchanges import topology as t
@@ -74,7 +74,8 @@ def passed_on(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
     user = USERS[sc.role]
-    env = {"GEOFENCE_AMQP_URL": sidecar_amqp_url(settings, user, pw.users[user], sc.name),
+    broker = settings.broker_of(sc.instance) if sc.role == "x-geo" else 1  # its region's node
+    env = {"GEOFENCE_AMQP_URL": sidecar_amqp_url(settings, user, pw.users[user], sc.name, broker),
            "GEOFENCE_POSTGRES_URL": postgres_dsn(settings, pw.postgres_password),
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}
@@ -154,7 +155,8 @@ def process(settings: Settings, name: str) -> ProcessId | None:
 
 
 async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say,
-                           workers: tuple[str, ...] | None = None) -> None:
+                           workers: tuple[str, ...] | None = None,
+                           placement: list[tuple[str, tuple[str, int]]] | None = None) -> None:
     # here, not at the top: asyncpg, numpy and shapely, which `geofence status` and `down` do not need
     from deploy.migrate import migrate
     from exchanges import routing_store
@@ -175,6 +177,12 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say,
             new = Worldmap.over_area(list(regions), version=version)
             await store.save_worldmap(conn, new)
             say(f"worldmap: version {version} stored (regions {', '.join(regions)})")
+        if placement is not None:  # the stack's record of placed regions is the table's
+            await conn.execute("DELETE FROM region_broker WHERE NOT (region = ANY($1))",
+                               [r for r, _ in placement])
+            await conn.executemany("INSERT INTO region_broker (region, host, port) VALUES ($1, $2, $3) "
+                                   "ON CONFLICT (region) DO UPDATE SET host = EXCLUDED.host, "
+                                   "port = EXCLUDED.port", [(r, h, p) for r, (h, p) in placement])
         ring = await routing_store.latest_ring(conn)
         if workers is not None and ring is not None and set(ring[1].nodes) != set(workers):
             raise StackError(f"the worker ring in force (version {ring[0]}: {', '.join(ring[1].nodes)}) "
@@ -192,7 +200,8 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say,
 
 def up(settings: Settings, pw: Secrets, say: Say) -> None:
     dsn = postgres_dsn(settings, pw.postgres_password)
-    asyncio.run(prepare_database(dsn, settings.regions, say, settings.workers))
+    placed = [(r, (settings.host, settings.broker_amqp_port(b))) for r, b in settings.placement]
+    asyncio.run(prepare_database(dsn, settings.regions, say, settings.workers, placed))
     records = load_records(settings)
     wanted = {sc.name for sc in sidecars(settings.topology)}
     for name in sorted(set(records) - wanted):  # a region or worker that is gone
@@ -278,7 +287,7 @@ def down(settings: Settings, say: Say) -> None:
 
 def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S) -> None:
     """Until every input queue has a consumer (and every sidecar still runs)."""
-    mgmt = management(settings, pw)
+    mgmts = {b: management(settings, pw, b) for b in range(1, settings.broker_count + 1)}
     deadline = time.monotonic() + timeout
     missing: list[str] = []
     while time.monotonic() < deadline:
@@ -286,7 +295,7 @@ def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S
         if dead:
             raise StackError(f"sidecar {', '.join(dead)} exited; see {log_path(settings, dead[0])}")
         missing = [f"{v}/{q}" for v, q in input_queues(settings.topology)
-                   if not mgmt.get(api_path("queues", v, q)).get("consumers")]
+                   if not mgmts[broker_of_vhost(settings, v)].get(api_path("queues", v, q)).get("consumers")]
         if not port_open(settings.host, settings.api_port):
             missing.append(f"the fence API on {api_url(settings)}")
         if not missing:

@@ -61,10 +61,25 @@ def up(settings: Settings, say: Say) -> State:
     require_root()
     prepare_state_dir(settings)
     pw = ensure_secrets(settings)
+    state = start_services(settings, pw, say)
+    rabbit_topology.ensure(settings, pw, say)
+    map_roads.ensure(settings.map_roads_file)  # before the API reads it
+    sidecars.up(settings, pw, say)  # the pipeline's processes, once the broker is set up
+    recorded = read_live_topology(settings.state_dir) or {}
+    if (recorded.get("regions"), recorded.get("workers"), recorded.get("placement", ())) != \
+            (settings.regions, settings.workers, settings.placement):
+        write_live_topology(settings, settings.regions, settings.workers)  # what runs (see Settings)
+    return state
+
+
+def start_services(settings: Settings, pw: Secrets, say: Say) -> State:
+    """The services these settings want (a second RabbitMQ too when a region is placed on
+    it) started if they are not running, recorded, configured."""
     previous = load_state(settings.state_file)
     state: State = {}
     launched: list[Service] = []
-    for svc in SERVICES:  # launch all first: they boot in parallel
+    wanted = [svc for svc in SERVICES if svc.wanted(settings)]
+    for svc in wanted:  # launch all first: they boot in parallel
         if svc.running(settings):
             state[svc.name] = record_for_running(previous.get(svc.name))
             whose = "ours" if state[svc.name].started_by_us else "not started by geofence up"
@@ -79,13 +94,11 @@ def up(settings: Settings, say: Say) -> State:
         save_state(settings.state_file, state)  # record at once what we will have to stop
         say(f"{svc.name}: started (pid {proc.pid})")
     save_state(settings.state_file, state)
-    for svc in SERVICES:
+    for svc in wanted:
         svc.configure(settings, pw, svc in launched)
-    rabbit_topology.ensure(settings, pw, say)
-    map_roads.ensure(settings.map_roads_file)  # before the API reads it
-    sidecars.up(settings, pw, say)  # the pipeline's processes, once the broker is set up
-    if read_live_topology(settings.state_dir) != {"regions": settings.regions, "workers": settings.workers}:
-        write_live_topology(settings, settings.regions, settings.workers)  # what runs (see Settings)
+    for name, record in previous.items():  # services of this stack not wanted now stay recorded
+        state.setdefault(name, record)
+    save_state(settings.state_file, state)
     return state
 
 
@@ -140,6 +153,11 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
                   f"mqtt://{h}:{settings.mqtt_port} (login /:{USER})"),
         StatusRow("management", port_open(h, settings.management_port), ours["rabbitmq"],
                   management_url(settings)),
+        *((StatusRow("rabbitmq-2", port_open(h, settings.broker_amqp_port(2)), ours["rabbitmq-2"],
+                     f"amqp://{h}:{settings.broker_amqp_port(2)} (second node; regions "
+                     f"{', '.join(r for r, _ in settings.placement) or 'none yet'}), management "
+                     f"http://{h}:{settings.broker_management_port(2)}/"),)
+          if settings.broker_count == 2 else ()),
         StatusRow("postgres", port_open(h, settings.pg_port), ours["postgres"], pg),
         StatusRow("memcached", port_open(h, settings.memcached_port), ours["memcached"],
                   f"{h}:{settings.memcached_port}"),

@@ -155,6 +155,12 @@ async def ingress_pause(conn: asyncpg.Connection) -> str | None:
     return None if token is None else str(token)
 
 
+async def region_endpoints(conn: asyncpg.Connection) -> dict[str, tuple[str, int]]:
+    """The regions whose vhost is on another RabbitMQ than the pipeline's own: (host, port)."""
+    return {r["region"]: (str(r["host"]), int(r["port"]))
+            for r in await conn.fetch("SELECT region, host, port FROM region_broker")}
+
+
 async def latest_ring(conn: asyncpg.Connection) -> tuple[int, HashRing] | None:
     """The newest stored worker ring and its version (None: none stored, GEOFENCE_WORKERS hold)."""
     row = await conn.fetchrow("SELECT version, body FROM worker_ring ORDER BY version DESC LIMIT 1")

@@ -70,6 +70,7 @@ class FenceManager:
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
         self._worldmap: Worldmap | None = None
         self._conns: dict[str, AbstractConnection] = {}
+        self._endpoints: dict[str, tuple[str, int]] = {}
         self._regions_lock = asyncio.Lock()
         # False: the regions given stay (`geofence region`, which changes the worldmap itself)
         self.follow_worldmap = follow_worldmap
@@ -81,6 +82,7 @@ class FenceManager:
             self._stack.push_async_callback(self.pool.close)
             async with self.pool.acquire() as conn:  # the stored worker ring, if any
                 self.ring_version, self.ring = await routing_store.ring_or(conn, self.workers)
+                self._endpoints = await routing_store.region_endpoints(conn)  # regions on other brokers
             self.workers = self.ring.nodes
             for vhost in (*(t.region_vhost(r) for r in self.regions), t.FENCES_VHOST):
                 await self._open(vhost)
@@ -95,7 +97,10 @@ class FenceManager:
     async def _open(self, vhost: str) -> None:
         # robust: a long-lived API process outlives broker restarts (channels and the
         # reply consumer come back by themselves)
-        conn: AbstractConnection = await aio_pika.connect_robust(_vhost_url(self.amqp_url, vhost), timeout=10)
+        endpoint = self._endpoints.get(vhost.removeprefix(t.REGION_VHOST_PREFIX)) \
+            if vhost.startswith(t.REGION_VHOST_PREFIX) else None
+        conn: AbstractConnection = await aio_pika.connect_robust(_vhost_url(self.amqp_url, vhost, endpoint),
+                                                                 timeout=10)
         self._conns[vhost] = conn
         self._stack.push_async_callback(_close_quietly, conn)
         ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
@@ -137,6 +142,8 @@ class FenceManager:
         if set(regions) == set(self._control):
             return
         async with self._regions_lock:
+            async with self.pool.acquire() as conn:  # where a new region's vhost is
+                self._endpoints = await routing_store.region_endpoints(conn)
             for region in regions:
                 if region not in self._control:
                     await self._open(t.region_vhost(region))
@@ -294,8 +301,11 @@ class WorkerUnavailable(RuntimeError):
     pass
 
 
-def _vhost_url(url: str, vhost: str) -> str:
+def _vhost_url(url: str, vhost: str, endpoint: tuple[str, int] | None = None) -> str:
     parts = urlsplit(url)
+    if endpoint is not None:  # the vhost is on another broker (same user)
+        userinfo = parts.netloc.rpartition("@")[0]
+        parts = parts._replace(netloc=f"{userinfo}@{endpoint[0]}:{endpoint[1]}")
     return urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
 
 

@@ -81,11 +81,15 @@ class IngressSidecar:
         # session no longer needs ends it as well, dropping the region's connection.
         self.pending: Worldmap | None = None
         self.connected: frozenset[str] = frozenset()
+        self.connected_endpoints: dict[str, tuple[str, int] | None] = {}
         self.regions_changed = asyncio.Event()  # (or a pause: the session ends all the same)
         # A worker handover pauses x-ingress (PostgreSQL's ingress_pause, a lease): the
         # session ends drained and the next one waits; `consuming` says whether one runs.
         self.paused: str | None = None  # the pause's token
         self.consuming = False
+        # regions whose vhost is on another broker (region_broker): connected to there; a
+        # change of one that is connected ends the session as a new region does
+        self.endpoints: dict[str, tuple[str, int]] = {}
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """Nothing to recover: `main` read the worldmap the core is built on (shell.Sidecar)."""
@@ -112,7 +116,9 @@ class IngressSidecar:
             await self.instance_lock.acquire(ingress, stack)
             wanted = {*self.core.worldmap.regions, *(self.pending.regions if self.pending else ())}
             self.regions_changed.clear()
-            regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack) for r in sorted(wanted)}
+            regions = {r: await shell.open_connection(cfg, t.region_vhost(r), stack, self.endpoints.get(r))
+                       for r in sorted(wanted)}
+            self.connected_endpoints = {r: self.endpoints.get(r) for r in regions}
             out_ch = await shell.open_channel(ingress, stack, confirms=cfg.persistence)
             self.dlx = await out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
             self.follow = await out_ch.get_exchange(t.FOLLOW_EXCHANGE, ensure=False)
@@ -259,6 +265,13 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
                     if paused and not sidecar.paused:
                         sidecar.regions_changed.set()
                     sidecar.paused = paused
+                endpoints = await routing_store.region_endpoints(conn)
+                if endpoints != sidecar.endpoints:
+                    sidecar.endpoints = endpoints
+                    moved = [r for r, e in sidecar.connected_endpoints.items() if endpoints.get(r) != e]
+                    if moved:
+                        log.info("region %s now on another broker: connecting again", ", ".join(moved))
+                        sidecar.regions_changed.set()
                 newest = max(core.worldmap.version, sidecar.pending.version if sidecar.pending else 0)
                 if await routing_store.latest_worldmap_version(conn) > newest:
                     wm = await routing_store.latest_worldmap(conn)
@@ -298,6 +311,9 @@ async def main(config: shell.SidecarConfig) -> int:
         return 0
     core = XIngress(wm)
     sidecar = IngressSidecar(config, core)
+    found = await routing_store.read_until_stopped(config.postgres_url, routing_store.region_endpoints,
+                                                   "region brokers", stop)
+    sidecar.endpoints = found or {}
     async with asyncio.TaskGroup() as tg:
         tg.create_task(watch_store(config.postgres_url, sidecar, stop, config.name))
         await shell.serve(config, sidecar.session, stop, sidecar.counters)

@@ -27,6 +27,7 @@ from deploy.rabbitmq.plan import (
     set_topic_permissions,
     wrapper_safe,
 )
+from deploy.services import broker2_node
 from deploy.settings import Secrets, Settings, management_url
 from exchanges import topology as t
 from exchanges.settings import mask
@@ -38,8 +39,23 @@ class TopologyError(StackError):
     """The topology could not be read or applied."""
 
 
-def management(settings: Settings, pw: Secrets) -> Management:
-    return Management(management_url(settings), t.ADMIN_USER, pw.rabbitmq_password)
+def management(settings: Settings, pw: Secrets, broker: int = 1) -> Management:
+    """The management API of the first node, or of the second (`broker` 2)."""
+    url = management_url(settings) if broker == 1 else \
+        f"http://{settings.host}:{settings.broker_management_port(broker)}/"
+    return Management(url, t.ADMIN_USER, pw.rabbitmq_password)
+
+
+def broker_of_vhost(settings: Settings, vhost: str) -> int:
+    return settings.broker_of(vhost.removeprefix(t.REGION_VHOST_PREFIX)) \
+        if vhost.startswith(t.REGION_VHOST_PREFIX) else 1
+
+
+def on_node(step: Step, broker: int) -> Step:
+    """A step for the second node: its rabbitmqctl / rabbitmq-plugins calls name it."""
+    if broker == 1 or not isinstance(step, Ctl):
+        return step
+    return Ctl((step.argv[0], "-n", broker2_node(), *step.argv[1:]), step.stdin)
 
 
 def passwords(pw: Secrets) -> dict[str, str]:
@@ -52,8 +68,23 @@ def passwords(pw: Secrets) -> dict[str, str]:
 
 
 def definitions_for(settings: Settings, pw: Secrets) -> d.Definitions:
+    """The whole topology (the federation upstream of a region placed on the second node
+    connects there)."""
+    elsewhere = {t.region_vhost(r): d.Endpoint(settings.host, settings.broker_amqp_port(b))
+                 for r, b in settings.placement}
     return d.build(settings.topology, d.Endpoint(settings.host, settings.amqp_port),
-                   passwords(pw)[t.FEDERATION_USER])
+                   passwords(pw)[t.FEDERATION_USER], elsewhere)
+
+
+def per_broker(settings: Settings, pw: Secrets) -> list[tuple[int, d.Definitions]]:
+    """What each node holds: the second its placed regions' vhosts (and every user), the
+    first everything else, with the federation upstreams."""
+    defs = definitions_for(settings, pw)
+    if settings.broker_count == 1:
+        return [(1, defs)]
+    second = {v for v in defs.vhosts if broker_of_vhost(settings, v) == 2}
+    return [(1, defs.held_by([v for v in defs.vhosts if v not in second], parameters=True)),
+            (2, defs.held_by(second, parameters=False))]
 
 
 # --------------------------------------------------------------------------- reading the broker
@@ -140,22 +171,34 @@ def _stamp_path(settings: Settings) -> Path:
 
 
 def apply(settings: Settings, pw: Secrets, say: Say, dry_run: bool = False) -> list[Step]:
-    """Compare everything and run what differs; returns the steps (run, or not if dry_run)."""
-    defs = definitions_for(settings, pw)
+    """Compare everything and run what differs, on each node; returns the steps (run, or
+    not if dry_run)."""
     pws = passwords(pw)
-    mgmt = management(settings, pw)
-    try:
-        steps = plan(defs, pws, read_with_retry(mgmt, defs, settings.start_timeout))
-    except TopologyConflict as exc:
-        raise TopologyError(str(exc)) from None
     hidden = tuple(pws.values())
-    if dry_run:
-        for step in steps:
-            say(render(step, hidden))
-        return steps
-    run_steps(steps, mgmt, hidden, say)
-    write_stamp(settings, defs.digest(pws))
-    return steps
+    done: list[Step] = []
+    for broker, defs in per_broker(settings, pw):
+        mgmt = management(settings, pw, broker)
+        try:
+            steps = [on_node(x, broker)
+                     for x in plan(defs, pws, read_with_retry(mgmt, defs, settings.start_timeout))]
+        except TopologyConflict as exc:
+            raise TopologyError(str(exc)) from None
+        if broker != 1 and steps:
+            say(f"  on the second node ({broker2_node()}):")
+        if dry_run:
+            for step in steps:
+                say(render(step, hidden))
+        else:
+            run_steps(steps, mgmt, hidden, say)
+        done += steps
+    if not dry_run:
+        write_stamp(settings, digest(settings, pw))
+    return done
+
+
+def digest(settings: Settings, pw: Secrets) -> str:
+    pws = passwords(pw)
+    return "-".join(f"{b}:{defs.digest(pws)}" for b, defs in per_broker(settings, pw))
 
 
 def write_stamp(settings: Settings, digest: str) -> None:
@@ -177,9 +220,8 @@ def read_stamp(settings: Settings) -> str | None:
 
 def ensure(settings: Settings, pw: Secrets, say: Say) -> None:
     """`geofence up`: apply the topology unless nothing changed since the last apply."""
-    defs = definitions_for(settings, pw)
-    if read_stamp(settings) == defs.digest(passwords(pw)) and quick_check(management(settings, pw),
-                                                                          defs):
+    if read_stamp(settings) == digest(settings, pw) and all(
+            quick_check(management(settings, pw, b), defs) for b, defs in per_broker(settings, pw)):
         say("rabbitmq topology: up to date")
     else:
         say("rabbitmq topology: applying")

@@ -185,6 +185,20 @@ class Definitions:
                             "workers": list(self.topology.workers)}
         return data
 
+    def held_by(self, vhosts: Iterable[str], parameters: bool) -> Definitions:
+        """What one broker holds of these definitions: its vhosts and what lives in them,
+        every user, and the federation parameters only where the links end (`parameters`)."""
+        keep = set(vhosts)
+        return dataclasses.replace(
+            self, vhosts=tuple(v for v in self.vhosts if v in keep),
+            permissions=tuple(p for p in self.permissions if p.vhost in keep),
+            exchanges=tuple(x for x in self.exchanges if x.vhost in keep),
+            queues=tuple(q for q in self.queues if q.vhost in keep),
+            bindings=tuple(b for b in self.bindings if b.vhost in keep),
+            retired_bindings=tuple(b for b in self.retired_bindings if b.vhost in keep),
+            parameters=tuple(p for p in self.parameters if p.vhost in keep) if parameters else (),
+            policies=tuple(p for p in self.policies if p.vhost in keep))
+
     def digest(self, passwords: Mapping[str, str]) -> str:
         """A hash of everything `apply` would set, passwords included (only hashed)."""
         body = json.dumps({"definitions": self.to_json(), "passwords": dict(sorted(passwords.items()))},
@@ -399,10 +413,13 @@ def upstream(endpoint: Endpoint, federation_password: str, vhost: str, exchange:
             "exchange": exchange, "ack-mode": "on-confirm", "trust-user-id": False, "max-hops": 1}
 
 
-def parameters(topology: Topology, endpoint: Endpoint, federation_password: str) -> tuple[Parameter, ...]:
+def parameters(topology: Topology, endpoint: Endpoint, federation_password: str,
+               elsewhere: Mapping[str, Endpoint] | None = None) -> tuple[Parameter, ...]:
+    """`elsewhere`: region vhosts held by another broker (the upstream connects there)."""
     regions = region_vhosts(topology)
+    away = elsewhere or {}
     found = [Parameter(t.FENCES_VHOST, "federation-upstream", t.upstream_name(v),
-                       upstream(endpoint, federation_password, v, t.FENCE_IN_EXCHANGE))
+                       upstream(away.get(v, endpoint), federation_password, v, t.FENCE_IN_EXCHANGE))
              for v in regions]
     found.append(Parameter(t.INGRESS_VHOST, "federation-upstream", t.upstream_name(t.FENCES_VHOST),
                            upstream(endpoint, federation_password, t.FENCES_VHOST,
@@ -436,7 +453,10 @@ def policies(topology: Topology) -> tuple[Policy, ...]:
     return tuple(found)
 
 
-def build(topology: Topology, endpoint: Endpoint, federation_password: str) -> Definitions:
+def build(topology: Topology, endpoint: Endpoint, federation_password: str,
+          elsewhere: Mapping[str, Endpoint] | None = None) -> Definitions:
+    """Everything of `topology`; `elsewhere`: the region vhosts another broker holds (their
+    federation upstreams connect there; `Definitions.held_by` splits the rest by broker)."""
     if not topology.regions or not topology.workers:
         raise ValueError("a topology needs at least one region and one worker")
     return Definitions(
@@ -448,7 +468,7 @@ def build(topology: Topology, endpoint: Endpoint, federation_password: str) -> D
         queues=queues(topology),
         bindings=bindings(topology),
         retired_bindings=RETIRED_BINDINGS,
-        parameters=parameters(topology, endpoint, federation_password),
+        parameters=parameters(topology, endpoint, federation_password, elsewhere),
         policies=policies(topology),
     )
 

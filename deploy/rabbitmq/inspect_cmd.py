@@ -76,8 +76,14 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
         pw = load_secrets(settings)
         mgmt = ap.management(settings, pw)
-        vhosts = {v["name"] for v in mgmt.get("api/vhosts?columns=name")}
-        queues = mgmt.get("api/queues?columns=vhost,name,messages,consumers,policy")
+        vhosts, queues = set(), []
+        for broker in range(1, settings.broker_count + 1):  # a placed region's vhost is on its node
+            node = ap.management(settings, pw, broker)
+            mine = {v for v in (x["name"] for x in node.get("api/vhosts?columns=name"))
+                    if ap.broker_of_vhost(settings, v) == broker}
+            vhosts |= mine
+            queues += [q for q in node.get("api/queues?columns=vhost,name,messages,consumers,policy")
+                       if q["vhost"] in mine]
         links = mgmt.get("api/federation-links") if mgmt.exists("api/federation-links") else []
     except (SettingsError, StackError) as exc:
         print(f"geofence inspect topology: error: {exc}", file=sys.stderr)

@@ -130,12 +130,17 @@ class SidecarConfig:
     def name(self) -> str:
         return f"{self.role}-{self.instance}" if self.instance else self.role
 
-    def amqp_for(self, vhost: str) -> str:
-        """The AMQP URL for one vhost, with the connection named after this sidecar."""
+    def amqp_for(self, vhost: str, endpoint: tuple[str, int] | None = None) -> str:
+        """The AMQP URL for one vhost, with the connection named after this sidecar; on
+        `endpoint` (host, port) when the vhost is on another broker (same user)."""
         parts = urlsplit(self.amqp_url)
         query = parse_qs(parts.query)
         query.setdefault("name", [self.name])
         q = "&".join(f"{k}={quote(v[0], safe='')}" for k, v in sorted(query.items()))
+        if endpoint is not None:
+            userinfo = parts.netloc.rpartition("@")[0]
+            parts = parts._replace(netloc=f"{userinfo}@{endpoint[0]}:{endpoint[1]}" if userinfo
+                                   else f"{endpoint[0]}:{endpoint[1]}")
         return urlunsplit(parts._replace(path="/" + quote(vhost, safe=""), query=q))
 
     def describe(self) -> str:

@@ -50,9 +50,11 @@ class Backoff:
         return delay
 
 
-async def open_connection(config: SidecarConfig, vhost: str, stack: contextlib.AsyncExitStack
-                          ) -> AbstractConnection:
-    conn = await aio_pika.connect(config.amqp_for(vhost), timeout=10)
+async def open_connection(config: SidecarConfig, vhost: str, stack: contextlib.AsyncExitStack,
+                          endpoint: tuple[str, int] | None = None) -> AbstractConnection:
+    """A connection to `vhost` (on `endpoint` when it lives on another broker), closed with
+    the stack."""
+    conn = await aio_pika.connect(config.amqp_for(vhost, endpoint), timeout=10)
     stack.push_async_callback(_close_quietly, conn)
     return conn
 

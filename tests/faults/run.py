@@ -35,8 +35,9 @@ import numpy.typing as npt
 import hilbert_c as hk
 from bench import broker_modes as bm
 from bench import workload as wl
-from deploy import sidecars
+from deploy import region_ops, services, sidecars
 from deploy.rabbitmq.apply import management
+from deploy.settings import Secrets, Settings
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.x_geo.range_index import INDEX_BITS
@@ -294,6 +295,23 @@ class FaultRun:
         f = self._begin(label, "scale")
         f.note = await op()
         say(f"{self.title}: {f.note}")
+        self._measure(f, [], "any")
+        return f
+
+    async def restart_second_broker(self, settings: Settings, pw: Secrets, region: str) -> Fault:
+        """The second RabbitMQ node (the one `region` is placed on) stopped and started again;
+        its recovery: until the region's x-geo consumes again and an event flows."""
+        f = self._begin("second RabbitMQ stop + start", "broker")
+        proc = await asyncio.to_thread(services.broker2_await, settings)  # its process, as running
+        await asyncio.to_thread(services.broker2_stop, settings, proc)
+        down_s = time.monotonic() - f.started
+        await asyncio.to_thread(services.broker2_launch, settings)
+        await asyncio.to_thread(services.broker2_await, settings)
+        up_s = time.monotonic() - f.started - down_s
+        ok = await poll_until(lambda: asyncio.to_thread(region_ops.consumed, settings, pw, region),
+                              CONSUMER_DEADLINE_S)
+        back = f"{time.monotonic() - f.started:.1f}s after the stop" if ok else "NOT within the deadline"
+        f.note = f"stop {down_s:.1f}s, start {up_s:.1f}s, x-geo {region} consuming again {back}"
         self._measure(f, [], "any")
         return f
 
