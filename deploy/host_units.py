@@ -4,19 +4,28 @@ environment file (mode 600) with its broker URL and credentials from the topolog
 each file checked by the very parser the role reads it with (a missing or unknown key is
 refused here, not at the first start on the host).
 
-Trade-off: the files are written to a directory for an operator to review and put in place
-(`install -m 600 ...`, `systemctl daemon-reload`), not installed by this command: creating the
-service user, the virtualenv under the prefix and enabling units change a machine and are
-listed, not done (`plan`). The same rendering serves a second host: render with GEOFENCE_HOST
-set to the first host's address and keep the roles that host runs (`--roles x-fence:w2`).
+`geofence host install` renders the same files, then runs the plan's steps on this host, as
+root, in order, stopping at the first that fails: the service user, the checkout under the
+prefix with its virtualenv (which builds the C kernel) and the pages' npm packages, the env
+files (mode 600) and the units in place, `daemon-reload`, `enable --now` of this host's units
+(`--no-enable` leaves the last two to the operator; `--dry-run` prints the steps only).
+
+Trade-off: the steps are the shell lines `render` prints, run one by one, so what an operator
+reviews is what runs; they are idempotent where the tools are (`install -d`, `useradd` behind
+`id -u`, `pip install -e`), and a second host runs the same command with GEOFENCE_HOST set to
+the first host's address and the roles it runs (`--roles x-fence:w2`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import stat
-from collections.abc import Mapping, Sequence
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from deploy import sidecars
@@ -27,6 +36,7 @@ from fence.api_server import ApiConfig
 from spark_jobs.session import JobConfig
 
 UNITS = Path(__file__).resolve().parent / "systemd"
+ROOT = UNITS.parent.parent  # the checkout the install copies (`git archive HEAD`)
 DEFAULT_PREFIX, DEFAULT_ETC = Path("/opt/geofence"), Path("/etc/geofence")
 # local-stack settings a host must not get: the Auth emulator turns signature checks off, the
 # journal dir and the state paths are the units' own (StateDirectory)
@@ -81,6 +91,12 @@ def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str
     topology, and the nightly jobs). A kind of role shares `<role>.env`; its instances' own
     metrics port goes to `<role>-<instance>.env`."""
     wanted = list(roles) if roles is not None else [*sidecar_ids(settings.topology), ("spark", "")]
+    # a region or worker this host is to run before `geofence region / worker add` made it
+    # part of the topology (render first, install, then add)
+    new_r = tuple(dict.fromkeys(i for r, i in wanted if r == "x-geo" and i not in settings.regions))
+    new_w = tuple(dict.fromkeys(i for r, i in wanted if r == "x-fence" and i not in settings.workers))
+    if new_r or new_w:
+        settings = replace(settings, regions=(*settings.regions, *new_r), workers=(*settings.workers, *new_w))
     files: dict[str, dict[str, str]] = {}
     for role, instance in wanted:
         if role == "spark":
@@ -93,7 +109,11 @@ def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str
         env["GEOFENCE_AMQP_URL"] = sidecar_amqp_url(settings, user, pw.users[user], role)
         if instance:
             files.setdefault(f"{role}.env", env)
-            files[f"{role}-{instance}.env"] = {"GEOFENCE_METRICS_LISTEN": metrics}
+            own = {"GEOFENCE_METRICS_LISTEN": metrics}
+            if role == "x-geo" and settings.broker_of(instance) != 1:  # its region's own node
+                own["GEOFENCE_AMQP_URL"] = sidecar_amqp_url(settings, user, pw.users[user], role,
+                                                            settings.broker_of(instance))
+            files[f"{role}-{instance}.env"] = own
         else:
             files[f"{role}.env"] = {**env, "GEOFENCE_METRICS_LISTEN": metrics}
     return files
@@ -189,8 +209,40 @@ def parse_roles(raw: str) -> list[tuple[str, str]]:
     return out
 
 
+def install(steps: Sequence[str], say: Callable[[str], None], dry_run: bool, enable: bool,
+            runner: Callable[[str], int] | None = None) -> int:
+    """Run the plan's steps on this host, in order, stopping at the first that fails (each
+    is printed first; `dry_run`: printed only). Without `enable` the last two (daemon-reload,
+    enable --now) are left to the operator. Returns the number of steps run."""
+    todo = list(steps) if enable else list(steps[:-2])
+    def in_bash(cmd: str) -> int:
+        return subprocess.run(["bash", "-euo", "pipefail", "-c", cmd], cwd=ROOT).returncode
+
+    run_one = runner or in_bash
+    for n, cmd in enumerate(todo, 1):
+        say(f"[{n}/{len(todo)}] {cmd}")
+        if dry_run:
+            continue
+        rc = run_one(cmd)
+        if rc != 0:
+            raise shell.ConfigError(f"step {n} failed (exit {rc}): {cmd}")
+    if not enable:
+        say("left to you: " + " && ".join(steps[-2:]))
+    return 0 if dry_run else len(todo)
+
+
+def has_systemd() -> bool:
+    """systemd runs this machine (PID 1), so units can be enabled and started."""
+    return Path("/run/systemd/system").is_dir()
+
+
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("action", choices=("render",), help="write the units and environment files")
+    parser.add_argument("action", choices=("render", "install"),
+                        help="render: write the units and environment files; install: render them, then "
+                             "run the steps that put them in place on this host (as root)")
+    parser.add_argument("--dry-run", action="store_true", help="install: print the steps, run none")
+    parser.add_argument("--no-enable", action="store_true",
+                        help="install: put everything in place but leave daemon-reload and enable to you")
     parser.add_argument("--out", type=Path, required=True, help="directory to write units/ and env/ into")
     parser.add_argument("--prefix", type=Path, default=DEFAULT_PREFIX, help="install prefix (the checkout)")
     parser.add_argument("--etc", type=Path, default=DEFAULT_ETC, help="where the environment files go")
@@ -203,7 +255,26 @@ def run(args: argparse.Namespace) -> int:
     files = environments(settings, load_secrets(settings), roles)
     written = write(args.out, args.prefix, args.etc, files)
     print(f"{len(written)} files under {args.out} (env files mode 600: they hold passwords)")
-    print("then, on the host, as root:")
-    for line in plan(args.out, args.prefix, args.etc, files):
-        print(f"  {line}")
+    steps = plan(args.out, args.prefix, args.etc, files)
+    if args.action == "render":
+        print("then, on the host, as root:")
+        for line in steps:
+            print(f"  {line}")
+        return 0
+    enable = not args.no_enable
+    if not args.dry_run:
+        if os.geteuid() != 0:
+            print("geofence host install: run it as root (it adds a user, writes /etc and the prefix)",
+                  file=sys.stderr)
+            return 2
+        if enable and not has_systemd():
+            print("geofence host install: systemd does not run this machine: use --no-enable (or --dry-run)",
+                  file=sys.stderr)
+            return 2
+    try:
+        done = install(steps, print, args.dry_run, enable)
+    except shell.ConfigError as exc:
+        print(f"geofence host install: {exc}", file=sys.stderr)
+        return 1
+    print(f"SUMMARY host install: {done} of {len(steps)} steps run" + (" (dry run)" if args.dry_run else ""))
     return 0

@@ -104,3 +104,26 @@ def test_roles_and_the_plan() -> None:
     steps = h.plan(Path("/tmp/out"), Path("/srv/gf"), Path("/etc/gf"), files)
     assert steps[-1] == "systemctl enable --now geofence-api.service geofence-x-fence@w2.service"
     assert "systemctl daemon-reload" in steps and any("install -m 600" in s for s in steps)
+
+
+def test_install_runs_the_printed_steps_in_order_and_stops_at_a_failure(tmp_path: Path) -> None:
+    steps = h.plan(tmp_path, Path("/opt/geofence"), Path("/etc/geofence"),
+                   {"x-ingress.env": {}, "x-fence-w2.env": {}, "x-fence.env": {}})
+    assert steps[-1].startswith("systemctl enable --now") and "geofence-x-fence@w2.service" in steps[-1]
+    ran: list[str] = []
+    said: list[str] = []
+    assert h.install(steps, said.append, False, True, lambda cmd: ran.append(cmd) or 0) == len(steps)
+    assert ran == steps and said[0].startswith(f"[1/{len(steps)}] id -u geofence")
+    ran.clear()
+    assert h.install(steps, said.append, False, False, lambda cmd: ran.append(cmd) or 0) == len(steps) - 2
+    assert ran == steps[:-2] and "systemctl daemon-reload" in said[-1]  # left to the operator
+    ran.clear()
+    assert h.install(steps, said.append, True, True, lambda cmd: ran.append(cmd) or 0) == 0 and not ran
+
+    def fail_third(cmd: str) -> int:
+        ran.append(cmd)
+        return 3 if len(ran) == 3 else 0
+
+    with pytest.raises(ConfigError, match="step 3 failed"):
+        h.install(steps, said.append, False, True, fail_third)
+    assert ran == steps[:3]  # nothing after the failure
