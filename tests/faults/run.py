@@ -289,6 +289,16 @@ class FaultRun:
         self._measure(f, queues, "any")
         return f
 
+    def busiest_split(self) -> tuple[str, int]:
+        """The region where most of this run's updates are, and their median Hilbert index
+        there: a split at it sends about half of them through a new region, and the walkers
+        cross the new boundary."""
+        counts = [int((self.region_of_update == i).sum()) for i in range(len(self.regions))]
+        r = max(range(len(counts)), key=counts.__getitem__)
+        gx, gy = hk.lonlat_to_grid(self.stream.lon, self.stream.lat, INDEX_BITS)
+        h = np.sort(hk.encode_many(gx, gy, INDEX_BITS)[self.region_of_update == r])
+        return self.regions[r], int(h[len(h) // 2])
+
     async def scale(self, label: str, op: Callable[[], Awaitable[str]]) -> Fault:
         """A live topology change (`geofence region add`, ...) while the stream flows: `op`
         returns its summary line; its "recovery" is the first event after it."""

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import pytest
 
-import hilbert_c as hk
 from deploy import region_ops
 from exchanges import routing_store
-from exchanges.x_geo.range_index import INDEX_BITS
 from tests.faults.run import FaultRun, Workload, execute
 from tests.faults.stack import Stack
 from tests.faults.timing import say
@@ -39,14 +36,8 @@ async def test_region_added_and_removed_live(fault_stack: Stack, workload: Workl
         say(f"{run.title}: {line}")
 
     async def inject(run: FaultRun) -> None:
-        # the region where most of this run's updates are, split at their median index: about
-        # half of them go through the new region, and the walkers cross the new boundary
-        counts = [int((run.region_of_update == i).sum()) for i in range(len(run.regions))]
-        r = max(range(len(counts)), key=counts.__getitem__)
-        split.append(run.regions[r])
-        gx, gy = hk.lonlat_to_grid(run.stream.lon, run.stream.lat, INDEX_BITS)
-        h = np.sort(hk.encode_many(gx, gy, INDEX_BITS)[run.region_of_update == r])
-        at = int(h[len(h) // 2])
+        region, at = run.busiest_split()
+        split.append(region)
         add_at, remove_at = run.moments(2, 0.08, 0.55)
         await run.reach(add_at)
         await run.scale(f"region add {NEW} --split-from {split[0]} --at {at}", lambda: _line(

@@ -12,16 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import numpy as np
 import pytest
 
-import hilbert_c as hk
 from deploy import region_ops, services
 from deploy.inspect_cmd import ask
 from deploy.settings import connection_settings
 from exchanges import routing_store
 from exchanges import topology as t
-from exchanges.x_geo.range_index import INDEX_BITS
 from tests.faults.run import FaultRun, Workload, execute
 from tests.faults.stack import Stack
 from tests.faults.timing import say
@@ -46,12 +43,8 @@ async def test_a_region_on_a_second_broker_survives_that_broker_restarting(
         say(f"{run.title}: {line}")
 
     async def inject(run: FaultRun) -> None:
-        counts = [int((run.region_of_update == i).sum()) for i in range(len(run.regions))]
-        r = max(range(len(counts)), key=counts.__getitem__)
-        split.append(run.regions[r])
-        gx, gy = hk.lonlat_to_grid(run.stream.lon, run.stream.lat, INDEX_BITS)
-        h = np.sort(hk.encode_many(gx, gy, INDEX_BITS)[run.region_of_update == r])
-        at = int(h[len(h) // 2])
+        region, at = run.busiest_split()
+        split.append(region)
         add_at, restart_at = run.moments(2, 0.03, 0.4)
         await run.reach(add_at)
 
