@@ -32,7 +32,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,19 +101,28 @@ def rabbitmq_launch(settings: Settings) -> None:
            env=rabbitmq_env(settings))
 
 
-def rabbitmq_await(settings: Settings) -> ProcessId:
+def _await_startup(ctl: Sequence[str], settings: Settings, what: str, logs: str) -> None:
     """`rabbitmqctl await_startup` fails at once until the node is known to epmd: poll it."""
     deadline = time.monotonic() + settings.start_timeout
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise StackError(f"RabbitMQ did not start within {settings.start_timeout:g}s; "
-                             f"see {RABBITMQ_LOG_DIR}/ and {settings.log_dir}/rabbitmq-launch.log")
-        proc = run(["rabbitmqctl", "await_startup", "--timeout", str(max(1, int(left)))],
-                   check=False, timeout=left + 30)
+            raise StackError(f"{what} did not start within {settings.start_timeout:g}s; see {logs}")
+        proc = run([*ctl, "await_startup", "--timeout", str(max(1, int(left)))], check=False,
+                   timeout=left + 30)
         if proc.returncode == 0:
-            break
+            return
         time.sleep(POLL_INTERVAL)
+
+
+def _node_pid(ctl: Sequence[str]) -> int:
+    out = run([*ctl, "eval", "list_to_integer(os:getpid())."]).stdout
+    return int(out.strip().splitlines()[-1])
+
+
+def rabbitmq_await(settings: Settings) -> ProcessId:
+    _await_startup(["rabbitmqctl"], settings, "RabbitMQ",
+                   f"{RABBITMQ_LOG_DIR}/ and {settings.log_dir}/rabbitmq-launch.log")
     _await_rabbitmq_listeners(settings)
     return identify(rabbitmq_pid())
 
@@ -133,8 +142,7 @@ def _await_rabbitmq_listeners(settings: Settings) -> None:
 
 
 def rabbitmq_pid() -> int:
-    out = run(["rabbitmqctl", "eval", "list_to_integer(os:getpid())."]).stdout
-    return int(out.strip().splitlines()[-1])
+    return _node_pid(["rabbitmqctl"])
 
 
 def rabbitmq_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
@@ -172,13 +180,14 @@ def rabbitmq_user_ok(settings: Settings, pw: Secrets) -> bool:
                                            for k in ("configure", "write", "read"))
 
 
-def rabbitmq_set_user(pw: Secrets) -> None:
-    listed = run(["rabbitmqctl", "-q", "list_users", "--formatter", "json"]).stdout
+def rabbitmq_set_user(pw: Secrets, ctl: Sequence[str] = ("rabbitmqctl",)) -> None:
+    """The administrator on the node `ctl` reaches (the first; `ctl2()` the second)."""
+    listed = run([*ctl, "-q", "list_users", "--formatter", "json"]).stdout
     exists = any(u.get("user") == USER for u in json.loads(listed or "[]"))
     verb = "change_password" if exists else "add_user"
-    run(["rabbitmqctl", verb, USER], stdin=pw.rabbitmq_password + "\n")  # password on stdin
-    run(["rabbitmqctl", "set_user_tags", USER, "administrator"])
-    run(["rabbitmqctl", "set_permissions", "-p", "/", USER, ".*", ".*", ".*"])
+    run([*ctl, verb, USER], stdin=pw.rabbitmq_password + "\n")  # password on stdin
+    run([*ctl, "set_user_tags", USER, "administrator"])
+    run([*ctl, "set_permissions", "-p", "/", USER, ".*", ".*", ".*"])
 
 
 def rabbitmq_stop(settings: Settings, proc: ProcessId) -> None:
@@ -238,30 +247,17 @@ def broker2_launch(settings: Settings) -> None:
 
 
 def broker2_await(settings: Settings) -> ProcessId:
-    deadline = time.monotonic() + settings.start_timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise StackError(f"the second RabbitMQ did not start within {settings.start_timeout:g}s; see "
-                             f"{broker2_dir(settings) / 'log'} and {settings.log_dir}/rabbitmq2-launch.log")
-        if run(ctl2("await_startup", "--timeout", str(max(1, int(left)))), check=False,
-               timeout=left + 30).returncode == 0:
-            break
-        time.sleep(POLL_INTERVAL)
+    _await_startup(ctl2(), settings, "the second RabbitMQ",
+                   f"{broker2_dir(settings) / 'log'} and {settings.log_dir}/rabbitmq2-launch.log")
     for port in (settings.broker_amqp_port(2), settings.broker_management_port(2)):
         wait_until(functools.partial(port_open, settings.host, port), settings.start_timeout,
                    f"the second RabbitMQ to listen on {settings.host}:{port}")
-    out = run(ctl2("eval", "list_to_integer(os:getpid()).")).stdout
-    return identify(int(out.strip().splitlines()[-1]))
+    return identify(_node_pid(ctl2()))
 
 
 def broker2_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
     """The administrator, as on the first node."""
-    listed = run(ctl2("-q", "list_users", "--formatter", "json")).stdout
-    exists = any(u.get("user") == USER for u in json.loads(listed or "[]"))
-    run(ctl2("change_password" if exists else "add_user", USER), stdin=pw.rabbitmq_password + "\n")
-    run(ctl2("set_user_tags", USER, "administrator"))
-    run(ctl2("set_permissions", "-p", "/", USER, ".*", ".*", ".*"))
+    rabbitmq_set_user(pw, ctl2())
 
 
 def broker2_stop(settings: Settings, proc: ProcessId) -> None:
