@@ -9,7 +9,8 @@ live operations that get it there.
    rate (updates/s) and paced at --rate (latency p50 / p99, device to event), events checked
    against shapely each time.
 2. Operations: with F fences bound (each of --ops-fences) and a stream paced at --ops-rate,
-   a region is added and removed and a worker added and removed while it flows; per
+   a region is added and removed, a worker added and removed, and the ten busiest fences
+   made hot (two masters each, `geofence worker hot`) and back while it flows; per
    operation its duration, what moved, how long x-ingress was paused (workers), and the
    events that arrived during it; at the end, the run's events against shapely.
 
@@ -32,6 +33,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,7 @@ from deploy.settings import Secrets, Settings, load_secrets, postgres_dsn
 from exchanges import routing_store
 from exchanges.worldmap import Worldmap
 
+HOT = 10  # fences made hot during the operations
 REGIONS = ("a", "b", "c")
 WORKERS = ("w0", "w1", "w2")
 
@@ -168,6 +171,10 @@ async def run_ops(args: argparse.Namespace, w: e2e.Workloads, f: int, settings: 
         await timed("region remove c", region_ops.remove(settings, pw, "c", "a", quiet))
         await timed("worker add w2", worker_ops.add(settings, pw, "w2", 1, quiet))
         await timed("worker remove w2", worker_ops.remove(settings, pw, "w2", quiet))
+        busiest = [f for f, _ in Counter(e[1] for e in reference).most_common(HOT)]
+        hot = await live_fence_ids(settings, pw, busiest)
+        await timed(f"{len(hot)} busiest fences hot (2 masters)", worker_ops.hot(settings, pw, hot, 2, quiet))
+        await timed(f"the {len(hot)} back to 1 master", worker_ops.hot(settings, pw, hot, 1, quiet))
         r = await run
     except Exception as exc:
         out.error = report.error_text(exc)
@@ -183,6 +190,17 @@ async def run_ops(args: argparse.Namespace, w: e2e.Workloads, f: int, settings: 
         if r.latency_ms.size == r.arrivals.size and inside.any():
             op.worst_ms = float(r.latency_ms[inside].max())
     return out
+
+
+async def live_fence_ids(settings: Settings, pw: Secrets, ids: list[str]) -> list[str]:
+    """The stored ids of the run's fences (the benchmark's run renames them `b<run>-<id>`)."""
+    conn = await routing_store.connect(postgres_dsn(settings, pw.postgres_password))
+    try:
+        rows = await conn.fetch("SELECT id FROM fence WHERE deleted_at IS NULL AND id LIKE 'b%' "
+                                "AND split_part(id, '-', 2) = any($1::text[])", ids)
+    finally:
+        await conn.close()
+    return sorted(str(r["id"]) for r in rows)
 
 
 # --------------------------------------------------------------------------- main

@@ -307,12 +307,12 @@ class CorePipeline:
         events: list[Event] = []
         for f in fences:
             per_region = fence_bindings(f, self.worldmap, version, max_ranges, cells_per_radius)
-            worker = self.fence[self.ring.node_for(f.fence_id)]
-            events += worker.define(fence_def(f, version, timeout_s), ts)
+            for w in self.ring.masters(f.fence_id):
+                events += self.fence[w].define(fence_def(f, version, timeout_s), ts)
             for region, geo in self.geo.items():
-                recheck = geo.change(f.fence_id, version, per_region.get(region))
-                if recheck is not None and len(recheck.positions):
-                    events += worker.route(recheck)
+                for w, recheck in (geo.change(f.fence_id, version, per_region.get(region)) or {}).items():
+                    if len(recheck.positions):
+                        events += self.fence[w].route(recheck)
         for geo in self.geo.values():
             geo.compact()
         return events

@@ -90,7 +90,9 @@ async def _run(args: argparse.Namespace) -> Any:
     if target == "ring":
         return {"workers": list(ring.nodes), "shares": ring.shares(),
                 "vnodes_per_weight": ring.vnodes_per_weight,
-                "fences": {f: ring.nodes_for(f, len(ring.nodes)) for f in args.fence}}
+                "hot": ring.hot,
+                "fences": {f: {"walk": ring.nodes_for(f, len(ring.nodes)), "masters": ring.masters(f)}
+                           for f in args.fence}}
     conn = load_connection_settings(settings)
     if target == "worldmap":
         wm = await routing_store.read_worldmap(conn["postgres"]["dsn"])
@@ -99,11 +101,18 @@ async def _run(args: argparse.Namespace) -> Any:
         return wm.to_json()
     fences_url = conn["amqp"][t.FENCES_VHOST]
     if target == "fence":
-        worker = ring.node_for(args.id)
-        answer = await ask(fences_url, t.FENCE_CONTROL_EXCHANGE, worker, {"fence_id": args.id})
-        if answer.get("fence") is None:
-            raise RuntimeError(f"worker {worker} (the fence's node on the ring) has no fence {args.id!r}")
-        return {"worker": worker, **answer["fence"]}
+        masters = ring.masters(args.id)  # more than one: a hot fence, each master has its objects
+        answers = await asyncio.gather(*(ask(fences_url, t.FENCE_CONTROL_EXCHANGE, w, {"fence_id": args.id})
+                                         for w in masters))
+        missing = [w for w, a in zip(masters, answers, strict=True) if a.get("fence") is None]
+        if missing:
+            raise RuntimeError(f"worker {', '.join(missing)} (the fence's node on the ring) has no fence "
+                               f"{args.id!r}")
+        fence = answers[0]["fence"]
+        if len(masters) > 1:
+            fence = {**fence, "occupants": sorted((o for a in answers for o in a["fence"]["occupants"]),
+                                                  key=lambda o: str(o["object_id"]))}
+        return {"worker": masters[0], "workers": masters, **fence}
     if target == "object":
         answers = await asyncio.gather(*(ask(fences_url, t.FENCE_CONTROL_EXCHANGE, w, {"object_id": args.id})
                                          for w in ring.nodes))

@@ -1,10 +1,12 @@
-"""`geofence worker list | add | remove`: the x-fence workers.
+"""`geofence worker list | add | remove | hot`: the x-fence workers.
 
 `list`: the ring in force (stored by `worker add / remove`, else GEOFENCE_WORKERS), each
 worker's weight and share of the ring, and what it holds (fences, objects inside, positions
 held for a gate), asked over its control queue; a worker that does not answer is listed as
 down. `add NAME [--weight K]` and `remove NAME`: a worker added or removed while positions
-flow, its fences' state handed over (deploy/worker_ops.py), with a SUMMARY line.
+flow, its fences' state handed over (deploy/worker_ops.py), with a SUMMARY line. `hot FENCE...
+--masters N`: the fence judged by N workers, each for its share of the objects (the hash
+ring's hot fences), handed over the same way.
 """
 
 from __future__ import annotations
@@ -67,10 +69,15 @@ def human(data: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("action", choices=("list", "add", "remove"),
+    parser.add_argument("action", choices=("list", "add", "remove", "hot"),
                         help="list the workers; add one (its share of the fences handed over, live); "
-                             "remove one (its fences handed to the others, live)")
-    parser.add_argument("worker", nargs="?", help="the worker to add or remove (a name such as w2)")
+                             "remove one (its fences handed to the others, live); hot: give a fence "
+                             "--masters N workers, its objects spread over them (live)")
+    parser.add_argument("worker", nargs="*", help="the worker to add or remove (a name such as w2); "
+                                                  "hot: the fence(s)")
+    parser.add_argument("--masters", type=int, default=None,
+                        help="hot: how many workers judge the fence, each for its share of the objects "
+                             "(1: one worker again)")
     parser.add_argument("--weight", type=int, default=1,
                         help="add: the worker's weight on the ring (its share grows with it; default 1)")
     parser.add_argument("--json", action="store_true", help="list: print JSON")
@@ -85,8 +92,13 @@ def run(args: argparse.Namespace) -> int:
             data = asyncio.run(gather())
             print(json.dumps(data, indent=2) if args.json else human(data))
             return 0 if all(r["up"] for r in data["workers"]) else 1
-        if not args.worker:
-            print(f"geofence worker {args.action}: give the worker's name", file=sys.stderr)
+        if not args.worker or (args.action != "hot" and len(args.worker) > 1):
+            what = "fences' names" if args.action == "hot" else "worker's name (one)"
+            print(f"geofence worker {args.action}: give the {what}", file=sys.stderr)
+            return 2
+        if (args.masters is None) == (args.action == "hot"):
+            print(f"geofence worker {args.action}: --masters goes with hot, and only with it",
+                  file=sys.stderr)
             return 2
         refused = overriding("GEOFENCE_WORKERS", "workers")
         if refused:
@@ -95,9 +107,11 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
         pw = load_secrets(settings)
         if args.action == "add":
-            outcome = asyncio.run(worker_ops.add(settings, pw, args.worker, args.weight, say))
+            outcome = asyncio.run(worker_ops.add(settings, pw, args.worker[0], args.weight, say))
+        elif args.action == "hot":
+            outcome = asyncio.run(worker_ops.hot(settings, pw, args.worker, args.masters, say))
         else:
-            outcome = asyncio.run(worker_ops.remove(settings, pw, args.worker, say))
+            outcome = asyncio.run(worker_ops.remove(settings, pw, args.worker[0], say))
     except (StackError, ValueError, OSError, asyncpg.PostgresError) as exc:
         print(f"geofence worker {args.action}: error: {exc}", file=sys.stderr)
         return 1

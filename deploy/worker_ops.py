@@ -1,4 +1,5 @@
-"""`geofence worker add / remove`: an x-fence worker added or removed while positions flow.
+"""`geofence worker add / remove / hot`: an x-fence worker added or removed, or a hot fence
+given N masters, while positions flow.
 
 The ring moves the fences whose owner changes (about 1/N of them for a worker added with
 weight 1); each moved fence's state (who is inside since when, its timers, a change in
@@ -18,6 +19,10 @@ transition) goes from its old worker to its new one before a position reaches th
    new ring takes its share (journaled), the ring is stored (version + 1), every x-geo routes
    with it, the old workers forget what they gave away (journaled), the pause is lifted.
 5. remove: the worker's process stopped, its queues deleted, the topology without it.
+
+`hot FENCE --masters N` is the same handover for a ring that differs only in its hot fences
+(exchanges/hash_ring.py): the fence's objects spread over N workers, each master's share of
+who is inside handed to it; `--masters 1` gathers them on one worker again.
 
 A failure before the ring is stored undoes the handover: the workers that took fences
 forget them (the old ring keeps them where they were), x-geo keeps the old ring, the pause
@@ -48,7 +53,8 @@ from deploy.settings import Secrets, Settings, connection_settings, write_live_t
 from exchanges import control, routing_store
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
-from exchanges.hash_ring import HashRing
+from exchanges.fence_def import check_fence_id
+from exchanges.hash_ring import MAX_MASTERS, HashRing
 from fence import store
 
 PAUSE_LEASE_S = 120.0  # x-ingress resumes by itself after this if the controller is gone
@@ -62,8 +68,8 @@ class WorkerError(StackError):
 
 @dataclass
 class Outcome:
-    action: str  # add | remove
-    worker: str
+    action: str  # add | remove | hot
+    worker: str  # (hot: the fence)
     weight: int = 1
     ring_before: int = 0
     ring_after: int = 0
@@ -73,16 +79,22 @@ class Outcome:
     paused_s: float = 0.0  # x-ingress not consuming
     blocked_s: float = 0.0  # fence changes waiting
     held_at_barrier: int = 0
+    masters: tuple[str, str] = ("", "")  # hot: the fences' masters before, after (described)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
+        laps = ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items())
+        took = (f"x-ingress paused {self.paused_s:.1f} s, fence changes blocked {self.blocked_s:.1f} s; "
+                f"{sum(self.seconds.values()):.1f} s ({laps})")
+        if self.action == "hot":
+            before, after = self.masters
+            return (f"SUMMARY worker hot {self.worker} OK: masters {before} -> {after}, ring "
+                    f"v{self.ring_before} -> v{self.ring_after}, {self.pairs_moved:,} objects inside "
+                    "handed over; " + took)
         share = self.moved / self.fences if self.fences else 0.0
         return (f"SUMMARY worker {self.action} {self.worker} OK: ring v{self.ring_before} -> "
                 f"v{self.ring_after}, {self.moved:,} of {self.fences:,} fences moved ({percent(share)}), "
-                f"{self.pairs_moved:,} objects inside them handed over; x-ingress paused "
-                f"{self.paused_s:.1f} s, fence changes blocked {self.blocked_s:.1f} s; "
-                f"{sum(self.seconds.values()):.1f} s ("
-                + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items()) + ")")
+                f"{self.pairs_moved:,} objects inside them handed over; " + took)
 
 
 # --------------------------------------------------------------------------- the pause
@@ -216,7 +228,7 @@ async def hand_over(settings: Settings, pw: Secrets, old: tuple[int, HashRing], 
             out.pairs_moved += int(e["pairs"])
         for w in new.nodes:
             for src, e in exports.items():
-                gains = any(new.node_for(f) == w for f in e["names"])
+                gains = any(w in new.masters(f) for f in e["names"])
                 if gains or (src == gates_from and w in joining):
                     await rpc(urls, w, control.IMPORT, {"ring": spec, "state": e["state"]})
                     taken.append(w)
@@ -293,7 +305,7 @@ async def add(settings: Settings, pw: Secrets, name: str, weight: int, say: Say)
         raise WorkerError("a worker's weight is a positive integer")
     if ring.weights.get(name) == weight:
         raise WorkerError(f"worker {name} is on the ring already (weight {weight})")
-    new = HashRing({**ring.weights, name: weight}, ring.vnodes_per_weight)  # (or a new weight)
+    new = ring.with_weights({**ring.weights, name: weight})  # (or a new weight)
     try:
         t.Topology(regions=settings.regions, workers=(*settings.workers, name)
                    if name not in settings.workers else settings.workers)
@@ -323,7 +335,7 @@ async def remove(settings: Settings, pw: Secrets, name: str, say: Say) -> Outcom
         if len(ring.nodes) == 1:
             raise WorkerError(f"{name} is the only worker")
         out.weight = ring.weights[name]
-        new = HashRing({w: k for w, k in ring.weights.items() if w != name}, ring.vnodes_per_weight)
+        new = ring.with_weights({w: k for w, k in ring.weights.items() if w != name})
         say(f"worker remove {name}: its {percent(ring.shares()[name])} of the fences go to "
             f"{', '.join(new.nodes)}")
         await hand_over(settings, pw, (version, ring), new, out, say)
@@ -350,4 +362,48 @@ async def remove(settings: Settings, pw: Secrets, name: str, say: Say) -> Outcom
         await asyncio.to_thread(rabbit.run_steps, steps, mgmt, tuple(rabbit.passwords(pw).values()), say)
     await asyncio.to_thread(rabbit.apply, settings, pw, say)
     clock.lap("topology")
+    return out
+
+
+def _masters(ring: HashRing, fence_ids: Sequence[str]) -> str:
+    if len(fence_ids) == 1:
+        m = ring.masters(fence_ids[0])
+        return f"{len(m)} ({', '.join(m)})"
+    counts = sorted({len(ring.masters(f)) for f in fence_ids})
+    return "/".join(map(str, counts))
+
+
+async def hot(settings: Settings, pw: Secrets, fence_ids: Sequence[str], masters: int, say: Say) -> Outcome:
+    """Give live fences `masters` masters each (1: one again), their objects handed over
+    live, in one handover."""
+    settings = live(settings)
+    if not fence_ids:
+        raise WorkerError("name the fence(s) to make hot")
+    shown = ", ".join(fence_ids[:3]) + (f" (+{len(fence_ids) - 3})" if len(fence_ids) > 3 else "")
+    out = Outcome("hot", shown)
+    for fence_id in fence_ids:
+        check_fence_id(fence_id)
+    if not 1 <= masters <= MAX_MASTERS:
+        raise WorkerError(f"--masters {masters}: between 1 and {MAX_MASTERS}")
+    version, ring, out.fences = await current_ring(settings, pw)
+    out.ring_before = out.ring_after = version
+    conn = await routing_store.connect(connection_settings(settings, pw)["postgres"]["dsn"])
+    try:
+        alive = {r["id"] for r in await conn.fetch("SELECT id FROM fence WHERE id = any($1::text[]) "
+                                                   "AND deleted_at IS NULL", list(fence_ids))}
+    finally:
+        await conn.close()
+    missing = [f for f in fence_ids if f not in alive]
+    if masters > 1 and missing:  # (one master again is allowed for a deleted fence)
+        raise WorkerError(f"no live fence {', '.join(map(repr, missing))}")
+    new = ring
+    for fence_id in fence_ids:
+        new = new.with_hot(fence_id, masters)
+    out.masters = (_masters(ring, fence_ids), _masters(new, fence_ids))
+    if new == ring:
+        raise WorkerError(f"{shown}: {masters} master{'s' if masters > 1 else ''} already")
+    if masters > len(ring.nodes):
+        say(f"{masters} masters asked, {len(ring.nodes)} workers: every worker is a master")
+    say(f"worker hot {shown}: masters {out.masters[0]} -> {out.masters[1]}")
+    await hand_over(settings, pw, (version, ring), new, out, say)
     return out

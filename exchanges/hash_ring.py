@@ -6,13 +6,22 @@ and weights) computes the same owner with no registry and no coordination, and a
 not exact: a node with `weight * vnodes` points owns an arc share whose relative spread is about
 1/sqrt(weight * vnodes) (~3% at the default 1000 points; 160, the classic figure, gives ~8%
 and up to +-13% per node with 3-5 nodes), and the ring knows nothing about load, so a hot
-key is handled by giving it N masters (`nodes_for`) rather than by moving it.
+key is handled by giving it N masters rather than by moving it.
+
+Hot keys (seed 001: "a hot fence can have N masters"): the ring also holds `hot`, key -> N.
+Such a key's masters are the first N distinct nodes clockwise from it (`masters`), and each
+of its members (an object of a hot fence) belongs to one of them: the first of the key's
+masters met walking clockwise from the member's own position (`owner`). That is consistent
+hashing again, over the masters: a master added or removed moves only the members on its
+arcs, and every process computes the same owner with no coordination. The hot keys are part
+of the ring (its equality, its stored form): changing N is a ring change, handed over as one.
 
 Conventions (part of the wire contract: changing them moves keys):
 - a position is the first 8 bytes, big-endian, of `blake2b(utf8(s), digest_size=8)`, on [0, 2**64);
 - node `n` gets points `f"{n}#{i}"` for i in range(weight * vnodes_per_weight);
 - a key belongs to the first point at or after its position, wrapping past 2**64 to the smallest point;
-  equal points are ordered by node name.
+  equal points are ordered by node name;
+- a member of a hot key belongs to the first of the key's masters in the member's own walk.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import numpy.typing as npt
 HASH_NAME = "blake2b-64"
 RING_SIZE = 1 << 64
 DEFAULT_VNODES_PER_WEIGHT = 1000
+MAX_MASTERS = 16
 
 
 def position(key: str) -> int:
@@ -53,10 +63,11 @@ def _check_weight(node: str, weight: object) -> int:
 class HashRing:
     """An immutable weighted consistent-hash ring; `with_node` / `without_node` return new rings."""
 
-    __slots__ = ("_names", "_owner_idx", "_owners", "_points", "_points_np", "_vnodes", "_weights")
+    __slots__ = ("_hot", "_names", "_owner_idx", "_owners", "_points", "_points_np", "_vnodes", "_weights")
 
     def __init__(
-        self, nodes: Mapping[str, int] | Iterable[str], vnodes_per_weight: int = DEFAULT_VNODES_PER_WEIGHT
+        self, nodes: Mapping[str, int] | Iterable[str], vnodes_per_weight: int = DEFAULT_VNODES_PER_WEIGHT,
+        hot: Mapping[str, int] | None = None,
     ) -> None:
         if isinstance(nodes, str):
             raise TypeError("nodes must be a mapping name -> weight or an iterable of names, not a str")
@@ -72,6 +83,14 @@ class HashRing:
             weights[name] = _check_weight(name, weight)
         self._weights = weights
         self._vnodes = vnodes_per_weight
+        self._hot: dict[str, int] = {}
+        for key, n in sorted((hot or {}).items()):
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"hot keys must be non-empty strings, got {key!r}")
+            if not _positive_int(n) or n > MAX_MASTERS:
+                raise ValueError(f"hot key {key!r}: masters must be an int in 1..{MAX_MASTERS}, got {n!r}")
+            if n > 1:  # one master is the default: not kept
+                self._hot[key] = n
         self._names = tuple(sorted(weights))
         ring = sorted(
             (position(f"{name}#{i}"), rank)
@@ -98,6 +117,11 @@ class HashRing:
     def vnodes_per_weight(self) -> int:
         return self._vnodes
 
+    @property
+    def hot(self) -> dict[str, int]:
+        """The keys with more than one master, and how many each has."""
+        return dict(self._hot)
+
     def __len__(self) -> int:
         return len(self._weights)
 
@@ -107,23 +131,32 @@ class HashRing:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, HashRing):
             return NotImplemented
-        return self._vnodes == other._vnodes and self._weights == other._weights
+        return self._vnodes == other._vnodes and self._weights == other._weights and self._hot == other._hot
 
     def __hash__(self) -> int:
-        return hash((self._vnodes, frozenset(self._weights.items())))
+        return hash((self._vnodes, frozenset(self._weights.items()), frozenset(self._hot.items())))
 
     def __repr__(self) -> str:
-        return f"HashRing({self._weights!r}, vnodes_per_weight={self._vnodes})"
+        hot = f", hot={self._hot!r}" if self._hot else ""
+        return f"HashRing({self._weights!r}, vnodes_per_weight={self._vnodes}{hot})"
 
     def with_node(self, name: str, weight: int = 1) -> HashRing:
         if name in self._weights:
             raise ValueError(f"duplicate node {name!r}: already on the ring")
-        return HashRing({**self._weights, name: _check_weight(name, weight)}, self._vnodes)
+        return HashRing({**self._weights, name: _check_weight(name, weight)}, self._vnodes, self._hot)
 
     def without_node(self, name: str) -> HashRing:
         if name not in self._weights:
             raise KeyError(f"node {name!r} is not on the ring (nodes: {sorted(self._weights)})")
-        return HashRing({n: w for n, w in self._weights.items() if n != name}, self._vnodes)
+        return HashRing({n: w for n, w in self._weights.items() if n != name}, self._vnodes, self._hot)
+
+    def with_weights(self, weights: Mapping[str, int]) -> HashRing:
+        """The same hot keys over other nodes (a node added, removed or re-weighted)."""
+        return HashRing(weights, self._vnodes, self._hot)
+
+    def with_hot(self, key: str, masters: int) -> HashRing:
+        """`key` with `masters` masters (1: an ordinary key again)."""
+        return HashRing(self._weights, self._vnodes, {**self._hot, key: masters})
 
     # -- lookups ----------------------------------------------------------------------------------------
 
@@ -158,6 +191,25 @@ class HashRing:
             raise ValueError(f"n must be >= 0, got {n}")
         return list(islice(self.iter_nodes(key), n))
 
+    def masters(self, key: str) -> list[str]:
+        """The masters of `key`: its node, or for a hot key its first N nodes clockwise."""
+        return self.nodes_for(key, self._hot.get(key, 1))
+
+    def owner(self, key: str, member: str) -> str:
+        """Which master of `key` holds `member` (an object of a hot fence): the first of the
+        key's masters in the member's own walk. For an ordinary key, its node."""
+        masters = self.masters(key)
+        if len(masters) == 1:
+            return masters[0]
+        return next(n for n in self.iter_nodes(member) if n in masters)
+
+    def owners(self, key: str, members: Sequence[str]) -> list[str]:
+        """`[self.owner(key, m) for m in members]`, the masters computed once."""
+        masters = self.masters(key)
+        if len(masters) == 1:
+            return masters * len(members)
+        return [next(n for n in self.iter_nodes(m) if n in masters) for m in members]
+
     def nodes_for_many(self, keys: Sequence[str]) -> list[str]:
         """`[self.node_for(k) for k in keys]`, hashing per key but searching the ring in one numpy call."""
         if not self._points:
@@ -184,7 +236,7 @@ class HashRing:
 
     def to_dict(self) -> dict[str, object]:
         shares = self.shares()
-        return {
+        out: dict[str, object] = {
             "hash": HASH_NAME,
             "vnodes_per_weight": self._vnodes,
             "points": len(self._points),
@@ -193,6 +245,9 @@ class HashRing:
                 for name, weight in self._weights.items()
             },
         }
+        if self._hot:
+            out["hot"] = dict(self._hot)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> HashRing:
@@ -207,4 +262,7 @@ class HashRing:
             if not isinstance(entry, Mapping) or "weight" not in entry:
                 raise ValueError(f"ring dict: node {name!r} needs a 'weight'")
             weights[name] = entry["weight"]
-        return cls(weights, vnodes)
+        hot = data.get("hot", {})
+        if not isinstance(hot, Mapping):
+            raise ValueError("ring dict: 'hot' must map keys to their number of masters")
+        return cls(weights, vnodes, hot)

@@ -263,8 +263,9 @@ class MapFeed:
             for w in self.manager.workers:
                 tg.create_task(one(w))
         merged: dict[str, int] = {}
-        for counts in self._worker_counts.values():
-            merged.update(counts)
+        for counts in self._worker_counts.values():  # a hot fence's masters each count theirs
+            for f, k in counts.items():
+                merged[f] = merged.get(f, 0) + k
         self.view.set_counts(merged)
 
     def _bad(self, what: str, exc: Exception) -> None:

@@ -164,15 +164,19 @@ class FenceService:
         return out
 
     async def objects(self, caller: Caller, fence_id: str) -> dict[str, Any]:
-        """Who is inside, live from the fence's x-fence worker."""
+        """Who is inside, live from the fence's x-fence worker (every master of a hot fence,
+        each holding its own objects)."""
         async with self.manager.pool.acquire() as conn:
             record = await self._owned(conn, caller, fence_id)
-        worker = self.manager.ring.node_for(fence_id)
-        answer = await self._ask(worker, {"fence_id": fence_id})
-        live = answer.get("fence")
-        occupants = [] if live is None else live["occupants"]
-        return {"fence_id": fence_id, "version": record.fence.version, "worker": worker,
-                "worker_version": None if live is None else live["version"], "objects": occupants}
+        masters = self.manager.ring.masters(fence_id)
+        lives = [(await self._ask(w, {"fence_id": fence_id})).get("fence") for w in masters]
+        occupants = sorted((o for live in lives if live is not None for o in live["occupants"]),
+                           key=lambda o: str(o["object_id"]))
+        versions = [live["version"] for live in lives if live is not None]
+        return {"fence_id": fence_id, "version": record.fence.version, "worker": masters[0],
+                "workers": masters,
+                "worker_version": min(versions) if len(versions) == len(masters) else None,
+                "objects": occupants}
 
     async def object_fences(self, caller: Caller, object_id: str) -> dict[str, Any]:
         """The caller's fences the object is in, live from every x-fence worker."""

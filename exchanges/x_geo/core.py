@@ -35,12 +35,20 @@ came from (notice ts >= gate), so the positions of one object reach its fences i
 even though each region's stream to a worker is ordered only within itself; the notice
 itself is gated on its own region's entry, which chains the regions an object went through.
 x-geo passes gates on: they are x-ingress's memory, so a restarted x-geo loses none.
+
+A hot fence (the ring's `hot`: N masters, exchanges/hash_ring.py) is judged by N workers,
+each for its own objects: a candidate of such a fence goes to the master that owns the
+object (the first of the fence's masters in the object's walk of the ring; each object's
+walk is cached here as worker numbers, computed once per ring). Everything per fence that
+went to its worker goes to each master instead: the definition (with the re-check rows of
+that master's objects) and the delete. An object's memory of where it was routed works as
+for any fence, since an object always goes to the same master of a fence.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,6 +72,10 @@ def region_code(region: str) -> int:
 
 class Ring(Protocol):
     def node_for(self, key: str) -> str: ...
+
+    def masters(self, key: str) -> list[str]: ...
+
+    def iter_nodes(self, key: str) -> Iterator[str]: ...
 
 
 def dense_numbers(values: npt.NDArray[np.int32], bound: int) -> tuple[npt.NDArray[np.int64],
@@ -123,7 +135,8 @@ class XGeo:
     def create(self) -> None:
         self._index = RangeIndex()
         self._versions: dict[str, int] = {}  # bound fences, and the last version of removed ones
-        self._worker_of_slot = np.zeros(0, dtype=np.int64)
+        self._worker_of_slot = np.zeros(0, dtype=np.int64)  # the fence's (first) master
+        self._masters_of_slot = np.zeros(0, dtype=np.int64)  # a hot fence's masters (bits), else 0
         self._version_of_slot = np.zeros(0, dtype=np.int64)
         self.forget_objects()
 
@@ -141,6 +154,12 @@ class XGeo:
         self._lh = np.zeros(0, np.uint64)
         self._lgate = np.zeros(0, np.float64)
         self._present = np.zeros(0, bool)
+        self.forget_walks()
+
+    def forget_walks(self) -> None:
+        """The objects' walks of the ring (worker numbers, in the order each object's walk
+        meets them; -1 unknown): computed when an object first meets a hot fence."""
+        self._walk = np.full((0, len(self.workers)), -1, np.int8)
 
     def delete(self) -> None:
         self.create()
@@ -160,9 +179,36 @@ class XGeo:
         self._index.add(binding.fence_id, binding.ranges, binding.interior)
         slot = self._index.slot_of(binding.fence_id)
         self._worker_of_slot = grow(self._worker_of_slot, slot + 1, 0)
+        self._masters_of_slot = grow(self._masters_of_slot, slot + 1, 0)
         self._version_of_slot = grow(self._version_of_slot, slot + 1, 0)
-        self._worker_of_slot[slot] = self._worker_index[self._ring.node_for(binding.fence_id)]
+        self._place(slot, binding.fence_id)
         self._version_of_slot[slot] = binding.version
+
+    def _place(self, slot: int, fence_id: str) -> None:
+        """The fence's master(s), as the ring in force has them."""
+        masters = [self._worker_index[w] for w in self._ring.masters(fence_id)]
+        self._worker_of_slot[slot] = masters[0]
+        self._masters_of_slot[slot] = sum(1 << i for i in masters) if len(masters) > 1 else 0
+
+    def masters_of(self, fence_id: str) -> list[str]:
+        """The worker(s) a fence's candidates go to (more than one: a hot fence)."""
+        return list(self._ring.masters(fence_id))
+
+    def _owners(self, codes: npt.NDArray[np.int64], masks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Per (object code, masters bits): the worker number of the master owning the object
+        (the first of the masters in its walk)."""
+        n = len(self._objects)
+        if self._walk.shape[0] < n:
+            self._walk = np.vstack([self._walk, np.full((n - self._walk.shape[0], len(self.workers)), -1,
+                                                        np.int8)])
+        todo = np.unique(codes[self._walk[codes, 0] < 0])
+        ids, index = self._objects.ids, self._worker_index
+        for c in todo.tolist():
+            self._walk[c] = [index[w] for w in self._ring.iter_nodes(ids[c])]
+        walk = self._walk[codes].astype(np.int64)
+        first = np.argmax((masks[:, None] >> walk) & 1, axis=1)
+        out: npt.NDArray[np.int64] = walk[np.arange(codes.size), first]
+        return out
 
     def remove_bindings(self, bindings: Iterable[tuple[str, int]]) -> None:
         """Unbind (fence_id, version) pairs; idempotent, and a stale version is ignored."""
@@ -173,33 +219,37 @@ class XGeo:
             self._versions[fence_id] = version
             self._index.remove(fence_id, missing_ok=True)
 
-    def change(self, fence_id: str, version: int, binding: FenceBinding | None) -> WorkerBatch | None:
+    def change(self, fence_id: str, version: int,
+               binding: FenceBinding | None) -> dict[str, WorkerBatch] | None:
         """Apply a change of one fence (`binding`: its ranges here at `version`; None: it no
-        longer touches this region) and return the re-check rows for its worker: the latest
+        longer touches this region) and return, per master of the fence (one, unless it is
+        hot), the re-check rows for that worker: the latest
         position of every object here that is in the fence's old or new ranges (the worker
         judges their age: it enters none seen more than the fence's timeout before the change,
         and times out those it has inside). The batch goes to the worker with the definition
         even when empty (the worker counts the regions through which a change reached it).
         This version applied already (a redelivery, or the bindings recovered from the store
         since): no rows. None: an older version than the one applied (stale: not forwarded).
-        The rows' objects are marked as routed to that worker, so their next position goes
-        there even from outside the fence (the LEAVE is immediate)."""
+        The rows' objects are marked as routed to their worker, so their next position goes
+        there even from outside the fence (the LEAVE is immediate). A hot fence's rows are
+        split by the master owning each object; every master gets a batch."""
         if binding is not None and (binding.fence_id != fence_id or binding.version != version):
             raise ValueError(f"binding {binding.fence_id} v{binding.version} given for {fence_id} v{version}")
         known = self._versions.get(fence_id)
         if known is not None and version < known:
             return None
-        worker = self._ring.node_for(fence_id)
+        masters = self.masters_of(fence_id)
         nothing = np.empty(0, np.int64)
+        none = {w: self._rechecks(w, fence_id, version, nothing, nothing, np.empty(0, bool)) for w in masters}
         if known == version:
-            return self._rechecks(worker, fence_id, version, nothing, nothing, np.empty(0, bool))
+            return none
         old = self.binding(fence_id)
         if binding is None:
             self.remove_bindings([(fence_id, version)])
         else:
             self.add_binding(binding)
         if old is None and binding is None:
-            return self._rechecks(worker, fence_id, version, nothing, nothing, np.empty(0, bool))
+            return none
         n = len(self._objects)
         here = np.flatnonzero(self._present[:n])
         h = self._lh[here]
@@ -208,9 +258,19 @@ class XGeo:
         pick |= row >= 0
         objs, row = here[pick], row[pick]
         self._last_mask = grow(self._last_mask, n, self._all if self.announce_unknown else 0)
-        self._last_mask[objs] |= 1 << self._worker_index[worker]
-        interior = binding.interior[row[row >= 0]] if binding is not None else np.empty(0, bool)
-        return self._rechecks(worker, fence_id, version, objs, row, np.asarray(interior, bool))
+        number = [self._worker_index[w] for w in masters]
+        if len(masters) == 1:
+            owner = np.full(objs.size, number[0], np.int64)
+        else:
+            owner = self._owners(objs, np.full(objs.size, sum(1 << i for i in number), np.int64))
+        self._last_mask[objs] |= np.left_shift(np.int64(1), owner)
+        out = {}
+        for w, i in zip(masters, number, strict=True):
+            mine = owner == i
+            r = row[mine]
+            interior = binding.interior[r[r >= 0]] if binding is not None else np.empty(0, bool)
+            out[w] = self._rechecks(w, fence_id, version, objs[mine], r, np.asarray(interior, bool))
+        return out
 
     def set_ring(self, workers: Sequence[str], ring: Ring) -> dict[str, int]:
         """Route with a new worker membership (`geofence worker add / remove`, once the moved
@@ -222,16 +282,24 @@ class XGeo:
             raise ValueError(f"1..{MAX_WORKERS} distinct workers, got {list(workers)}")
         old_workers, index = self.workers, {w: i for i, w in enumerate(workers)}
         gained: dict[str, int] = {}
-        losers: set[int] = set()  # old bits of workers that lost fences
+        losers: set[int] = set()  # old bits of workers that lost fences (or a hot fence's objects)
         gainers_mask = 0
         for fence_id in self.fences():
             slot = self._index.slot_of(fence_id)
-            before, after = old_workers[int(self._worker_of_slot[slot])], ring.node_for(fence_id)
-            self._worker_of_slot[slot] = index[after]
-            if before != after:
-                gained[after] = gained.get(after, 0) + 1
-                losers.add(self._worker_index[before])
-                gainers_mask |= 1 << index[after]
+            bits = int(self._masters_of_slot[slot]) or 1 << int(self._worker_of_slot[slot])
+            before = [w for i, w in enumerate(old_workers) if bits >> i & 1]
+            after = list(ring.masters(fence_id))
+            self._worker_of_slot[slot] = index[after[0]]
+            self._masters_of_slot[slot] = sum(1 << index[w] for w in after) if len(after) > 1 else 0
+            if set(before) == set(after) and (len(after) == 1 or ring == self._ring):
+                continue
+            # a hot fence whose ring changed: any master may have given objects to any other
+            # (the objects' walks change with the ring), so every old master counts as a loser
+            for w in after:
+                if w not in before or len(after) > 1:
+                    gained[w] = gained.get(w, 0) + 1
+                gainers_mask |= 1 << index[w]
+            losers.update(self._worker_index[w] for w in before)
         n = len(self._objects)
         old_masks = self._last_mask[:n].copy()
         masks = np.zeros(n, np.int64)
@@ -244,6 +312,7 @@ class XGeo:
         self._last_mask = masks
         self.workers, self._worker_index, self._ring = list(workers), index, ring
         self._all = (1 << len(workers)) - 1
+        self.forget_walks()
         return gained
 
     def rebind(self, fence_id: str, version: int, binding: FenceBinding | None) -> bool:
@@ -367,6 +436,10 @@ class XGeo:
         if notice is not None:  # a notice's position is in another region: no candidates here
             m = m.take(np.flatnonzero(~notice[m.point]))
         w_of_match = self._worker_of_slot[m.slot]
+        hot = self._masters_of_slot[m.slot]
+        if hot.any():  # a hot fence's candidates: to the master owning each object
+            k = np.flatnonzero(hot)
+            w_of_match[k] = self._owners(codes[m.point[k]], hot[k])
         now = worker_sets(m.point, w_of_match, n)
         self._last_mask = grow(self._last_mask, len(self._objects), self._all if self.announce_unknown else 0)
         targets = now | carry(codes, now, self._last_mask)  # a notice's `now` is 0: forgotten
@@ -435,7 +508,12 @@ class XGeo:
         return self._index.fences()
 
     def worker_of(self, fence_id: str) -> str:
-        return self.workers[int(self._worker_of_slot[self._index.slot_of(fence_id)])]
+        """The worker of a bound fence; a hot fence's masters joined with "+"."""
+        slot = self._index.slot_of(fence_id)
+        bits = int(self._masters_of_slot[slot])
+        if bits:
+            return "+".join(w for i, w in enumerate(self.workers) if bits >> i & 1)
+        return self.workers[int(self._worker_of_slot[slot])]
 
     def objects(self) -> dict[str, list[str]]:
         """Objects currently routed to some worker, and to which."""

@@ -176,8 +176,8 @@ class GeoSidecar:
             log.info("fence %s v%d dropped", change.fence_id, change.version)
             if not was_bound:
                 return []
-            worker = self.ring.node_for(change.fence_id)
-            return [shell.Out(self.fence_in, worker, control.drop_message(change), CONTENT_TYPE)]
+            return [shell.Out(self.fence_in, worker, control.drop_message(change), CONTENT_TYPE)
+                    for worker in self.core.masters_of(change.fence_id)]
         fid, version = change.fence.fence_id, change.fence.version
         known = self.core.known_version(fid)
         if known is not None and version < known:
@@ -192,16 +192,17 @@ class GeoSidecar:
                      len(change.ranges) if change.ranges is not None else 0)
         # the fence's worker hears of every change through every region it was sent to, with
         # the latest positions here to decide who is inside (XGeo.change)
-        recheck = self.core.change(fid, version, binding)
-        if recheck is None:
+        rechecks = self.core.change(fid, version, binding)
+        if rechecks is None:
             return []
-        log.info("fence %s v%d %s; %d objects re-checked", fid, version,
+        n = sum(len(r.positions) for r in rechecks.values())
+        log.info("fence %s v%d %s; %d objects re-checked%s", fid, version,
                  "applied already" if known == version else
-                 "unbound here" if binding is None else f"bound: {len(binding.ranges)} ranges",
-                 len(recheck.positions))
-        self.counters.bump("rechecks", len(recheck.positions))
-        body = control.define_for_worker(change, recheck, self.region)
-        return [shell.Out(self.fence_in, recheck.worker, body, CONTENT_TYPE)]
+                 "unbound here" if binding is None else f"bound: {len(binding.ranges)} ranges", n,
+                 f" by {len(rechecks)} masters" if len(rechecks) > 1 else "")
+        self.counters.bump("rechecks", n)
+        return [shell.Out(self.fence_in, worker, control.define_for_worker(change, recheck, self.region),
+                          CONTENT_TYPE) for worker, recheck in rechecks.items()]
 
     async def rebound(self, change: control.Define) -> FenceBinding | None:
         """The new binding from a rebind's diff, or from the store when the diff does not fit

@@ -46,9 +46,9 @@ a redelivered event by its id).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -134,6 +134,14 @@ def _pair_order(group: I64, fence: I64, seq: I64, n_sorted: int, n_groups: int, 
     order = np.r_[np.arange(n_sorted), np.argsort(key[n_sorted:]) + n_sorted]
     merged: I64 = order[np.argsort(key[order], kind="stable")]
     return merged
+
+
+class Placement(Protocol):
+    """Where fences and their objects belong (exchanges.hash_ring.HashRing)."""
+
+    def masters(self, key: str) -> list[str]: ...
+
+    def owners(self, key: str, members: Sequence[str]) -> list[str]: ...
 
 
 def _name_rank(codes: I64, names: list[str]) -> I64:
@@ -707,16 +715,37 @@ class XFence:
         self._dirty_objs.append(objs[due])
         return held + events
 
-    # -- handover (`geofence worker add / remove`) -----------------------------------------
+    # -- handover (`geofence worker add / remove / hot`) -----------------------------------
 
-    def export(self, keep: Callable[[str], bool], gates: bool = True) -> dict[str, Any]:
-        """The state of the fences `keep` refuses (a new ring gives them to other workers), as
-        plain data: their definitions (with a change in transition), who is inside since
-        when, and those objects' rows (last position, handover time). Changes nothing: the
-        fences stay here until `forget` (the handover is abandoned, they go on here).
-        `gates`: with every object's handover time (a worker that joins needs them once)."""
-        codes = sorted(c for name, c in self._fence_code.items() if not keep(name))
-        sel = np.isin((self._keys & _LOW).astype(np.int64), codes)
+    def _given(self, ring: Placement) -> tuple[list[int], npt.NDArray[np.bool_]]:
+        """Under `ring`: the fences defined here that go to other workers whole (this worker
+        is not among their masters) or in part (hot fences: their definition goes along, as a
+        master that joins needs it), and the inside pairs whose new owner is another worker."""
+        codes: list[int] = []
+        given = np.zeros(self._keys.size, bool)
+        pair_fence = (self._keys & _LOW).astype(np.int64)
+        for name, code in self._fence_code.items():
+            masters = ring.masters(name)
+            if self.worker not in masters:
+                codes.append(code)
+                given |= pair_fence == code
+            elif len(masters) > 1:
+                codes.append(code)
+                at = np.flatnonzero(pair_fence == code)
+                if at.size:
+                    ids, objs = self._objects.ids, (self._keys[at] >> _SHIFT).astype(np.int64)
+                    owners = ring.owners(name, [ids[o] for o in objs.tolist()])
+                    given[at] = np.array([w != self.worker for w in owners], bool)
+        return sorted(codes), given
+
+    def export(self, ring: Placement, gates: bool = True) -> dict[str, Any]:
+        """What `ring` (the new one) gives to other workers, as plain data: the definitions of
+        the fences that leave this worker or are hot (with a change in transition), the inside
+        pairs whose owner changes (who is inside since when), and those objects' rows (last
+        position, handover time). Changes nothing: the state stays here until `forget` (the
+        handover is abandoned, it goes on here). `gates`: with every object's handover time
+        (a worker that joins needs them once)."""
+        codes, sel = self._given(ring)
         objs, p_obj = np.unique((self._keys[sel] >> _SHIFT).astype(np.int64), return_inverse=True)
         at = {c: i for i, c in enumerate(codes)}
         p_fence = np.array([at[int(c)] for c in (self._keys[sel] & _LOW).astype(np.int64)], np.int64)
@@ -725,6 +754,9 @@ class XFence:
             "format": codec.FORMAT, "from": self.worker,
             "fences": [[self._fence_names[c], self._stored(c)] for c in codes],
             "versions": {self._fence_names[c]: self._versions[self._fence_names[c]] for c in codes},
+            # fences given away whole (the others are hot: only some of their objects move)
+            "whole": [self._fence_names[c] for c in codes
+                      if self.worker not in ring.masters(self._fence_names[c])],
             "ids": [self._objects.ids[o] for o in objs.tolist()],
             **{name: codec.pack_array(getattr(self, f"_{name}")[objs], "<f8") for name in codec.ROWS},
             "pair_object": codec.pack_array(p_obj.astype(np.int64), "<i8"),
@@ -736,11 +768,12 @@ class XFence:
             "gate_ts": codec.pack_array(self._ho_ts[gated], "<f8"),
         }
 
-    def take(self, data: dict[str, Any], mine: Callable[[str], bool]) -> int:
-        """Install, of what another worker's `export` gave, the fences `mine` accepts (the
-        new ring's share of this worker); the same state again changes nothing. Each object
-        keeps the newer of its two rows (positions it was sent here, or there). Returns the
-        number of fences taken."""
+    def take(self, data: dict[str, Any], ring: Placement) -> int:
+        """Install, of what another worker's `export` gave, this worker's share under `ring`
+        (the new one): the fences it is a master of that it does not have at that version, and
+        the inside pairs it owns; the same state again changes nothing. Each object keeps the
+        newer of its two rows (positions it was sent here, or there). Returns the number of
+        inside pairs taken."""
         if data.get("format") != codec.FORMAT:
             raise ValueError(f"x-fence handover format {data.get('format')!r}, "
                              f"this code reads {codec.FORMAT}")
@@ -752,59 +785,73 @@ class XFence:
             gated = self._codes(gate_ids)
             self._ho_ts[gated] = np.maximum(self._ho_ts[gated], gate_ts)
             self._dirty_objs.append(gated)
-        wanted = [i for i, (name, _) in enumerate(data["fences"]) if mine(str(name))]
         p_obj = codec.unpack_array(data["pair_object"], "<i8", np.int64)
         p_fence = codec.unpack_array(data["pair_fence"], "<i8", np.int64)
         since = codec.unpack_array(data["since"], "<f8", np.float64)
         if not (p_obj.size == p_fence.size == since.size):
             raise ValueError("x-fence handover: the pairs' columns differ in length")
-        pick = np.isin(p_fence, wanted)
-        used = np.unique(p_obj[pick])
-        ids = [str(data["ids"][i]) for i in used.tolist()]
-        objs = self._codes(ids) if ids else np.empty(0, np.int64)
+        if p_fence.size and not (p_fence.min() >= 0 and p_fence.max() < len(data["fences"])
+                                 and p_obj.min() >= 0 and p_obj.max() < len(data["ids"])):
+            raise ValueError("x-fence handover: a pair names no exported fence or object")
         theirs = {name: codec.unpack_array(data[name], "<f8", np.float64) for name in codec.ROWS}
         if any(v.size != len(data["ids"]) for v in theirs.values()):
             raise ValueError("x-fence handover: object rows do not match the ids")
+        codes = np.full(len(data["fences"]), -1, np.int64)
+        pick = np.zeros(p_obj.size, bool)
+        replaced: list[int] = []  # fences new here: any pair of theirs here is a former take's
+        for i, (name, stored) in enumerate(data["fences"]):
+            name = str(name)
+            if self.worker not in ring.masters(name):
+                continue
+            version = int(data["versions"][name])
+            code = self._fence_code.get(name)
+            if code is None or self._version_of[code] < version:
+                if code is None:
+                    code = self._new_slot(name)
+                    replaced.append(code)
+                self._put_stored(code, codec.unpack_fence(stored))
+                self._fence_code[name] = code
+                self._dirty_fences.add(code)
+            elif self._version_of[code] > version:
+                continue  # (a newer change reached this worker: never so after a drain)
+            self._versions[name] = max(self._versions.get(name, 0), version)
+            codes[i] = code
+            at = np.flatnonzero(p_fence == i)
+            if at.size:
+                owners = ring.owners(name, [str(data["ids"][o]) for o in p_obj[at].tolist()])
+                pick[at] = np.array([w == self.worker for w in owners], bool)
+        used = np.unique(p_obj[pick])
+        ids = [str(data["ids"][i]) for i in used.tolist()]
+        objs = self._codes(ids) if ids else np.empty(0, np.int64)
         theirs = {name: v[used] for name, v in theirs.items()}
         newer = theirs["last_ts"] > self._last_ts[objs]
         for name in ("last_ts", "last_lon", "last_lat"):
             getattr(self, f"_{name}")[objs[newer]] = theirs[name][newer]
         self._ho_ts[objs] = np.maximum(self._ho_ts[objs], theirs["ho_ts"])
-        codes = np.full(len(data["fences"]), -1, np.int64)
-        for i in wanted:
-            name, stored = data["fences"][i]
-            code = self._fence_code.get(name)
-            if code is None:
-                code = self._new_slot(name)
-            self._put_stored(code, codec.unpack_fence(stored))
-            self._fence_code[name] = code
-            self._versions[name] = max(self._versions.get(name, 0), int(data["versions"][name]))
-            self._dirty_fences.add(code)
-            codes[i] = code
-        fence_codes = codes[wanted]
         local = np.searchsorted(used, p_obj[pick])  # each pair's object among `used`
         keys = (objs[local].astype(np.uint64) << _SHIFT) | codes[p_fence[pick]].astype(np.uint64)
         since = since[pick]
-        stale = np.isin((self._keys & _LOW).astype(np.int64), fence_codes)  # taken again: replaced
+        stale = np.isin((self._keys & _LOW).astype(np.int64), replaced) | np.isin(self._keys, keys)
         order = np.argsort(keys, kind="stable")
         self._merge_pairs(self._keys[~stale], self._since[~stale], keys[order], since[order])
         self._dirty_objs.append(objs)
-        return len(wanted)
+        return int(keys.size)
 
-    def forget(self, keep: Callable[[str], bool]) -> int:
-        """Let go of the fences `keep` refuses, with no event (their new worker has their
-        state and decides from now on). Returns how many."""
-        codes = [c for name, c in self._fence_code.items() if not keep(name)]
-        if not codes:
+    def forget(self, ring: Placement) -> int:
+        """Let go, with no event, of what `ring` gives to other workers (their new owners
+        have the state and decide from now on): the fences this worker is no master of, and
+        a hot fence's objects another master owns. Returns how many fences went whole."""
+        codes, given = self._given(ring)
+        whole = [c for c in codes if self.worker not in ring.masters(self._fence_names[c])]
+        if not given.any() and not whole:
             return 0
-        mask = np.isin((self._keys & _LOW).astype(np.int64), codes)
-        self._dirty_objs.append((self._keys[mask] >> _SHIFT).astype(np.int64))
-        self._keys, self._since = self._keys[~mask], self._since[~mask]
-        for code in codes:
+        self._dirty_objs.append((self._keys[given] >> _SHIFT).astype(np.int64))
+        self._keys, self._since = self._keys[~given], self._since[~given]
+        for code in whole:
             del self._fence_code[self._fence_names[code]]
             self._clear_slot(code)
             self._dirty_fences.add(code)
-        return len(codes)
+        return len(whole)
 
     # -- state for `geofence inspect fence` -------------------------------------------------
 

@@ -134,7 +134,7 @@ class FenceSidecar:
         if records is None or ring is None:
             return False
         self.ring_version, self.ring = ring
-        mine = [r for r in records if self.ring.node_for(r.fence.fence_id) == self.worker]
+        mine = [r for r in records if self.worker in self.ring.masters(r.fence.fence_id)]
         events: list[Event] = []
         for r in mine:  # version-guarded: what the state has already is a no-op
             events += self.core.define(r.fence, r.updated_at.timestamp())
@@ -400,32 +400,32 @@ class FenceSidecar:
         await shell.publish_all(outs, self.counters)
 
     async def hand_over(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """`geofence worker add / remove` (deploy/worker_ops.py), with x-ingress paused and the
-        pipeline drained: EXPORT the state of the fences the ring given gives to others (a
-        copy, base64 msgpack), IMPORT this worker's share of another's export, FORGET what
+        """`geofence worker add / remove / hot` (deploy/worker_ops.py), with x-ingress paused and
+        the pipeline drained: EXPORT the state the ring given gives to others (fences, or a hot
+        fence's objects; a copy, base64 msgpack), IMPORT this worker's share of another's export, FORGET what
         the ring gives to others once it is in force; IMPORT and FORGET are journaled before
         the answer. A bad request is answered with its error (the controller is waiting)."""
         try:
             ring = HashRing.from_dict(msg["ring"])
-            mine = ring.node_for
             async with self.lock:
                 if msg["kind"] == control.EXPORT:
-                    data = self.core.export(lambda f: mine(f) == self.worker, bool(msg.get("gates", True)))
-                    return {"worker": self.worker, "fences": len(data["fences"]),
+                    data = self.core.export(ring, bool(msg.get("gates", True)))
+                    return {"worker": self.worker, "fences": len(data["whole"]),
                             "names": [name for name, _ in data["fences"]], "gates": len(data["gate_ids"]),
                             "pairs": len(data["since"]) // 8,
                             "state": base64.b64encode(journal_pack(data)).decode()}
                 self.unpersisted = True
                 if msg["kind"] == control.IMPORT:
                     data = journal_unpack(base64.b64decode(msg["state"]))
-                    n = self.core.take(data, lambda f: mine(f) == self.worker)
+                    n = self.core.take(data, ring)
                 else:
-                    n = self.core.forget(lambda f: mine(f) == self.worker)
+                    n = self.core.forget(ring)
                     self.ring, self.ring_version = ring, int(msg.get("version", self.ring_version))
                 await self.persist()
-            log.info("handover (%s): %d fences %s", msg["kind"], n,
-                     "taken" if msg["kind"] == control.IMPORT else "let go")
-            return {"worker": self.worker, "fences": n, "stats": self.core.stats()}
+            log.info("handover (%s): %d %s", msg["kind"], n,
+                     "inside pairs taken" if msg["kind"] == control.IMPORT else "fences let go")
+            return {"worker": self.worker, "fences" if msg["kind"] == control.FORGET else "pairs": n,
+                    "stats": self.core.stats()}
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             log.error("handover request refused: %s: %s", type(exc).__name__, exc)
             return {"worker": self.worker, "error": f"{type(exc).__name__}: {exc}"}

@@ -4,11 +4,17 @@ added with weight 2 (`geofence worker add w-live --weight 2`: the ring moves its
 fences, whose state is handed over while x-ingress is paused and the pipeline drained) and
 later removed again (its fences handed back). The deduped events must be exactly the ground
 truth: no second ENTER, no LEAVE lost, for the objects inside a moved fence too.
+
+Hot fences the same way: the run's busiest fences given two masters each (`geofence worker
+hot ... --masters 2`: each fence's objects spread over two workers, each master's share of who
+is inside handed to it), a worker added while they are hot (some of their objects move to
+it), the fences back to one master, the worker removed; all while the stream flows.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import pytest
 
@@ -63,3 +69,57 @@ async def test_worker_added_and_removed_live(fault_stack: Stack, workload: Workl
     assert added.ring_after == added.ring_before + 1 and removed.ring_after == added.ring_after + 1
     _, final, _ = await worker_ops.current_ring(stack.settings, stack.pw)
     assert final.weights == ring.weights
+
+
+HOT = 5  # the run's busiest fences made hot
+
+
+async def test_hot_fences_live(fault_stack: Stack, workload: Workload, fault_seed: int) -> None:
+    stack = fault_stack
+    _, ring, _ = await worker_ops.current_ring(stack.settings, stack.pw)
+    assert NEW not in ring.nodes and not ring.hot, f"the ring is not the stack's default: {ring}"
+    run = FaultRun(stack, workload, f"{HOT} busiest fences hot (2 masters), worker {NEW} added, fences "
+                   "back to 1 master, worker removed, live", fault_seed + 5, RATE)
+    busiest = [f for f, _ in Counter(e[1] for e in run.reference).most_common(HOT)]
+    outcomes: list[worker_ops.Outcome] = []
+
+    def log(line: str) -> None:
+        say(f"{run.title}: {line}")
+
+    async def op(coro: object) -> str:
+        outcome = await coro  # type: ignore[misc]
+        assert isinstance(outcome, worker_ops.Outcome)
+        outcomes.append(outcome)
+        return outcome.line()
+
+    async def inject(run: FaultRun) -> None:
+        hot_at, add_at, cool_at, remove_at = run.moments(4, 0.08, 0.7)
+        await run.reach(hot_at)
+        await run.scale(f"{HOT} fences hot", lambda: op(
+            worker_ops.hot(stack.settings, stack.pw, busiest, 2, log)))
+        await run.reach(add_at)
+        await run.scale(f"worker add {NEW} (fences hot)", lambda: op(
+            worker_ops.add(stack.settings, stack.pw, NEW, 1, log)))
+        await run.reach(cool_at)
+        await run.scale(f"{HOT} fences back to 1 master", lambda: op(
+            worker_ops.hot(stack.settings, stack.pw, busiest, 1, log)))
+        await run.reach(remove_at)
+        await run.scale(f"worker remove {NEW}", lambda: op(
+            worker_ops.remove(stack.settings, stack.pw, NEW, log)))
+
+    try:
+        out = await execute(run, inject)
+    finally:  # a run that broke off leaves the ring as it found it
+        _, now, _ = await worker_ops.current_ring(stack.settings, stack.pw)
+        with contextlib.suppress(Exception):
+            if now.hot:
+                await worker_ops.hot(stack.settings, stack.pw, list(now.hot), 1, log)
+            if NEW in now.nodes:
+                await worker_ops.remove(stack.settings, stack.pw, NEW, log)
+    assert not out.problems, failure_message(out)
+    heated, added, cooled, _ = outcomes
+    # objects inside the hot fences were spread over their masters and gathered again
+    assert heated.pairs_moved > 0 and cooled.pairs_moved > 0, outcomes
+    assert added.moved > 0, outcomes
+    _, final, _ = await worker_ops.current_ring(stack.settings, stack.pw)
+    assert final == ring

@@ -9,6 +9,7 @@ from shapely.geometry import box
 from exchanges import contract
 from exchanges.batch import PositionBatch
 from exchanges.fence_def import FenceDef
+from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding, XGeo
@@ -17,9 +18,9 @@ from fence.x_fence.events import Event
 from ingress.core import Routed, XIngress
 
 
-class OneWorker:
-    def node_for(self, key: str) -> str:
-        return "w0"
+class OneWorker(HashRing):
+    def __init__(self) -> None:
+        super().__init__(["w0"])
 
 
 def positions(*hs: int) -> PositionBatch:

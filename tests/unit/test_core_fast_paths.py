@@ -14,6 +14,7 @@ from shapely.geometry import MultiPolygon, Polygon, box
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.fence_def import FenceDef
+from exchanges.hash_ring import HashRing
 from exchanges.object_codes import carry, distinct
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import FenceBinding, XGeo, dense_numbers
@@ -23,9 +24,9 @@ from fence.x_fence.shapes import polygon_edges
 from hilbert_c import kernel
 
 
-class OneWorker:
-    def node_for(self, key: str) -> str:
-        return "w0"
+class OneWorker(HashRing):
+    def __init__(self) -> None:
+        super().__init__(["w0"])
 
 
 FENCES = {
@@ -58,9 +59,9 @@ def change(geo: XGeo, fence: XFence, fid: str, version: int, geom: shapely.Geome
     """A fence change as the pipeline makes it: x-geo binds and gives its re-check rows,
     which follow the definition to the worker."""
     cov = hk.cover(geom, 21).to_bits(INDEX_BITS)
-    recheck = geo.change(fid, version, FenceBinding(fid, version, cov.ranges, cov.interior))
+    rechecks = geo.change(fid, version, FenceBinding(fid, version, cov.ranges, cov.interior))
     events = fence.define(FenceDef(fid, version, geom, timeout), ts)
-    return events + (fence.route(recheck) if recheck is not None else [])
+    return events + (fence.route(rechecks[fence.worker]) if rechecks is not None else [])
 
 
 def feed(geo: XGeo, fence: XFence, points: list[tuple[str, float, float, float]]) -> list[tuple]:  # type: ignore[type-arg]

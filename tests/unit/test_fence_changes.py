@@ -74,9 +74,10 @@ class Sim:
 
     worldmap: Worldmap
     workers: list[str] = field(default_factory=lambda: list(WORKERS))
+    hot: dict[str, int] = field(default_factory=dict)  # fences with N masters (the ring's hot)
 
     def __post_init__(self) -> None:
-        self.ring = HashRing(self.workers)
+        self.ring = HashRing(self.workers, hot=self.hot)
         self.regions = list(self.worldmap.regions)
         self.ingress = XIngress(self.worldmap)
         self.geo = {r: XGeo(r, self.workers, self.ring) for r in self.regions}
@@ -132,17 +133,18 @@ class Sim:
         if msg[0] == "define":
             _, fence, ts, new, told = msg
             binding = None if new is None else FenceBinding(fence.fence_id, fence.version, *new)
-            recheck = geo.change(fence.fence_id, fence.version, binding)
-            self.log[r].append(("change", fence, ts, new is not None, recheck is not None))
-            if recheck is not None:
-                self.link[(r, recheck.worker)].append(("define", fence, ts, recheck, told, r))
+            rechecks = geo.change(fence.fence_id, fence.version, binding)
+            self.log[r].append(("change", fence, ts, new is not None, rechecks is not None))
+            for w, recheck in (rechecks or {}).items():
+                self.link[(r, w)].append(("define", fence, ts, recheck, told, r))
         else:
             _, fid, v, ts = msg
             was_bound = fid in geo.fences()
             geo.remove_bindings([(fid, v)])
             self.log[r].append(("drop", fid, v, ts))
             if was_bound:
-                self.link[(r, self.ring.node_for(fid))].append(("drop", fid, v, ts))
+                for w in self.ring.masters(fid):
+                    self.link[(r, w)].append(("drop", fid, v, ts))
 
     def worker_input(self, r: str, w: str) -> None:
         msg = self.link[(r, w)].popleft()
@@ -267,10 +269,11 @@ def script(seed: int, with_drops: bool) -> list[Step]:
     return steps
 
 
-def run(steps: list[Step], mode: str, seed: int = 0) -> Sim:
+def run(steps: list[Step], mode: str, seed: int = 0, hot: dict[str, int] | None = None) -> Sim:
     """The script through the cores: `sync` delivers everything after each step; `race`
-    interleaves every queue at random (a change is published once its fence is settled)."""
-    sim = Sim(split_worldmap())
+    interleaves every queue at random (a change is published once its fence is settled).
+    `hot`: fences with N masters, over three workers."""
+    sim = Sim(split_worldmap(), ["w0", "w1", "w2"], hot) if hot else Sim(split_worldmap())
     rng = random.Random(seed)
 
     def publish(s: Step) -> None:
@@ -360,7 +363,7 @@ def reference(sim: Sim) -> list[EventTuple]:
                 # A worker this region does not send the position to (none of its fences'
                 # ranges here hold it, the object's previous position here did not go there,
                 # and the object did not just come in from another region) decides nothing.
-                after = {f for f in state if sim.ring.node_for(f[0]) not in told}
+                after = {f for f in state if sim.ring.owner(f[0], oid) not in told}
                 inside = inside | after
                 out += [("enter", f[0], oid, ts, "entered") for f in inside - state]
                 out += [("leave", f[0], oid, ts, "exited") for f in state - inside]
@@ -554,3 +557,38 @@ def test_deletes_racing_the_positions_keep_the_other_fences_exact(seed: int, sch
             if fid not in sim.bound:
                 assert fid not in x.fences(), w
     assert len({e.event_id for e in sim.events}) == len(sim.events)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1))
+def test_hot_fences_racing_the_positions_match_the_rule(seed: int, schedule: int) -> None:
+    """Hot fences (N masters, each judging the objects it owns): every master gets each
+    region's definition and its own objects' re-check rows, deletes reach every master, and
+    the events are the rule's, as with one worker per fence."""
+    sim = run(script(seed, with_drops=True), "race", schedule, hot={"f0": 2, "f1": 3, "f2": 2})
+    got = tuples(sim.events)
+    kept = [e for e in got if e[1] not in sim.deleted]
+    assert differences(kept, [e for e in reference(sim) if e[1] not in sim.deleted]) == []
+    assert alternates(dated(sim.events)) == []
+    assert len({e.event_id for e in sim.events}) == len(sim.events)
+    for w, x in sim.fence.items():  # each master holds only the objects it owns
+        for fid in x.fences():
+            assert all(sim.ring.owner(fid, o["object_id"]) == w for o in x.occupants(fid))
+
+
+def test_a_hot_fence_is_defined_on_each_master_and_judged_by_the_owner() -> None:
+    sim = Sim(split_worldmap(), ["w0", "w1", "w2"], {"H": 3})
+    objects = [(f"o{i}", 9.505 + 0.0005 * i, 47.105, 1000.0) for i in range(30)]
+    sim.publish_positions(objects)
+    sim.quiesce()
+    sim.publish_change("H", box(9.50, 47.10, 9.53, 47.12), 1001.0, 1e6)
+    sim.quiesce()
+    assert all(x.fence("H") is not None for x in sim.fence.values())
+    held = {w: {o["object_id"] for o in x.occupants("H")} for w, x in sim.fence.items()}
+    assert set().union(*held.values()) == {o for o, *_ in objects}
+    assert sum(len(h) for h in held.values()) == len(objects)  # each object on one master
+    assert all(len(h) >= 3 for h in held.values())
+    sim.publish_positions([(o, 9.6, 47.2, 1002.0) for o, *_ in objects])  # all leave
+    sim.quiesce()
+    assert sorted(e.object_id for e in sim.events if e.event == "leave") == sorted(o for o, *_ in objects)
+    assert all(not x.occupants("H") for x in sim.fence.values())

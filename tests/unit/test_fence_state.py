@@ -12,14 +12,15 @@ from shapely.geometry import box
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.fence_def import FenceDef
+from exchanges.hash_ring import HashRing
 from exchanges.x_geo.core import FenceBinding, XGeo
 from exchanges.x_geo.range_index import INDEX_BITS
 from fence.x_fence.core import XFence
 
 
-class OneWorker:
-    def node_for(self, key: str) -> str:
-        return "w0"
+class OneWorker(HashRing):
+    def __init__(self) -> None:
+        super().__init__(["w0"])
 
 
 FENCES = {
@@ -46,9 +47,9 @@ class Pipeline:
         in the old or new ranges, behind the definition."""
         v = self.version[fid] = self.version.get(fid, 0) + 1
         cov = hk.cover(geom, 21).to_bits(INDEX_BITS)
-        recheck = self.geo.change(fid, v, FenceBinding(fid, v, cov.ranges, cov.interior))
+        rechecks = self.geo.change(fid, v, FenceBinding(fid, v, cov.ranges, cov.interior))
         events = self.fence.define(FenceDef(fid, v, geom, self.timeout), ts)
-        return events + (self.fence.route(recheck) if recheck is not None else [])
+        return events + (self.fence.route(rechecks[self.fence.worker]) if rechecks is not None else [])
 
     def feed(self, points: list[tuple[str, float, float, float]]) -> list[tuple[str, str, str, float, str]]:
         ids = [p[0] for p in points]

@@ -263,3 +263,50 @@ def test_errors() -> None:
         HashRing.from_dict({**ring.to_dict(), "hash": "md5"})
     with pytest.raises(ValueError, match="weight"):
         HashRing.from_dict({"vnodes_per_weight": 160, "nodes": {"a": {}}})
+
+
+# -- hot keys: N masters, each member on one of them ------------------------------------------------------
+
+
+def test_a_hot_key_has_n_masters_and_each_member_one_owner_among_them() -> None:
+    ring = HashRing(names(5), hot={"stadium": 3})
+    masters = ring.masters("stadium")
+    assert masters == ring.nodes_for("stadium", 3) and masters[0] == ring.node_for("stadium")
+    assert ring.masters("quiet") == [ring.node_for("quiet")]
+    members = [f"car-{i}" for i in range(30_000)]
+    owners = ring.owners("stadium", members)
+    assert owners == [ring.owner("stadium", m) for m in members[:500]] + owners[500:]
+    counts = Counter(owners)
+    assert set(counts) == set(masters)
+    assert all(abs(counts[m] / len(members) - 1 / 3) < 0.1 for m in masters), counts  # spread
+
+
+def test_a_master_added_moves_only_the_members_it_takes() -> None:
+    """Consistent over the masters: from 3 to 4 masters, only the members the new master
+    owns move (about a quarter), and none moves between the old ones."""
+    members = [f"car-{i}" for i in range(20_000)]
+    three, four = (HashRing(names(6), hot={"stadium": n}) for n in (3, 4))
+    new = (set(four.masters("stadium")) - set(three.masters("stadium"))).pop()
+    before, after = three.owners("stadium", members), four.owners("stadium", members)
+    moved = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
+    assert all(a == new for _, a in moved)
+    assert 0.15 < len(moved) / len(members) < 0.35
+
+
+def test_hot_keys_are_part_of_the_ring_and_its_stored_form() -> None:
+    plain = HashRing(names(3))
+    hot = plain.with_hot("stadium", 2)
+    assert hot != plain and hot.hot == {"stadium": 2} and hot.with_hot("stadium", 1) == plain
+    assert HashRing.from_dict(json.loads(json.dumps(hot.to_dict()))) == hot
+    assert "hot" not in plain.to_dict()
+    assert hot.with_weights({"x-fence-0": 2, "x-fence-1": 1}).hot == {"stadium": 2}
+    assert hot.without_node("x-fence-2").hot == hot.with_node("x-fence-9").hot == {"stadium": 2}
+    assert len(HashRing(names(2), hot={"stadium": 5}).masters("stadium")) == 2  # at most every node
+
+
+@pytest.mark.parametrize("bad", [{"stadium": 0}, {"stadium": 17}, {"stadium": True}, {"": 2}, {"s": "2"}])
+def test_a_bad_hot_key_is_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=r"hot key|masters"):
+        HashRing(names(3), hot=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        HashRing.from_dict({**HashRing(names(3)).to_dict(), "hot": bad})

@@ -59,3 +59,22 @@ def test_add_and_remove_refuse_incomplete_commands_and_an_overriding_environment
     monkeypatch.setenv("GEOFENCE_REGIONS", "a,b")
     assert run(parser.parse_args(["add", "c", "--split-from", "a"])) == 2
     assert "GEOFENCE_REGIONS is set" in capsys.readouterr().err
+
+
+def test_worker_commands_refuse_incomplete_arguments(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from deploy import worker_cmd
+    parser = argparse.ArgumentParser()
+    worker_cmd.add_arguments(parser, "worker")
+    monkeypatch.delenv("GEOFENCE_WORKERS", raising=False)
+    assert worker_cmd.run(parser.parse_args(["hot", "F1"])) == 2  # hot needs --masters
+    assert "--masters goes with hot" in capsys.readouterr().err
+    assert worker_cmd.run(parser.parse_args(["add", "w9", "--masters", "2"])) == 2  # and only hot
+    assert "--masters goes with hot" in capsys.readouterr().err
+    assert worker_cmd.run(parser.parse_args(["hot", "--masters", "2"])) == 2
+    assert "give the fences' names" in capsys.readouterr().err
+    assert worker_cmd.run(parser.parse_args(["add", "w8", "w9"])) == 2  # one worker at a time
+    assert "worker's name (one)" in capsys.readouterr().err
+    monkeypatch.setenv("GEOFENCE_WORKERS", "w0,w1")
+    assert worker_cmd.run(parser.parse_args(["hot", "F1", "--masters", "2"])) == 2
+    assert "GEOFENCE_WORKERS is set" in capsys.readouterr().err

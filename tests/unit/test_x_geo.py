@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from shapely.geometry import box
@@ -20,6 +22,12 @@ class FixedRing:
 
     def node_for(self, key: str) -> str:
         return self.owner[key]
+
+    def masters(self, key: str) -> list[str]:
+        return [self.owner[key]]
+
+    def iter_nodes(self, key: str) -> Iterator[str]:
+        return iter(sorted(set(self.owner.values())))
 
 
 def binding(fid: str, geom, version: int = 1, bits: int = 20) -> FenceBinding:  # type: ignore[no-untyped-def]
