@@ -290,9 +290,9 @@ class CorePipeline:
     """
 
     def __init__(self, regions: Sequence[str] = REGIONS, workers: Sequence[str] = WORKERS,
-                 worldmap: Worldmap | None = None) -> None:
+                 worldmap: Worldmap | None = None, hot: dict[str, int] | None = None) -> None:
         self.worldmap = worldmap or Worldmap.over_area(list(regions))
-        self.ring = HashRing(list(workers))
+        self.ring = HashRing(list(workers), hot=hot)  # hot: fences with N masters
         self.ingress = XIngress(self.worldmap)
         self.geo = {r: XGeo(r, list(workers), self.ring) for r in self.worldmap.regions}
         self.fence = {w: XFence(w) for w in workers}

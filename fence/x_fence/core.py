@@ -721,22 +721,23 @@ class XFence:
         """Under `ring`: the fences defined here that go to other workers whole (this worker
         is not among their masters) or in part (hot fences: their definition goes along, as a
         master that joins needs it), and the inside pairs whose new owner is another worker."""
-        codes: list[int] = []
-        given = np.zeros(self._keys.size, bool)
-        pair_fence = (self._keys & _LOW).astype(np.int64)
+        whole: list[int] = []
+        hot: list[tuple[str, int]] = []
         for name, code in self._fence_code.items():
             masters = ring.masters(name)
             if self.worker not in masters:
-                codes.append(code)
-                given |= pair_fence == code
+                whole.append(code)
             elif len(masters) > 1:
-                codes.append(code)
-                at = np.flatnonzero(pair_fence == code)
-                if at.size:
-                    ids, objs = self._objects.ids, (self._keys[at] >> _SHIFT).astype(np.int64)
-                    owners = ring.owners(name, [ids[o] for o in objs.tolist()])
-                    given[at] = np.array([w != self.worker for w in owners], bool)
-        return sorted(codes), given
+                hot.append((name, code))
+        pair_fence = (self._keys & _LOW).astype(np.int64)
+        given = np.isin(pair_fence, whole)
+        for name, code in hot:  # (few)
+            at = np.flatnonzero(pair_fence == code)
+            if at.size:
+                ids, objs = self._objects.ids, (self._keys[at] >> _SHIFT).astype(np.int64)
+                owners = ring.owners(name, [ids[o] for o in objs.tolist()])
+                given[at] = np.array([w != self.worker for w in owners], bool)
+        return sorted(whole + [c for _, c in hot]), given
 
     def export(self, ring: Placement, gates: bool = True) -> dict[str, Any]:
         """What `ring` (the new one) gives to other workers, as plain data: the definitions of
