@@ -411,13 +411,15 @@ async def park(conn: ConnectionSettings, st: wl.Stream, batch: int) -> int:
 
 async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, reference: Sequence[wl.EventTuple],
               batch: int, rate: float | None, clients: int = 2, say: object = print,
-              progress: ProgressFn | None = None, idle: bool = True, parking: bool = True) -> BrokerRun:
+              progress: ProgressFn | None = None, idle: bool = True, parking: bool = True,
+              run_id: str | None = None) -> BrokerRun:
     """One run: fences in, (idle: the pipeline drained,) the stream through `mode` ("amqp" or
     "mqtt") at `rate` updates/s (None: as fast as possible), events read back and timed,
     (parking: the objects parked,) the fences removed, also when the run fails. progress, if
-    given, is called every TICK_S with (phase, done, total)."""
+    given, is called every TICK_S with (phase, done, total). `run_id` (default: a fresh one)
+    names the run's fences and objects `b<run_id>-<id>`."""
     conn = load_connection_settings()
-    run_id = uuid.uuid4().hex[:6]
+    run_id = run_id or uuid.uuid4().hex[:6]
     fs, st = renamed(fences, stream, run_id)
     rename_f = {f.fence_id: g.fence_id for f, g in zip(fences, fs, strict=True)}
     rename_o = dict(zip(stream.object_ids, st.object_ids, strict=True))

@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import sys
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,8 +153,9 @@ async def run_ops(args: argparse.Namespace, w: e2e.Workloads, f: int, settings: 
         if phase == "publish":
             publishing.set()
 
+    run_id = uuid.uuid4().hex[:6]
     run = asyncio.create_task(bm.run("amqp", fences, stream, reference, 500, args.ops_rate, say=quiet,
-                                     progress=progress))
+                                     progress=progress, run_id=run_id))
     try:
         await asyncio.wait_for(publishing.wait(), 900)
         await asyncio.sleep(2.0)  # the stream under way (a pause in the benchmark, not a synchronisation)
@@ -171,8 +173,7 @@ async def run_ops(args: argparse.Namespace, w: e2e.Workloads, f: int, settings: 
         await timed("region remove c", region_ops.remove(settings, pw, "c", "a", quiet))
         await timed("worker add w2", worker_ops.add(settings, pw, "w2", 1, quiet))
         await timed("worker remove w2", worker_ops.remove(settings, pw, "w2", quiet))
-        busiest = [f for f, _ in Counter(e[1] for e in reference).most_common(HOT)]
-        hot = await live_fence_ids(settings, pw, busiest)
+        hot = [f"b{run_id}-{f}" for f, _ in Counter(e[1] for e in reference).most_common(HOT)]
         await timed(f"{len(hot)} busiest fences hot (2 masters)", worker_ops.hot(settings, pw, hot, 2, quiet))
         await timed(f"the {len(hot)} back to 1 master", worker_ops.hot(settings, pw, hot, 1, quiet))
         r = await run
@@ -190,17 +191,6 @@ async def run_ops(args: argparse.Namespace, w: e2e.Workloads, f: int, settings: 
         if r.latency_ms.size == r.arrivals.size and inside.any():
             op.worst_ms = float(r.latency_ms[inside].max())
     return out
-
-
-async def live_fence_ids(settings: Settings, pw: Secrets, ids: list[str]) -> list[str]:
-    """The stored ids of the run's fences (the benchmark's run renames them `b<run>-<id>`)."""
-    conn = await routing_store.connect(postgres_dsn(settings, pw.postgres_password))
-    try:
-        rows = await conn.fetch("SELECT id FROM fence WHERE deleted_at IS NULL AND id LIKE 'b%' "
-                                "AND split_part(id, '-', 2) = any($1::text[])", ids)
-    finally:
-        await conn.close()
-    return sorted(str(r["id"]) for r in rows)
 
 
 # --------------------------------------------------------------------------- main

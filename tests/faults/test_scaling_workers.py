@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from collections.abc import Awaitable
 
 import pytest
 
@@ -29,22 +30,31 @@ NEW = "w-live"
 RATE = 1_500.0  # updates/s: both changes happen while the stream flows
 
 
+class Ops:
+    """The run's worker operations: their progress said under the run's title, their
+    outcomes kept in order."""
+
+    def __init__(self, run: FaultRun) -> None:
+        self.run = run
+        self.outcomes: list[worker_ops.Outcome] = []
+
+    def log(self, line: str) -> None:
+        say(f"{self.run.title}: {line}")
+
+    async def op(self, coro: Awaitable[worker_ops.Outcome]) -> str:
+        outcome = await coro
+        self.outcomes.append(outcome)
+        return outcome.line()
+
+
 async def test_worker_added_and_removed_live(fault_stack: Stack, workload: Workload, fault_seed: int) -> None:
     stack = fault_stack
     _, ring, _ = await worker_ops.current_ring(stack.settings, stack.pw)
     assert NEW not in ring.nodes, f"worker {NEW} exists already"
     run = FaultRun(stack, workload, f"worker {NEW} added live (weight 2), then removed live", fault_seed + 4,
                    RATE)
-    outcomes: list[worker_ops.Outcome] = []
-
-    def log(line: str) -> None:
-        say(f"{run.title}: {line}")
-
-    async def op(coro: object) -> str:
-        outcome = await coro  # type: ignore[misc]
-        assert isinstance(outcome, worker_ops.Outcome)
-        outcomes.append(outcome)
-        return outcome.line()
+    ops = Ops(run)
+    log, op, outcomes = ops.log, ops.op, ops.outcomes
 
     async def inject(run: FaultRun) -> None:
         add_at, remove_at = run.moments(2, 0.1, 0.6)
@@ -81,16 +91,8 @@ async def test_hot_fences_live(fault_stack: Stack, workload: Workload, fault_see
     run = FaultRun(stack, workload, f"{HOT} busiest fences hot (2 masters), worker {NEW} added, fences "
                    "back to 1 master, worker removed, live", fault_seed + 5, RATE)
     busiest = [f for f, _ in Counter(e[1] for e in run.reference).most_common(HOT)]
-    outcomes: list[worker_ops.Outcome] = []
-
-    def log(line: str) -> None:
-        say(f"{run.title}: {line}")
-
-    async def op(coro: object) -> str:
-        outcome = await coro  # type: ignore[misc]
-        assert isinstance(outcome, worker_ops.Outcome)
-        outcomes.append(outcome)
-        return outcome.line()
+    ops = Ops(run)
+    log, op, outcomes = ops.log, ops.op, ops.outcomes
 
     async def inject(run: FaultRun) -> None:
         hot_at, add_at, cool_at, remove_at = run.moments(4, 0.08, 0.7)
