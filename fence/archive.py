@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 from collections.abc import Sequence
 
 import asyncpg
@@ -31,7 +32,8 @@ from fence import store
 from fence.x_fence.events import REASONS
 
 log = logging.getLogger("geofence")
-Row = tuple[str, str, str, str, str, float]
+Row = store.EventRow
+VISIT_ID_RE = re.compile(r"[0-9a-f]{1,64}")
 
 
 def event_row(body: bytes) -> Row:
@@ -79,7 +81,14 @@ def _row(e: object) -> Row:
     ts = e["ts"]
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
         raise InvalidMessage(f"event ts {ts!r}: epoch seconds expected")
-    return e["event_id"], e["fence_id"], e["object_id"], e["event"], e["reason"], float(ts)
+    visit, inside = e.get("visit_id"), e.get("inside_s")
+    if visit is not None and not (isinstance(visit, str) and VISIT_ID_RE.fullmatch(visit)):
+        raise InvalidMessage(f"event visit_id {str(visit)[:80]!r}: 1-64 lowercase hex digits expected")
+    if inside is not None and (isinstance(inside, bool) or not isinstance(inside, int | float)
+                               or not math.isfinite(inside) or inside < 0 or e["event"] != "leave"):
+        raise InvalidMessage(f"event inside_s {str(inside)[:80]!r}: a LEAVE's seconds inside (>= 0) expected")
+    return (e["event_id"], e["fence_id"], e["object_id"], e["event"], e["reason"], float(ts), visit,
+            None if inside is None else float(inside))
 
 
 class Archiver:

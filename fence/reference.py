@@ -17,7 +17,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE
+from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE, visit_id
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
 
@@ -67,3 +67,25 @@ def compare(got: Sequence[EventTuple], want: Sequence[EventTuple], show: int = 1
     lines += [f"  unexpected {e}" for e in sorted(extra)[:show]]
     lines += [f"  missing    {e}" for e in sorted(missing)[:show]]
     return lines
+
+
+def visit_problems(events: Sequence[Any]) -> list[str]:
+    """What is wrong with the visits of events (fence.x_fence.events.Event, in the order
+    emitted): each ENTER opens a stay whose visit id hashes (fence, object, its ts); the next
+    LEAVE of that (fence, object) carries the same id and inside_s = its ts - the ENTER's."""
+    open_at: dict[tuple[str, str], Any] = {}
+    bad = []
+    for e in events:
+        k = (e.fence_id, e.object_id)
+        if e.event == ENTER:
+            if e.visit_id != visit_id(e.fence_id, e.object_id, e.ts) or e.inside_s is not None:
+                bad.append(f"ENTER {k} at {e.ts}: visit {e.visit_id}, inside_s {e.inside_s}")
+            open_at[k] = e
+            continue
+        enter = open_at.pop(k, None)
+        if enter is None:
+            continue  # the stay began before these events
+        if e.visit_id != enter.visit_id or e.inside_s != e.ts - enter.ts:
+            bad.append(f"LEAVE {k} at {e.ts}: visit {e.visit_id} (ENTER's {enter.visit_id}), "
+                       f"inside_s {e.inside_s} (expected {e.ts - enter.ts})")
+    return bad

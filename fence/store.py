@@ -226,31 +226,34 @@ async def following(conn: asyncpg.Connection, object_ids: list[str] | None = Non
 
 # --------------------------------------------------------------------------- events archive
 
-EVENT_COLUMNS = ("event_id", "fence_id", "object_id", "event", "reason", "ts")
+EVENT_COLUMNS = ("event_id", "fence_id", "object_id", "event", "reason", "ts")  # required on the wire
+VISIT_COLUMNS = ("visit_id", "inside_s")  # optional (an older worker's events have neither)
+EventRow = tuple[str, str, str, str, str, float, str | None, float | None]
 
 
-async def archive_events(conn: asyncpg.Connection, rows: list[tuple[str, str, str, str, str, float]]
-                         ) -> int:
-    """Store events (EVENT_COLUMNS tuples), each event_id once: one INSERT of the rows as
+async def archive_events(conn: asyncpg.Connection, rows: list[EventRow]) -> int:
+    """Store events (EVENT_COLUMNS + VISIT_COLUMNS tuples), each event_id once: one INSERT of the rows as
     arrays (unnest) .. ON CONFLICT DO NOTHING (an id twice in `rows` is stored once too).
     Returns how many were new, and only once they are committed (never inside a caller's
     transaction: a savepoint is no commit). One statement, no staging table: ~10% less of
     PostgreSQL's CPU per row than COPY into a temporary table and INSERT .. SELECT from it."""
     if conn.is_in_transaction():
         raise asyncpg.InterfaceError("archive_events on a connection inside a transaction")
-    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in EVENT_COLUMNS]
+    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in (*EVENT_COLUMNS,
+                                                                                      *VISIT_COLUMNS)]
     async with conn.transaction():
         done = await conn.execute(
-            "INSERT INTO fence_event (event_id, fence_id, object_id, event, reason, ts) "
+            "INSERT INTO fence_event (event_id, fence_id, object_id, event, reason, ts, visit_id, inside_s) "
             "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "
-            "$6::float8[]) ON CONFLICT (event_id) DO NOTHING", *columns)
+            "$6::float8[], $7::text[], $8::float8[]) ON CONFLICT (event_id) DO NOTHING", *columns)
     return int(done.split()[-1])
 
 
 async def fence_events(conn: asyncpg.Connection, fence_id: str, since: float = 0.0,
                        limit: int = 1000) -> list[dict[str, Any]]:
     """A fence's archived events from `since` (epoch seconds, inclusive), oldest first."""
-    rows = await conn.fetch("SELECT event_id, fence_id, object_id, event, reason, ts FROM fence_event "
+    rows = await conn.fetch("SELECT event_id, fence_id, object_id, event, reason, ts, visit_id, inside_s "
+                            "FROM fence_event "
                             "WHERE fence_id = $1 AND ts >= $2 ORDER BY ts, event_id LIMIT $3",
                             fence_id, since, limit)
     return [dict(r) for r in rows]

@@ -234,8 +234,10 @@ async def run_demo(args: argparse.Namespace) -> int:
             if not args.quiet:
                 clock = time.strftime("%H:%M:%S", time.localtime(float(e["ts"])))
                 verb = "ENTER" if e["event"] == "enter" else "LEAVE"
+                stay = f"after {e['inside_s']:.0f} s" if e.get("inside_s") is not None else ""
                 screen.line(f"{clock}  {verb}  {e['object_id'][len(prefix):]:<9} "
-                            f"{names.get(e['fence_id'], e['fence_id'])[:40]:<40} {latency_ms[-1]:6.0f} ms")
+                            f"{names.get(e['fence_id'], e['fence_id'])[:32]:<32} {stay:<8} "
+                            f"{latency_ms[-1]:6.0f} ms")
 
     tally = Tally()
     sensor_tally = Tally()

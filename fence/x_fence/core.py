@@ -68,6 +68,7 @@ from fence.x_fence.events import (
     KINDS,
     TIMEOUT,
     Event,
+    visit_id,
 )
 from fence.x_fence.held import Held, pair_key
 from fence.x_fence.shapes import Edges
@@ -261,7 +262,8 @@ class XFence:
         mask = (self._keys & _LOW) == np.uint64(code)
         objs = (self._keys[mask] >> _SHIFT).astype(np.int64)
         events = self._events(np.ones(objs.size, np.int8), np.full(objs.size, code, np.int64), objs,
-                              np.maximum(ts, self._last_ts[objs]), (ENTERED, FENCE_DELETED))
+                              np.maximum(ts, self._last_ts[objs]), (ENTERED, FENCE_DELETED),
+                              since=self._since[mask])
         self._keys, self._since = self._keys[~mask], self._since[~mask]
         self._clear_slot(code)
         self._dirty_fences.add(code)
@@ -471,7 +473,8 @@ class XFence:
         new_in, changed_in = enter & created, enter & ~created
         events = self._events(np.r_[np.zeros(int(new_in.sum()), np.int8), np.ones(int(leave.sum()), np.int8)],
                               np.r_[fc[new_in], fc[leave]], np.r_[obj[new_in], obj[leave]],
-                              np.r_[t[new_in], t[leave]], (ENTERED, FENCE_CHANGED), dated=True)
+                              np.r_[t[new_in], t[leave]], (ENTERED, FENCE_CHANGED), dated=True,
+                              since=np.r_[np.full(int(new_in.sum()), np.nan), self._since[at[leave]]])
         if changed_in.any():
             events += self._events(np.zeros(int(changed_in.sum()), np.int8), fc[changed_in], obj[changed_in],
                                    t[changed_in], (FENCE_CHANGED, FENCE_CHANGED), dated=True)
@@ -531,6 +534,7 @@ class XFence:
             obs.objs[np.r_[group_in, group_out]],
             obs.obs_ts[np.r_[group_in, group_out]],  # the one observation of each object
             (ENTERED, EXITED), dated=True,
+            since=np.r_[np.full(entering.size, np.nan), self._since[stored_at[~kept]]],
         )
         since = np.empty(new.size)
         since[stays] = self._since[stored_at[j[stays]]]
@@ -547,20 +551,24 @@ class XFence:
         leave = pairs.run_end & (pairs.seq < obs.k[pairs.group])
         final = pairs.run_end & (pairs.seq == obs.k[pairs.group])
         g_in, g_out = pairs.group[enter], pairs.group[leave]
+        # each run's stay began at its first entry: the stored since, or that observation
+        run_start = pairs.run_start[: pairs.group.size]  # (no pairs: one spurious start)
+        run_of = np.cumsum(run_start) - 1
+        starts = np.flatnonzero(run_start)
+        run_since = pairs.since[starts]
+        fresh = ~pairs.stored[starts]
+        run_since[fresh] = np.maximum(obs.ts_of(pairs.group[starts[fresh]], pairs.seq[starts[fresh]]),
+                                      self._changed_at[pairs.fence[starts[fresh]]])
         events = self._events(
             np.r_[np.zeros(g_in.size, np.int8), np.ones(g_out.size, np.int8)],
             np.r_[pairs.fence[enter], pairs.fence[leave]],
             obs.objs[np.r_[g_in, g_out]],
             np.r_[obs.ts_of(g_in, pairs.seq[enter]), obs.ts_of(g_out, pairs.seq[leave] + 1)],
             (ENTERED, EXITED), dated=True,
+            since=np.r_[np.full(g_in.size, np.nan), run_since[run_of[leave]]],
         )
         # final state: the runs reaching the object's last observation, since their first
-        run_of = np.cumsum(pairs.run_start) - 1
-        first = np.flatnonzero(pairs.run_start)[run_of[final]]
-        since = pairs.since[first]
-        fresh = ~pairs.stored[first]
-        since[fresh] = np.maximum(obs.ts_of(pairs.group[first[fresh]], pairs.seq[first[fresh]]),
-                                  self._changed_at[pairs.fence[first[fresh]]])
+        since = run_since[run_of[final]]
         new_keys = (obs.objs[pairs.group[final]].astype(np.uint64) << _SHIFT) | \
             pairs.fence[final].astype(np.uint64)
         self._replace_sorted(stored_at, new_keys, since)
@@ -710,7 +718,7 @@ class XFence:
         if not due.any():
             return held
         events = self._events(np.ones(int(due.sum()), np.int8), fences[due], objs[due], due_at[due],
-                              (ENTERED, TIMEOUT))
+                              (ENTERED, TIMEOUT), since=self._since[due])
         self._keys, self._since = self._keys[~due], self._since[~due]
         self._dirty_objs.append(objs[due])
         return held + events
@@ -1089,18 +1097,21 @@ class XFence:
         self._keys, self._since = keys[order], np.concatenate([kept_since, since])[order]
 
     def _events(self, kind: npt.NDArray[np.int8], fence: I64, obj: I64, ts: F64,
-                reasons: tuple[str, str], dated: bool = False) -> list[Event]:
+                reasons: tuple[str, str], dated: bool = False, since: F64 | None = None) -> list[Event]:
         """Events (kind 0 = ENTER with reasons[0], 1 = LEAVE with reasons[1]) ordered by
         (ts, object_id, fence_id, event), with their stable ids (a hash of `ts`). `dated`:
         `ts` are the times of the positions decided from, and an event is dated no earlier
         than its fence's change time (a position routed just after its region applied a
-        change may be older than the change: its event must not precede the re-check's)."""
+        change may be older than the change: its event must not precede the re-check's).
+        `since`: per LEAVE, when its stay began (NaN for an ENTER: the stay begins at the
+        event); the visit id hashes it, and a LEAVE's inside_s is the time since."""
         if not kind.size:
             return []
         shown = np.maximum(ts, self._changed_at[fence]) if dated else ts
+        began = shown if since is None else np.where(np.isnan(since), shown, since)
         order = np.lexsort((kind, _name_rank(fence, self._fence_names),
                             _name_rank(obj, self._objects.ids), ts, shown))
-        kind, ts, shown = kind[order], ts[order], shown[order]
+        kind, ts, shown, began = kind[order], ts[order], shown[order], began[order]
         f_codes, names, oids = fence[order].tolist(), self._fence_names, self._objects.ids
         object_ids = [oids[o] for o in obj[order].tolist()]
         # event_id()'s text is fence prefix + object id + a tail per (kind, ts): the events
@@ -1111,10 +1122,12 @@ class XFence:
         ids = [blake2b((prefix[f] + o + tails[i]).encode(), digest_size=16).hexdigest()
                for f, o, i in zip(f_codes, object_ids, (kind.astype(np.int64) * instants.size + at).tolist(),
                                   strict=True)]
+        inside = (shown - began).tolist()
         new, out = object.__new__, []
-        s_event, s_fence, s_object, s_ts, s_reason, s_id, s_pos = EVENT_SLOTS
-        for k, f, o, t, d, i in zip(kind.tolist(), f_codes, object_ids, shown.tolist(), ts.tolist(), ids,
-                                    strict=True):
+        s_event, s_fence, s_object, s_ts, s_reason, s_id, s_pos, s_visit, s_inside = EVENT_SLOTS
+        columns = (kind.tolist(), f_codes, object_ids, shown.tolist(), ts.tolist(), ids, began.tolist(),
+                   inside)
+        for k, f, o, t, d, i, b, n in zip(*columns, strict=True):
             e = new(Event)
             s_event(e, KINDS[k])
             s_fence(e, names[f])
@@ -1123,5 +1136,7 @@ class XFence:
             s_reason(e, reasons[k])
             s_id(e, i)
             s_pos(e, d)
+            s_visit(e, visit_id(names[f], o, b))
+            s_inside(e, n if k else None)
             out.append(e)
         return out

@@ -2,6 +2,11 @@
 archive, the API and the MQTT bridge carry them (`to_json` is the wire form). An event's id
 hashes the decision and the time of the position it came from, so the same input always
 gives the same id and a consumer drops a redelivered event by it.
+
+Visits: the ENTER and the LEAVE of one stay of an object in a fence share a `visit_id` (a
+hash of the fence, the object and the stay's start, which the worker keeps with who is
+inside, through fence changes, handovers and restarts), and the LEAVE carries `inside_s`, the
+time between the two events.
 """
 
 from __future__ import annotations
@@ -29,20 +34,33 @@ class Event:
     # fence's change time when that is later (a fence's events are never dated before the
     # change that made its current version); the event id hashes this one
     position_ts: float = field(default=float("nan"), compare=False)
+    visit_id: str = field(default="", compare=False)  # shared by a stay's ENTER and LEAVE
+    inside_s: float | None = field(default=None, compare=False)  # a LEAVE's: since its ENTER
 
     def to_json(self) -> dict[str, Any]:
-        return {"event": self.event, "fence_id": self.fence_id, "object_id": self.object_id,
-                "ts": self.ts, "reason": self.reason, "event_id": self.event_id}
+        out = {"event": self.event, "fence_id": self.fence_id, "object_id": self.object_id,
+               "ts": self.ts, "reason": self.reason, "event_id": self.event_id}
+        if self.visit_id:
+            out["visit_id"] = self.visit_id
+        if self.inside_s is not None:
+            out["inside_s"] = self.inside_s
+        return out
 
 
 # Events are made by the thousand per batch. Slots (no __dict__) halve the objects the
 # garbage collector tracks, and setting the slots directly skips the frozen __init__'s
 # object.__setattr__ per field.
 EVENT_SLOTS = tuple(getattr(Event, f).__set__
-                     for f in ("event", "fence_id", "object_id", "ts", "reason", "event_id", "position_ts"))
+                     for f in ("event", "fence_id", "object_id", "ts", "reason", "event_id", "position_ts",
+                               "visit_id", "inside_s"))
 
 
 def event_id(fence_id: str, version: int, object_id: str, event: str, reason: str, ts: float) -> str:
     """Stable id: the same decision on the same input always gets the same id."""
     text = f"{fence_id}\x1f{version}\x1f{object_id}\x1f{event}\x1f{reason}\x1f{ts!r}"
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def visit_id(fence_id: str, object_id: str, since: float) -> str:
+    """A stay's id: the fence, the object, and when the stay began (the ENTER's ts)."""
+    return hashlib.blake2b(f"{fence_id}\x1f{object_id}\x1f{since!r}".encode(), digest_size=12).hexdigest()

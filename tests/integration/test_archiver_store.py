@@ -16,9 +16,9 @@ from fence import store
 from fence.archive import Archiver
 
 
-def rows(prefix: str, n: int) -> list[tuple[str, str, str, str, str, float]]:
-    return [(f"{prefix}-{i}", f"{prefix}-fence", f"{prefix}-obj", "enter", "entered", 1.0e9 + i)
-            for i in range(n)]
+def rows(prefix: str, n: int) -> list[store.EventRow]:
+    return [(f"{prefix}-{i}", f"{prefix}-fence", f"{prefix}-obj", "enter", "entered", 1.0e9 + i, f"{i:08x}",
+             None) for i in range(n)]
 
 
 async def committed(dsn: str, prefix: str) -> int:

@@ -2,7 +2,8 @@
 `geofence worker hot F --masters 2` is judged by two workers, each for its own objects; the
 API's occupants and `geofence inspect fence` gather both shares, each master holds only the
 objects the ring gives it, and ENTER / LEAVE come once per object. Back to one master, the
-objects inside are gathered on one worker again.
+objects inside are gathered on one worker again, and each stay keeps its visit (the LEAVE's
+visit_id is its ENTER's, whichever worker emitted each).
 """
 
 from __future__ import annotations
@@ -92,4 +93,7 @@ async def test_a_hot_fence_is_judged_by_its_masters_each_for_its_objects(
             await http.delete(f"/fences/{f}", headers=bob.auth)
     for o in objects:
         assert ev.of(o) == [(f, "enter", "entered"), (f, "leave", "exited")], said
+        enter, leave = (e for e in ev.got if e["object_id"] == o)
+        # one visit, begun on a master and ended on the one worker after the handover
+        assert enter["visit_id"] == leave["visit_id"] and leave["inside_s"] == leave["ts"] - enter["ts"]
     assert len({e["event_id"] for e in ev.got}) == len(ev.got)

@@ -44,9 +44,10 @@ def refusal(raw: bytes) -> str:
 
 def test_a_good_event_is_a_row_in_column_order() -> None:
     row = event_row(body())
-    assert row == ("0123456789abcdef0123456789abcdef", "yard-1", "truck-7", "enter", "entered", TS)
+    assert row == ("0123456789abcdef0123456789abcdef", "yard-1", "truck-7", "enter", "entered", TS,
+                   None, None)
     assert store.EVENT_COLUMNS == ("event_id", "fence_id", "object_id", "event", "reason", "ts")
-    assert row == tuple(GOOD[k] for k in store.EVENT_COLUMNS)
+    assert row[:6] == tuple(GOOD[k] for k in store.EVENT_COLUMNS)
 
 
 def test_integer_ts_becomes_a_float() -> None:
@@ -102,7 +103,7 @@ def real_event(kind: str, reason: str, ts: float, fence_id: str = "yard-1", obje
 def test_real_events_round_trip(kind: str, reason: str) -> None:
     e = real_event(kind, reason, TS)
     row = event_row(orjson.dumps(e.to_json()))
-    assert row == (e.event_id, e.fence_id, e.object_id, e.event, e.reason, e.ts)
+    assert row == (e.event_id, e.fence_id, e.object_id, e.event, e.reason, e.ts, None, None)
     assert len(row[0]) == 32
 
 
@@ -114,7 +115,7 @@ def test_any_real_event_round_trips_exactly(ts: float, fence_id: str, object_id:
                                             reason: str) -> None:
     e = real_event(kind, reason, ts, fence_id, object_id)
     row = event_row(orjson.dumps(e.to_json()))
-    assert row == (e.event_id, fence_id, object_id, kind, reason, ts)
+    assert row[:6] == (e.event_id, fence_id, object_id, kind, reason, ts)
     assert math.copysign(1.0, row[5]) == math.copysign(1.0, ts)  # -0.0 stays -0.0
 
 
@@ -210,3 +211,14 @@ def test_bad_events_of_a_batch_are_named_and_the_good_ones_kept() -> None:
 def test_a_message_neither_array_nor_event_is_refused(raw: bytes) -> None:
     with pytest.raises(InvalidMessage):
         event_rows(raw)
+
+
+def test_a_visit_is_stored_with_the_event_and_checked() -> None:
+    leave = body(event="leave", reason="exited", visit_id="a1b2c3d4e5f60718293a4b5c", inside_s=42.5)
+    assert event_row(leave)[6:] == ("a1b2c3d4e5f60718293a4b5c", 42.5)
+    assert event_row(body(visit_id="a1b2c3d4e5f60718293a4b5c"))[6:] == ("a1b2c3d4e5f60718293a4b5c", None)
+    assert "visit_id" in refusal(body(visit_id="NOT HEX"))
+    assert "visit_id" in refusal(body(visit_id=7))
+    assert "inside_s" in refusal(body(inside_s=3.0))  # an ENTER has no time inside
+    for bad in (-1.0, True, "5"):
+        assert "inside_s" in refusal(body(event="leave", reason="exited", inside_s=bad))

@@ -39,6 +39,7 @@ from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding, XGeo
 from exchanges.x_geo.range_index import INDEX_BITS
+from fence.reference import visit_problems
 from fence.spec import bindings
 from fence.x_fence.core import XFence
 from fence.x_fence.events import Event
@@ -527,6 +528,7 @@ def test_changes_in_step_with_the_positions_match_the_rule(seed: int) -> None:
     assert differences(got, reference(sim)) == []
     assert alternates(dated(sim.events)) == []
     assert len({e.event_id for e in sim.events}) == len(sim.events)
+    assert visit_problems(sim.events) == []
 
 
 @settings(max_examples=150, deadline=None)
@@ -539,6 +541,7 @@ def test_changes_racing_the_positions_match_the_rule(seed: int, schedule: int) -
     assert differences(tuples(sim.events), reference(sim)) == []
     assert alternates(dated(sim.events)) == []
     assert len({e.event_id for e in sim.events}) == len(sim.events)
+    assert visit_problems(sim.events) == []
 
 
 @settings(max_examples=80, deadline=None)
@@ -557,6 +560,7 @@ def test_deletes_racing_the_positions_keep_the_other_fences_exact(seed: int, sch
             if fid not in sim.bound:
                 assert fid not in x.fences(), w
     assert len({e.event_id for e in sim.events}) == len(sim.events)
+    assert visit_problems(sim.events) == []
 
 
 @settings(max_examples=100, deadline=None)
@@ -571,6 +575,7 @@ def test_hot_fences_racing_the_positions_match_the_rule(seed: int, schedule: int
     assert differences(kept, [e for e in reference(sim) if e[1] not in sim.deleted]) == []
     assert alternates(dated(sim.events)) == []
     assert len({e.event_id for e in sim.events}) == len(sim.events)
+    assert visit_problems(sim.events) == []
     for w, x in sim.fence.items():  # each master holds only the objects it owns
         for fid in x.fences():
             assert all(sim.ring.owner(fid, o["object_id"]) == w for o in x.occupants(fid))

@@ -24,8 +24,9 @@ from exchanges.hash_ring import HashRing
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding, XGeo
 from exchanges.x_geo.range_index import INDEX_BITS
+from fence.reference import visit_problems
 from fence.x_fence.core import XFence
-from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE
+from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE, Event
 from ingress.core import XIngress
 from tests.unit.test_fence_sidecar_core import Ev, kinds
 
@@ -118,6 +119,7 @@ def test_a_ring_change_mid_stream_loses_and_repeats_no_event(change: str, seed: 
     todo = batches(w, rng)
     switch = int(rng.integers(len(todo) // 5, 4 * len(todo) // 5))
     got: list[Ev] = []
+    raw: list[Event] = []
     moved = 0
     for i, batch in enumerate(todo):
         if i == switch:  # drained: every routed batch was applied (x-ingress paused)
@@ -145,10 +147,13 @@ def test_a_ring_change_mid_stream_loses_and_repeats_no_event(change: str, seed: 
             for n, wb in geo[region].route(rb.batch, notice=rb.notice, gate=rb.gate,
                                            announced=rb.announced).items():
                 assert n in ring.nodes
-                got += kinds(workers[n].route(wb))
+                emitted = workers[n].route(wb)
+                raw += emitted
+                got += kinds(emitted)
                 persist(n)
     assert len(w.truth) >= 20
     assert sorted(got) == sorted(w.truth)
+    assert visit_problems(raw) == []  # a stay handed over keeps its visit id and start
     assert all(x.stats()["held_now"] == 0 for x in workers.values())  # no gate left waiting
     for n, x in workers.items():  # routed by the new ring: a hot fence's objects on their owners
         for fid in x.fences():
@@ -165,7 +170,7 @@ def test_take_again_changes_nothing_and_refuses_another_format() -> None:
     a, b = XFence("w0"), XFence("w1")
     a.define(FenceDef("F", 1, box(0, 0, 1, 1), 60.0), 0.0)
     from tests.unit.test_fence_sidecar_core import at
-    a.route(dataclasses.replace(at("o", (0.5, 0.5), 10.0, ["F"]), worker="w0"))
+    entered = a.route(dataclasses.replace(at("o", (0.5, 0.5), 10.0, ["F"]), worker="w0"))
     to_b, elsewhere = HashRing(["w1"]), HashRing(["w2"])
     data = a.export(to_b)
     assert data["ids"] == ["o"] and [f for f, _ in data["fences"]] == ["F"] and data["whole"] == ["F"]
@@ -173,7 +178,9 @@ def test_take_again_changes_nothing_and_refuses_another_format() -> None:
     assert b.occupants("F") == a.occupants("F") and b.fences() == ["F"] and b.stats()["inside_pairs"] == 1
     assert XFence("w1").take(data, elsewhere) == 0
     assert a.forget(to_b) == 1 and a.fences() == [] and a.forget(to_b) == 0
-    assert b.expire(10.0 + 61.0)[0].reason == "timeout"  # the timer moved with the pair
+    timed_out = b.expire(10.0 + 61.0)
+    assert timed_out[0].reason == "timeout"  # the timer moved with the pair
+    assert timed_out[0].visit_id == entered[0].visit_id and timed_out[0].inside_s == 60.0  # and the visit
     with pytest.raises(ValueError, match="format"):
         b.take({**data, "format": 99}, to_b)
     with pytest.raises(ValueError, match="names no exported"):
