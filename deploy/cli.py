@@ -38,6 +38,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "region": ("deploy.region_cmd", "the x-geo regions: list; add or remove one while positions flow"),
     "worker": ("deploy.worker_cmd", "the x-fence workers: list; add or remove one while positions flow"),
     "dlq": ("deploy.dlq_cmd", "dead-lettered messages: list, replay"),
+    "query": ("deploy.query_cmd", "where objects were last seen: in a bbox, within a polygon or fence, "
+              "nearby a point (live, from the x-geo regions)"),
     "inspect": ("", "look inside the running pipeline (see `geofence inspect -h`)"),
     "spark": ("", "the nightly PySpark jobs (see `geofence spark -h`)"),
 }

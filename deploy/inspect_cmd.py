@@ -134,7 +134,8 @@ async def _run(args: argparse.Namespace) -> Any:
 
 def _human(target: str, data: Any) -> str:
     if target == "fence":
-        lines = [f"fence {data['id']} v{data['version']} {data['name']!r} on worker {data['worker']}, "
+        lines = [f"fence {data['id']} v{data['version']} {data['name']!r} on worker "
+                 f"{', '.join(data['workers'])}, "
                  f"timeout {data['timeout_s']:g}s: {len(data['occupants'])} inside"]
         lines += [f"  {o['object_id']:<24} since {o['since']:.3f}  last seen {o['last_seen']:.3f}"
                   for o in data["occupants"]]
@@ -149,8 +150,9 @@ def _human(target: str, data: Any) -> str:
         return "\n".join(lines)
     if target == "ring":
         lines = [f"{w:<10} share {s:6.1%}" for w, s in data["shares"].items()]
-        lines += [f"fence {f}: worker {nodes[0]} (then {', '.join(nodes[1:]) or '-'})"
-                  for f, nodes in data["fences"].items()]
+        lines += [f"hot fence {f}: {n} masters" for f, n in sorted(data["hot"].items())]
+        lines += [f"fence {f}: worker{'s' if len(v['masters']) > 1 else ''} {', '.join(v['masters'])} "
+                  f"(walk {', '.join(v['walk'])})" for f, v in data["fences"].items()]
         return "\n".join(lines)
     if target == "worldmap":
         starts = np.array([s for s, _ in data["intervals"]], dtype=np.uint64)

@@ -47,6 +47,9 @@ DEFINE, REBIND, DROP, INSPECT = "define", "rebind", "drop", "inspect"
 # fences a ring gives to other workers (EXPORT), that state taken in (IMPORT), and those
 # fences forgotten once the ring is in force (FORGET).
 RING, EXPORT, IMPORT, FORGET = "ring", "export", "import", "forget"
+# A spatial query over the objects' last known positions (exchanges/x_geo/queries.py): to each
+# region's x-geo, answered like INSPECT with that region's rows.
+QUERY = "query"
 # A drain barrier: published by `geofence worker` to each region's x-geo.in while x-ingress is
 # paused; x-geo forwards it, behind every position it routed, to each of its workers; a
 # worker that reaches it has applied everything its region sent before, and says so to the

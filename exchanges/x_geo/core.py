@@ -50,7 +50,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -60,6 +60,7 @@ from exchanges.batch import PositionBatch
 from exchanges.contract import InvalidMessage
 from exchanges.object_codes import ObjectCodes, carry, distinct, grow
 from exchanges.worker_batch import WorkerBatch
+from exchanges.x_geo import queries
 from exchanges.x_geo.range_index import INDEX_BITS, RangeIndex
 
 MAX_WORKERS = 63  # worker sets are bitmasks in an int64
@@ -354,6 +355,14 @@ class XGeo:
         if c is None or c >= self._present.size or not self._present[c]:
             return None
         return {"ts": float(self._lts[c]), "lon": float(self._llon[c]), "lat": float(self._llat[c])}
+
+    def query(self, q: queries.Query) -> list[dict[str, Any]]:
+        """A spatial query over the latest positions of the objects in this region
+        (exchanges/x_geo/queries.py; the caller merges the regions' answers)."""
+        n = len(self._objects)
+        here = self._present[:n]
+        return queries.answer(q, self._objects.ids, np.where(here, self._llon[:n], np.nan),
+                              np.where(here, self._llat[:n], np.nan), self._lts[:n])
 
     def binding(self, fence_id: str) -> FenceBinding | None:
         """What is bound for `fence_id` (at the version last applied), or None."""

@@ -36,6 +36,7 @@ from exchanges.batch import CONTENT_TYPE, PositionBatch, RegionBatch, pack, unpa
 from exchanges.binding_diff import DiffMismatch
 from exchanges.contract import BAD_INPUT, InvalidMessage
 from exchanges.hash_ring import HashRing
+from exchanges.x_geo import queries
 from exchanges.x_geo.core import FenceBinding, XGeo
 
 log = logging.getLogger("geofence")
@@ -159,6 +160,9 @@ class GeoSidecar:
                     if msg["kind"] == control.INSPECT:
                         out = shell.reply(self.out_ch, m, self.inspect(msg))
                         outs += [out] if out else []
+                    elif msg["kind"] == control.QUERY:
+                        out = shell.reply(self.out_ch, m, self.answer(msg))
+                        outs += [out] if out else []
                     elif msg["kind"] == control.RING:
                         out = shell.reply(self.out_ch, m, await self.take_ring(int(msg["version"])))
                         outs += [out] if out else []
@@ -246,6 +250,16 @@ class GeoSidecar:
         log.info("worker ring version %d: workers %s; fences moved %s", version, ", ".join(self.ring.nodes),
                  gained or "none")
         return {"ring": version, "gained": gained}
+
+    def answer(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A spatial query over this region's latest positions (the caller merges the
+        regions' answers); a bad query is answered with what is wrong with it."""
+        try:
+            q = queries.parse(msg)
+        except queries.InvalidQuery as exc:
+            return {"region": self.region, "error": str(exc)}
+        self.counters.bump("queries")
+        return {"region": self.region, "objects": self.core.query(q)}
 
     def gauges(self) -> dict[str, float]:
         """Levels for /metrics, read at each scrape."""

@@ -31,13 +31,14 @@ def bob(firebase: tuple[str, int, str]) -> Account:  # noqa: F811
     return account(firebase)
 
 
-async def shares(url: str, fence_id: str, workers: list[str]) -> dict[str, set[str]]:
-    """Each worker's occupants of the fence, asked directly (not gathered)."""
+async def shares(url: str, fence_id: str, workers: list[str], mine: set[str]) -> dict[str, set[str]]:
+    """Each worker's occupants of the fence among `mine` (other tests' objects and the demo's
+    cars may be in the fence's square too), asked directly (not gathered)."""
     out = {}
     for w in workers:
         answer = await ask(url, t.FENCE_CONTROL_EXCHANGE, w, {"fence_id": fence_id}, timeout=DEADLINE)
         fence = answer.get("fence")
-        out[w] = set() if fence is None else {o["object_id"] for o in fence["occupants"]}
+        out[w] = set() if fence is None else {o["object_id"] for o in fence["occupants"]} & mine
     return out
 
 
@@ -68,20 +69,22 @@ async def test_a_hot_fence_is_judged_by_its_masters_each_for_its_objects(
             for o in objects:
                 await ev.until((f, o, "enter", "entered"))
 
-            held = await shares(url, f, hot_ring.masters(f))
+            held = await shares(url, f, hot_ring.masters(f), set(objects))
             assert all(held.values()), held  # both masters have objects of it
             assert sorted(o for s in held.values() for o in s) == sorted(objects)  # each on one master
             assert all(hot_ring.owner(f, o) == w for w, s in held.items() for o in s)
             got = (await http.get(f"/fences/{f}/objects", headers=bob.auth)).json()
-            assert sorted(o["object_id"] for o in got["objects"]) == sorted(objects)
+            listed = [o["object_id"] for o in got["objects"]]
+            assert sorted(o for o in listed if o in objects) == sorted(objects)
             assert got["workers"] == hot_ring.masters(f) and got["worker_version"] == 1
             shown = inspect("fence", f)
-            assert shown["workers"] == hot_ring.masters(f) and len(shown["occupants"]) == OBJECTS
+            assert shown["workers"] == hot_ring.masters(f)
+            assert {o["object_id"] for o in shown["occupants"]} >= set(objects)
 
             cooled = await worker_ops.hot(settings, pw, [f], 1, said.append)
-            assert cooled.pairs_moved == len(held[hot_ring.masters(f)[1]])  # the second master's share
+            assert cooled.pairs_moved >= len(held[hot_ring.masters(f)[1]])  # the second master's share
             one = ring.node_for(f)
-            assert (await shares(url, f, [one]))[one] == set(objects)
+            assert (await shares(url, f, [one], set(objects)))[one] == set(objects)
             await gw.send(*((o, *PACIFIC, t0 + 2) for o in objects))
             for o in objects:
                 await ev.until((f, o, "leave", "exited"))
