@@ -108,6 +108,20 @@ async def report(pg: asyncpg.Connection, demo: DemoVenues) -> tuple[list[str], b
         phones = st["app_occupancy"] if st and st["app_occupancy"] is not None else 0
         lines.append(f"{v.name[:39]:<40}{got['e']:>5}{got['x']:>5}{now:>7}"
                      f"{f'{v.truth[0]}/{v.truth[1]}':>10}{'' if same else ' !':>2}{phones:>8}")
+        if not same:  # what the counting made of each report, to tell why (the next run deletes them)
+            rows = await pg.fetch("SELECT device_at, received_at, counter, total_in, total_out, entries, "
+                                  "exits, rule, gap, lost_reports, unknowable, skewed FROM sensor_report "
+                                  "WHERE sensor_id = $1 ORDER BY received_at", v.sensor_id)
+            lines += [f"    ! {r['received_at']:%H:%M:%S.%f} device {r['device_at']:%H:%M:%S} "
+                      f"#{r['counter']} totals {r['total_in']}/{r['total_out']} "
+                      f"-> +{r['entries']}/+{r['exits']} {r['rule']}"
+                      f"{' gap ' + str(r['gap']) if r['gap'] else ''}"
+                      f"{' lost ' + str(r['lost_reports']) if r['lost_reports'] else ''}"
+                      f"{' unknowable' if r['unknowable'] else ''}{' skewed' if r['skewed'] else ''}"
+                      for r in rows]
+            planned, distinct = sorted(x.received_at for x in v.frames), len({x.frame for x in v.frames})
+            lines.append(f"    ! {len(planned)} frames planned ({distinct} distinct), "
+                         f"the first due at {planned[0]:.3f}" if planned else "    ! no frame planned")
     sent = int(await pg.fetchval("SELECT count(*) FROM notification_log WHERE uid = $1 "
                                  "AND sent_at >= to_timestamp($2)", DEMO_USER, demo.start))
     return lines, exact, sent
