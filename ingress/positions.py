@@ -123,6 +123,17 @@ def _number(v: Any) -> float:
     return float(v)
 
 
+MAX_TTL_S = 7 * 86400.0
+
+
+def ttl_problem(v: Any) -> str | None:
+    """Why a position's `ttl` (seconds the object lives without a new position: past it, it
+    LEAVEs every fence, reason `expired`) is refused, or None."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= MAX_TTL_S:
+        return f"ttl {str(v)[:40]!r}: seconds in (0, {MAX_TTL_S:g}]"
+    return None
+
+
 def _columns(items: list[Any]) -> Decoded:
     n = len(items)
     reasons: dict[int, str] = {}
@@ -149,6 +160,8 @@ def _columns(items: list[Any]) -> Decoded:
         lon[i], lat[i], ts[i] = _number(p.get("lon")), _number(p.get("lat")), _number(p.get("ts"))
         rest = {k: v for k, v in p.items() if k not in _KNOWN}
         problem = extra_problem(rest) if rest and i not in reasons else None
+        if problem is None and "ttl" in rest and i not in reasons:
+            problem = ttl_problem(rest["ttl"])
         if problem:
             reasons[i] = f"position {i}: {problem}"
         extra.append(rest or None)

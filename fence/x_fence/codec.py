@@ -26,10 +26,26 @@ from shapely.geometry.base import BaseGeometry
 
 from exchanges.fence_def import FenceDef
 
-FORMAT = 1
+FORMAT = 2  # 2: objects have a `ttl` row (format 1, without it, is read as no TTL)
+READABLE = (1, 2)
 STATS = ("unknown_fence_candidates", "stale_positions", "held_positions", "holds_expired", "rechecks",
          "rechecks_superseded")
-ROWS = ("last_ts", "last_lon", "last_lat", "ho_ts")  # the per-object columns
+ROWS = ("last_ts", "last_lon", "last_lat", "ho_ts", "ttl")  # the per-object columns
+_ROW_DEFAULT = {"ttl": np.inf}  # rows a format-1 snapshot, record or export does not have
+
+
+def check_format(data: Mapping[str, Any], what: str) -> None:
+    if data.get("format") not in READABLE:
+        raise ValueError(f"x-fence {what} format {data.get('format')!r}, this code reads "
+                         f"{', '.join(map(str, READABLE))}")
+
+
+def unpack_row(data: Mapping[str, Any], name: str, n: int) -> npt.NDArray[np.float64]:
+    """Per-object row `name` of a snapshot, record or export of n objects."""
+    if name not in data and name in _ROW_DEFAULT:
+        return np.full(n, _ROW_DEFAULT[name])
+    out: npt.NDArray[np.float64] = unpack_array(data[name], "<f8", np.float64)
+    return out
 
 
 def pack_array(a: npt.NDArray[Any], dtype: str) -> bytes:

@@ -63,6 +63,7 @@ from fence.x_fence.events import (
     ENTERED,
     EVENT_SLOTS,
     EXITED,
+    EXPIRED,
     FENCE_CHANGED,
     FENCE_DELETED,
     KINDS,
@@ -145,6 +146,18 @@ class Placement(Protocol):
     def owners(self, key: str, members: Sequence[str]) -> list[str]: ...
 
 
+def ttls(extra: Sequence[dict[str, Any] | None], rows: I64) -> F64:
+    """The `ttl` of each of these positions (inf where it has none); ingress checked them."""
+    if not extra:
+        return np.full(rows.size, np.inf)
+    out = np.full(rows.size, np.inf)
+    for k, i in enumerate(rows.tolist()):
+        e = extra[i]
+        if e is not None and "ttl" in e:
+            out[k] = float(e["ttl"])
+    return out
+
+
 def _name_rank(codes: I64, names: list[str]) -> I64:
     """For each code, the rank of its name among the names of the distinct codes given."""
     uniq, inv = np.unique(codes, return_inverse=True)
@@ -164,6 +177,7 @@ class XFence:
         self._last_ts = np.zeros(0, np.float64)
         self._last_lon = np.zeros(0, np.float64)
         self._last_lat = np.zeros(0, np.float64)
+        self._ttl = np.zeros(0, np.float64)  # per object: the TTL of its latest position (inf: none)
         self._fence_code: dict[str, int] = {}
         self._fences: list[FenceDef | None] = []
         self._fence_names: list[str] = []  # by code, kept after a drop (codes are not reused)
@@ -507,6 +521,7 @@ class XFence:
         self._last_ts[obs.objs] = pos.ts[obs.last]
         self._last_lon[obs.objs] = pos.lon[obs.last]
         self._last_lat[obs.objs] = pos.lat[obs.last]
+        self._ttl[obs.objs] = ttls(pos.extra, obs.last)
         return events
 
     # The common batch (each object once, newer than what is stored) is a set difference
@@ -705,20 +720,28 @@ class XFence:
         return _Pairs(group, fence, seq, stored, since, np.r_[True, ~cont], np.r_[~cont, True])
 
     def expire(self, now: float) -> list[Event]:
-        """LEAVE (timeout) for every pair whose object was silent longer than the fence's
-        timeout; the event's ts is last seen + timeout, so it does not depend on when we look.
+        """LEAVE for every pair whose object was silent longer than the fence's timeout
+        (reason timeout) or than its own TTL, when that is shorter (reason expired: the `ttl`
+        of the object's latest position sent here; a re-check row, which carries no extra
+        fields, keeps the TTL it had); the event's ts is last seen + that time, so it does not
+        depend on when we look.
         Positions held longer than HOLD_S for a handover notice are applied first."""
         held = self._release(now) if self._held else []
         if not self._keys.size:
             return held
         objs = (self._keys >> _SHIFT).astype(np.int64)
         fences = (self._keys & _LOW).astype(np.int64)
-        due_at = self._last_ts[objs] + self._timeout[fences]
+        ttl, timeout = self._ttl[objs], self._timeout[fences]
+        due_at = self._last_ts[objs] + np.minimum(timeout, ttl)
         due = due_at < now
         if not due.any():
             return held
-        events = self._events(np.ones(int(due.sum()), np.int8), fences[due], objs[due], due_at[due],
-                              (ENTERED, TIMEOUT), since=self._since[due])
+        events = []
+        for mine, reason in ((due & (ttl < timeout), EXPIRED), (due & ~(ttl < timeout), TIMEOUT)):
+            if mine.any():
+                events += self._events(np.ones(int(mine.sum()), np.int8), fences[mine], objs[mine],
+                                       due_at[mine], (ENTERED, reason), since=self._since[mine])
+        events.sort(key=lambda e: (e.ts, e.object_id, e.fence_id, e.event))
         self._keys, self._since = self._keys[~due], self._since[~due]
         self._dirty_objs.append(objs[due])
         return held + events
@@ -783,9 +806,7 @@ class XFence:
         the inside pairs it owns; the same state again changes nothing. Each object keeps the
         newer of its two rows (positions it was sent here, or there). Returns the number of
         inside pairs taken."""
-        if data.get("format") != codec.FORMAT:
-            raise ValueError(f"x-fence handover format {data.get('format')!r}, "
-                             f"this code reads {codec.FORMAT}")
+        codec.check_format(data, "handover")
         gate_ids = [str(i) for i in data["gate_ids"]]
         gate_ts = codec.unpack_array(data["gate_ts"], "<f8", np.float64)
         if gate_ts.size != len(gate_ids):
@@ -802,7 +823,7 @@ class XFence:
         if p_fence.size and not (p_fence.min() >= 0 and p_fence.max() < len(data["fences"])
                                  and p_obj.min() >= 0 and p_obj.max() < len(data["ids"])):
             raise ValueError("x-fence handover: a pair names no exported fence or object")
-        theirs = {name: codec.unpack_array(data[name], "<f8", np.float64) for name in codec.ROWS}
+        theirs = {name: codec.unpack_row(data, name, len(data["ids"])) for name in codec.ROWS}
         if any(v.size != len(data["ids"]) for v in theirs.values()):
             raise ValueError("x-fence handover: object rows do not match the ids")
         codes = np.full(len(data["fences"]), -1, np.int64)
@@ -834,7 +855,7 @@ class XFence:
         objs = self._codes(ids) if ids else np.empty(0, np.int64)
         theirs = {name: v[used] for name, v in theirs.items()}
         newer = theirs["last_ts"] > self._last_ts[objs]
-        for name in ("last_ts", "last_lon", "last_lat"):
+        for name in ("last_ts", "last_lon", "last_lat", "ttl"):
             getattr(self, f"_{name}")[objs[newer]] = theirs[name][newer]
         self._ho_ts[objs] = np.maximum(self._ho_ts[objs], theirs["ho_ts"])
         local = np.searchsorted(used, p_obj[pick])  # each pair's object among `used`
@@ -935,9 +956,7 @@ class XFence:
     @classmethod
     def restore(cls, data: dict[str, Any]) -> XFence:
         """The core a snapshot describes (ValueError if it is of another format or damaged)."""
-        if data.get("format") != codec.FORMAT:
-            raise ValueError(f"x-fence snapshot format {data.get('format')!r}, "
-                             f"this code reads {codec.FORMAT}")
+        codec.check_format(data, "snapshot")
         x = cls(str(data["worker"]))
         ids = list(data["ids"])
         x._objects.codes(ids)
@@ -945,7 +964,7 @@ class XFence:
             raise ValueError("x-fence snapshot: object ids repeat")
         n = len(ids)
         for name in codec.ROWS:
-            values = codec.unpack_array(data[name], "<f8", np.float64)
+            values = codec.unpack_row(data, name, n)
             if values.size != n:
                 raise ValueError(f"x-fence snapshot: {name} has {values.size} rows for {n} objects")
             setattr(x, f"_{name}", values)
@@ -1006,7 +1025,7 @@ class XFence:
             self._codes(new_ids)
         objs = codec.unpack_array(record["objs"], "<i8", np.int64)
         for name in codec.ROWS:
-            getattr(self, f"_{name}")[objs] = codec.unpack_array(record[name], "<f8", np.float64)
+            getattr(self, f"_{name}")[objs] = codec.unpack_row(record, name, objs.size)
         fences = []
         for code, name, d in record["fences"]:
             if code > len(self._fences):
@@ -1078,6 +1097,7 @@ class XFence:
         self._last_ts = grow(self._last_ts, m, -np.inf)
         self._last_lon = grow(self._last_lon, m, np.nan)
         self._last_lat = grow(self._last_lat, m, np.nan)
+        self._ttl = grow(self._ttl, m, np.inf)
         self._ho_ts = grow(self._ho_ts, m, 0.0)
         return codes
 

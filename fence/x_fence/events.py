@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENTER, LEAVE = "enter", "leave"
-ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED = (
-    "entered", "exited", "timeout", "fence_changed", "fence_deleted")
-REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED)
+ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED = (
+    "entered", "exited", "timeout", "fence_changed", "fence_deleted", "expired")
+# timeout: silent longer than the fence's timeout_s; expired: past the object's own TTL (the
+# `ttl` of its latest position), when that comes first
+REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED)
 KINDS = (ENTER, LEAVE)  # event kind codes 0, 1 (also their order among equal ts, object, fence)
 
 
