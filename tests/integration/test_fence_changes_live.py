@@ -72,7 +72,10 @@ class Gateway:
         await self.conn.close()
 
     async def send(self, *positions: tuple[str, float, float, float]) -> None:
-        body = {"positions": [{"id": o, "lon": lon, "lat": lat, "ts": ts} for o, lon, lat, ts in positions]}
+        await self.send_raw({"positions": [{"id": o, "lon": lon, "lat": lat, "ts": ts}
+                                           for o, lon, lat, ts in positions]})
+
+    async def send_raw(self, body: dict[str, Any]) -> None:
         await self.ex.publish(aio_pika.Message(json.dumps(body).encode(), content_type="application/json",
                                                delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "",
                               mandatory=True, timeout=DEADLINE)
