@@ -341,6 +341,13 @@ def disable_user(host: str, port: int, project_id: str, uid: str, disabled: bool
     _admin(host, port, project_id, "accounts:update", {"localId": uid, "disableUser": disabled})
 
 
+def set_claims(host: str, port: int, project_id: str, uid: str, claims: Mapping[str, Any]) -> None:
+    """Custom claims on a user (in the next token it gets), as the Admin SDK's
+    set_custom_user_claims sets them."""
+    _admin(host, port, project_id, "accounts:update",
+           {"localId": uid, "customAttributes": json.dumps(claims)})
+
+
 def revoke_tokens(host: str, port: int, project_id: str, uid: str, valid_since: int) -> None:
     """Tokens issued before valid_since (epoch seconds) count as revoked. Setting it directly
     (rather than "now", as revoke_refresh_tokens does) avoids waiting for the next second."""

@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exchanges.shell import Counters
+from exchanges.x_geo import queries
 from fence.auth import AuthUnavailable, Unauthenticated, User
-from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService
+from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService, parse_bbox
 from fence.venues import owner_store as os_
 from fence.venues import user_store as us
 from fence.venues.commands import SensorCommands
@@ -126,7 +127,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
             raise ApiError(503, str(exc)) from None
         except Unauthenticated as exc:
             raise ApiError(401, str(exc)) from None
-        return Caller(user.uid)
+        return Caller.of(user.uid, user.claims)
 
     Who = Annotated[Caller, Depends(caller)]
 
@@ -208,6 +209,38 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                            since: Annotated[float, Query(description="epoch seconds, inclusive")] = 0.0,
                            limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 1000) -> dict[str, Any]:
         return await service.events(who, fence_id, since, limit)
+
+    @app.get("/objects/within", tags=["live state"],
+             summary="Objects last seen in a bbox (an operator's query), or within one of your fences")
+    async def objects_within(
+            who: Who,
+            bbox: Annotated[str | None, Query(description="min_lon,min_lat,max_lon,max_lat")] = None,
+            fence_id: Annotated[str | None, Query(description="one of your fences")] = None,
+            limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 1000,
+            after: Annotated[str, Query(description="the previous page's next_after")] = ""
+    ) -> dict[str, Any]:
+        if (bbox is None) == (fence_id is None):
+            raise ApiError(422, "give bbox or fence_id")
+        if fence_id is not None:
+            return await service.query(who, {"fence_id": fence_id, "limit": limit, "after": after})
+        box = list(parse_bbox(bbox) or ())
+        return await service.query(who, {"query": "bbox", "bbox": box, "limit": limit, "after": after})
+
+    @app.post("/objects/within", tags=["live state"],
+              summary="Objects last seen strictly inside a GeoJSON polygon (an operator's query)")
+    async def objects_within_shape(who: Who, body: Annotated[Any, Body()],
+                                   limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 1000,
+                                   after: str = "") -> dict[str, Any]:
+        shape = body.get("geometry", body) if isinstance(body, dict) else body
+        return await service.query(who, {"query": "within", "shape": shape, "limit": limit, "after": after})
+
+    @app.get("/objects/nearby", tags=["live state"],
+             summary="The objects last seen nearest a point, within a radius (an operator's query)")
+    async def objects_nearby(who: Who, lon: float, lat: float, radius_m: float,
+                             limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 100
+                             ) -> dict[str, Any]:
+        return await service.query(who, {"query": "nearby", "point": [lon, lat], "radius_m": radius_m,
+                                         "limit": limit})
 
     @app.get("/objects/{object_id}/fences", tags=["live state"],
              summary="Which of your fences the object is in now (from every x-fence worker)")

@@ -158,12 +158,12 @@ class FenceManager:
         if waiter is not None and not waiter.done():
             waiter.set_result(message.body)
 
-    async def _ask(self, exchange: AbstractExchange, routing_key: str, request: dict[str, Any]
-                   ) -> asyncio.Future[bytes]:
+    async def _ask(self, exchange: AbstractExchange, routing_key: str, request: dict[str, Any],
+                   kind: str = control.INSPECT) -> asyncio.Future[bytes]:
         cid = uuid.uuid4().hex
         self._waiting[cid] = fut = asyncio.get_running_loop().create_future()
         try:
-            message = aio_pika.Message(pack(control.INSPECT, **request), content_type=CONTENT_TYPE,
+            message = aio_pika.Message(pack(kind, **request), content_type=CONTENT_TYPE,
                                        reply_to=DIRECT_REPLY_TO, correlation_id=cid)
             await exchange.publish(message, routing_key)
         except BaseException:
@@ -182,6 +182,21 @@ class FenceManager:
         finally:
             for w in waiters:
                 w.cancel()
+
+    async def ask_regions(self, kind: str, request: dict[str, Any], timeout: float = 10.0
+                          ) -> dict[str, dict[str, Any]]:
+        """Every region's x-geo's answer to a request of `kind` (a spatial query)."""
+        waiters = {r: await self._ask(ex, "", request, kind) for r, ex in self._control.items()}
+        try:
+            async with asyncio.timeout(timeout):
+                answers = await asyncio.gather(*waiters.values())
+        except TimeoutError:
+            late = [r for r, w in waiters.items() if not w.done()]
+            raise WorkerUnavailable(f"x-geo {', '.join(late)} did not answer within {timeout:g}s") from None
+        finally:
+            for w in waiters.values():
+                w.cancel()
+        return {r: orjson.loads(a) for r, a in zip(waiters, answers, strict=True)}
 
     async def ask_worker(self, worker: str, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
         """One x-fence worker's answer to an inspect request (occupants, an object's fences)."""

@@ -68,6 +68,7 @@ OPS: dict[str, Callable[[FenceService, Caller, dict[str, Any]], Awaitable[dict[s
     "object_fences": lambda s, c, a: s.object_fences(c, _text(a, "object_id")),
     "events": lambda s, c, a: s.events(c, _text(a, "fence_id"), _number(a, "since", 0.0),
                                        _int(a, "limit", 1000)),
+    "query": lambda s, c, a: s.query(c, a.get("query_args")),
 }
 STATUS_OK = {"create": 201}
 
@@ -106,7 +107,7 @@ class RpcServer:
         try:
             token = request.get("token")
             user = await self.verifier.verify(f"Bearer {token}" if isinstance(token, str) else None)
-            result = await OPS[op](self.service, Caller(user.uid), request)
+            result = await OPS[op](self.service, Caller.of(user.uid, user.claims), request)
             return {"status": STATUS_OK.get(op, 200), "result": result}, None
         except AuthUnavailable as exc:
             return {"status": 503, "error": str(exc)}, None

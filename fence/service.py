@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import shapely.geometry
 
+from exchanges import control
 from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
     InvalidFence,
@@ -31,6 +33,7 @@ from exchanges.fence_def import (
     shown,
 )
 from exchanges.ids import OBJECT_ID_RULE, is_object_id
+from exchanges.x_geo import queries
 from fence import store
 from fence.follow import circle
 from fence.manager import Change, FenceManager, WorkerUnavailable
@@ -47,9 +50,17 @@ class ApiError(Exception):
         self.status, self.message = status, message
 
 
+OPERATOR_CLAIM = "geofence_operator"  # a Firebase custom claim: may query every object's position
+
+
 @dataclass(frozen=True)
 class Caller:
     uid: str
+    operator: bool = False  # the token carries OPERATOR_CLAIM: true
+
+    @classmethod
+    def of(cls, uid: str, claims: Mapping[str, Any]) -> Caller:
+        return cls(uid, claims.get(OPERATOR_CLAIM) is True)
 
 
 def feature(record: store.FenceRecord) -> dict[str, Any]:
@@ -202,6 +213,37 @@ class FenceService:
                 raise ApiError(403, f"fence {fence_id!r} belongs to another user")
             rows = await store.fence_events(conn, fence_id, since, limit)
         return {"fence_id": fence_id, "since": since, "events": rows}
+
+    async def query(self, caller: Caller, body: Any) -> dict[str, Any]:
+        """Where objects were last seen (exchanges/x_geo/queries.py), from every region's
+        x-geo: `{"query": "bbox" | "within" | "nearby", ...}`. Objects have no owner, so the
+        whole map is an operator's (the token's OPERATOR_CLAIM); any user may ask `within`
+        one of their own fences (`"fence_id"` instead of a shape)."""
+        if not isinstance(body, Mapping):
+            raise ApiError(422, "a query is a JSON object")
+        msg = dict(body)
+        fence_id = msg.pop("fence_id", None)
+        if fence_id is not None:
+            if msg.get("query", "within") != "within" or "shape" in msg:
+                raise ApiError(422, "fence_id goes with a within query, in place of its shape")
+            async with self.manager.pool.acquire() as conn:
+                record = await self._owned(conn, caller, fence_id)
+            msg["query"], msg["shape"] = "within", shapely.geometry.mapping(record.fence.geometry)
+        elif not caller.operator:
+            raise ApiError(403, f"querying every object's position needs the {OPERATOR_CLAIM} claim; "
+                                "ask within one of your fences with fence_id")
+        try:
+            q = queries.parse(msg)
+        except queries.InvalidQuery as exc:
+            raise ApiError(422, str(exc)) from None
+        try:
+            answers = await self.manager.ask_regions(control.QUERY, q.to_wire())
+        except WorkerUnavailable as exc:
+            raise ApiError(503, str(exc)) from None
+        bad = [a["error"] for a in answers.values() if "error" in a]
+        if bad:
+            raise ApiError(422, bad[0])
+        return queries.merge(q, [a["objects"] for a in answers.values()])
 
     async def _ask(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -1,6 +1,8 @@
-"""`geofence query` on the live stack: objects published at known places are found where they
+"""Spatial queries on the live stack: objects published at known places are found where they
 were last seen, from the x-geo regions' memory (a bbox page by page, the nearest first within
-a radius, strictly inside a polygon), and a bad query is refused with its reason."""
+a radius, strictly inside a polygon), through `geofence query` and the HTTP API (the whole map
+for a token with the operator claim, within one's own fence for any user); a bad query is
+refused with its reason."""
 
 from __future__ import annotations
 
@@ -10,13 +12,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 from shapely.geometry import box, mapping
 
+from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings
 from exchanges.x_geo import queries
-from tests.integration.clients import geofence
-from tests.integration.test_fence_changes_live import Gateway, latest_is
+from tests.integration.clients import DEADLINE, geofence
+from tests.integration.test_fence_api import Account, account, feature, firebase  # noqa: F401 (fixture)
+from tests.integration.test_fence_changes_live import Gateway, latest_is, square
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
 
 CORNER = (9.5350, 47.0650)  # a quiet corner of Liechtenstein (the demo drives elsewhere)
@@ -64,3 +69,46 @@ async def test_objects_are_found_where_they_were_last_seen(pipeline: ConnectionS
 
     refused = geofence("query", "nearby", str(x0), str(y0), "--radius", "-5")
     assert refused.returncode == 2 and "radius_m" in refused.stderr
+
+
+async def test_the_http_api_queries_for_an_operator_and_within_an_owners_fence(
+        pipeline: ConnectionSettings, firebase: tuple[str, int, str]) -> None:  # noqa: F811
+    host, port, project = firebase
+    email, password = f"{uuid.uuid4().hex[:12]}@example.org", uuid.uuid4().hex
+    uid, _ = fe.sign_up(host, port, project, email, password)
+    fe.set_claims(host, port, project, uid, {"geofence_operator": True})
+    operator = Account(uid, fe.sign_in(host, port, project, email, password))
+    user = account(firebase)
+    tag = uuid.uuid4().hex[:8]
+    x0, y0 = CORNER[0] + 0.01, CORNER[1]
+    near, far = f"n-{tag}", f"f-{tag}"
+    t0 = time.time()
+    async with Gateway(pipeline) as gw:
+        await gw.send((near, x0, y0, t0), (far, x0 + 0.006, y0, t0))  # outside the fence square (+-0.004)
+    await latest_is(near, t0)
+    await latest_is(far, t0)
+    assert pipeline["api"] is not None
+    fid = f"q-{tag}"
+    async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http:
+        bbox = f"{x0 - 0.001},{y0 - 0.001},{x0 + 0.007},{y0 + 0.001}"
+        denied = await http.get("/objects/within", params={"bbox": bbox}, headers=user.auth)
+        assert denied.status_code == 403 and "geofence_operator" in denied.json()["error"]
+        got = (await http.get("/objects/within", params={"bbox": bbox}, headers=operator.auth)).json()
+        assert {r["id"] for r in got["objects"]} >= {near, far}
+        nearby = (await http.get("/objects/nearby", params={"lon": x0, "lat": y0, "radius_m": 100},
+                                 headers=operator.auth)).json()["objects"]
+        assert [r["id"] for r in nearby if r["id"].endswith(tag)] == [near]  # far is ~450 m away
+        shape = mapping(box(x0 + 0.005, y0 - 0.001, x0 + 0.007, y0 + 0.001))
+        inside = (await http.post("/objects/within", json=shape, headers=operator.auth)).json()["objects"]
+        assert [r["id"] for r in inside if r["id"].endswith(tag)] == [far]
+        created = await http.post("/fences", json=feature(fid, square(x0, y0), timeout_s=600),
+                                  headers=user.auth)
+        assert created.status_code == 201, created.text
+        try:
+            mine = (await http.get("/objects/within", params={"fence_id": fid}, headers=user.auth)).json()
+            assert [r["id"] for r in mine["objects"] if r["id"].endswith(tag)] == [near]
+            bad = await http.get("/objects/nearby", params={"lon": x0, "lat": y0, "radius_m": -3},
+                                 headers=operator.auth)
+            assert bad.status_code == 422 and "radius_m" in bad.json()["error"]
+        finally:
+            await http.delete(f"/fences/{fid}", headers=user.auth)

@@ -257,3 +257,46 @@ def test_the_fence_api_answers_a_chunked_body_over_4_mib_with_413() -> None:
     r = http.post("/fences", content=chunks(b'{"name": "', *[b"x" * (1 << 20)] * 5, b'"}'),
                   headers={"Authorization": "Bearer good", "Content-Type": "application/json"})
     assert r.status_code == 413 and r.json()["error"] == "body over 4194304 bytes; at most 4194304"
+
+
+# --------------------------------------------------------------------------- spatial queries
+
+
+class Regions(Manager):
+    """A manager whose regions answer queries from two fixed sets of rows."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict[str, Any]] = []
+
+    async def ask_regions(self, kind: str, request: dict[str, Any], timeout: float = 10.0
+                          ) -> dict[str, dict[str, Any]]:
+        assert kind == "query"
+        self.asked.append(request)
+        return {"a": {"objects": [{"id": "o2", "lon": 9.505, "lat": 47.105, "ts": 2.0}]},
+                "b": {"objects": [{"id": "o1", "lon": 9.501, "lat": 47.101, "ts": 1.0},
+                                  {"id": "o2", "lon": 9.7, "lat": 47.2, "ts": 1.0}]}}
+
+
+def test_only_an_operator_queries_the_whole_map_and_an_owner_queries_within_a_fence() -> None:
+    regions = Regions()
+    svc = FenceService(cast(Any, regions))
+    bbox = {"query": "bbox", "bbox": [9.4, 47.0, 9.8, 47.3]}
+    assert "geofence_operator" in refused(svc.query(Caller("uid-1"), bbox), 403)
+    got = asyncio.run(svc.query(Caller("uid-1", operator=True), bbox))
+    assert [(r["id"], r["ts"]) for r in got["objects"]] == [("o1", 1.0), ("o2", 2.0)]  # the newer o2
+    with stored() as calls:
+        mine = asyncio.run(svc.query(Caller("uid-1"), {"fence_id": "f-1"}))
+        assert mine["query"] == "within" and regions.asked[-1]["query"] == "within"
+        assert "another user" in refused(svc.query(Caller("uid-2"), {"fence_id": "f-1"}), 403)
+        assert "no fence" in refused(svc.query(Caller("uid-1"), {"fence_id": "f-9"}), 404)
+    assert [name for name, _ in calls] == ["get_fence"] * 3
+    assert "radius_m" in refused(svc.query(Caller("uid-1", operator=True),
+                                           {"query": "nearby", "point": [9.5, 47.1], "radius_m": -1}))
+    assert "fence_id goes with" in refused(svc.query(Caller("uid-1"), {"fence_id": "f-1", "query": "bbox"}))
+    assert "JSON object" in refused(svc.query(Caller("uid-1", operator=True), ["bbox"]))
+
+
+def test_the_operator_claim_comes_from_the_token() -> None:
+    assert Caller.of("u", {"geofence_operator": True}).operator
+    assert not Caller.of("u", {"geofence_operator": "true"}).operator  # only a JSON true
+    assert not Caller.of("u", {}).operator
