@@ -4,6 +4,7 @@ regions' memory (exchanges/x_geo/queries.py), not from PostgreSQL.
     geofence query bbox LON0 LAT0 LON1 LAT1 [--limit N] [--after ID]
     geofence query within (FILE.geojson | --fence ID) [--limit N] [--after ID]
     geofence query nearby LON LAT --radius M [--limit K]
+    (each with [--where '[["type", "==", "truck"], ["speed", ">", 20]]'])
 
 Each region's x-geo answers over its control queue with the objects it holds the latest
 position of; the answers are merged (an object in transit between two regions keeps its
@@ -40,12 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--radius", type=float, help="nearby: metres")
     parser.add_argument("--limit", type=int, default=100, help="at most this many objects (a page)")
     parser.add_argument("--after", default="", help="bbox / within: the page after this object id")
+    parser.add_argument("--where", help="conditions on the positions' extra fields, JSON: "
+                                        """'[["type", "==", "truck"], ["speed", ">", 20]]'""")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
 async def request(args: argparse.Namespace) -> dict[str, Any]:
     """The query the arguments describe, as the wire has it (InvalidQuery if it is not one)."""
     msg: dict[str, Any] = {"query": args.kind, "limit": args.limit, "after": args.after}
+    if args.where:
+        try:
+            msg["where"] = json.loads(args.where)
+        except ValueError as exc:
+            raise queries.InvalidQuery(f"--where is not JSON: {exc}") from None
     try:
         values = [float(v) for v in args.values] if args.kind != "within" else []
     except ValueError as exc:

@@ -10,6 +10,7 @@ reads (/hives) needs `Authorization: Bearer <Firebase ID token>`; fences belong 
 import time
 from typing import Annotated, Any, Protocol
 
+import orjson
 from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -24,6 +25,19 @@ from fence.venues import user_store as us
 from fence.venues.commands import SensorCommands
 from fence.venues.hive_index import MAX_RADIUS_M, MAX_RESULTS, SearchError
 from fence.venues.reads import Unavailable, VenueReads
+
+WHERE_HELP = ('conditions on the positions\' extra fields, JSON: [["type", "==", "truck"], '
+              '["speed", ">", 20]] (ops == != < <= > >= in between)')
+
+
+def _where(raw: str | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(422, f"where is not JSON: {exc}") from None
+
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a 10,000-vertex polygon is ~400 kB of GeoJSON
 
@@ -217,30 +231,37 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
             bbox: Annotated[str | None, Query(description="min_lon,min_lat,max_lon,max_lat")] = None,
             fence_id: Annotated[str | None, Query(description="one of your fences")] = None,
             limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 1000,
-            after: Annotated[str, Query(description="the previous page's next_after")] = ""
+            after: Annotated[str, Query(description="the previous page's next_after")] = "",
+            where: Annotated[str | None, Query(description=WHERE_HELP)] = None
     ) -> dict[str, Any]:
         if (bbox is None) == (fence_id is None):
             raise ApiError(422, "give bbox or fence_id")
         if fence_id is not None:
-            return await service.query(who, {"fence_id": fence_id, "limit": limit, "after": after})
+            return await service.query(who, {"fence_id": fence_id, "limit": limit, "after": after,
+                                             "where": _where(where)})
         box = list(parse_bbox(bbox) or ())
-        return await service.query(who, {"query": "bbox", "bbox": box, "limit": limit, "after": after})
+        return await service.query(who, {"query": "bbox", "bbox": box, "limit": limit, "after": after,
+                                         "where": _where(where)})
 
     @app.post("/objects/within", tags=["live state"],
               summary="Objects last seen strictly inside a GeoJSON polygon (an operator's query)")
     async def objects_within_shape(who: Who, body: Annotated[Any, Body()],
                                    limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 1000,
-                                   after: str = "") -> dict[str, Any]:
+                                   after: str = "",
+                                   where: Annotated[str | None, Query(description=WHERE_HELP)] = None
+                                   ) -> dict[str, Any]:
         shape = body.get("geometry", body) if isinstance(body, dict) else body
-        return await service.query(who, {"query": "within", "shape": shape, "limit": limit, "after": after})
+        return await service.query(who, {"query": "within", "shape": shape, "limit": limit, "after": after,
+                                         "where": _where(where)})
 
     @app.get("/objects/nearby", tags=["live state"],
              summary="The objects last seen nearest a point, within a radius (an operator's query)")
     async def objects_nearby(who: Who, lon: float, lat: float, radius_m: float,
-                             limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 100
+                             limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 100,
+                             where: Annotated[str | None, Query(description=WHERE_HELP)] = None
                              ) -> dict[str, Any]:
         return await service.query(who, {"query": "nearby", "point": [lon, lat], "radius_m": radius_m,
-                                         "limit": limit})
+                                         "limit": limit, "where": _where(where)})
 
     @app.get("/objects/{object_id}/fences", tags=["live state"],
              summary="Which of your fences the object is in now (from every x-fence worker)")

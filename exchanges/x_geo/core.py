@@ -155,6 +155,7 @@ class XGeo:
         self._lh = np.zeros(0, np.uint64)
         self._lgate = np.zeros(0, np.float64)
         self._present = np.zeros(0, bool)
+        self._lextra = np.empty(0, dtype=object)  # the extra fields of that position (None: none)
         self.forget_walks()
 
     def forget_walks(self) -> None:
@@ -362,7 +363,7 @@ class XGeo:
         n = len(self._objects)
         here = self._present[:n]
         return queries.answer(q, self._objects.ids, np.where(here, self._llon[:n], np.nan),
-                              np.where(here, self._llat[:n], np.nan), self._lts[:n])
+                              np.where(here, self._llat[:n], np.nan), self._lts[:n], self._lextra[:n])
 
     def binding(self, fence_id: str) -> FenceBinding | None:
         """What is bound for `fence_id` (at the version last applied), or None."""
@@ -497,6 +498,9 @@ class XGeo:
         self._llon, self._llat = grow(self._llon, m, np.nan), grow(self._llat, m, np.nan)
         self._lh, self._lgate = grow(self._lh, m, 0), grow(self._lgate, m, 0.0)
         self._present = grow(self._present, m, False)
+        if self._lextra.size < m:
+            more = np.empty(m - self._lextra.size, dtype=object)
+            self._lextra = np.concatenate([self._lextra, more])
         if distinct(codes, m):
             last = np.arange(codes.size)
         else:
@@ -509,6 +513,12 @@ class XGeo:
         self._lts[obj] = batch.ts[last]
         self._llon[obj], self._llat[obj], self._lh[obj] = batch.lon[last], batch.lat[last], batch.h[last]
         self._lgate[obj] = 0.0 if gate is None else gate[last]
+        if batch.extra:
+            fields = np.empty(last.size, dtype=object)
+            fields[:] = [batch.extra[i] for i in last.tolist()]
+            self._lextra[obj] = fields
+        else:
+            self._lextra[obj] = None
         self._present[obj] = True if notice is None else ~notice[last]
 
     # -- state for `geofence inspect geo` ---------------------------------------------------

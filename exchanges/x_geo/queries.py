@@ -13,6 +13,9 @@ Kinds, all with the distance on the sphere (haversine, metres) where one is invo
   judged), by id, paged;
 - `nearby`: objects within `radius_m` of a point, nearest first, at most `k`.
 
+Each may carry `where` (exchanges/filters.py): conditions on the extra fields of the objects'
+latest positions (which the rows return as `fields`), applied before the page or the k.
+
 Trade-off: the regions answer from memory, so a query costs a scan of the region's present
 objects (vectorised; a bbox prefilter before the exact test) and no index: a few ms per
 million objects, and nothing to maintain on the hot path.
@@ -28,6 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
+
+from exchanges import filters
 
 EARTH_RADIUS_M = 6_371_008.8
 MAX_LIMIT = 10_000
@@ -48,9 +53,12 @@ class Query:
     radius_m: float = 0.0
     limit: int = 1000
     after: str = ""
+    where: tuple[filters.Clause, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"query": self.kind, "limit": self.limit, "after": self.after}
+        if self.where:
+            out["where"] = filters.to_wire(self.where)
         if self.kind == "bbox":
             out["bbox"] = list(self.bbox)
         elif self.kind == "within":
@@ -79,6 +87,10 @@ def parse(msg: Mapping[str, Any]) -> Query:
     after = msg.get("after", "")
     if not isinstance(after, str) or len(after) > 200:
         raise InvalidQuery("after: an object id (the previous page's last)")
+    try:
+        where = filters.parse(msg.get("where"))
+    except filters.InvalidFilter as exc:
+        raise InvalidQuery(str(exc)) from None
     if kind == "bbox":
         b = msg.get("bbox")
         if not isinstance(b, list | tuple) or len(b) != 4:
@@ -87,7 +99,7 @@ def parse(msg: Mapping[str, Any]) -> Query:
         y0, y1 = (_number(b[i], "bbox lat", -90, 90) for i in (1, 3))
         if x1 < x0 or y1 < y0:
             raise InvalidQuery("bbox: lon0 <= lon1 and lat0 <= lat1")
-        return Query("bbox", bbox=(x0, y0, x1, y1), limit=limit, after=after)
+        return Query("bbox", bbox=(x0, y0, x1, y1), limit=limit, after=after, where=where)
     if kind == "within":
         raw = msg.get("shape")
         try:
@@ -98,13 +110,13 @@ def parse(msg: Mapping[str, Any]) -> Query:
             raise InvalidQuery(f"shape: a GeoJSON Polygon or MultiPolygon, not {shape.geom_type}")
         if not shape.is_valid:
             raise InvalidQuery(f"shape: not a valid polygon ({shapely.is_valid_reason(shape)})")
-        return Query("within", shape=shape, limit=limit, after=after)
+        return Query("within", shape=shape, limit=limit, after=after, where=where)
     p = msg.get("point")
     if not isinstance(p, list | tuple) or len(p) != 2:
         raise InvalidQuery("point: [lon, lat]")
     point = (_number(p[0], "lon", -180, 180), _number(p[1], "lat", -90, 90))
     radius = _number(msg.get("radius_m"), "radius_m", 0, 1_000_000)
-    return Query("nearby", point=point, radius_m=radius, limit=limit)
+    return Query("nearby", point=point, radius_m=radius, limit=limit, where=where)
 
 
 def distance_m(lon0: float, lat0: float, lon: F64, lat: F64) -> F64:
@@ -115,9 +127,35 @@ def distance_m(lon0: float, lat0: float, lon: F64, lat: F64) -> F64:
     return out
 
 
-def answer(q: Query, ids: Sequence[str], lon: F64, lat: F64, ts: F64) -> list[dict[str, Any]]:
-    """One region's rows (its present objects given as columns): each {id, lon, lat, ts} (and
-    distance_m for nearby), at most q.limit, in the query's order."""
+def answer(q: Query, ids: Sequence[str], lon: F64, lat: F64, ts: F64,
+           extra: npt.NDArray[np.object_] | None = None) -> list[dict[str, Any]]:
+    """One region's rows (its present objects given as columns, `extra` their latest extra
+    fields): each {id, lon, lat, ts} (distance_m for nearby, fields when the position had
+    some), at most q.limit, in the query's order."""
+    rows = _answer(q, ids, lon, lat, ts, extra)
+    if extra is not None:
+        for r in rows:
+            fields = extra[r.pop("_i")]
+            if fields:
+                r["fields"] = fields
+    else:
+        for r in rows:
+            del r["_i"]
+    return rows
+
+
+def _kept(q: Query, sel: npt.NDArray[np.int64],
+          extra: npt.NDArray[np.object_] | None) -> npt.NDArray[np.int64]:
+    """The rows of `sel` whose extra fields pass the query's filter."""
+    if not q.where or not sel.size:
+        return sel
+    fields = [None] * sel.size if extra is None else extra[sel].tolist()
+    out: npt.NDArray[np.int64] = sel[filters.matches(q.where, fields)]
+    return out
+
+
+def _answer(q: Query, ids: Sequence[str], lon: F64, lat: F64, ts: F64,
+            extra: npt.NDArray[np.object_] | None) -> list[dict[str, Any]]:
     if q.kind == "nearby":
         x, y = q.point
         dlat = np.degrees(q.radius_m / EARTH_RADIUS_M)
@@ -125,20 +163,23 @@ def answer(q: Query, ids: Sequence[str], lon: F64, lat: F64, ts: F64) -> list[di
         near = np.flatnonzero((np.abs(lat - y) <= dlat) & (np.abs(((lon - x + 180) % 360) - 180) <= dlon))
         d = distance_m(x, y, lon[near], lat[near])
         keep = d <= q.radius_m
-        near, d = near[keep], d[keep]
+        near = _kept(q, near[keep], extra)
+        d = distance_m(x, y, lon[near], lat[near])
         ranked = sorted((dd, ids[i], i) for dd, i in zip(d.tolist(), near.tolist(), strict=True))
         return [_row(ids, lon, lat, ts, i, dd) for dd, _, i in ranked[: q.limit]]
     x0, y0, x1, y1 = q.bbox if q.kind == "bbox" else q.shape.bounds  # type: ignore[union-attr]
     sel = np.flatnonzero((lon >= x0) & (lon <= x1) & (lat >= y0) & (lat <= y1))
     if q.kind == "within" and sel.size:
         sel = sel[shapely.contains_xy(q.shape, lon[sel], lat[sel])]
+    sel = _kept(q, sel, extra)
     names = [ids[i] for i in sel.tolist()]
     picked = sorted((n, i) for n, i in zip(names, sel.tolist(), strict=True) if n > q.after)[: q.limit]
     return [_row(ids, lon, lat, ts, i) for _, i in picked]
 
 
 def _row(ids: Sequence[str], lon: F64, lat: F64, ts: F64, i: int, d: float | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": ids[i], "lon": float(lon[i]), "lat": float(lat[i]), "ts": float(ts[i])}
+    out: dict[str, Any] = {"id": ids[i], "lon": float(lon[i]), "lat": float(lat[i]), "ts": float(ts[i]),
+                           "_i": i}
     if d is not None:
         out["distance_m"] = d
     return out

@@ -69,6 +69,8 @@ async def test_objects_are_found_where_they_were_last_seen(pipeline: ConnectionS
 
     refused = geofence("query", "nearby", str(x0), str(y0), "--radius", "-5")
     assert refused.returncode == 2 and "radius_m" in refused.stderr
+    none = query("bbox", *bb, "--where", '[["type", "==", "truck"]]')["objects"]
+    assert [r for r in none if r["id"].endswith(tag)] == []  # these objects carry no fields
 
 
 async def test_the_http_api_queries_for_an_operator_and_within_an_owners_fence(
@@ -84,7 +86,9 @@ async def test_the_http_api_queries_for_an_operator_and_within_an_owners_fence(
     near, far = f"n-{tag}", f"f-{tag}"
     t0 = time.time()
     async with Gateway(pipeline) as gw:
-        await gw.send((near, x0, y0, t0), (far, x0 + 0.006, y0, t0))  # outside the fence square (+-0.004)
+        await gw.send_raw({"positions": [  # far: outside the fence square (+-0.004)
+            {"id": near, "lon": x0, "lat": y0, "ts": t0, "type": "truck", "load_t": 12.5},
+            {"id": far, "lon": x0 + 0.006, "lat": y0, "ts": t0, "type": "car"}]})
     await latest_is(near, t0)
     await latest_is(far, t0)
     assert pipeline["api"] is not None
@@ -95,6 +99,13 @@ async def test_the_http_api_queries_for_an_operator_and_within_an_owners_fence(
         assert denied.status_code == 403 and "geofence_operator" in denied.json()["error"]
         got = (await http.get("/objects/within", params={"bbox": bbox}, headers=operator.auth)).json()
         assert {r["id"] for r in got["objects"]} >= {near, far}
+        only_trucks = {"bbox": bbox, "where": '[["type", "==", "truck"]]'}
+        trucks = (await http.get("/objects/within", params=only_trucks, headers=operator.auth)).json()["objects"]
+        assert [(r["id"], r["fields"]) for r in trucks if r["id"].endswith(tag)] == [
+            (near, {"type": "truck", "load_t": 12.5})]
+        bad_where = await http.get("/objects/within", params={"bbox": bbox, "where": '[["type", "~", 1]]'},
+                                   headers=operator.auth)
+        assert bad_where.status_code == 422 and "op" in bad_where.json()["error"]
         nearby = (await http.get("/objects/nearby", params={"lon": x0, "lat": y0, "radius_m": 100},
                                  headers=operator.auth)).json()["objects"]
         assert [r["id"] for r in nearby if r["id"].endswith(tag)] == [near]  # far is ~450 m away
