@@ -100,7 +100,8 @@ async def test_the_http_api_queries_for_an_operator_and_within_an_owners_fence(
         got = (await http.get("/objects/within", params={"bbox": bbox}, headers=operator.auth)).json()
         assert {r["id"] for r in got["objects"]} >= {near, far}
         only_trucks = {"bbox": bbox, "where": '[["type", "==", "truck"]]'}
-        trucks = (await http.get("/objects/within", params=only_trucks, headers=operator.auth)).json()["objects"]
+        answer = await http.get("/objects/within", params=only_trucks, headers=operator.auth)
+        trucks = answer.json()["objects"]
         assert [(r["id"], r["fields"]) for r in trucks if r["id"].endswith(tag)] == [
             (near, {"type": "truck", "load_t": 12.5})]
         bad_where = await http.get("/objects/within", params={"bbox": bbox, "where": '[["type", "~", 1]]'},
