@@ -61,13 +61,20 @@ async def read_until_stopped(dsn: str, read: Callable[[asyncpg.Connection], Awai
 class StoreConnection:
     """A sidecar's own PostgreSQL connection, made again when lost. `run(work, what)` is
     `work(conn)`, retried with backoff while PostgreSQL is away (a connection lost, or one a
-    cancelled caller left inside a transaction: InterfaceError); the batch that needs it stays
-    unacked meanwhile. It raises only once `stop` (set by the session) is set."""
+    cancelled caller left inside a transaction: InterfaceError, or in a state asyncpg no longer
+    follows: InternalClientError); the batch that needs it stays unacked meanwhile. It raises
+    only once `stop` (set by the session) is set.
+
+    One connection does one thing at a time: callers of `run` from concurrent tasks (the
+    venue sidecar's notifier and its sensor watch share one) take turns. Without the turn,
+    asyncpg saw two operations on one connection and, once, lost track of its protocol state
+    (InternalClientError), which ended the sidecar in the middle of a demo."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.conn: asyncpg.Connection | None = None
         self.stop = asyncio.Event()
+        self.turn = asyncio.Lock()
 
     async def connection(self) -> asyncpg.Connection:
         if self.conn is None or self.conn.is_closed():
@@ -78,8 +85,10 @@ class StoreConnection:
         backoff = Backoff()
         while True:
             try:
-                return await work(await self.connection())
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+                async with self.turn:
+                    return await work(await self.connection())
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                    asyncpg.exceptions.InternalClientError) as exc:
                 await self.close()
                 if self.stop.is_set():
                     raise
