@@ -132,30 +132,28 @@ def answer(q: Query, ids: Sequence[str], lon: F64, lat: F64, ts: F64,
     """One region's rows (its present objects given as columns, `extra` their latest extra
     fields): each {id, lon, lat, ts} (distance_m for nearby, fields when the position had
     some), at most q.limit, in the query's order."""
-    rows = _answer(q, ids, lon, lat, ts, extra)
-    if extra is not None:
-        for r in rows:
-            fields = extra[r.pop("_i")]
-            if fields:
-                r["fields"] = fields
-    else:
-        for r in rows:
-            del r["_i"]
+    rows = []
+    for i, d in _picked(q, ids, lon, lat, extra):
+        row: dict[str, Any] = {"id": ids[i], "lon": float(lon[i]), "lat": float(lat[i]), "ts": float(ts[i])}
+        if d is not None:
+            row["distance_m"] = d
+        if extra is not None and extra[i]:
+            row["fields"] = extra[i]
+        rows.append(row)
     return rows
 
 
-def _kept(q: Query, sel: npt.NDArray[np.int64],
-          extra: npt.NDArray[np.object_] | None) -> npt.NDArray[np.int64]:
-    """The rows of `sel` whose extra fields pass the query's filter."""
+def _matching(q: Query, sel: npt.NDArray[np.int64],
+              extra: npt.NDArray[np.object_] | None) -> npt.NDArray[np.bool_]:
+    """Which rows of `sel` have extra fields that pass the query's filter."""
     if not q.where or not sel.size:
-        return sel
-    fields = [None] * sel.size if extra is None else extra[sel].tolist()
-    out: npt.NDArray[np.int64] = sel[filters.matches(q.where, fields)]
-    return out
+        return np.ones(sel.size, bool)
+    return filters.matches(q.where, [None] * sel.size if extra is None else extra[sel].tolist())
 
 
-def _answer(q: Query, ids: Sequence[str], lon: F64, lat: F64, ts: F64,
-            extra: npt.NDArray[np.object_] | None) -> list[dict[str, Any]]:
+def _picked(q: Query, ids: Sequence[str], lon: F64, lat: F64,
+            extra: npt.NDArray[np.object_] | None) -> list[tuple[int, float | None]]:
+    """The answer's objects (their index, and their distance for nearby), in order."""
     if q.kind == "nearby":
         x, y = q.point
         dlat = np.degrees(q.radius_m / EARTH_RADIUS_M)
@@ -163,26 +161,17 @@ def _answer(q: Query, ids: Sequence[str], lon: F64, lat: F64, ts: F64,
         near = np.flatnonzero((np.abs(lat - y) <= dlat) & (np.abs(((lon - x + 180) % 360) - 180) <= dlon))
         d = distance_m(x, y, lon[near], lat[near])
         keep = d <= q.radius_m
-        near = _kept(q, near[keep], extra)
-        d = distance_m(x, y, lon[near], lat[near])
-        ranked = sorted((dd, ids[i], i) for dd, i in zip(d.tolist(), near.tolist(), strict=True))
-        return [_row(ids, lon, lat, ts, i, dd) for dd, _, i in ranked[: q.limit]]
+        near, d = near[keep], d[keep]
+        keep = _matching(q, near, extra)
+        ranked = sorted((dd, ids[i], i) for dd, i in zip(d[keep].tolist(), near[keep].tolist(), strict=True))
+        return [(i, dd) for dd, _, i in ranked[: q.limit]]
     x0, y0, x1, y1 = q.bbox if q.kind == "bbox" else q.shape.bounds  # type: ignore[union-attr]
     sel = np.flatnonzero((lon >= x0) & (lon <= x1) & (lat >= y0) & (lat <= y1))
     if q.kind == "within" and sel.size:
         sel = sel[shapely.contains_xy(q.shape, lon[sel], lat[sel])]
-    sel = _kept(q, sel, extra)
-    names = [ids[i] for i in sel.tolist()]
-    picked = sorted((n, i) for n, i in zip(names, sel.tolist(), strict=True) if n > q.after)[: q.limit]
-    return [_row(ids, lon, lat, ts, i) for _, i in picked]
-
-
-def _row(ids: Sequence[str], lon: F64, lat: F64, ts: F64, i: int, d: float | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": ids[i], "lon": float(lon[i]), "lat": float(lat[i]), "ts": float(ts[i]),
-                           "_i": i}
-    if d is not None:
-        out["distance_m"] = d
-    return out
+    sel = sel[_matching(q, sel, extra)]
+    picked = sorted((ids[i], i) for i in sel.tolist() if ids[i] > q.after)[: q.limit]
+    return [(i, None) for _, i in picked]
 
 
 def merge(q: Query, answers: Iterable[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:

@@ -748,10 +748,11 @@ class XFence:
 
     # -- handover (`geofence worker add / remove / hot`) -----------------------------------
 
-    def _given(self, ring: Placement) -> tuple[list[int], npt.NDArray[np.bool_]]:
+    def _given(self, ring: Placement) -> tuple[list[int], list[int], npt.NDArray[np.bool_]]:
         """Under `ring`: the fences defined here that go to other workers whole (this worker
-        is not among their masters) or in part (hot fences: their definition goes along, as a
-        master that joins needs it), and the inside pairs whose new owner is another worker."""
+        is not among their masters), those that go in part (hot fences: their definition goes
+        along, as a master that joins needs it), and the inside pairs whose new owner is
+        another worker."""
         whole: list[int] = []
         hot: list[tuple[str, int]] = []
         for name, code in self._fence_code.items():
@@ -768,7 +769,7 @@ class XFence:
                 ids, objs = self._objects.ids, (self._keys[at] >> _SHIFT).astype(np.int64)
                 owners = ring.owners(name, [ids[o] for o in objs.tolist()])
                 given[at] = np.array([w != self.worker for w in owners], bool)
-        return sorted(whole + [c for _, c in hot]), given
+        return sorted(whole), sorted(c for _, c in hot), given
 
     def export(self, ring: Placement, gates: bool = True) -> dict[str, Any]:
         """What `ring` (the new one) gives to other workers, as plain data: the definitions of
@@ -777,7 +778,8 @@ class XFence:
         position, handover time). Changes nothing: the state stays here until `forget` (the
         handover is abandoned, it goes on here). `gates`: with every object's handover time
         (a worker that joins needs them once)."""
-        codes, sel = self._given(ring)
+        whole, hot, sel = self._given(ring)
+        codes = sorted(whole + hot)
         objs, p_obj = np.unique((self._keys[sel] >> _SHIFT).astype(np.int64), return_inverse=True)
         at = {c: i for i, c in enumerate(codes)}
         p_fence = np.array([at[int(c)] for c in (self._keys[sel] & _LOW).astype(np.int64)], np.int64)
@@ -787,8 +789,7 @@ class XFence:
             "fences": [[self._fence_names[c], self._stored(c)] for c in codes],
             "versions": {self._fence_names[c]: self._versions[self._fence_names[c]] for c in codes},
             # fences given away whole (the others are hot: only some of their objects move)
-            "whole": [self._fence_names[c] for c in codes
-                      if self.worker not in ring.masters(self._fence_names[c])],
+            "whole": [self._fence_names[c] for c in whole],
             "ids": [self._objects.ids[o] for o in objs.tolist()],
             **{name: codec.pack_array(getattr(self, f"_{name}")[objs], "<f8") for name in codec.ROWS},
             "pair_object": codec.pack_array(p_obj.astype(np.int64), "<i8"),
@@ -871,8 +872,7 @@ class XFence:
         """Let go, with no event, of what `ring` gives to other workers (their new owners
         have the state and decide from now on): the fences this worker is no master of, and
         a hot fence's objects another master owns. Returns how many fences went whole."""
-        codes, given = self._given(ring)
-        whole = [c for c in codes if self.worker not in ring.masters(self._fence_names[c])]
+        whole, _, given = self._given(ring)
         if not given.any() and not whole:
             return 0
         self._dirty_objs.append((self._keys[given] >> _SHIFT).astype(np.int64))

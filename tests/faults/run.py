@@ -289,6 +289,10 @@ class FaultRun:
         self._measure(f, queues, "any")
         return f
 
+    def log(self, line: str) -> None:
+        """A live operation's progress, said under the run's title."""
+        say(f"{self.title}: {line}")
+
     def busiest_split(self) -> tuple[str, int]:
         """The region where most of this run's updates are, and their median Hilbert index
         there: a split at it sends about half of them through a new region, and the walkers

@@ -16,7 +16,6 @@ from deploy import region_ops
 from exchanges import routing_store
 from tests.faults.run import FaultRun, Workload, execute
 from tests.faults.stack import Stack
-from tests.faults.timing import say
 from tests.faults.verdict import failure_message
 
 pytestmark = pytest.mark.timeout(600)
@@ -32,19 +31,16 @@ async def test_region_added_and_removed_live(fault_stack: Stack, workload: Workl
     run = FaultRun(stack, workload, f"region {NEW} added live, then removed live", fault_seed + 3, RATE)
     split: list[str] = []
 
-    def log(line: str) -> None:
-        say(f"{run.title}: {line}")
-
     async def inject(run: FaultRun) -> None:
         region, at = run.busiest_split()
         split.append(region)
         add_at, remove_at = run.moments(2, 0.08, 0.55)
         await run.reach(add_at)
         await run.scale(f"region add {NEW} --split-from {split[0]} --at {at}", lambda: _line(
-            region_ops.add(stack.settings, stack.pw, NEW, split[0], at, log)))
+            region_ops.add(stack.settings, stack.pw, NEW, split[0], at, run.log)))
         await run.reach(remove_at)
         await run.scale(f"region remove {NEW} --into {split[0]}", lambda: _line(
-            region_ops.remove(stack.settings, stack.pw, NEW, split[0], log)))
+            region_ops.remove(stack.settings, stack.pw, NEW, split[0], run.log)))
 
     try:
         out = await execute(run, inject)
@@ -52,7 +48,7 @@ async def test_region_added_and_removed_live(fault_stack: Stack, workload: Workl
         now = await routing_store.read_worldmap(dsn)
         if now is not None and NEW in now.regions and split:
             with contextlib.suppress(Exception):
-                await region_ops.remove(stack.settings, stack.pw, NEW, split[0], log)
+                await region_ops.remove(stack.settings, stack.pw, NEW, split[0], run.log)
     assert not out.problems, failure_message(out)
     scaled = [f for f in run.faults if f.kind == "scale"]
     assert len(scaled) == 2 and all(f.note.startswith("SUMMARY region") for f in scaled), scaled
@@ -61,7 +57,7 @@ async def test_region_added_and_removed_live(fault_stack: Stack, workload: Workl
     # the curve is shared as before (the join put back exactly what the split took)
     assert final.to_json()["intervals"] == wm.to_json()["intervals"]
     crossed = sum(1 for e in run.reference if e[4] in ("entered", "exited"))
-    say(f"{run.title}: {crossed:,} events of objects moving through the fences, split at the median")
+    run.log(f"{crossed:,} events of objects moving through the fences, split at the median")
 
 
 async def _line(op: object) -> str:

@@ -22,7 +22,6 @@ import pytest
 from deploy import worker_ops
 from tests.faults.run import FaultRun, Workload, execute
 from tests.faults.stack import Stack
-from tests.faults.timing import say
 from tests.faults.verdict import failure_message
 
 pytestmark = pytest.mark.timeout(600)
@@ -31,15 +30,10 @@ RATE = 1_500.0  # updates/s: both changes happen while the stream flows
 
 
 class Ops:
-    """The run's worker operations: their progress said under the run's title, their
-    outcomes kept in order."""
+    """The run's worker operations, their outcomes kept in order."""
 
-    def __init__(self, run: FaultRun) -> None:
-        self.run = run
+    def __init__(self) -> None:
         self.outcomes: list[worker_ops.Outcome] = []
-
-    def log(self, line: str) -> None:
-        say(f"{self.run.title}: {line}")
 
     async def op(self, coro: Awaitable[worker_ops.Outcome]) -> str:
         outcome = await coro
@@ -53,8 +47,8 @@ async def test_worker_added_and_removed_live(fault_stack: Stack, workload: Workl
     assert NEW not in ring.nodes, f"worker {NEW} exists already"
     run = FaultRun(stack, workload, f"worker {NEW} added live (weight 2), then removed live", fault_seed + 4,
                    RATE)
-    ops = Ops(run)
-    log, op, outcomes = ops.log, ops.op, ops.outcomes
+    ops = Ops()
+    log, op, outcomes = run.log, ops.op, ops.outcomes
 
     async def inject(run: FaultRun) -> None:
         add_at, remove_at = run.moments(2, 0.1, 0.6)
@@ -91,8 +85,8 @@ async def test_hot_fences_live(fault_stack: Stack, workload: Workload, fault_see
     run = FaultRun(stack, workload, f"{HOT} busiest fences hot (2 masters), worker {NEW} added, fences "
                    "back to 1 master, worker removed, live", fault_seed + 5, RATE)
     busiest = [f for f, _ in Counter(e[1] for e in run.reference).most_common(HOT)]
-    ops = Ops(run)
-    log, op, outcomes = ops.log, ops.op, ops.outcomes
+    ops = Ops()
+    log, op, outcomes = run.log, ops.op, ops.outcomes
 
     async def inject(run: FaultRun) -> None:
         hot_at, add_at, cool_at, remove_at = run.moments(4, 0.08, 0.7)

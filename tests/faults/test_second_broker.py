@@ -21,7 +21,6 @@ from exchanges import routing_store
 from exchanges import topology as t
 from tests.faults.run import FaultRun, Workload, execute
 from tests.faults.stack import Stack
-from tests.faults.timing import say
 from tests.faults.verdict import failure_message
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,9 +38,6 @@ async def test_a_region_on_a_second_broker_survives_that_broker_restarting(
                    RATE)
     split: list[str] = []
 
-    def log(line: str) -> None:
-        say(f"{run.title}: {line}")
-
     async def inject(run: FaultRun) -> None:
         region, at = run.busiest_split()
         split.append(region)
@@ -49,7 +45,7 @@ async def test_a_region_on_a_second_broker_survives_that_broker_restarting(
         await run.reach(add_at)
 
         async def add() -> str:
-            out = await region_ops.add(stack.settings, stack.pw, NEW, split[0], at, log, broker=2)
+            out = await region_ops.add(stack.settings, stack.pw, NEW, split[0], at, run.log, broker=2)
             return out.line()
 
         await run.scale(f"region add {NEW} --split-from {split[0]} --broker 2", add)
@@ -62,12 +58,12 @@ async def test_a_region_on_a_second_broker_survives_that_broker_restarting(
         url = connection_settings(settings, stack.pw)["amqp"][t.region_vhost(NEW)]
         answer = await ask(url, t.GEO_CONTROL_EXCHANGE, "", {"limit": 0})
         positions = int(answer["counters"]["positions"])
-        say(f"{run.title}: x-geo {NEW} on the second broker routed {positions:,} positions")
+        run.log(f"x-geo {NEW} on the second broker routed {positions:,} positions")
     finally:  # region c joined back, the second node stopped
         now = await routing_store.read_worldmap(dsn)
         if now is not None and NEW in now.regions and split:
             with contextlib.suppress(Exception):
-                await region_ops.remove(stack.settings, stack.pw, NEW, split[0], log)
+                await region_ops.remove(stack.settings, stack.pw, NEW, split[0], run.log)
         settings = region_ops.live(stack.settings)
         if services.broker2_running(settings):
             with contextlib.suppress(Exception):
