@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
+from exchanges import filters
 from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE, visit_id
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
@@ -89,3 +91,67 @@ def visit_problems(events: Sequence[Any]) -> list[str]:
             bad.append(f"LEAVE {k} at {e.ts}: visit {e.visit_id} (ENTER's {enter.visit_id}), "
                        f"inside_s {e.inside_s} (expected {e.ts - enter.ts})")
     return bad
+
+
+RoamTuple = tuple[str, str, str, float]  # (subscription, object, "nearby" | "faraway", ts)
+
+
+def _haversine_m(lon0: Any, lat0: Any, lon1: Any, lat1: Any) -> npt.NDArray[np.float64]:
+    p0, p1 = np.radians(lat0), np.radians(lat1)
+    dl = np.radians(np.subtract(lon1, lon0))
+    a = np.sin((p1 - p0) / 2) ** 2 + np.cos(p0) * np.cos(p1) * np.sin(dl / 2) ** 2
+    out: npt.NDArray[np.float64] = 2 * 6_371_008.8 * np.arcsin(np.sqrt(np.minimum(a, 1.0)))
+    return out
+
+
+def roam_events(subscriptions: Sequence[Any], ids: Sequence[str], lon: npt.NDArray[np.float64],
+                lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
+                extras: Sequence[dict[str, Any] | None] | None = None) -> list[RoamTuple]:
+    """Proximity events by brute force, row by row in the order given: for each update, every
+    subscription against every object, before and after (fence/x_fence/roaming.py states the
+    rule). `subscriptions` carry id, object, radius_m, match and where."""
+    names = sorted(set(ids) | {s.object for s in subscriptions})
+    slot = {o: i for i, o in enumerate(names)}
+    n = len(names)
+    plon, plat = np.full(n, np.nan), np.full(n, np.nan)
+    ext: list[dict[str, Any] | None] = [None] * n
+    subs = list(subscriptions)
+    s_slot = np.array([slot[s.object] for s in subs], np.int64)
+    s_r = np.array([s.radius_m for s in subs], np.float64)
+    classes = sorted({(s.match, s.where) for s in subs}, key=repr)
+    s_cls = np.array([classes.index((s.match, s.where)) for s in subs], np.int64)
+    by_id = np.array([[m == "*" or fnmatchcase(o, m) for o in names] for m, _ in classes], bool)
+    by_id = by_id.reshape(len(classes), n)
+    passes = by_id.copy()  # per filter, per object: passes it now
+    out: list[RoamTuple] = []
+    for i, o in enumerate(ids):
+        b = slot[o]
+        ox, oy = plon[b], plat[b]
+        nx, ny = float(lon[i]), float(lat[i])
+        e = extras[i] if extras else None
+        was_pass = passes[s_cls, b]
+        now_cls = by_id[:, b] & np.array([filters.matches(w, [e])[0] for _, w in classes], bool)
+        now_pass = now_cls[s_cls]
+        # subscriptions on o: every other object with a position
+        for j in np.flatnonzero(s_slot == b).tolist():
+            others = np.flatnonzero(~np.isnan(plon) & (np.arange(n) != b))
+            d_was = _haversine_m(ox, oy, plon[others], plat[others])
+            d_now = _haversine_m(nx, ny, plon[others], plat[others])
+            ok = passes[s_cls[j], others]
+            was, now = ok & (d_was <= s_r[j]), ok & (d_now <= s_r[j])
+            for t in others[was & ~now].tolist():
+                out.append((subs[j].id, names[t], "faraway", float(ts[i])))
+            for t in others[now & ~was].tolist():
+                out.append((subs[j].id, names[t], "nearby", float(ts[i])))
+        # o as the other object of every subscription on someone else with a position
+        js = np.flatnonzero((s_slot != b) & ~np.isnan(plon[s_slot]))
+        a = s_slot[js]
+        was = was_pass[js] & (_haversine_m(plon[a], plat[a], ox, oy) <= s_r[js])
+        now = now_pass[js] & (_haversine_m(plon[a], plat[a], nx, ny) <= s_r[js])
+        for j in js[was & ~now].tolist():
+            out.append((subs[j].id, o, "faraway", float(ts[i])))
+        for j in js[now & ~was].tolist():
+            out.append((subs[j].id, o, "nearby", float(ts[i])))
+        plon[b], plat[b], ext[b] = nx, ny, e
+        passes[:, b] = now_cls
+    return out

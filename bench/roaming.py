@@ -1,0 +1,384 @@
+"""Proximity subscriptions (issue 20): 10,000 moving subscribers and 10,000 moving publishers on
+the Liechtenstein road network, side by side with Tile38's ROAM on the same stream, in one run.
+
+    python -m bench.roaming [--subscribers 10000] [--publishers 10000] [--updates 200000]
+        [--workers 2] [--batch 2000] [--half-rate-s 10] [--skip-reference] [--tile38 PATH]
+
+Workload: two fleets of the demo's traffic generator (deploy/demo/traffic.py: round trips on
+the OSM extract's roads, 5 m GPS noise), one of subscribers (`r<radius>-car-NNNN`, radius 200,
+300, 400 or 500 m by car number), one of publishers (`p-car-NNNN`); every vehicle reports once a
+second of simulated time, the reports of a second shuffled together. Each subscriber carries one
+subscription matching `p-*`. The fleets' routes take a while to compute (~5 ms a vehicle), so
+the positions are kept in ~/.cache/geofence-bench/ for the next run.
+
+Ours: the routing cores in one process, as the sidecars run them: x-geo's router
+(exchanges/x_geo/roam_routing.py) cuts each batch into the workers' shares, each worker's
+matcher (fence/x_fence/roaming.py) reports the events; the events of all workers together are
+compared with the brute-force reference (fence/reference.py `roam_events`: every subscription
+against every object, row by row). Two figures:
+- throughput: the stream in batches of --batch, as fast as it goes (one core);
+- latency at half that rate: the first --half-rate-s seconds of the stream fed at half the
+  measured rate, a batch cut every 5 ms or at --batch rows; a row's latency is from the moment it
+  is due to the moment its batch's events are out.
+No broker here: the figure is the matching path's own cost, what the sidecars add around it is
+measured by bench/e2e.py for the fence path.
+
+Tile38 (../shared/anchors/tile38/tile38-server): the subscribers in key `subs`, the publishers in
+`pubs`; per radius two hooks, `SETCHAN ... NEARBY subs MATCH r<R>-* FENCE NODWELL ROAM pubs * R`
+(a subscriber moved) and `SETCHAN ... NEARBY pubs FENCE NODWELL ROAM subs r<R>-* R` (a
+publisher moved); the SETs pipelined in batches of --pipeline while a subscriber collects the
+notifications, which are compared with the reference too (as (subscriber, publisher, kind)
+counts: Tile38 does not carry our timestamps). Its rate is updates over the time from the first
+SET to the last notification.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # run as a file: again as a module of bench
+    import cli  # type: ignore[import-not-found]  # bench/cli.py, in this file's own folder
+
+    cli.run_as_module(__file__)
+
+import argparse
+import contextlib
+import json
+import os
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from bench import report
+from bench.versus_tile38 import SETTLE_S, TILE38, Resp, encode, tile38_server
+from deploy.demo.traffic import Fleet, road_network
+from exchanges.hash_ring import HashRing
+from exchanges.roam_cells import BlockOwners, RoamGrid
+from exchanges.x_geo.roam_routing import RoamRouter
+from fence.reference import roam_events
+from fence.x_fence.roaming import RoamEvent, RoamMatcher, Subscription
+
+RADII = (200.0, 300.0, 400.0, 500.0)
+CACHE = Path.home() / ".cache" / "geofence-bench"
+START_S = 120.0  # simulated time of the first report: every vehicle is on its way
+F64 = npt.NDArray[np.float64]
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def _fleet_track(n: int, seed: int, ticks: int) -> tuple[F64, F64]:
+    """(ticks, n) lon and lat of a fleet reporting once a second from START_S."""
+    fleet = Fleet(road_network(), n, seed)
+    lon, lat = np.empty((ticks, n)), np.empty((ticks, n))
+    for t in range(ticks):
+        _, lon[t], lat[t] = fleet.positions(START_S + t)
+    return lon, lat
+
+
+@dataclass(frozen=True, eq=False)
+class Stream:
+    ids: list[str]
+    lon: F64
+    lat: F64
+    ts: F64
+    subscriptions: list[Subscription]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def make_stream(n_sub: int, n_pub: int, updates: int, seed: int) -> Stream:
+    ticks = -(-updates // (n_sub + n_pub))
+    path = CACHE / f"roaming-{n_sub}-{n_pub}-{ticks}-{seed}.npz"
+    if path.is_file():
+        data = np.load(path)
+        slon, slat, plon, plat = data["slon"], data["slat"], data["plon"], data["plat"]
+    else:
+        report.warn(f"computing the fleets' routes ({n_sub + n_pub:,} vehicles, ~5 ms each, two processes); "
+                    f"kept in {path}")
+        with ProcessPoolExecutor(2) as pool:
+            fs = pool.submit(_fleet_track, n_sub, seed, ticks)
+            fp = pool.submit(_fleet_track, n_pub, seed + 1, ticks)
+            (slon, slat), (plon, plat) = fs.result(), fp.result()
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, slon=slon, slat=slat, plon=plon, plat=plat)
+        tmp.replace(path)
+    sub_ids = [f"r{int(RADII[i % len(RADII)])}-car-{i + 1:05d}" for i in range(n_sub)]
+    pub_ids = [f"p-car-{i + 1:05d}" for i in range(n_pub)]
+    names = sub_ids + pub_ids
+    rng = np.random.default_rng(seed)
+    ids: list[str] = []
+    lon, lat, ts = [], [], []
+    for t in range(ticks):
+        order = rng.permutation(n_sub + n_pub)
+        lo = np.concatenate([slon[t], plon[t]])[order]
+        la = np.concatenate([slat[t], plat[t]])[order]
+        ids += [names[i] for i in order.tolist()]
+        lon.append(lo)
+        lat.append(la)
+        ts.append(np.full(order.size, 1_790_000_000.0 + START_S + t))
+    subs = [Subscription(f"near-{s}", s, RADII[i % len(RADII)], match="p-*") for i, s in enumerate(sub_ids)]
+    return Stream(ids[:updates], np.concatenate(lon)[:updates], np.concatenate(lat)[:updates],
+                  np.concatenate(ts)[:updates], subs)
+
+
+# --------------------------------------------------------------------------- ours
+
+
+@dataclass
+class Pipeline:
+    router: RoamRouter
+    workers: list[RoamMatcher]
+    routed_rows: int = 0
+    route_s: float = 0.0
+    match_s: list[float] = field(default_factory=list)
+
+    @staticmethod
+    def make(subs: list[Subscription], n_workers: int) -> Pipeline:
+        grid = RoamGrid.for_radius(max(s.radius_m for s in subs))
+        names = [f"w{i}" for i in range(n_workers)]
+        ring = HashRing(names)
+        router = RoamRouter(grid, BlockOwners(grid, names, ring.nodes_for_many))
+        workers = [RoamMatcher(grid, BlockOwners(grid, names, ring.nodes_for_many), i)
+                   for i in range(n_workers)]
+        for s in subs:
+            router.set_radius(s.object, max(router.radius(s.object), s.radius_m))
+            for w in workers:
+                w.add(s)
+        return Pipeline(router, workers, match_s=[0.0] * n_workers)
+
+    def batch(self, ids: list[str], lon: F64, lat: F64, ts: F64) -> list[RoamEvent]:
+        t = time.perf_counter()
+        shares = self.router.route(ids, lon, lat)
+        self.route_s += time.perf_counter() - t
+        out: list[RoamEvent] = []
+        for w, rows in shares.items():
+            t = time.perf_counter()
+            r = rows.rows
+            out += self.workers[w].apply([ids[i] for i in r.tolist()], lon[r], lat[r], ts[r],
+                                         rows.prev_lon, rows.prev_lat)
+            self.match_s[w] += time.perf_counter() - t
+            self.routed_rows += len(rows)
+        return out
+
+
+def run_ours(s: Stream, n_workers: int, batch: int) -> tuple[float, list[RoamEvent], Pipeline]:
+    p = Pipeline.make(s.subscriptions, n_workers)
+    events: list[RoamEvent] = []
+    progress = report.Progress("ours, full speed", len(s))
+    t0 = time.perf_counter()
+    for lo in range(0, len(s), batch):
+        hi = min(lo + batch, len(s))
+        events += p.batch(s.ids[lo:hi], s.lon[lo:hi], s.lat[lo:hi], s.ts[lo:hi])
+        progress.update(hi)
+    elapsed = time.perf_counter() - t0
+    progress.close()
+    return len(s) / elapsed, events, p
+
+
+def run_paced(s: Stream, n_workers: int, batch: int, rate: float, seconds: float) -> F64:
+    """Rows due at `rate` per second; a batch is cut every 5 ms (or at `batch` rows) from the
+    rows due by then; each row's latency is from its due time to its batch's end."""
+    p = Pipeline.make(s.subscriptions, n_workers)
+    n = min(len(s), int(rate * seconds))
+    due = np.arange(n) / rate
+    lat = np.empty(n)
+    progress = report.Progress(f"ours, paced at {rate:,.0f}/s", n)
+    t0 = time.perf_counter()
+    lo = 0
+    while lo < n:
+        now = time.perf_counter() - t0
+        hi = min(int(np.searchsorted(due, now, "right")), lo + batch, n)
+        if hi <= lo:
+            time.sleep(max(0.0, min(0.005, due[lo] - now)))  # waiting for the next row to be due: pacing
+            continue
+        p.batch(s.ids[lo:hi], s.lon[lo:hi], s.lat[lo:hi], s.ts[lo:hi])
+        lat[lo:hi] = (time.perf_counter() - t0) - due[lo:hi]
+        lo = hi
+        progress.update(hi)
+    progress.close()
+    return lat
+
+
+# --------------------------------------------------------------------------- Tile38
+
+
+@dataclass
+class RoamSubscriber:
+    """`PSUBSCRIBE *` in a thread: (subscriber, publisher, kind) of every roam notification."""
+
+    port: int
+    got: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    count: int = 0
+    last: float = 0.0
+    ready: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    error: str = ""
+
+    def run(self) -> None:
+        c = Resp(self.port)
+        c.sock.settimeout(0.2)
+        try:
+            c.sock.sendall(encode("PSUBSCRIBE", "*"))
+            while not self.stop.is_set():
+                try:
+                    msg = c.reply()
+                except TimeoutError:
+                    continue
+                if isinstance(msg, list) and msg and msg[0] == b"psubscribe":
+                    self.ready.set()
+                elif isinstance(msg, list) and len(msg) == 4 and msg[0] == b"pmessage":
+                    self.count += 1
+                    self.last = time.perf_counter()
+                    d = json.loads(msg[3])
+                    for kind in ("nearby", "faraway"):
+                        if kind in d:
+                            a, b = d["id"], d[kind]["id"]
+                            sub, pub = (a, b) if d.get("key") == "subs" else (b, a)
+                            self.got[(sub, pub, kind)] += 1
+        except Exception as exc:  # reported with the figures
+            self.error = report.error_text(exc)
+            self.ready.set()
+        finally:
+            c.close()
+
+
+@dataclass
+class TileRun:
+    updates_per_s: float
+    notifications: int
+    got: Counter[tuple[str, str, str]]
+
+
+def run_tile38(binary: Path, s: Stream, pipeline: int) -> TileRun:
+    with tile38_server(binary) as port:
+        c = Resp(port)
+        try:
+            hooks = []
+            for r in RADII:
+                m = f"r{int(r)}-*"
+                hooks += [encode("SETCHAN", f"s{int(r)}", "NEARBY", "subs", "MATCH", m, "FENCE", "NODWELL",
+                                 "ROAM", "pubs", "*", str(r)),
+                          encode("SETCHAN", f"p{int(r)}", "NEARBY", "pubs", "FENCE", "NODWELL",
+                                 "ROAM", "subs", m, str(r))]
+            c.pipeline(hooks)
+            sub = RoamSubscriber(port)
+            thread = threading.Thread(target=sub.run, name="tile38-roam-subscriber", daemon=True)
+            thread.start()
+            if not sub.ready.wait(10) or sub.error:
+                raise RuntimeError(f"tile38 subscriber did not start: {sub.error}")
+            keys = ["pubs" if i.startswith("p-") else "subs" for i in s.ids]
+            lat, lon = s.lat.tolist(), s.lon.tolist()
+            progress = report.Progress("tile38", len(s))
+            t0 = time.perf_counter()
+            for lo in range(0, len(s), pipeline):
+                hi = min(lo + pipeline, len(s))
+                c.pipeline([encode("SET", keys[i], s.ids[i], "POINT", repr(lat[i]), repr(lon[i]))
+                            for i in range(lo, hi)])
+                progress.update(hi)
+            sets_done = time.perf_counter()
+            while True:
+                seen = sub.count
+                time.sleep(SETTLE_S)  # a quiet period is the end of the run: measured, not synchronised
+                if sub.count == seen:
+                    break
+            progress.close()
+            sub.stop.set()
+            thread.join(5)
+            if sub.error:
+                raise RuntimeError(f"tile38 subscriber: {sub.error}")
+            end = max(sets_done, sub.last)
+            return TileRun(len(s) / (end - t0), sub.count, sub.got)
+        finally:
+            c.close()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.roaming", description=__doc__.split("\n\n")[0])
+    p.add_argument("--subscribers", type=int, default=10_000)
+    p.add_argument("--publishers", type=int, default=10_000)
+    p.add_argument("--updates", type=int, default=200_000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=2_000)
+    p.add_argument("--half-rate-s", type=float, default=10.0, help="seconds of stream fed at half the rate")
+    p.add_argument("--pipeline", type=int, default=500)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--skip-reference", action="store_true", help="no brute-force check (faster)")
+    p.add_argument("--tile38", type=Path, default=TILE38)
+    p.add_argument("--only", choices=("tile38", "ours"))
+    a = p.parse_args(argv)
+    for name in ("subscribers", "publishers", "updates", "workers", "batch", "pipeline"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+
+    s = make_stream(a.subscribers, a.publishers, a.updates, a.seed)
+    print(f"workload: {a.subscribers:,} subscribers (radius {', '.join(f'{r:.0f}' for r in RADII)} m), "
+          f"{a.publishers:,} publishers, {len(s):,} updates on the Liechtenstein roads", flush=True)
+    want: Counter[tuple[str, str, str, float]] | None = None
+    if not a.skip_reference:
+        t = time.perf_counter()
+        want = Counter(roam_events(s.subscriptions, s.ids, s.lon, s.lat, s.ts))
+        print(f"reference (brute force): {sum(want.values()):,} events in {time.perf_counter() - t:.1f} s",
+              flush=True)
+    rate = None
+    rows = []
+    verdict_ok = True
+    if a.only != "tile38":
+        rate, events, pipe = run_ours(s, a.workers, a.batch)
+        got = Counter(e.key() for e in events)
+        dup = len(events) - len({e.id for e in events})
+        same = "-" if want is None else ("yes" if got == Counter({(k[0], k[1], k[2], k[3]): v
+                                                                  for k, v in want.items()}) else "NO")
+        if want is not None and same == "NO":
+            verdict_ok = False
+            miss, extra = want - got, got - want
+            print(f"ours differ: {sum(miss.values())} missing, e.g. {list(miss)[:3]}; "
+                  f"{sum(extra.values())} extra, e.g. {list(extra)[:3]}", flush=True)
+        held = [len(w.held()) for w in pipe.workers]
+        print(f"ours: {len(events):,} events ({dup} duplicate ids), rows routed {pipe.routed_rows:,} "
+              f"({pipe.routed_rows / len(s):.2f} per update), held per worker {held}; cpu: route "
+              f"{pipe.route_s:.2f} s, match {', '.join(f'{x:.2f}' for x in pipe.match_s)} s", flush=True)
+        lat = run_paced(s, a.workers, a.batch, rate / 2, a.half_rate_s)
+        rows.append(["ours (cores, 1 process)", f"{rate:,.0f}", f"{len(events):,}", same,
+                     f"{np.mean(lat) * 1e3:.1f}", f"{report.pct(lat * 1e3, 99):.1f}"])
+    tile = None
+    have = a.tile38.is_file() and os.access(a.tile38, os.X_OK)
+    if a.only != "ours":
+        if not have:
+            report.warn(f"no Tile38 binary at {a.tile38}: ours alone")
+        else:
+            tile = run_tile38(a.tile38, s, a.pipeline)
+            same_t = "-"
+            if want is not None:
+                w3: Counter[tuple[str, str, str]] = Counter()
+                for (sub_id, obj, kind, _), v in want.items():
+                    w3[(sub_id.removeprefix("near-"), obj, kind)] += v
+                same_t = "yes" if w3 == tile.got else f"NO ({sum((w3 - tile.got).values())} missing, " \
+                                                      f"{sum((tile.got - w3).values())} extra)"
+            rows.append(["Tile38 ROAM NODWELL", f"{tile.updates_per_s:,.0f}", f"{tile.notifications:,}",
+                         same_t, "-", "-"])
+    print()
+    header = ["system", "updates/s", "events", "= reference", "avg ms @ half", "p99 ms @ half"]
+    print(report.table(header, rows))
+    r = report.ratio(rate, tile.updates_per_s if tile else None)
+    parts = [f"ours {rate:,.0f} updates/s" if rate else "ours -",
+             f"Tile38 {tile.updates_per_s:,.0f}/s" if tile else "Tile38 -",
+             f"ratio {report.ratio_cell(r)}x", f"target 8,000/s: {report.times(report.ratio(rate, 8000.0))}"]
+    if rows and rows[0][0].startswith("ours"):
+        parts.append(f"avg latency at half rate {rows[0][4]} ms (target <= 50)")
+    print(report.summary(parts, verdict="" if verdict_ok else "MISMATCH"))
+    return 0 if verdict_ok else 1
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())

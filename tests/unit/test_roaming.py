@@ -1,0 +1,204 @@
+"""Proximity subscriptions (issue 20): the cells, the router and the workers' matchers against the
+brute-force reference (fence/reference.py `roam_events`), over 1 to 4 workers."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exchanges import filters
+from exchanges.hash_ring import HashRing
+from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
+from exchanges.x_geo.roam_routing import RoamRouter
+from fence.reference import roam_events
+from fence.x_fence.roaming import InvalidSubscription, RoamEvent, RoamMatcher, Subscription
+
+# --------------------------------------------------------------------------- cells
+
+
+def _offset(lon: float, lat: float, bearing: float, dist: float) -> tuple[float, float]:
+    """The point `dist` metres from (lon, lat) at `bearing` radians, on the sphere."""
+    r = 6_371_008.8
+    p1, l1, d = math.radians(lat), math.radians(lon), dist / r
+    p2 = math.asin(math.sin(p1) * math.cos(d) + math.cos(p1) * math.sin(d) * math.cos(bearing))
+    y = math.sin(bearing) * math.sin(d) * math.cos(p1)
+    l2 = l1 + math.atan2(y, math.cos(d) - math.sin(p1) * math.sin(p2))
+    return (math.degrees(l2) + 540) % 360 - 180, math.degrees(p2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lon=st.floats(-180, 180), lat=st.floats(-89.9, 89.9), r=st.floats(1, 50_000),
+       bearing=st.floats(0, 2 * math.pi), frac=st.floats(0, 1), level=st.integers(6, 20))
+def test_a_circles_box_holds_every_point_within_the_radius(lon: float, lat: float, r: float, bearing: float,
+                                                           frac: float, level: int) -> None:
+    g = RoamGrid(level, 0)
+    plon, plat = _offset(lon, lat, bearing, r * frac)
+    if distances_m(lon, lat, np.array([plon]), np.array([plat]))[0] > r:
+        return  # rounding put it just outside: not a point of the circle
+    x0, x1, y0, y1 = (int(v[0]) for v in g.boxes(np.array([lon]), np.array([lat]), np.array([r])))
+    px, py = (int(v[0]) for v in g.cells(np.array([plon]), np.array([plat])))
+    assert y0 <= py <= y1
+    assert any((x - px) % g.side == 0 for x in range(x0, x1 + 1))
+
+
+def test_the_grid_for_a_radius_has_cells_at_least_that_tall() -> None:
+    for r in (50.0, 200.0, 500.0, 5_000.0):
+        g = RoamGrid.for_radius(r)
+        assert g.cell_height_m() >= r
+        assert RoamGrid(g.level + 1, g.block_bits).cell_height_m() < r
+        x0, x1, y0, y1 = g.boxes(np.array([9.5]), np.array([47.1]), np.array([r]))
+        assert (x1 - x0 + 1)[0] <= 3 and (y1 - y0 + 1)[0] <= 3  # a 3 x 3 neighbourhood at most
+    with pytest.raises(ValueError, match="radius"):
+        RoamGrid.for_radius(0)
+    with pytest.raises(ValueError, match="level"):
+        RoamGrid(30)
+
+
+def test_a_box_across_the_antimeridian_wraps_and_a_polar_box_takes_every_longitude() -> None:
+    g = RoamGrid(12, 0)
+    row, keys = g.box_keys(np.array([179.999, 10.0]), np.array([0.0, 89.999]), np.array([1_000.0, 1_000.0]))
+    east = g.point_keys(np.array([-179.999]), np.array([0.0]))[0]
+    assert east in keys[row == 0]
+    x0, x1, _, _ = g.boxes(np.array([10.0]), np.array([89.999]), np.array([1_000.0]))
+    assert x1[0] - x0[0] + 1 == g.side
+
+
+# --------------------------------------------------------------------------- subscriptions
+
+
+def test_subscriptions_are_checked_with_clear_errors() -> None:
+    s = Subscription.from_wire({"id": "s1", "object": "car-1", "radius_m": 250, "match": "truck-*",
+                                "where": [["speed", ">", 20]]})
+    assert s.radius_m == 250 and s.match == "truck-*" and Subscription.from_wire(s.to_wire()) == s
+    for bad, words in (({"id": "s", "object": "o", "radius_m": 0}, "radius_m"),
+                       ({"id": "s", "object": "o", "radius_m": True}, "radius_m"),
+                       ({"id": "s", "object": "o", "radius_m": 60_000}, "radius_m"),
+                       ({"id": "s", "object": "", "radius_m": 5}, "id and an object"),
+                       ({"id": "s", "object": "o", "radius_m": 5, "match": ""}, "match"),
+                       ({"id": "s", "object": "o", "radius_m": 5, "where": [["x", "~", 1]]}, "where"),
+                       ({"id": "s", "object": "o", "radius_m": 5, "colour": "red"}, "unknown")):
+        with pytest.raises(InvalidSubscription, match=words):
+            Subscription.from_wire(bad)
+
+
+# --------------------------------------------------------------------------- the stream
+
+
+class Deployment:
+    """A router and `n` workers' matchers, as the sidecars hold them."""
+
+    def __init__(self, subs: list[Subscription], n: int, grid: RoamGrid) -> None:
+        names = [f"w{i}" for i in range(n)]
+        ring = HashRing(names)
+        self.router = RoamRouter(grid, BlockOwners(grid, names, ring.nodes_for_many))
+        self.workers = [RoamMatcher(grid, BlockOwners(grid, names, ring.nodes_for_many), i) for i in range(n)]
+        for s in subs:
+            self.router.set_radius(s.object, max(self.router.radius(s.object), s.radius_m))
+            for w in self.workers:
+                w.add(s)
+        self.by_worker: list[list[RoamEvent]] = [[] for _ in range(n)]
+
+    def feed(self, ids: list[str], lon: Any, lat: Any, ts: Any, extra: list[Any] | None,
+             batch: int) -> list[RoamEvent]:
+        out: list[RoamEvent] = []
+        for lo in range(0, len(ids), batch):
+            sl = slice(lo, lo + batch)
+            bi, blon, blat, bts = ids[sl], lon[sl], lat[sl], ts[sl]
+            bex = extra[sl] if extra else None
+            for w, rows in self.router.route(bi, blon, blat, bex).items():
+                r = rows.rows.tolist()
+                ev = self.workers[w].apply([bi[i] for i in r], blon[r], blat[r], bts[r], rows.prev_lon,
+                                           rows.prev_lat, [bex[i] for i in r] if bex else None,
+                                           rows.prev_extra)
+                self.by_worker[w] += ev
+                out += ev
+        return out
+
+
+def _stream(seed: int, objects: int, rows: int, km: float,
+            with_extra: bool) -> tuple[list[str], Any, Any, Any, Any]:
+    rng = np.random.default_rng(seed)
+    ids = [f"{'t' if i % 3 == 0 else 'c'}-{i}" for i in range(objects)]
+    pos = np.c_[9.50 + rng.uniform(0, km / 76, objects), 47.10 + rng.uniform(0, km / 111, objects)]
+    who = rng.integers(0, objects, rows)
+    step = rng.normal(0, 0.0015, (rows, 2)) * (rng.random(rows) < 0.8)[:, None]  # some stay still
+    lon, lat = np.empty(rows), np.empty(rows)
+    for k, o in enumerate(who.tolist()):
+        pos[o] += step[k]
+        lon[k], lat[k] = pos[o]
+    ts = 1_790_000_000.0 + np.cumsum(rng.random(rows) < 0.3).astype(np.float64)
+    extra = [{"speed": int(rng.integers(0, 60))} if rng.random() < 0.9 else None for _ in range(rows)] \
+        if with_extra else None
+    return [ids[o] for o in who.tolist()], lon, lat, ts, extra
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), n_workers=st.integers(1, 4), level=st.sampled_from([0, 15, 17, 19]),
+       block_bits=st.integers(0, 3), batch=st.sampled_from([1, 7, 50, 1000]), objects=st.integers(2, 40),
+       with_where=st.booleans())
+def test_events_equal_the_brute_force_reference(seed: int, n_workers: int, level: int, block_bits: int,
+                                                batch: int, objects: int, with_where: bool) -> None:
+    rng = np.random.default_rng(seed + 1)
+    ids, lon, lat, ts, extra = _stream(seed, objects, 250, 3.0, with_where)
+    owners = sorted(set(ids))
+    where = filters.parse([["speed", ">", 20]]) if with_where else ()
+    subs = [Subscription(f"s{j}", owners[int(rng.integers(len(owners)))], float(rng.uniform(30, 600)),
+                         match=("t-*" if j % 2 else "*"), where=where if j % 3 == 0 else ())
+            for j in range(int(rng.integers(1, 8)))]
+    rmax = max(s.radius_m for s in subs)
+    grid = RoamGrid(level, block_bits) if level else RoamGrid.for_radius(rmax, block_bits)
+    d = Deployment(subs, n_workers, grid)
+    got = d.feed(ids, lon, lat, ts, extra, batch)
+    want = roam_events(subs, ids, lon, lat, ts, extra)
+    assert Counter(e.key() for e in got) == Counter(want)
+    assert len({e.id for e in got}) == len(got)  # stable, distinct event ids
+    latest = {o: (x, y) for o, x, y in zip(ids, lon.tolist(), lat.tolist(), strict=True)}
+    for w in d.workers:  # what a worker holds is the latest position (no stale copy)
+        assert all(latest[o] == p for o, p in w.held().items())
+
+
+def test_each_pair_is_reported_by_the_owner_of_the_other_objects_cell_only() -> None:
+    ids, lon, lat, ts, _ = _stream(7, 60, 2_000, 6.0, False)
+    subs = [Subscription(f"s{j}", f"c-{j * 3 + 1}", 400.0) for j in range(12)]
+    grid = RoamGrid(17, 0)
+    d = Deployment(subs, 3, grid)
+    got = d.feed(ids, lon, lat, ts, None, 64)
+    assert Counter(e.key() for e in got) == Counter(roam_events(subs, ids, lon, lat, ts))
+    assert all(d.by_worker), "every worker reports some pairs"
+    latest = {o: (x, y) for o, x, y in zip(ids, lon.tolist(), lat.tolist(), strict=True)}
+    for w in d.workers:
+        assert all(latest[o] == p for o, p in w.held().items())
+    # the near pairs each worker holds are disjoint, and together the pairs near at the end
+    pairs = [w.near_pairs() for w in d.workers]
+    assert sum(len(p) for p in pairs) == len(set().union(*pairs))
+    near = set()
+    for sub in subs:
+        a = latest[sub.object]
+        for o, q in latest.items():
+            d_m = distances_m(a[0], a[1], np.array([q[0]]), np.array([q[1]]))[0]
+            if o != sub.object and d_m <= sub.radius_m:
+                near.add((sub.id, o))
+    assert near and set().union(*pairs) == near
+
+
+def test_a_hand_made_meeting() -> None:
+    """Two cars 1 km apart drive towards each other; a 300 m subscription on one."""
+    sub = Subscription("meet", "a", 300.0)
+    ids = ["a", "b", "a", "b", "a", "b"]
+    lat0 = 47.1
+    dlat = 1.0 / 111.195  # ~1 km in latitude
+    lat = lat0 + dlat * np.array([0.0, 1.0, 0.4, 0.6, -0.5, 0.6])
+    lon = np.full(6, 9.5)
+    ts = np.arange(6, dtype=np.float64)
+    d = Deployment([sub], 2, RoamGrid(16, 0))
+    got = d.feed(ids, lon, lat, ts, None, 2)
+    assert [(e.kind, e.object, e.ts) for e in got] == [("nearby", "b", 3.0), ("faraway", "b", 4.0)]
+    assert got[0].distance_m == pytest.approx(200.0, abs=0.5) and got[0].subscriber == "a"
+    want = [("meet", "b", "nearby", 3.0), ("meet", "b", "faraway", 4.0)]
+    assert roam_events([sub], ids, lon, lat, ts) == want
