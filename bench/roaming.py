@@ -12,7 +12,7 @@ subscription matching `p-*`. The fleets' routes take a while to compute (~5 ms a
 the positions are kept in ~/.cache/geofence-bench/ for the next run.
 
 Ours: the routing cores in one process, as the sidecars run them: x-geo's router
-(exchanges/x_geo/roam_routing.py) cuts each batch into the workers' shares, each worker's
+(exchanges/roam_routing.py) cuts each batch into the workers' shares, each worker's
 matcher (fence/x_fence/roaming.py) reports the events; the events of all workers together are
 compared with the brute-force reference (fence/reference.py `roam_events`: every subscription
 against every object, row by row). Two figures:
@@ -58,9 +58,10 @@ from bench.versus_tile38 import SETTLE_S, TILE38, Resp, encode, tile38_server
 from deploy.demo.traffic import Fleet, road_network
 from exchanges.hash_ring import HashRing
 from exchanges.roam_cells import BlockOwners, RoamGrid
-from exchanges.x_geo.roam_routing import RoamRouter
+from exchanges.roam_routing import RoamRouter
+from exchanges.subscriptions import Subscription
 from fence.reference import roam_events
-from fence.x_fence.roaming import RoamEvent, RoamMatcher, Subscription
+from fence.x_fence.roaming import RoamEvent, RoamMatcher
 
 RADII = (200.0, 300.0, 400.0, 500.0)
 CACHE = Path.home() / ".cache" / "geofence-bench"

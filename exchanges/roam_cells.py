@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from exchanges.subscriptions import MAX_RADIUS_M
 from hilbert_c import kernel
 
 EARTH_RADIUS_M = 6_371_008.8
-MAX_RADIUS_M = 50_000.0
+
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 

@@ -155,3 +155,73 @@ def roam_events(subscriptions: Sequence[Any], ids: Sequence[str], lon: npt.NDArr
         plon[b], plat[b], ext[b] = nx, ny, e
         passes[:, b] = now_cls
     return out
+
+
+def roam_timeline(items: Sequence[tuple[Any, ...]]) -> list[RoamTuple]:
+    """Proximity events by brute force over a stream of ("pos", object, lon, lat, ts, extra),
+    ("put", subscription, ts) and ("drop", subscription_id, ts), in that order: for each
+    position, every subscription against every object, before and after; a put reports the
+    pairs near now that were not near under the subscription's previous definition (nearby)
+    and those no longer near (faraway); a drop reports nothing. Objects count from their first
+    position while some subscription exists (none kept while none does)."""
+    pos: dict[str, tuple[float, float]] = {}
+    ext: dict[str, dict[str, Any] | None] = {}
+    subs: dict[str, Any] = {}
+    out: list[RoamTuple] = []
+
+    def passes(sub: Any, obj: str, extra: dict[str, Any] | None) -> bool:
+        by_id = sub.match == "*" or fnmatchcase(obj, sub.match)
+        return by_id and bool(filters.matches(sub.where, [extra])[0])
+
+    def near_set(sub: Any) -> set[str]:
+        if sub is None or sub.object not in pos:
+            return set()
+        a = pos[sub.object]
+        others = [o for o in pos if o != sub.object and passes(sub, o, ext.get(o))]
+        if not others:
+            return set()
+        ox, oy = np.array([pos[o][0] for o in others]), np.array([pos[o][1] for o in others])
+        d = _haversine_m(a[0], a[1], ox, oy)
+        return {o for o, dd in zip(others, d.tolist(), strict=True) if dd <= sub.radius_m}
+
+    for item in items:
+        if item[0] == "put":
+            sub, t = item[1], item[2]
+            before = near_set(subs.get(sub.id))
+            subs[sub.id] = sub
+            after = near_set(sub)
+            out += [(sub.id, o, "faraway", t) for o in sorted(before - after)]
+            out += [(sub.id, o, "nearby", t) for o in sorted(after - before)]
+            continue
+        if item[0] == "drop":
+            subs.pop(item[1], None)
+            if not subs:
+                pos.clear()
+                ext.clear()
+            continue
+        _, o, x, y, t, e = item
+        if not subs:
+            continue
+        old = pos.get(o)
+        for sub in subs.values():
+            if sub.object == o:  # the subscriber moved: every other object
+                others = [b for b in pos if b != o and passes(sub, b, ext.get(b))]
+                if not others:
+                    continue
+                bx = np.array([pos[b][0] for b in others])
+                by = np.array([pos[b][1] for b in others])
+                was = _haversine_m(old[0], old[1], bx, by) <= sub.radius_m if old else np.zeros(bx.size, bool)
+                now = _haversine_m(x, y, bx, by) <= sub.radius_m
+                for b, w, n in zip(others, was.tolist(), now.tolist(), strict=True):
+                    if w != n:
+                        out.append((sub.id, b, "nearby" if n else "faraway", t))
+            elif sub.object in pos:  # o is the other object
+                a = pos[sub.object]
+                was = old is not None and passes(sub, o, ext.get(o)) and \
+                    bool(_haversine_m(a[0], a[1], np.array([old[0]]), np.array([old[1]]))[0] <= sub.radius_m)
+                now = passes(sub, o, e) and \
+                    bool(_haversine_m(a[0], a[1], np.array([x]), np.array([y]))[0] <= sub.radius_m)
+                if was != now:
+                    out.append((sub.id, o, "nearby" if now else "faraway", t))
+        pos[o], ext[o] = (x, y), e
+    return out

@@ -1,4 +1,4 @@
-"""The formats of x-fence's durable state (fence/x_fence/journal.py writes them): plain data
+"""The formats of x-fence's durable state (exchanges/state_dir.py writes them): plain data
 (msgpack-able dicts of bytes, numbers and strings), no I/O. The worker's core builds and
 reads them (`XFence.snapshot` / `restore`, `changes` / `apply`); this module holds how each
 part is encoded, so the core stays about routing and the formats stay in one place.

@@ -13,7 +13,7 @@ positions can tell what an update changed without a history of its own.
 Who reports (the paper's match filter): the owner of b's cell (exchanges/roam_cells.py), after
 the update for `nearby` and before it for `faraway`. That worker holds what it needs:
 - for `nearby`, a's circle touches b's cell, so a's rows come to the owner of that cell
-  (exchanges/x_geo/roam_routing.py) and it holds a's latest position;
+  (exchanges/roam_routing.py) and it holds a's latest position;
 - for `faraway`, a's circle touched b's old cell before the update, so the same holds then, and
   the update itself comes to the owner of the old cell (a's or b's old position is routed too).
 Every worker drops the positions it no longer needs (`_keep`), so a position held is the
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,54 +42,14 @@ import numpy as np
 import numpy.typing as npt
 
 from exchanges import filters
-from exchanges.roam_cells import MAX_RADIUS_M, BlockOwners, RoamGrid, distances_m, unique_pairs
+from exchanges.batch import PositionBatch
+from exchanges.hash_ring import HashRing
+from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m, unique_pairs
+from exchanges.subscriptions import Subscription
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
-
-
-class InvalidSubscription(ValueError):
-    """What is wrong with a subscription, in words a user can act on."""
-
-
-@dataclass(frozen=True)
-class Subscription:
-    id: str
-    object: str  # the subscriber: the moving object the circle follows
-    radius_m: float
-    match: str = "*"  # glob on the other object's id
-    where: tuple[filters.Clause, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.id or not self.object:
-            raise InvalidSubscription("a subscription needs an id and an object")
-        r = self.radius_m
-        if isinstance(r, bool) or not isinstance(r, int | float) or not 0 < r <= MAX_RADIUS_M:
-            raise InvalidSubscription(f"radius_m must be a number in (0, {MAX_RADIUS_M:.0f}], got {r!r}")
-
-    @staticmethod
-    def from_wire(msg: Mapping[str, Any]) -> Subscription:
-        unknown = set(msg) - {"id", "object", "radius_m", "match", "where"}
-        if unknown:
-            raise InvalidSubscription(f"unknown fields {sorted(unknown)}")
-        match = msg.get("match", "*")
-        if not isinstance(match, str) or not match:
-            raise InvalidSubscription("match must be a non-empty glob string")
-        try:
-            where = filters.parse(msg.get("where", []))
-        except filters.InvalidFilter as exc:
-            raise InvalidSubscription(f"where: {exc}") from None
-        return Subscription(str(msg.get("id", "")), str(msg.get("object", "")),
-                            msg.get("radius_m"), match, where)  # type: ignore[arg-type]
-
-    def to_wire(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.id, "object": self.object, "radius_m": self.radius_m}
-        if self.match != "*":
-            d["match"] = self.match
-        if self.where:
-            d["where"] = filters.to_wire(self.where)
-        return d
 
 
 @dataclass(frozen=True)
@@ -143,6 +104,10 @@ class RoamMatcher:
 
     def __init__(self, grid: RoamGrid, owners: BlockOwners, me: int) -> None:
         self.grid, self.owners, self.me = grid, owners, me
+        self.ring: Any = None  # the ring as the router sent it (to_dict), kept for snapshots
+        self._reset()
+
+    def _reset(self) -> None:
         self._slot: dict[str, int] = {}
         self._ids: list[str] = []
         cap = 1024
@@ -163,6 +128,8 @@ class RoamMatcher:
         if key not in self._filters:
             f = _Filter(sub.match, sub.where)
             f.grow(self._ids, 0, self._lon.size)
+            if f.where:  # from the fields of the positions held
+                f.passes[: len(self._ids)] = f.of(self._ids, self._extra)
             self._filters[key] = f
         self._csr = None
         self._set_rmax(self._slot_of(sub.object))
@@ -196,21 +163,102 @@ class RoamMatcher:
 
     def near_pairs(self) -> set[tuple[str, str]]:
         """(subscription, object) pairs near now whose report falls to this worker."""
+        return {(sub.id, self._ids[b]) for sub in self._subs.values() for b in self._near(sub)}
+
+    def _near(self, sub: Subscription) -> dict[int, float]:
+        """The slots near `sub` now whose report falls to this worker, with their distances."""
+        s = self._slot.get(sub.object)
+        n = len(self._ids)
+        if s is None or np.isnan(self._lon[s]):
+            return {}
+        at = np.flatnonzero(~np.isnan(self._lon[:n]))
+        f = self._filters[(sub.match, sub.where)]
+        at = at[f.passes[at] & (at != s)]
+        d = distances_m(self._lon[s], self._lat[s], self._lon[at], self._lat[at])
+        near = d <= sub.radius_m
+        at, d = at[near], d[near]
+        own = self._owned(self._lon[at], self._lat[at])
+        return dict(zip(at[own].tolist(), d[own].tolist(), strict=True))
+
+    # -- definitions in the stream -----------------------------------------------------------
+
+    def put(self, sub: Subscription, ts: float,
+            at: tuple[float, float, Mapping[str, Any] | None] | None = None) -> list[RoamEvent]:
+        """A subscription defined or changed at `ts` in the stream; `at` is its object's latest
+        position as the router knows it (None: not seen yet). The pairs near now (this
+        worker's share) that were not under the old definition are `nearby`, those no longer
+        near `faraway`, dated `ts`. The same definition again changes nothing."""
+        old = self._subs.get(sub.id)
+        if old == sub:
+            return []
+        before = self._near(old) if old is not None else {}
+        if at is not None:
+            slot = self._slot_of(sub.object)
+            self._place(np.array([slot]), np.array([at[0]]), np.array([at[1]]), [at[2]])
+        self.add(sub)
+        if at is not None:
+            self._keep(np.array([self._slot[sub.object]]))
+        after = self._near(sub)
+        mover, lon, lat = f"put:{sub.object}", at[0] if at else math.nan, at[1] if at else math.nan
+        out = []
+        for kind, slots in (("faraway", sorted(set(before) - set(after))),
+                            ("nearby", sorted(set(after) - set(before)))):
+            for b in slots:
+                obj = self._ids[b]
+                d = after.get(b, before.get(b, math.nan)) if kind == "nearby" else self._distance(sub, b)
+                out.append(RoamEvent(kind, sub.id, sub.object, obj, d, ts,
+                                     roam_event_id(sub.id, obj, kind, ts, mover, lon, lat)))
+        return out
+
+    def drop(self, sub_id: str) -> None:
+        """A subscription deleted: it reports nothing more (no `faraway` for its near pairs:
+        whoever deleted it asked for silence)."""
+        sub = self.remove(sub_id)
+        if sub is not None:
+            s = self._slot[sub.object]
+            if not np.isnan(self._lon[s]):
+                self._keep(np.array([s]))
+
+    def _distance(self, sub: Subscription, b: int) -> float:
+        s = self._slot[sub.object]
+        return float(distances_m(self._lon[s], self._lat[s], self._lon[b:b + 1], self._lat[b:b + 1])[0])
+
+    def _place(self, slots: I64, lon: F64, lat: F64, extras: Sequence[Mapping[str, Any] | None]) -> None:
+        """Positions set as they are (no event): held, with their fields and filter flags."""
+        self._lon[slots], self._lat[slots] = lon, lat
+        for s, e in zip(slots.tolist(), extras, strict=True):
+            self._extra[s] = e
+        names = [self._ids[s] for s in slots.tolist()]
+        for f in self._filters.values():
+            if f.where:
+                f.passes[slots] = f.of(names, extras)
+
+    # -- durable form ------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain data (held positions, their fields, the subscriptions)."""
         n = len(self._ids)
         at = np.flatnonzero(~np.isnan(self._lon[:n]))
-        if at.size == 0 or not self._subs:
-            return set()
-        own = self._owned(self._lon[at], self._lat[at])
-        out = set()
-        for sub in self._subs.values():
-            s = self._slot.get(sub.object)
-            if s is None or np.isnan(self._lon[s]):
-                continue
-            f = self._filters[(sub.match, sub.where)]
-            b = at[own & f.passes[at] & (at != s)]
-            d = distances_m(self._lon[s], self._lat[s], self._lon[b], self._lat[b])
-            out |= {(sub.id, self._ids[i]) for i in b[d <= sub.radius_m].tolist()}
-        return out
+        return {"ids": [self._ids[i] for i in at.tolist()],
+                "lon": self._lon[at].astype("<f8").tobytes(), "lat": self._lat[at].astype("<f8").tobytes(),
+                "extra": [self._extra[i] for i in at.tolist()],
+                "subs": [s.to_wire() for s in self.subscriptions()]}
+
+    def load(self, data: Mapping[str, Any]) -> None:
+        """Replace the state with a snapshot's (ValueError if it does not fit together)."""
+        ids = list(data["ids"])
+        lon = np.frombuffer(data["lon"], "<f8").astype(np.float64)
+        lat = np.frombuffer(data["lat"], "<f8").astype(np.float64)
+        extra = list(data["extra"])
+        if not len(ids) == lon.size == lat.size == len(extra) or len(set(ids)) != len(ids):
+            raise ValueError(f"roaming state: {len(ids)} ids, {lon.size} / {lat.size} positions, "
+                             f"{len(extra)} fields")
+        subs = [Subscription.from_wire(d) for d in data["subs"]]
+        self._reset()
+        for sub in subs:
+            self.add(sub)
+        if ids:
+            self._place(np.fromiter((self._slot_of(o) for o in ids), np.int64, len(ids)), lon, lat, extra)
 
     def _slot_of(self, obj: str) -> int:
         s = self._slot.get(obj)
@@ -407,3 +455,53 @@ class RoamMatcher:
                           roam_event_id(sid, b, "nearby" if near else "faraway", float(ts[kr]), movers[kr],
                                         float(nlon[kr]), float(nlat[kr])))
                 for kr, sid, a, b, d, near in out]
+
+
+# --------------------------------------------------------------------------- the wire
+
+
+def matcher_of(msg: Mapping[str, Any], worker: str) -> RoamMatcher:
+    """The matcher a `sync` message (or a snapshot, the same form) describes for `worker`."""
+    ring = HashRing.from_dict(msg["ring"])
+    if worker not in ring:
+        raise ValueError(f"roaming state for a ring without worker {worker!r}")
+    grid = RoamGrid(int(msg["level"]), int(msg["block_bits"]))
+    names = list(ring.nodes)
+    m = RoamMatcher(grid, BlockOwners(grid, names, ring.nodes_for_many), names.index(worker))
+    m.ring = msg["ring"]
+    m.load(msg["state"])
+    return m
+
+
+def step(matcher: RoamMatcher | None, msg: Mapping[str, Any], worker: str) -> tuple[RoamMatcher | None,
+                                                                                 list[RoamEvent]]:
+    """One message of the router (exchanges/roam_routing.py) applied: the matcher after it and
+    the events it reports. ValueError / KeyError / TypeError for a message that does not fit."""
+    op = msg["op"]
+    if op == "sync":
+        return matcher_of(msg, worker), []
+    if matcher is None:
+        raise ValueError(f"a roaming {op!r} before any sync")
+    if op == "rows":
+        b = PositionBatch.from_wire(msg["batch"])
+        n = len(b)
+        plon = np.frombuffer(msg["prev_lon"], "<f8").astype(np.float64)
+        plat = np.frombuffer(msg["prev_lat"], "<f8").astype(np.float64)
+        pex = list(msg["prev_extra"]) if msg.get("prev_extra") else None
+        if plon.size != n or plat.size != n or (pex is not None and len(pex) != n):
+            raise ValueError(f"roaming rows: previous positions / fields do not fit {n} rows")
+        return matcher, matcher.apply(b.ids, b.lon, b.lat, b.ts, plon, plat, b.extra or None, pex)
+    if op == "put":
+        at = msg.get("at")
+        where = None if at is None else (float(at[0]), float(at[1]), at[2])
+        return matcher, matcher.put(Subscription.from_wire(msg["sub"]), float(msg["ts"]), where)
+    if op == "drop":
+        matcher.drop(str(msg["id"]))
+        return matcher, []
+    raise ValueError(f"unknown roaming op {op!r}")
+
+
+def snapshot_of(matcher: RoamMatcher) -> dict[str, Any]:
+    """The matcher as a `sync` message's fields (what `matcher_of` reads back)."""
+    return {"level": matcher.grid.level, "block_bits": matcher.grid.block_bits, "ring": matcher.ring,
+            "state": matcher.snapshot()}

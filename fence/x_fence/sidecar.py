@@ -14,7 +14,7 @@ channel of its own (a map shows a sample; it never holds the worker up).
 
 Durability: the core's state (who is inside which fence since when, each object's last
 position and handover time, positions held for a notice) lives in a snapshot plus a journal
-under GEOFENCE_JOURNAL_DIR (fence/x_fence/journal.py; records from XFence.changes, formats in
+under GEOFENCE_JOURNAL_DIR (exchanges/state_dir.py; records from XFence.changes, formats in
 fence/x_fence/codec.py). Per batch:
 route, publish the events and wait for their confirms, append one record and fdatasync it,
 then ack the batch. A crash before the sync leaves the batch unacked: it is redelivered and
@@ -64,13 +64,13 @@ from exchanges import topology as t
 from exchanges.batch import unpack
 from exchanges.contract import BAD_INPUT, InvalidMessage
 from exchanges.hash_ring import HashRing
+from exchanges.state_dir import Recovered, StateDir
+from exchanges.state_dir import pack as journal_pack
+from exchanges.state_dir import unpack as journal_unpack
 from exchanges.worker_batch import WorkerBatch
 from fence import store
 from fence.x_fence.core import XFence
 from fence.x_fence.events import ENTERED, EXITED, Event
-from fence.x_fence.journal import Recovered, StateDir
-from fence.x_fence.journal import pack as journal_pack
-from fence.x_fence.journal import unpack as journal_unpack
 
 log = logging.getLogger("geofence")
 MAP_EVENTS = 200  # per sample: what a map's frame shows at most (fence/map_view.FRAME_EVENTS)

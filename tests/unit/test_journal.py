@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fence.x_fence.journal import JournalDamaged, StateDir, frame, pack, read_frames
+from exchanges.state_dir import JournalDamaged, StateDir, frame, pack, read_frames
 
 
 def started(path: Path, snapshot: dict | None = None) -> StateDir:  # type: ignore[type-arg]

@@ -13,11 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exchanges import filters
+from exchanges.batch import PositionBatch, pack, unpack
 from exchanges.hash_ring import HashRing
 from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
-from exchanges.x_geo.roam_routing import RoamRouter
-from fence.reference import roam_events
-from fence.x_fence.roaming import InvalidSubscription, RoamEvent, RoamMatcher, Subscription
+from exchanges.roam_routing import ROAM, RoamRouter, RoamStream
+from exchanges.subscriptions import InvalidSubscription, Subscription
+from fence.reference import roam_events, roam_timeline
+from fence.x_fence.roaming import RoamEvent, RoamMatcher, matcher_of, snapshot_of
+from fence.x_fence.roaming import step as roam_step
 
 # --------------------------------------------------------------------------- cells
 
@@ -202,3 +205,127 @@ def test_a_hand_made_meeting() -> None:
     assert got[0].distance_m == pytest.approx(200.0, abs=0.5) and got[0].subscriber == "a"
     want = [("meet", "b", "nearby", 3.0), ("meet", "b", "faraway", 4.0)]
     assert roam_events([sub], ids, lon, lat, ts) == want
+
+
+# --------------------------------------------------------------------------- the wire protocol
+
+
+class Wire:
+    """x-ingress's RoamStream and the workers' matchers joined by packed messages, as the
+    sidecars are (one ordered queue per worker)."""
+
+    def __init__(self, workers: list[str]) -> None:
+        self.stream = RoamStream(HashRing(workers))
+        self.matchers: dict[str, Any] = dict.fromkeys(workers)
+        self.events: list[RoamEvent] = []
+        self.journal: list[dict[str, Any]] = []  # what x-ingress journals
+
+    def send(self, msgs: dict[str, dict[str, Any]]) -> None:
+        for w, msg in msgs.items():
+            m = unpack(pack(ROAM, **msg))
+            self.matchers[w], ev = roam_step(self.matchers[w], m, w)
+            self.events += ev
+
+    def put(self, sub: Subscription, ts: float) -> None:
+        self.journal.append({"put": sub.to_wire(), "ts": ts})
+        self.send(self.stream.put(sub, ts))
+
+    def drop(self, sub_id: str, ts: float) -> None:
+        self.journal.append({"drop": sub_id, "ts": ts})
+        self.send(self.stream.drop(sub_id, ts))
+
+    def rows(self, batch: PositionBatch) -> None:
+        self.journal.append({"rows": batch.to_wire()})
+        self.send(self.stream.rows(batch))
+
+
+def _batch(ids: list[str], lon: Any, lat: Any, ts: Any, extra: list[Any] | None) -> PositionBatch:
+    return PositionBatch(list(ids), np.asarray(lon, np.float64), np.asarray(lat, np.float64),
+                         np.asarray(ts, np.float64), np.zeros(len(ids), np.uint64),
+                         list(extra) if extra else [])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), n_workers=st.integers(1, 3), batch=st.sampled_from([5, 40, 400]))
+def test_definitions_ring_changes_and_restarts_in_the_stream_equal_the_reference(seed: int, n_workers: int,
+                                                                                  batch: int) -> None:
+    """Subscriptions put, changed and dropped between rows, a worker added mid-stream (a sync),
+    a worker restarted from its snapshot, x-ingress restarted from its journal: the events equal
+    the brute-force timeline, each once."""
+    rng = np.random.default_rng(seed)
+    ids, lon, lat, ts, extra = _stream(seed, 30, 400, 3.0, True)
+    names = sorted(set(ids))
+    where = filters.parse([["speed", "<", 40]])
+    workers = [f"w{i}" for i in range(n_workers)]
+    wire = Wire(workers)
+    items: list[tuple[Any, ...]] = []
+    live: dict[str, Subscription] = {}
+    k = 0
+    t_def = 1_790_000_000.0
+    while k < len(ids):
+        r = rng.random()
+        if r < 0.25 or not live:  # a put (new or changed)
+            sid = f"s{int(rng.integers(6))}"
+            sub = Subscription(sid, names[int(rng.integers(len(names)))], float(rng.uniform(50, 700)),
+                               match="*" if rng.random() < 0.6 else "t-*",
+                               where=where if rng.random() < 0.3 else ())
+            t_def = float(ts[max(k - 1, 0)])
+            wire.put(sub, t_def)
+            items.append(("put", sub, t_def))
+            live[sid] = sub
+        elif r < 0.32:
+            sid = sorted(live)[int(rng.integers(len(live)))]
+            wire.drop(sid, float(ts[max(k - 1, 0)]))
+            items.append(("drop", sid, 0.0))
+            del live[sid]
+        elif r < 0.36 and len(wire.matchers) < 4:  # a worker added: the ring changes, every worker synced
+            new = f"w{len(wire.matchers)}"
+            wire.matchers[new] = None
+            wire.stream.set_ring(HashRing(list(wire.matchers)))
+            wire.send(wire.stream.sync())
+        elif r < 0.40:  # a worker restarts from its snapshot
+            w = sorted(wire.matchers)[int(rng.integers(len(wire.matchers)))]
+            m = wire.matchers[w]
+            if m is not None:
+                data = unpack(pack("snap", **snapshot_of(m)))
+                wire.matchers[w] = matcher_of(data, w)
+        elif r < 0.44:  # x-ingress restarts: its router back from the journal
+            again = RoamStream(HashRing(list(wire.matchers)))
+            for rec in wire.journal:
+                again.replay(unpack(pack("j", **rec)))
+            assert again.snapshot() == wire.stream.snapshot()
+            wire.stream = again
+        else:
+            hi = min(k + int(rng.integers(1, batch + 1)), len(ids))
+            wire.rows(_batch(ids[k:hi], lon[k:hi], lat[k:hi], ts[k:hi], extra[k:hi]))
+            items += [("pos", ids[i], float(lon[i]), float(lat[i]), float(ts[i]), extra[i])
+                      for i in range(k, hi)]
+            k = hi
+    want = roam_timeline(items)
+    assert Counter(e.key() for e in wire.events) == Counter(want)
+    assert len({e.id for e in wire.events}) == len(wire.events)
+
+
+def test_the_two_references_agree() -> None:
+    ids, lon, lat, ts, extra = _stream(3, 25, 300, 2.0, True)
+    subs = [Subscription("a", "c-1", 300.0), Subscription("b", "t-3", 500.0, match="c-*",
+                                                             where=filters.parse([["speed", ">", 10]]))]
+    items: list[tuple[Any, ...]] = [("put", s, 0.0) for s in subs]
+    items += [("pos", o, float(x), float(y), float(t), e)
+              for o, x, y, t, e in zip(ids, lon, lat, ts, extra, strict=True)]
+    want = roam_events(subs, ids, lon, lat, ts, extra)
+    assert want and Counter(roam_timeline(items)) == Counter(want)
+
+
+def test_messages_that_do_not_fit_are_refused() -> None:
+    wire = Wire(["w0"])
+    with pytest.raises(ValueError, match="before any sync"):
+        roam_step(None, {"op": "rows"}, "w0")
+    wire.put(Subscription("s", "a", 100.0), 1.0)
+    m = wire.matchers["w0"]
+    for bad in ({"op": "nope"}, {"op": "rows", "batch": _batch(["a"], [1.0], [2.0], [3.0], None).to_wire(),
+                                 "prev_lon": b"", "prev_lat": b""}):
+        with pytest.raises((ValueError, KeyError)):
+            roam_step(m, bad, "w0")
+    with pytest.raises(ValueError, match="without worker"):
+        matcher_of(snapshot_of(m), "w9")

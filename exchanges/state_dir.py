@@ -1,5 +1,7 @@
-"""The durable state of one x-fence worker: a snapshot plus an append-only journal, in a
-directory of its own (GEOFENCE_JOURNAL_DIR). The records are XFence.changes (formats: fence/x_fence/codec.py).
+"""The durable state of a sidecar: a snapshot plus an append-only journal, in a directory of its
+own (GEOFENCE_JOURNAL_DIR). An x-fence worker's records are XFence.changes (formats:
+fence/x_fence/codec.py) with its proximity matcher's rows; x-ingress's are its proximity
+router's (exchanges/roam_routing.py).
 
     snapshot-<gen>.bin   the whole state when journal <gen> was started
     journal-<gen>.log    the records since: [u32 length][u32 crc32][msgpack payload] ...

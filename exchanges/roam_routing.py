@@ -1,0 +1,277 @@
+"""Which workers see a position, for proximity subscriptions (pure; see exchanges/roam_cells.py).
+
+A row goes to the owners of:
+- its object's cell, now and at the object's previous position (the publisher side: the worker
+  that owned the old cell learns the object left, and reports what that ends);
+- when the object carries subscriptions, every block its largest circle's box touches, now and
+  at the previous position with the radius it had then (the subscriber side).
+
+Each row travels with its object's previous position and extra fields, so a worker that did not
+hold the object can still tell what the move changed (fence/x_fence/roaming.py). Rows keep the batch's order
+within each worker's share.
+
+Trade-off: the router keeps every object's last position (a dict entry per object), which
+x-geo holds anyway for queries; in exchange a worker never needs a position it was not sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from exchanges.batch import PositionBatch
+from exchanges.roam_cells import BlockOwners, RoamGrid, unique_pairs
+from exchanges.subscriptions import Subscription
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class RoamRows:
+    """One worker's share of a batch: row numbers (in order) and each row's previous position
+    (NaN: the object had none) and extra fields."""
+
+    rows: I64
+    prev_lon: F64
+    prev_lat: F64
+    prev_extra: list[Mapping[str, Any] | None]
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+
+class RoamRouter:
+    def __init__(self, grid: RoamGrid, owners: BlockOwners) -> None:
+        self.grid = grid
+        self.owners = owners
+        self._radius: dict[str, float] = {}  # subscriber object -> its largest radius
+        self._last: dict[str, tuple[float, float, float]] = {}  # object -> (lon, lat, radius routed with)
+        self._extra: dict[str, Mapping[str, Any]] = {}  # object -> extra fields of its last position
+
+    def set_radius(self, obj: str, radius_m: float) -> None:
+        """The largest radius of `obj`'s subscriptions (0: it has none), in force from now: the
+        workers hold the object by it from the definition on, so its next row's old box is
+        this one too."""
+        if radius_m > 0:
+            self._radius[obj] = float(radius_m)
+        else:
+            self._radius.pop(obj, None)
+        last = self._last.get(obj)
+        if last is not None:
+            self._last[obj] = (last[0], last[1], float(radius_m))
+
+    def radius(self, obj: str) -> float:
+        return self._radius.get(obj, 0.0)
+
+    def last(self, obj: str) -> tuple[float, float] | None:
+        p = self._last.get(obj)
+        return None if p is None else (p[0], p[1])
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def route(self, ids: list[str], lon: F64, lat: F64,
+              extra: Sequence[Mapping[str, Any] | None] | None = None) -> dict[int, RoamRows]:
+        """Worker number -> its rows of the batch."""
+        n = len(ids)
+        prev_extra: list[Mapping[str, Any] | None] = [None] * n
+        if extra or self._extra:
+            ex, last_ex = extra or [None] * n, self._extra
+            for i, o in enumerate(ids):
+                prev_extra[i] = last_ex.get(o)
+                e = ex[i]
+                if e:
+                    last_ex[o] = e
+                elif prev_extra[i] is not None:
+                    del last_ex[o]
+        prev = np.full((n, 3), np.nan)
+        rad = np.zeros(n)
+        last, radius = self._last, self._radius
+        lons, lats = lon.tolist(), lat.tolist()
+        for i, o in enumerate(ids):
+            p = last.get(o)
+            if p is not None:
+                prev[i] = p
+            r = radius.get(o, 0.0)
+            rad[i] = r
+            last[o] = (lons[i], lats[i], r)
+        had = ~np.isnan(prev[:, 0])
+        grid = self.grid
+        rows = [np.arange(n, dtype=np.int64)]
+        keys = [grid.point_keys(lon, lat)]
+        h = np.flatnonzero(had)
+        rows.append(h)
+        keys.append(grid.point_keys(prev[h, 0], prev[h, 1]))
+        s = np.flatnonzero(rad > 0)
+        if s.size:
+            br, bk = grid.box_keys(lon[s], lat[s], rad[s])
+            rows.append(s[br])
+            keys.append(bk)
+        ps = np.flatnonzero(had & (prev[:, 2] > 0))
+        if ps.size:
+            br, bk = grid.box_keys(prev[ps, 0], prev[ps, 1], prev[ps, 2])
+            rows.append(ps[br])
+            keys.append(bk)
+        all_keys = np.concatenate(keys)
+        worker, row = unique_pairs(self.owners.of(all_keys), np.concatenate(rows))
+        out: dict[int, RoamRows] = {}
+        if row.size == 0:
+            return out
+        cuts = np.flatnonzero(np.diff(worker)) + 1
+        for part in np.split(np.arange(row.size), cuts):
+            rr = row[part]
+            out[int(worker[part[0]])] = RoamRows(rr, prev[rr, 0], prev[rr, 1],
+                                                 [prev_extra[i] for i in rr.tolist()])
+        return out
+
+
+# --------------------------------------------------------------------------- the stream
+
+
+ROAM = "roam"  # the message kind on a worker's queue
+DEFAULT_GRID = RoamGrid.for_radius(500.0)  # ~610 m cells; a larger radius spans more of them (still exact)
+
+
+class RoamStream:
+    """x-ingress's side of the proximity subscriptions: the definitions, the router, and the
+    messages each worker gets, all in one order (the order x-ingress routes in), so a worker
+    applies a definition exactly between the rows routed before it and the rows after it.
+
+    Messages (dicts, `op`): `sync` (the ring, the grid and everything the worker should hold:
+    its positions and the subscriptions; it replaces the worker's state), `put` (a subscription
+    defined or changed, with its object's latest position), `drop`, `rows` (a batch's rows
+    for that worker, each with its object's previous position and fields). fence/x_fence/
+    roaming.py `step` applies them.
+
+    Idle while no subscription exists: no row is routed and no position kept, so the fence path
+    pays nothing for it. The first subscription starts from what comes after it: an object
+    counts from its first position after that (nothing was near before, as nothing could be).
+    """
+
+    def __init__(self, ring: Any, grid: RoamGrid = DEFAULT_GRID) -> None:
+        self.grid = grid
+        self.subs: dict[str, Subscription] = {}
+        self.set_ring(ring)
+
+    def set_ring(self, ring: Any) -> None:
+        """A new worker ring (exchanges.hash_ring.HashRing); the caller sends `sync` after it."""
+        self.ring = ring
+        r = RoamRouter(self.grid, BlockOwners(self.grid, list(ring.nodes), ring.nodes_for_many))
+        old: RoamRouter | None = getattr(self, "router", None)
+        if old is not None:  # the positions stay; only who owns what changes
+            r._radius, r._last, r._extra = old._radius, old._last, old._extra
+        self.router = r
+
+    @property
+    def workers(self) -> list[str]:
+        return self.router.owners.workers
+
+    @property
+    def active(self) -> bool:
+        return bool(self.subs)
+
+    def _radius_of(self, obj: str) -> float:
+        return max((s.radius_m for s in self.subs.values() if s.object == obj), default=0.0)
+
+    def put(self, sub: Subscription, ts: float) -> dict[str, dict[str, Any]]:
+        """Messages for a subscription defined or changed at `ts` (the first one: a sync)."""
+        first = not self.subs
+        old = self.subs.get(sub.id)
+        self.subs[sub.id] = sub
+        for obj in {sub.object, *(() if old is None else (old.object,))}:
+            self.router.set_radius(obj, self._radius_of(obj))
+        if first:
+            return self.sync()
+        last = self.router.last(sub.object)
+        at = None if last is None else [last[0], last[1], self.router._extra.get(sub.object)]
+        msg = {"op": "put", "sub": sub.to_wire(), "ts": float(ts), "at": at}
+        return {w: msg for w in self.workers}  # one message, the same for every worker
+
+    def drop(self, sub_id: str, ts: float) -> dict[str, dict[str, Any]]:
+        """Messages for a subscription deleted (the last one: a sync that empties every worker)."""
+        sub = self.subs.pop(sub_id, None)
+        if sub is None:
+            return {}
+        self.router.set_radius(sub.object, self._radius_of(sub.object))
+        if not self.subs:
+            self.router = RoamRouter(self.grid, self.router.owners)
+            return self.sync()
+        return {w: {"op": "drop", "id": sub_id, "ts": float(ts)} for w in self.workers}
+
+    def rows(self, batch: PositionBatch) -> dict[str, dict[str, Any]]:
+        """Each worker's rows of a batch (none while idle)."""
+        if not self.subs or not len(batch):
+            return {}
+        out = {}
+        for w, share in self.router.route(batch.ids, batch.lon, batch.lat, batch.extra or None).items():
+            out[self.workers[w]] = {
+                "op": "rows", "batch": batch.take(share.rows).to_wire(),
+                "prev_lon": share.prev_lon.astype("<f8").tobytes(),
+                "prev_lat": share.prev_lat.astype("<f8").tobytes(),
+                "prev_extra": share.prev_extra if any(e is not None for e in share.prev_extra) else None}
+        return out
+
+    def sync(self) -> dict[str, dict[str, Any]]:
+        """Per worker, everything it should hold: the positions of objects in its blocks and of
+        subscribers whose circles touch them, and every subscription."""
+        r = self.router
+        ids = list(r._last)
+        n = len(ids)
+        pos = np.array([r._last[o] for o in ids], np.float64).reshape(n, 3)
+        rad = np.array([r.radius(o) for o in ids], np.float64)
+        home = r.owners.of(self.grid.point_keys(pos[:, 0], pos[:, 1]))
+        pairs_w, pairs_row = [home], [np.arange(n, dtype=np.int64)]
+        s = np.flatnonzero(rad > 0)
+        if s.size:
+            row, key = self.grid.box_keys(pos[s, 0], pos[s, 1], rad[s])
+            pairs_w.append(r.owners.of(key))
+            pairs_row.append(s[row])
+        worker, row = unique_pairs(np.concatenate(pairs_w), np.concatenate(pairs_row))
+        subs = [v.to_wire() for _, v in sorted(self.subs.items())]
+        out = {}
+        for i, name in enumerate(self.workers):
+            mine = row[worker == i]
+            out[name] = {"op": "sync", "level": self.grid.level, "block_bits": self.grid.block_bits,
+                         "ring": self.ring.to_dict(),
+                         "state": {"ids": [ids[j] for j in mine.tolist()],
+                                   "lon": pos[mine, 0].astype("<f8").tobytes(),
+                                   "lat": pos[mine, 1].astype("<f8").tobytes(),
+                                   "extra": [r._extra.get(ids[j]) for j in mine.tolist()], "subs": subs}}
+        return out
+
+    # -- durable form (x-ingress's journal) ---------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        r = self.router
+        ids = list(r._last)
+        pos = np.array([r._last[o] for o in ids], np.float64).reshape(len(ids), 3)
+        return {"format": 1, "subs": [v.to_wire() for _, v in sorted(self.subs.items())], "ids": ids,
+                "pos": pos.astype("<f8").tobytes(), "extra": [r._extra.get(o) for o in ids]}
+
+    def load(self, data: Mapping[str, Any]) -> None:
+        if data.get("format") != 1:
+            raise ValueError(f"roaming router snapshot format {data.get('format')!r}, this code reads 1")
+        self.subs = {d["id"]: Subscription.from_wire(d) for d in data["subs"]}
+        self.router = RoamRouter(self.grid, self.router.owners)
+        ids = list(data["ids"])
+        pos = np.frombuffer(data["pos"], "<f8").reshape(len(ids), 3)
+        self.router._last = {o: (float(a), float(b), float(c))
+                             for o, (a, b, c) in zip(ids, pos.tolist(), strict=True)}
+        self.router._extra = {o: e for o, e in zip(ids, data["extra"], strict=True) if e}
+        for s in self.subs.values():
+            self.router.set_radius(s.object, self._radius_of(s.object))
+
+    def replay(self, record: Mapping[str, Any]) -> None:
+        """A journal record (`put`, `drop` or `rows`, as x-ingress wrote them) applied again,
+        its messages discarded (they were sent the first time)."""
+        if "put" in record:
+            self.put(Subscription.from_wire(record["put"]), float(record["ts"]))
+        elif "drop" in record:
+            self.drop(str(record["drop"]), float(record["ts"]))
+        else:
+            self.rows(PositionBatch.from_wire(record["rows"]))
