@@ -178,8 +178,9 @@ class RoamStream:
     def _radius_of(self, obj: str) -> float:
         return max((s.radius_m for s in self.subs.values() if s.object == obj), default=0.0)
 
-    def put(self, sub: Subscription, ts: float) -> dict[str, dict[str, Any]]:
-        """Messages for a subscription defined or changed at `ts` (the first one: a sync)."""
+    def put(self, sub: Subscription, ts: float, seq: int = 0) -> dict[str, dict[str, Any]]:
+        """Messages for a subscription defined or changed at `ts` by stored change `seq` (the
+        first one: a sync)."""
         first = not self.subs
         old = self.subs.get(sub.id)
         self.subs[sub.id] = sub
@@ -189,7 +190,7 @@ class RoamStream:
             return self.sync()
         last = self.router.last(sub.object)
         at = None if last is None else [last[0], last[1], self.router._extra.get(sub.object)]
-        msg = {"op": "put", "sub": sub.to_wire(), "ts": float(ts), "at": at}
+        msg = {"op": "put", "sub": sub.to_wire(), "ts": float(ts), "at": at, "seq": int(seq)}
         return {w: msg for w in self.workers}  # one message, the same for every worker
 
     def drop(self, sub_id: str, ts: float) -> dict[str, dict[str, Any]]:
@@ -270,7 +271,7 @@ class RoamStream:
         """A journal record (`put`, `drop` or `rows`, as x-ingress wrote them) applied again,
         its messages discarded (they were sent the first time)."""
         if "put" in record:
-            self.put(Subscription.from_wire(record["put"]), float(record["ts"]))
+            self.put(Subscription.from_wire(record["put"]), float(record["ts"]), int(record.get("seq", 0)))
         elif "drop" in record:
             self.drop(str(record["drop"]), float(record["ts"]))
         else:

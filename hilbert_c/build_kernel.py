@@ -80,7 +80,8 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "hilbert_c._kernel",
     '#include "hilbert.h"',
-    sources=[str(Path("hilbert_c") / name) for name in ("curve.c", "covering.c", "contains.c", "search.c")],
+    sources=[str(Path("hilbert_c") / name)
+             for name in ("curve.c", "covering.c", "contains.c", "search.c", "proximity.c")],
     **_options(),
 )
 

@@ -94,4 +94,33 @@ void hk_points_in_polygons(const double *ax, const double *ay, const double *bx,
 int64_t hk_match_sorted(const uint64_t *keys, size_t n_keys, const uint64_t *needles, size_t n,
                         int64_t *hit, int64_t *at);
 
+/* A segment of the roaming matcher (fence/x_fence/roaming.py): movers in row order, each at
+ * most once, against the held positions. Entries are sorted by cell and are the held
+ * positions (e_row -1) and each mover's old (e_ver 0) and new (e_ver 1) position (e_row = its
+ * row); e_own says whether an entry's position is in a block of this worker. Subscriptions by
+ * subscriber slot (CSR s_ptr over slots): radius and filter number; filter flags are
+ * [filter][slot] for the held, [filter][row] before and after for the movers. */
+typedef struct {
+    int64_t n_slots, n_movers, n_entries, side;
+    double r_max;
+    const int64_t *m_slot;
+    const double *m_olon, *m_olat, *m_nlon, *m_nlat;
+    const uint8_t *m_had_old, *m_own_old, *m_own_new;
+    const int64_t *q_x0, *q_x1, *q_y0, *q_y1;
+    const int64_t *e_cell, *e_slot, *e_row;
+    const double *e_lon, *e_lat;
+    const uint8_t *e_ver, *e_own;
+    const int64_t *s_ptr, *s_filter;
+    const double *s_radius;
+    const uint8_t *pass_held, *pass_old, *pass_new;
+} hk_roam_segment;
+
+/* The pairs whose state a mover's row changes and whose report falls to this worker, plus
+ * those within 1e-6 m of a radius (flag 4: the caller decides them with its own haversine):
+ * (row k, subscription j, entry i of the other object, flags: 1 the subscription is the
+ * mover's, 2 near after, 4 unsure, 8 / 16 the filter passed before / after, distance after).
+ * Writes up to cap; returns how many there are. */
+int64_t hk_roam_pairs(const hk_roam_segment *g, int64_t *o_k, int64_t *o_j, int64_t *o_i, uint8_t *o_flags,
+                      double *o_d, int64_t cap);
+
 #endif

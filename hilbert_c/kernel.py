@@ -363,3 +363,38 @@ def match_sorted(keys: U64, needles: U64) -> tuple[npt.NDArray[np.int64], npt.ND
     )
     return hit[:m], at[:m]
 
+
+
+_ROAM_I64 = ("m_slot", "q_x0", "q_x1", "q_y0", "q_y1", "e_cell", "e_slot", "e_row", "s_ptr", "s_filter")
+_ROAM_F64 = ("m_olon", "m_olat", "m_nlon", "m_nlat", "e_lon", "e_lat", "s_radius")
+_ROAM_U8 = ("m_had_old", "m_own_old", "m_own_new", "e_ver", "e_own", "pass_held", "pass_old", "pass_new")
+
+
+def roam_pairs(n_slots: int, side: int, r_max: float, **cols: npt.ArrayLike) -> dict[str, Any]:
+    """The roaming matcher's segment in one C call (proximity.c `hk_roam_pairs`; the columns
+    are hk_roam_segment's fields). Returns the columns k, j, i, flags, d."""
+    keep: list[Any] = []
+    g = ffi.new("hk_roam_segment *")
+    for names, dtype, ctype in ((_ROAM_I64, np.int64, "int64_t[]"), (_ROAM_F64, np.float64, "double[]"),
+                                (_ROAM_U8, np.uint8, "uint8_t[]")):
+        for name in names:
+            a = np.ascontiguousarray(cols[name], dtype)
+            if a.size == 0:
+                a = np.zeros(1, dtype)  # a valid pointer; its length is given elsewhere
+            keep.append(a)
+            setattr(g, name, ffi.from_buffer(ctype, a))
+    g.n_slots, g.n_movers, g.side = n_slots, np.asarray(cols["m_slot"]).size, side
+    g.n_entries, g.r_max = np.asarray(cols["e_cell"]).size, r_max
+    cap = max(1024, 8 * g.n_movers)
+    while True:
+        out = {"k": np.empty(cap, np.int64), "j": np.empty(cap, np.int64), "i": np.empty(cap, np.int64),
+               "flags": np.empty(cap, np.uint8), "d": np.empty(cap, np.float64)}
+        m = lib.hk_roam_pairs(g, ffi.from_buffer("int64_t[]", out["k"], require_writable=True),
+                              ffi.from_buffer("int64_t[]", out["j"], require_writable=True),
+                              ffi.from_buffer("int64_t[]", out["i"], require_writable=True),
+                              ffi.from_buffer("uint8_t[]", out["flags"], require_writable=True),
+                              ffi.from_buffer("double[]", out["d"], require_writable=True), cap)
+        if m <= cap:
+            del keep
+            return {name: a[:m] for name, a in out.items()}
+        cap = int(m)

@@ -24,9 +24,10 @@ A batch is evaluated in segments in which no object repeats, each segment at onc
 touched at row k uses the other object's position as of k (its row's new position if that row
 came before k in the segment, its previous one otherwise).
 
-Trade-off: candidates come from a grid over the cells, rebuilt per segment (a sort of the held
-positions), and every candidate's distance is computed: no incremental index to keep right, at
-the price of a sort per batch and of the candidates in a circle's box (about 3x the circle).
+Trade-off: candidates come from a grid of cells half the routing's, rebuilt per segment (a sort
+of the held positions), searched in C (hilbert_c/proximity.c: the cells of each mover's box,
+haversine against the largest radius): no incremental index to keep right, at the price of a
+sort per segment and of a distance per position in a circle's box.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ import numpy.typing as npt
 from exchanges import filters
 from exchanges.batch import PositionBatch
 from exchanges.hash_ring import HashRing
-from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m, unique_pairs
+from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
 from exchanges.subscriptions import Subscription
+from hilbert_c import kernel
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -105,6 +107,7 @@ class RoamMatcher:
     def __init__(self, grid: RoamGrid, owners: BlockOwners, me: int) -> None:
         self.grid, self.owners, self.me = grid, owners, me
         self.ring: Any = None  # the ring as the router sent it (to_dict), kept for snapshots
+        self._index = RoamGrid(min(grid.level + 1, 24), 0)  # candidates: cells half the routing's
         self._reset()
 
     def _reset(self) -> None:
@@ -183,11 +186,12 @@ class RoamMatcher:
     # -- definitions in the stream -----------------------------------------------------------
 
     def put(self, sub: Subscription, ts: float,
-            at: tuple[float, float, Mapping[str, Any] | None] | None = None) -> list[RoamEvent]:
+            at: tuple[float, float, Mapping[str, Any] | None] | None = None, seq: int = 0) -> list[RoamEvent]:
         """A subscription defined or changed at `ts` in the stream; `at` is its object's latest
         position as the router knows it (None: not seen yet). The pairs near now (this
         worker's share) that were not under the old definition are `nearby`, those no longer
-        near `faraway`, dated `ts`. The same definition again changes nothing."""
+        near `faraway`, dated `ts`; `seq` (the stored change's number) tells two changes at
+        one ts apart in the event ids. The same definition again changes nothing."""
         old = self._subs.get(sub.id)
         if old == sub:
             return []
@@ -199,7 +203,7 @@ class RoamMatcher:
         if at is not None:
             self._keep(np.array([self._slot[sub.object]]))
         after = self._near(sub)
-        mover, lon, lat = f"put:{sub.object}", at[0] if at else math.nan, at[1] if at else math.nan
+        mover, lon, lat = f"put#{seq}:{sub.object}", at[0] if at else math.nan, at[1] if at else math.nan
         out = []
         for kind, slots in (("faraway", sorted(set(before) - set(after))),
                             ("nearby", sorted(set(after) - set(before)))):
@@ -357,104 +361,79 @@ class RoamMatcher:
         self._lon[gone] = np.nan
         self._lat[gone] = np.nan
 
-    def _candidates(self, ms: I64, nlon: F64, nlat: F64, olon: F64, olat: F64) -> tuple[I64, I64]:
-        """(k, slot): objects possibly within the largest radius of mover k, before or after."""
-        n = len(self._ids)
-        grid, side = self.grid, self.grid.side
+    def _pairs(self, ms: I64, nlon: F64, nlat: F64, ts: F64, olon: F64, olat: F64,
+               old_pass: list[B], new_pass: list[B]) -> list[RoamEvent]:
+        n, m = len(self._ids), ms.size
+        grid = self._index
+        side = grid.side
+        r_max = self.max_radius()
         mover = np.zeros(n, bool)
         mover[ms] = True
         held = np.flatnonzero(~np.isnan(self._lon[:n]) & ~mover)
-        had = np.flatnonzero(~np.isnan(olon))
-        e_slot = np.concatenate([held, ms[had], ms])
-        e_lon = np.concatenate([self._lon[held], olon[had], nlon])
-        e_lat = np.concatenate([self._lat[held], olat[had], nlat])
+        hk = np.flatnonzero(~np.isnan(olon))
+        # entries: the held positions, then each mover's old and new one
+        e_slot = np.concatenate([held, ms[hk], ms])
+        e_row = np.concatenate([np.full(held.size, -1, np.int64), hk, np.arange(m, dtype=np.int64)])
+        e_ver = np.concatenate([np.zeros(held.size + hk.size, np.uint8), np.ones(m, np.uint8)])
+        e_lon = np.concatenate([self._lon[held], olon[hk], nlon])
+        e_lat = np.concatenate([self._lat[held], olat[hk], nlat])
+        e_own = self._owned(e_lon, e_lat)
+        m_own_new = e_own[held.size + hk.size:]
+        m_own_old = np.zeros(m, bool)
+        m_own_old[hk] = e_own[held.size:held.size + hk.size]
         ex, ey = grid.cells(e_lon, e_lat)
-        e_cell = ex * side + ey
-        order = np.argsort(e_cell, kind="stable")
-        e_cell, e_slot = e_cell[order], e_slot[order]
-        q_row = np.concatenate([had, np.arange(ms.size, dtype=np.int64)])
-        q_lon = np.concatenate([olon[had], nlon])
-        q_lat = np.concatenate([olat[had], nlat])
-        x0, x1, y0, y1 = grid.boxes(q_lon, q_lat, np.full(q_row.size, self.max_radius()))
-        nx, ny = x1 - x0 + 1, y1 - y0 + 1
-        cnt = nx * ny
-        start = np.cumsum(cnt) - cnt
-        j = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(start, cnt)
-        nxr = np.repeat(nx, cnt)
-        cx = np.mod(np.repeat(x0, cnt) + j % nxr, side)
-        cy = np.repeat(y0, cnt) + j // nxr
-        qk, qc = unique_pairs(np.repeat(q_row, cnt), cx * side + cy)
-        lo = np.searchsorted(e_cell, qc, "left")
-        hi = np.searchsorted(e_cell, qc, "right")
-        c = hi - lo
-        hit = np.repeat(qk, c)
-        st = np.cumsum(c) - c
-        at = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(st, c) + np.repeat(lo, c)
-        k, x = unique_pairs(hit, e_slot[at])
-        keep = x != ms[k]
-        return k[keep], x[keep]
-
-    def _pairs(self, ms: I64, nlon: F64, nlat: F64, ts: F64, olon: F64, olat: F64,
-               old_pass: list[B], new_pass: list[B]) -> list[RoamEvent]:
-        k, x = self._candidates(ms, nlon, nlat, olon, olat)
-        if k.size == 0:
-            return []
-        n = len(self._ids)
-        row_of = np.full(n, -1, np.int64)
-        row_of[ms] = np.arange(ms.size)
-        kx = row_of[x]
-        xm = np.maximum(kx, 0)
-        after = (kx >= 0) & (kx < k)  # the other object's row came first in the segment
-        before = (kx >= 0) & (kx > k)
-        x_lon = np.where(after, nlon[xm], np.where(before, olon[xm], self._lon[x]))
-        x_lat = np.where(after, nlat[xm], np.where(before, olat[xm], self._lat[x]))
-        filt = list(self._filters.values())
-        x_pass = [np.where(after, new_pass[i][xm], np.where(before, old_pass[i][xm], f.passes[x]))
-                  for i, f in enumerate(filt)]
+        order = np.argsort(ex * side + ey, kind="stable")
+        e_cell = (ex * side + ey)[order]
+        e_slot, e_row, e_ver = e_slot[order], e_row[order], e_ver[order]
+        e_lon, e_lat, e_own = e_lon[order], e_lat[order], e_own[order]
+        # each mover's search: the box around its new position and its old one together
+        x0, x1, y0, y1 = grid.boxes(nlon, nlat, np.full(m, r_max))
+        if hk.size:
+            a0, a1, b0, b1 = grid.boxes(olon[hk], olat[hk], np.full(hk.size, r_max))
+            # the same column numbering on both sides of the antimeridian: the smaller box wins
+            x0[hk], x1[hk] = np.minimum(x0[hk], a0), np.maximum(x1[hk], a1)
+            y0[hk], y1[hk] = np.minimum(y0[hk], b0), np.maximum(y1[hk], b1)
+            x1 = np.minimum(x1, x0 + side - 1)
         ptr, _, radius, fnum, sub_ids = self._subs_csr()
-        out: list[tuple[int, str, str, str, float, bool]] = []
-        # A: subscriptions on the mover, the other object is b; B: on the other object, the mover is b
-        for side_a in (True, False):
-            owner_slot = ms[k] if side_a else x
-            cnt = ptr[owner_slot + 1] - ptr[owner_slot]
-            c = np.repeat(np.arange(k.size), cnt)
-            if c.size == 0:
-                continue
-            st = np.cumsum(cnt) - cnt
-            j = np.arange(c.size, dtype=np.int64) - np.repeat(st, cnt) + np.repeat(ptr[owner_slot], cnt)
-            kk, r, fn = k[c], radius[j], fnum[j]
-            p_now = np.zeros(c.size, bool)
-            p_was = np.zeros(c.size, bool)
-            for i in range(len(filt)):
-                sel = fn == i
-                if side_a:
-                    p_now[sel] = p_was[sel] = x_pass[i][c[sel]]
-                else:
-                    p_now[sel] = new_pass[i][kk[sel]]
-                    p_was[sel] = old_pass[i][kk[sel]]
-            d_now = distances_m(nlon[kk], nlat[kk], x_lon[c], x_lat[c])
-            d_was = distances_m(olon[kk], olat[kk], x_lon[c], x_lat[c])
-            near_now = p_now & (d_now <= r)
-            near_was = p_was & (d_was <= r)  # NaN (no previous position) compares False
-            ch = np.flatnonzero(near_now != near_was)
-            if ch.size == 0:
-                continue
-            cc, kk, near = c[ch], kk[ch], near_now[ch]
-            if side_a:  # b is the other object, which did not move
-                own = self._owned(x_lon[cc], x_lat[cc])
-            else:  # b is the mover: its cell after for nearby, before for faraway
-                own = self._owned(np.where(near, nlon[kk], olon[kk]), np.where(near, nlat[kk], olat[kk]))
-            for i in np.flatnonzero(own).tolist():
-                kr, ci = int(kk[i]), int(cc[i])
-                a_slot, b_slot = (ms[kr], x[ci]) if side_a else (x[ci], ms[kr])
-                out.append((kr, sub_ids[int(j[ch[i]])], self._ids[int(a_slot)], self._ids[int(b_slot)],
-                            float(d_now[ch[i]]), bool(near[i])))
-        out.sort(key=lambda e: (e[0], e[4], e[1], e[3]))
-        movers = [self._ids[s] for s in ms.tolist()]
-        return [RoamEvent("nearby" if near else "faraway", sid, a, b, d, float(ts[kr]),
-                          roam_event_id(sid, b, "nearby" if near else "faraway", float(ts[kr]), movers[kr],
-                                        float(nlon[kr]), float(nlat[kr])))
-                for kr, sid, a, b, d, near in out]
+        filt = list(self._filters.values())
+        f_n = max(len(filt), 1)
+        pass_held = np.stack([f.passes[:n] for f in filt]) if filt else np.zeros((1, n), bool)
+        pass_old = np.stack(old_pass) if filt else np.zeros((f_n, m), bool)
+        pass_new = np.stack(new_pass) if filt else np.zeros((f_n, m), bool)
+        out = kernel.roam_pairs(
+            n, side, r_max, m_slot=ms, m_olon=olon, m_olat=olat, m_nlon=nlon, m_nlat=nlat,
+            m_had_old=~np.isnan(olon), m_own_old=m_own_old, m_own_new=m_own_new,
+            q_x0=x0, q_x1=x1, q_y0=y0, q_y1=y1, e_cell=e_cell, e_slot=e_slot, e_row=e_row,
+            e_lon=e_lon, e_lat=e_lat, e_ver=e_ver, e_own=e_own, s_ptr=ptr, s_filter=fnum,
+            s_radius=radius, pass_held=pass_held, pass_old=pass_old, pass_new=pass_new)
+        k, j, i, fl, d = out["k"], out["j"], out["i"], out["flags"], out["d"]
+        side_a = (fl & 1).astype(bool)
+        near = (fl & 2).astype(bool)
+        keep = np.ones(k.size, bool)
+        u = np.flatnonzero(fl & 4)
+        if u.size:  # within a micrometre of a radius: decided with the same haversine as the reference
+            ku, iu, r = k[u], i[u], radius[j[u]]
+            dn = distances_m(nlon[ku], nlat[ku], e_lon[iu], e_lat[iu])
+            dw = distances_m(olon[ku], olat[ku], e_lon[iu], e_lat[iu])
+            was = (fl[u] & 8).astype(bool) & (dw <= r)
+            now = (fl[u] & 16).astype(bool) & (dn <= r)
+            own = np.where(side_a[u], e_own[iu], np.where(now, m_own_new[ku], m_own_old[ku]))
+            keep[u] = (was != now) & own
+            near[u], d[u] = now, dn
+        k, j, i, side_a, near, d = k[keep], j[keep], i[keep], side_a[keep], near[keep], d[keep]
+        x = e_slot[i]
+        a_slot = np.where(side_a, ms[k], x)
+        b_slot = np.where(side_a, x, ms[k])
+        order = np.lexsort((j, d, k))
+        ids, movers = self._ids, [self._ids[s] for s in ms.tolist()]
+        events = []
+        for kr, jr, ar, br, nr, dr in zip(k[order].tolist(), j[order].tolist(), a_slot[order].tolist(),
+                                          b_slot[order].tolist(), near[order].tolist(), d[order].tolist(),
+                                          strict=True):
+            kind, sid, b, t = ("nearby" if nr else "faraway"), sub_ids[jr], ids[br], float(ts[kr])
+            eid = roam_event_id(sid, b, kind, t, movers[kr], float(nlon[kr]), float(nlat[kr]))
+            events.append(RoamEvent(kind, sid, ids[ar], b, dr, t, eid))
+        return events
 
 
 # --------------------------------------------------------------------------- the wire
@@ -494,7 +473,8 @@ def step(matcher: RoamMatcher | None, msg: Mapping[str, Any], worker: str) -> tu
     if op == "put":
         at = msg.get("at")
         where = None if at is None else (float(at[0]), float(at[1]), at[2])
-        return matcher, matcher.put(Subscription.from_wire(msg["sub"]), float(msg["ts"]), where)
+        return matcher, matcher.put(Subscription.from_wire(msg["sub"]), float(msg["ts"]), where,
+                                    int(msg.get("seq", 0)))
     if op == "drop":
         matcher.drop(str(msg["id"]))
         return matcher, []

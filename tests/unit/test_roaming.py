@@ -227,8 +227,9 @@ class Wire:
             self.events += ev
 
     def put(self, sub: Subscription, ts: float) -> None:
-        self.journal.append({"put": sub.to_wire(), "ts": ts})
-        self.send(self.stream.put(sub, ts))
+        seq = len(self.journal)
+        self.journal.append({"put": sub.to_wire(), "ts": ts, "seq": seq})
+        self.send(self.stream.put(sub, ts, seq))
 
     def drop(self, sub_id: str, ts: float) -> None:
         self.journal.append({"drop": sub_id, "ts": ts})
@@ -329,3 +330,18 @@ def test_messages_that_do_not_fit_are_refused() -> None:
             roam_step(m, bad, "w0")
     with pytest.raises(ValueError, match="without worker"):
         matcher_of(snapshot_of(m), "w9")
+
+
+def test_a_pair_exactly_at_the_radius_is_decided_as_the_reference_decides() -> None:
+    """The C loop hands a pair within a micrometre of a radius back to numpy's haversine (the
+    reference's): a radius equal to the distance is near, one a hair shorter is not."""
+    lon = np.array([9.5, 9.5031, 9.5, 9.5031])
+    lat = np.array([47.1, 47.1017, 47.1, 47.1017])
+    d = float(distances_m(lon[0], lat[0], lon[1:2], lat[1:2])[0])
+    for radius, near in ((d, True), (np.nextafter(d, 0.0), False), (d - 1e-7, False)):
+        sub = Subscription("edge", "a", radius)
+        dep = Deployment([sub], 2, RoamGrid(16, 0))
+        got = dep.feed(["a", "b", "b", "a"], lon + np.array([0, 0, 0.01, 0]), lat, np.arange(4.0), None, 1)
+        want = roam_events([sub], ["a", "b", "b", "a"], lon + np.array([0, 0, 0.01, 0]), lat, np.arange(4.0))
+        assert Counter(e.key() for e in got) == Counter(want)
+        assert (("edge", "b", "nearby", 1.0) in want) is near
