@@ -53,6 +53,7 @@ INSPECT_TARGETS: dict[str, tuple[str, str]] = {
     "geo": ("deploy.inspect_cmd", "an x-geo region: bindings, tracked objects, counters"),
     "worker": ("deploy.inspect_cmd", "an x-fence worker: fences, counters"),
     "ring": ("deploy.inspect_cmd", "the consistent-hash ring: workers, shares, a fence's worker"),
+    "proximity": ("deploy.inspect_cmd", "proximity subscriptions: per worker, positions held, near pairs"),
     "worldmap": ("deploy.inspect_cmd", "the worldmap: which Hilbert intervals each region owns"),
 }
 # `geofence spark JOB`: the nightly jobs (each also a spark-submit entry point), launched by

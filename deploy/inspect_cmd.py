@@ -1,5 +1,5 @@
-"""`geofence inspect fence | object | geo | worker | ring | worldmap`: the live state of the
-pipeline. fence/object/geo/worker ask the running sidecars (a request on their control
+"""`geofence inspect fence | object | geo | worker | proximity | ring | worldmap`: the live state
+of the pipeline. fence/object/geo/worker/proximity ask the running sidecars (a request on their control
 queue, the answer on a private reply queue); ring and worldmap are computed / read here.
 """
 
@@ -129,6 +129,10 @@ async def _run(args: argparse.Namespace) -> Any:
     if target == "geo":
         return await ask(conn["amqp"][t.region_vhost(args.region)], t.GEO_CONTROL_EXCHANGE, "",
                          {"limit": args.limit})
+    if target == "proximity":
+        answers = await asyncio.gather(*(ask(fences_url, t.FENCE_CONTROL_EXCHANGE, w, {"roam": True})
+                                         for w in ring.nodes))
+        return {w: a.get("proximity") for w, a in zip(ring.nodes, answers, strict=True)}
     raise ValueError(target)
 
 
@@ -153,6 +157,16 @@ def _human(target: str, data: Any) -> str:
         lines += [f"hot fence {f}: {n} masters" for f, n in sorted(data["hot"].items())]
         lines += [f"fence {f}: worker{'s' if len(v['masters']) > 1 else ''} {', '.join(v['masters'])} "
                   f"(walk {', '.join(v['walk'])})" for f, v in data["fences"].items()]
+        return "\n".join(lines)
+    if target == "proximity":
+        lines = []
+        for w, p in data.items():
+            if p is None:
+                lines.append(f"worker {w}: no proximity subscription yet")
+                continue
+            lines.append(f"worker {w}: {len(p['ids'])} subscriptions, {p['held']} positions held, "
+                         f"{len(p['near_pairs'])} near pairs reported here")
+            lines += [f"  {s} ~ {o}" for s, o in p["near_pairs"][:20]]
         return "\n".join(lines)
     if target == "worldmap":
         starts = np.array([s for s, _ in data["intervals"]], dtype=np.uint64)

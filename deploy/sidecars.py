@@ -83,7 +83,7 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
     env["GEOFENCE_METRICS_LISTEN"] = f"{settings.host}:{settings.metrics_ports()[sc.name]}"
     if sc.role in ("api", "venue-sensors"):  # the venues' read cache
         env["GEOFENCE_MEMCACHED_URL"] = f"memcache://{settings.host}:{settings.memcached_port}"
-    if sc.role == "x-fence":  # its snapshot and journal
+    if sc.role in ("x-fence", "x-ingress"):  # its snapshot and journal (x-ingress: the proximity router's)
         env["GEOFENCE_JOURNAL_DIR"] = str(settings.state_dir / "state" / sc.name)
     if sc.role == "api":
         env.update({"GEOFENCE_API_HOST": settings.host, "GEOFENCE_API_PORT": str(settings.api_port),

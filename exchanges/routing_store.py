@@ -1,6 +1,7 @@
 """What the routing roles read from PostgreSQL (asyncpg), and how they connect: the worldmap
 (x-ingress), a region's fence bindings (x-geo's `recover`), the objects fences follow
-(x-ingress taps their positions). The fence service writes these (fence/store.py, one
+(x-ingress taps their positions), the proximity subscriptions' changes (x-ingress routes by
+them). The fence service writes these (fence/store.py, one
 transaction per change); the roles only read, each retrying while PostgreSQL is away.
 """
 
@@ -180,3 +181,15 @@ async def ring_or(conn: asyncpg.Connection, workers: Sequence[str]) -> tuple[int
     """The stored ring, else version 0: `workers` with weight 1 each."""
     found = await latest_ring(conn)
     return found if found is not None else (0, HashRing(list(workers)))
+
+
+ROAM_CHANGE_LOCK = 0x67665F726F616D  # pg_advisory_xact_lock key of roam_change writers ("gf_roam")
+
+
+async def roam_changes(conn: asyncpg.Connection, after: int, limit: int = 1000
+                       ) -> list[tuple[int, str, dict[str, object] | None, float]]:
+    """Proximity subscription changes after seq `after`, in order: (seq, id, definition or
+    None for a delete, time of the change)."""
+    rows = await conn.fetch("SELECT seq, subscription_id, definition, extract(epoch FROM at) AS at "
+                            "FROM roam_change WHERE seq > $1 ORDER BY seq LIMIT $2", after, limit)
+    return [(int(r["seq"]), str(r["subscription_id"]), r["definition"], float(r["at"])) for r in rows]

@@ -21,6 +21,10 @@
         ==federation==> gf-ingress: amq.topic, so MQTT clients of gf-ingress subscribe to
                         fence-events/<fence_id>/<enter|leave>/+ (a fence's events) and
                         fence-events/+/+/<object_id> (an object's; a device only its own)
+            --> gf-fences: exchange fence.events, "roam-events.<subscription>.<nearby|faraway>.
+                <object_id>": proximity events, one message each (same federation to MQTT)
+    x-ingress (proximity rows and subscriptions) --> gf-fences: exchange x-fence.in (key = worker)
+                --> queue x-fence.<worker>, beside what the regions' x-geo send
 
 Every vhost has a fanout exchange `dead-letters` and a queue `dead-letters`; a policy makes
 it the dead-letter exchange of the vhost's queues. Sidecars publish what they cannot process
@@ -147,6 +151,12 @@ def event_routing_key(fence_id: str, kind: str, object_id: str) -> str:
     return f"{EVENTS_TOPIC_PREFIX}.{fence_id}.{kind}.{object_id}"
 
 
+def roam_event_routing_key(subscription_id: str, kind: str, object_id: str) -> str:
+    """The routing key of a proximity event on fence.events (MQTT
+    roam-events/<subscription>/<nearby|faraway>/<object>)."""
+    return f"{ROAM_EVENTS_TOPIC_PREFIX}.{subscription_id}.{kind}.{object_id}"
+
+
 def occupancy_routing_key(hive_id: str) -> str:
     return f"{OCCUPANCY_TOPIC_PREFIX}.{hive_id}"
 
@@ -222,6 +232,7 @@ DEVICE_TAG = "gf-device"
 MQTT_SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"  # + <client_id> + "qos0" / "qos1"
 POSITIONS_TOPIC_PREFIX = "positions"  # MQTT positions/<object_id>
 EVENTS_TOPIC_PREFIX = "fence-events"  # MQTT fence-events/<fence_id>/<kind>/<object_id>
+ROAM_EVENTS_TOPIC_PREFIX = "roam-events"  # MQTT roam-events/<subscription>/<nearby|faraway>/<object_id>
 
 
 def map_tap_queue(process: str, what: str) -> str:

@@ -49,6 +49,8 @@ FEATURE_EXAMPLE = {
                                                      [9.518, 47.143], [9.518, 47.137]]]},
 }
 FOLLOW_EXAMPLE = {"follow": "car-0042", "radius_m": 150}
+SUBSCRIPTION_EXAMPLE = {"object": "car-0042", "radius_m": 300, "match": "truck-*",
+                        "where": [["speed", ">", 20]]}
 
 
 class Verifier(Protocol):
@@ -267,6 +269,37 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
              summary="Which of your fences the object is in now (from every x-fence worker)")
     async def object_fences(who: Who, object_id: str) -> dict[str, Any]:
         return await service.object_fences(who, object_id)
+
+    @app.post("/subscriptions", status_code=201, tags=["proximity"],
+              summary="Subscribe to objects coming within a radius of a moving object (an operator's)",
+              description="`{\"object\": id, \"radius_m\": metres, \"match\": glob on the other ids, "
+                          "\"where\": filters}`: `nearby` / `faraway` events on fence.events with key "
+                          "`roam-events.<subscription>.<nearby|faraway>.<object>` (MQTT "
+                          "`roam-events/<subscription>/+/+`).")
+    async def post_subscription(who: Who, response: Response,
+                                body: Annotated[dict[str, Any], Body(openapi_examples={
+                                    "meet": {"value": SUBSCRIPTION_EXAMPLE}})]) -> dict[str, Any]:
+        result = await service.put_subscription(who, body)
+        response.headers["Location"] = f"/subscriptions/{result['id']}"
+        return result
+
+    @app.put("/subscriptions/{sub_id}", tags=["proximity"], summary="Create or change a subscription")
+    async def put_subscription(who: Who, sub_id: str,
+                               body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        return await service.put_subscription(who, body, sub_id)
+
+    @app.get("/subscriptions", tags=["proximity"], summary="Your proximity subscriptions")
+    async def list_subscriptions(who: Who) -> dict[str, Any]:
+        return await service.list_subscriptions(who)
+
+    @app.get("/subscriptions/{sub_id}", tags=["proximity"], summary="One of your subscriptions")
+    async def get_subscription(who: Who, sub_id: str) -> dict[str, Any]:
+        return await service.get_subscription(who, sub_id)
+
+    @app.delete("/subscriptions/{sub_id}", status_code=204, tags=["proximity"],
+                summary="Delete a subscription (it reports nothing more)")
+    async def delete_subscription(who: Who, sub_id: str) -> None:
+        await service.delete_subscription(who, sub_id)
 
     if venues is not None:
         add_venue_routes(app, venues)

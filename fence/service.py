@@ -33,6 +33,7 @@ from exchanges.fence_def import (
     shown,
 )
 from exchanges.ids import OBJECT_ID_RULE, is_object_id
+from exchanges.subscriptions import InvalidSubscription, Subscription
 from exchanges.x_geo import queries
 from fence import store
 from fence.follow import circle
@@ -188,6 +189,57 @@ class FenceService:
                 "workers": masters,
                 "worker_version": min(versions) if len(versions) == len(masters) else None,
                 "objects": occupants}
+
+    # -- proximity subscriptions (exchanges/subscriptions.py) -------------------------------
+
+    async def put_subscription(self, caller: Caller, body: Any, sub_id: str | None = None) -> dict[str, Any]:
+        """Store a proximity subscription (new without `sub_id`, else created or changed under
+        that id); x-ingress applies it within a second (exchanges/roam_routing.py). A
+        subscription reports other objects' ids and distances, and objects have no owner,
+        so it is an operator's (the token's OPERATOR_CLAIM), as whole-map queries are."""
+        if not caller.operator:
+            raise ApiError(403, f"a proximity subscription reports every matching object near yours: it "
+                                f"needs the {OPERATOR_CLAIM} claim")
+        if not isinstance(body, Mapping):
+            raise ApiError(422, "a subscription is a JSON object: object, radius_m, match, where")
+        d = dict(body)
+        if sub_id is not None:
+            if d.setdefault("id", sub_id) != sub_id:
+                raise ApiError(422, f"the body's id {d['id']!r} is not the path's {sub_id!r}")
+        else:
+            d.setdefault("id", f"rs-{uuid.uuid4().hex[:16]}")
+        try:
+            sub = Subscription.from_wire(d)
+        except InvalidSubscription as exc:
+            raise ApiError(422, str(exc)) from None
+        async with self.manager.pool.acquire() as conn:
+            try:
+                return await store.put_subscription(conn, caller.uid, sub.to_wire())
+            except PermissionError as exc:
+                raise ApiError(403, str(exc)) from None
+
+    async def get_subscription(self, caller: Caller, sub_id: str) -> dict[str, Any]:
+        async with self.manager.pool.acquire() as conn:
+            try:
+                found = await store.get_subscription(conn, sub_id)
+            except store.UnknownSubscription:
+                raise ApiError(404, f"no subscription {sub_id!r}") from None
+        if found["owner"] != caller.uid:
+            raise ApiError(403, f"subscription {sub_id!r} belongs to another user")
+        return found
+
+    async def list_subscriptions(self, caller: Caller) -> dict[str, Any]:
+        async with self.manager.pool.acquire() as conn:
+            return {"subscriptions": await store.list_subscriptions(conn, caller.uid)}
+
+    async def delete_subscription(self, caller: Caller, sub_id: str) -> None:
+        async with self.manager.pool.acquire() as conn:
+            try:
+                await store.delete_subscription(conn, caller.uid, sub_id)
+            except store.UnknownSubscription:
+                raise ApiError(404, f"no subscription {sub_id!r}") from None
+            except PermissionError as exc:
+                raise ApiError(403, str(exc)) from None
 
     async def object_fences(self, caller: Caller, object_id: str) -> dict[str, Any]:
         """The caller's fences the object is in, live from every x-fence worker."""

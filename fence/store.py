@@ -19,7 +19,7 @@ import numpy as np
 
 from exchanges.control import fence_json
 from exchanges.fence_def import FenceDef, check_geometry
-from exchanges.routing_store import binding_of, latest_worldmap_version
+from exchanges.routing_store import ROAM_CHANGE_LOCK, binding_of, latest_worldmap_version
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding
 from fence.spec import Bindings, FenceSpec, Follow
@@ -303,3 +303,67 @@ async def replace_region_bindings(
               np.ascontiguousarray(b[1], np.uint8).tobytes())
              for region, b in sorted(per_region.items()) if b is not None])
         return await get_fence(conn, fence_id)
+
+
+# -- proximity subscriptions ----------------------------------------------------------------------
+
+
+class UnknownSubscription(LookupError):
+    pass
+
+
+def _subscription(row: asyncpg.Record) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": row["id"], "object": row["object_id"], "radius_m": row["radius_m"]}
+    if row["match"] != "*":
+        d["match"] = row["match"]
+    if row["where_json"]:
+        d["where"] = row["where_json"]
+    d.update(owner=row["owner"], created_at=row["created_at"].timestamp(),
+             updated_at=row["updated_at"].timestamp())
+    return d
+
+
+async def put_subscription(conn: asyncpg.Connection, owner: str,
+                           definition: dict[str, Any]) -> dict[str, Any]:
+    """Store a subscription (new, or changed by its owner) and its change, in one transaction
+    serialised with every other change (the advisory lock): x-ingress reads the changes in seq
+    order, so a seq must never commit after a higher one."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", ROAM_CHANGE_LOCK)
+        found = await conn.fetchval("SELECT owner FROM roam_subscription WHERE id = $1", definition["id"])
+        if found is not None and found != owner:
+            raise PermissionError(f"subscription {definition['id']!r} belongs to another user")
+        row = await conn.fetchrow(
+            "INSERT INTO roam_subscription (id, owner, object_id, radius_m, match, where_json) "
+            "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET object_id = $3, radius_m = $4, "
+            "match = $5, where_json = $6, updated_at = now() RETURNING *",
+            definition["id"], owner, definition["object"], float(definition["radius_m"]),
+            definition.get("match", "*"), definition.get("where", []))
+        await conn.execute("INSERT INTO roam_change (subscription_id, definition) VALUES ($1, $2)",
+                           definition["id"], definition)
+    return _subscription(row)
+
+
+async def delete_subscription(conn: asyncpg.Connection, owner: str, sub_id: str) -> None:
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", ROAM_CHANGE_LOCK)
+        found = await conn.fetchval("SELECT owner FROM roam_subscription WHERE id = $1", sub_id)
+        if found is None:
+            raise UnknownSubscription(sub_id)
+        if found != owner:
+            raise PermissionError(f"subscription {sub_id!r} belongs to another user")
+        await conn.execute("DELETE FROM roam_subscription WHERE id = $1", sub_id)
+        await conn.execute("INSERT INTO roam_change (subscription_id, definition) VALUES ($1, NULL)", sub_id)
+
+
+async def get_subscription(conn: asyncpg.Connection, sub_id: str) -> dict[str, Any]:
+    row = await conn.fetchrow("SELECT * FROM roam_subscription WHERE id = $1", sub_id)
+    if row is None:
+        raise UnknownSubscription(sub_id)
+    return _subscription(row)
+
+
+async def list_subscriptions(conn: asyncpg.Connection, owner: str, limit: int = 1000) -> list[dict[str, Any]]:
+    rows = await conn.fetch("SELECT * FROM roam_subscription WHERE owner = $1 ORDER BY id LIMIT $2",
+                            owner, limit)
+    return [_subscription(r) for r in rows]

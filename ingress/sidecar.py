@@ -47,10 +47,12 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, pack
+from exchanges.hash_ring import HashRing
 from exchanges.worldmap import Worldmap
 from ingress.core import XIngress
 from ingress.map_tap import MapSampler
 from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many
+from ingress.proximity import Proximity
 
 log = logging.getLogger("geofence")
 WORLDMAP_POLL_S = 1.0
@@ -59,6 +61,7 @@ POSITIONS = "positions"
 FOLLOW = "follow"
 MAP = "map"
 MAP_EVERY_S = 1.0
+CHANGES_EVERY_S = 0.2  # proximity subscription changes read by watch_store, applied in the stream
 NO_SAMPLE = {"batch": PositionBatch.empty().to_wire(), "moved": 0, "positions": 0}  # a probe
 
 
@@ -90,13 +93,27 @@ class IngressSidecar:
         # regions whose vhost is on another broker (region_broker): connected to there; a
         # change of one that is connected ends the session as a new region does
         self.endpoints: dict[str, tuple[str, int]] = {}
+        # proximity subscriptions (ingress/proximity.py): the router and its journal
+        self.proximity = Proximity(HashRing(list(config.workers)), config.journal_dir if config.persistence
+                                   else None, self.counters)
 
     async def recover(self, stop: asyncio.Event) -> bool:
-        """Nothing to recover: `main` read the worldmap the core is built on (shell.Sidecar)."""
+        """The proximity router from its journal, under the stored worker ring (`main` read the
+        worldmap the core is built on, shell.Sidecar)."""
+        ring = await routing_store.read_until_stopped(
+            self.config.postgres_url, lambda conn: routing_store.ring_or(conn, self.config.workers),
+            "worker ring", stop)
+        if ring is None:
+            return False
+        self.proximity.ring_version = ring[0]
+        self.proximity.stream.set_ring(ring[1])
+        await asyncio.to_thread(self.proximity.load)
         return True
 
     async def close(self) -> None:
-        """Nothing to keep at a stop: a restart starts with no objects' memory (each is announced again)."""
+        """The positions' region memory is not kept (a restart announces each object again);
+        the proximity router's is, as a snapshot."""
+        await asyncio.to_thread(self.proximity.close)
 
     # -- session -----------------------------------------------------------------------------
 
@@ -111,6 +128,7 @@ class IngressSidecar:
             self.core.forget_objects()
             self.unconfirmed = 0
             log.warning("a session ended with batches routed and not confirmed: objects forgotten")
+            await asyncio.to_thread(self.proximity.load)  # the router as journaled
         async with contextlib.AsyncExitStack() as stack:
             ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
             await self.instance_lock.acquire(ingress, stack)
@@ -126,6 +144,9 @@ class IngressSidecar:
             for region, conn in regions.items():
                 ch = await shell.open_channel(conn, stack, confirms=cfg.persistence)
                 self.geo_in[region] = await ch.get_exchange(t.GEO_IN_EXCHANGE, ensure=False)
+            fences = await shell.open_connection(cfg, t.FENCES_VHOST, stack)  # proximity rows
+            fence_ch = await shell.open_channel(fences, stack, confirms=cfg.persistence)
+            await self.proximity.start_session(await fence_ch.get_exchange(t.FENCE_IN_EXCHANGE, ensure=False))
             map_ch = await shell.open_channel(ingress, stack)  # samples: see above
             self.map_out = await map_ch.get_exchange(t.MAP_POSITIONS_EXCHANGE, ensure=False)
             pos_ch = await shell.open_channel(ingress, stack)
@@ -142,7 +163,7 @@ class IngressSidecar:
             self.consuming = True
             try:
                 await shell.run_session(
-                    ending, [ingress, *regions.values()], [mqtt, gateway],
+                    ending, [ingress, fences, *regions.values()], [mqtt, gateway],
                     [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt,
                                                                      t.POSITIONS_QUEUE, mqtt),
                                        self.counters, self.dlx),
@@ -151,6 +172,7 @@ class IngressSidecar:
                                        self.counters, self.dlx)],
                     [shell.periodic(ending, 30, lambda: log.info("%s", self.counters.line())),
                      shell.periodic(ending, MAP_EVERY_S, self.send_map_sample),
+                     shell.periodic(ending, CHANGES_EVERY_S, self.proximity.apply_changes),
                      _first_of(stop, self.regions_changed, ending)],
                     cfg.drain_s)
             finally:
@@ -222,6 +244,14 @@ class IngressSidecar:
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str,
                      intake: shell.Intake | None = None) -> None:
+        if not self.proximity.stream.active:
+            await self._handle(messages, decode, source, intake, False)
+            return
+        async with self.proximity.lock:  # routed, published and journaled before the next batch
+            await self._handle(messages, decode, source, intake, True)
+
+    async def _handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str,
+                      intake: shell.Intake | None, proximity: bool) -> None:
         batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
         self.unconfirmed += 1
         routed = self.core.route(batch)
@@ -229,6 +259,9 @@ class IngressSidecar:
                 for i, reason in refused]
         for region, rb in routed.regions.items():  # notices in line with positions: one message
             outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, **rb.to_wire()), CONTENT_TYPE))
+        roam = proximity and self.proximity.stream.active and len(batch) > 0
+        if roam:
+            outs += self.proximity.rows_outs(batch)
         followed = self.followed
         if followed:
             tapped = [i for i, oid in enumerate(batch.ids) if oid in followed]
@@ -239,6 +272,8 @@ class IngressSidecar:
         if self.map_listening:
             self.map_sampler.note(batch)
         await shell.publish_all(outs, self.counters)
+        if roam:
+            await self.proximity.journal_rows(batch)
         self.unconfirmed -= 1
         if intake is not None:
             await intake.confirm_lag(time.monotonic() - started)  # back-pressure (see shell.Intake)
@@ -259,6 +294,7 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
         try:
             conn = await routing_store.connect(pg_url)
             try:
+                await watch_proximity(conn, sidecar)  # before the pause: a ring stored for it is seen first
                 paused = await routing_store.ingress_pause(conn)
                 if paused != sidecar.paused:
                     log.info("%s", "pause asked (a worker handover): draining" if paused else "pause lifted")
@@ -288,6 +324,20 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
                 await conn.close()
         except (OSError, asyncpg.PostgresError) as exc:
             log.warning("store check failed (%s); keeping worldmap version %d", exc, core.worldmap.version)
+
+
+async def watch_proximity(conn: asyncpg.Connection, sidecar: IngressSidecar) -> None:
+    """A newer worker ring (taken by the next session, with a sync: a handover pauses x-ingress
+    first), and the subscription changes not read yet (applied in the stream, CHANGES_EVERY_S)."""
+    prox = sidecar.proximity
+    found = await routing_store.latest_ring(conn)
+    if found is not None and found[0] > max(prox.ring_version, prox.new_ring[0] if prox.new_ring else 0):
+        prox.new_ring = found
+        if sidecar.consuming and not sidecar.paused:
+            log.info("proximity: worker ring version %d stored: starting a new session for it", found[0])
+            sidecar.regions_changed.set()
+    after = max(prox.cursor, prox.pending[-1][0] if prox.pending else 0)
+    prox.pending += await routing_store.roam_changes(conn, after)
 
 
 async def _first_of(stop: asyncio.Event, changed: asyncio.Event, ending: asyncio.Event) -> None:

@@ -347,6 +347,8 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                             exactly(t.POSITIONS_QUEUE, t.BATCHES_QUEUE)))
     found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)
               for v in regions]
+    # proximity rows and subscriptions straight to the workers' queues (ingress/proximity.py)
+    found.append(Permission(t.INGRESS_USER, fences, NOTHING, exactly(t.FENCE_IN_EXCHANGE), NOTHING))
     # x-geo and x-fence answer `geofence inspect` requests on the default exchange (amq.default)
     found += [Permission(t.GEO_USER, v, exactly(t.GEO_LOCK),
                          exactly(t.FENCE_IN_EXCHANGE, dlx, DEFAULT_EXCHANGE),

@@ -64,11 +64,13 @@ from exchanges import topology as t
 from exchanges.batch import unpack
 from exchanges.contract import BAD_INPUT, InvalidMessage
 from exchanges.hash_ring import HashRing
+from exchanges.roam_routing import ROAM
 from exchanges.state_dir import Recovered, StateDir
 from exchanges.state_dir import pack as journal_pack
 from exchanges.state_dir import unpack as journal_unpack
 from exchanges.worker_batch import WorkerBatch
 from fence import store
+from fence.x_fence import roaming
 from fence.x_fence.core import XFence
 from fence.x_fence.events import ENTERED, EXITED, Event
 
@@ -88,6 +90,8 @@ class FenceSidecar:
         self.ring = HashRing(list(config.workers))  # the stored ring replaces it at `recover`
         self.ring_version = 0
         self.core = XFence(self.worker)
+        self.roam: roaming.RoamMatcher | None = None  # proximity subscriptions (fence/x_fence/roaming.py)
+        self.roam_log: list[dict[str, Any]] = []  # its messages applied since the last journal record
         self.counters = shell.Counters()
         self.lock = asyncio.Lock()  # the core and the order of what it emits
         self.map_tail: deque[bytes] = deque(maxlen=MAP_EVENTS)  # the newest events' bodies
@@ -112,8 +116,15 @@ class FenceSidecar:
         assert self.journal is not None
         got = self.journal.load()
         self.core = XFence.restore(got.snapshot) if got.snapshot is not None else XFence(self.worker)
+        roam = got.snapshot.get("roam") if got.snapshot is not None else None
+        self.roam = roaming.matcher_of(roam, self.worker) if roam is not None else None
+        self.roam_log = []
         for record in got.records:
-            self.core.apply(record)
+            if "roam" in record:  # the proximity messages applied, again (their events were sent)
+                for msg in record["roam"]:
+                    self.roam, _ = roaming.step(self.roam, msg, self.worker)
+            else:
+                self.core.apply(record)
         return got
 
     async def recover(self, stop: asyncio.Event) -> bool:
@@ -189,7 +200,7 @@ class FenceSidecar:
                 await shell.publish_all(self.event_outs(self.pending), self.counters)
                 self.pending = []
             if self.journal is not None and not self.started:
-                snapshot = self.core.snapshot()
+                snapshot = self._state()
                 await asyncio.to_thread(self.journal.start, snapshot)
                 self.n_persisted = len(self.core._objects)
                 self.started = True
@@ -200,6 +211,10 @@ class FenceSidecar:
             self.unpersisted = False  # nothing to reload from (persistence off: the benchmark's)
             return
         started = time.perf_counter()
+        if self.roam_log:
+            self.journal.append({"roam": self.roam_log})
+            self.roam_log = []
+            self.counters.bump("journal_records")
         record = self.core.changes(self.n_persisted)
         if record is not None:
             before = self.journal.journal_bytes
@@ -215,12 +230,20 @@ class FenceSidecar:
             await asyncio.to_thread(self.journal.rotate_finish, data, gen)
             self.counters.bump("snapshots")
 
+    def _state(self) -> dict[str, Any]:
+        """The snapshot: the core's state and the proximity matcher's."""
+        data = self.core.snapshot()
+        if self.roam is not None:
+            data["roam"] = roaming.snapshot_of(self.roam)
+        self.roam_log = []
+        return data
+
     def _begin_snapshot(self) -> tuple[int, bytes]:
         """Under the lock: a new journal generation and the snapshot of the state at that
         instant (written by the caller with journal.rotate_finish, off the event loop)."""
         assert self.journal is not None
         gen = self.journal.rotate_begin()
-        data = journal_pack(self.core.snapshot())
+        data = journal_pack(self._state())
         self.n_persisted = len(self.core._objects)
         return gen, data
 
@@ -273,7 +296,8 @@ class FenceSidecar:
     async def handle_inputs(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         """Runs of position parts are routed together; definitions apply between them."""
         outs: list[shell.Out | shell.Plains] = []
-        steps: list[list[WorkerBatch] | control.Define | control.Drop] = []  # in queue order
+        # in queue order; a proximity message with its input message (dead-lettered if it does not fit)
+        steps: list[list[WorkerBatch] | control.Define | control.Drop | tuple[Any, dict[str, Any]]] = []
         barriers: list[dict[str, Any]] = []  # answered once the steps before are applied
         for m in messages:
             try:
@@ -281,6 +305,11 @@ class FenceSidecar:
                 if msg["kind"] == control.BARRIER:
                     barriers.append({"barrier": str(msg["barrier"]), "region": str(msg["region"]),
                                      "reply": str(msg["reply"])})
+                    continue
+                if msg["kind"] == ROAM:
+                    if not isinstance(msg.get("op"), str):
+                        raise InvalidMessage("a proximity message without its op")
+                    steps.append((m, msg))
                     continue
                 if msg["kind"] == POSITIONS:
                     parts = [WorkerBatch.from_wire(p) for p in msg["parts"]]
@@ -304,10 +333,22 @@ class FenceSidecar:
                                               t.fence_queue(self.worker), self.counters))
         async with self.lock:
             events: list[Event] = []
+            roam_events: list[roaming.RoamEvent] = []
             received_at = time.time()
             self.unpersisted = True
             for step in steps:
-                if isinstance(step, list):
+                if isinstance(step, tuple):
+                    m, msg = step
+                    try:
+                        self.roam, got = roaming.step(self.roam, msg, self.worker)
+                    except (KeyError, TypeError, ValueError) as exc:
+                        outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "proximity message"),
+                                                      t.fence_queue(self.worker), self.counters))
+                        continue
+                    self.roam_log.append(msg)
+                    roam_events += got
+                    self.counters.bump(f"roam_{msg['op']}")
+                elif isinstance(step, list):
                     wb = WorkerBatch.concat(step)
                     self.counters.positions += len(wb.positions)
                     if len(wb.positions):
@@ -319,7 +360,8 @@ class FenceSidecar:
                 else:
                     events += self.core.drop(step.fence_id, step.version, step.ts)
                     log.info("fence %s v%d deleted", step.fence_id, step.version)
-            await shell.publish_all(outs + self.event_outs(events), self.counters)
+            await shell.publish_all(outs + self.event_outs(events) + self.roam_outs(roam_events),
+                                    self.counters)
             self.observe_latency(events)
             await self.persist()
             if barriers:
@@ -377,6 +419,15 @@ class FenceSidecar:
                                   b"[" + b",".join(bodies[at:at + EVENTS_PER_BATCH_MESSAGE]) + b"]",
                                   "application/json", mandatory=False))
         return outs
+
+    def roam_outs(self, events: Sequence[roaming.RoamEvent]) -> list[shell.Out | shell.Plains]:
+        """One message per proximity event on fence.events (roam-events.<sub>.<kind>.<object>)."""
+        if not events:
+            return []
+        self.counters.bump("roam_events", len(events))
+        keys = [t.roam_event_routing_key(e.subscription, e.kind, e.object) for e in events]
+        bodies = [orjson.dumps(e.to_json()) for e in events]
+        return [shell.Plains(self.events, keys, bodies, "application/json")]
 
     # -- control (inspect) ---------------------------------------------------------------------
 
@@ -451,6 +502,13 @@ class FenceSidecar:
             out["fences"] = self.core.fences()
         if msg.get("counts"):
             out["counts"] = self.core.counts()
+        if self.roam is not None:
+            out["proximity"] = {"subscriptions": len(self.roam.subscriptions()),
+                                "held": len(self.roam.held())}
+            if msg.get("roam"):
+                out["proximity"].update(ids=[s.id for s in self.roam.subscriptions()],
+                                        near_pairs=sorted(map(list, self.roam.near_pairs())),
+                                        positions=self.roam.held())
         return out
 
 

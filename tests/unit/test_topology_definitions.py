@@ -181,7 +181,9 @@ CASES = [
     (t.INGRESS_USER, "gf-region-b", "write", "dead-letters", True),
     (t.INGRESS_USER, "gf-region-a", "write", "x-geo.control", False),
     (t.INGRESS_USER, "gf-region-a", "read", "x-geo.positions", False),
-    (t.INGRESS_USER, "gf-fences", "write", "x-fence.in", False),
+    (t.INGRESS_USER, "gf-fences", "write", "x-fence.in", True),  # proximity rows (ingress/proximity.py)
+    (t.INGRESS_USER, "gf-fences", "write", "fence.events", False),
+    (t.INGRESS_USER, "gf-fences", "read", "x-fence.w0", False),
     (t.GEO_USER, "gf-region-a", "read", "x-geo.positions", True),
     (t.GEO_USER, "gf-region-a", "read", "x-geo.control", True),
     (t.GEO_USER, "gf-region-a", "write", "x-fence.in", True),
@@ -270,7 +272,7 @@ def test_sidecars_configure_only_their_instance_lock_and_admin_everything() -> N
 
 def test_user_vhosts() -> None:
     assert d.user_vhosts(Topology()) == {
-        t.INGRESS_USER: ("gf-ingress", "gf-region-a", "gf-region-b"),
+        t.INGRESS_USER: ("gf-ingress", "gf-region-a", "gf-region-b", "gf-fences"),
         t.GEO_USER: ("gf-region-a", "gf-region-b"),
         t.FENCE_USER: ("gf-fences",),
         t.MANAGER_USER: ("gf-region-a", "gf-region-b", "gf-fences", "gf-ingress"),

@@ -1,0 +1,159 @@
+"""x-ingress's part of the proximity subscriptions (exchanges/roam_routing.py `RoamStream`): the
+subscription changes from PostgreSQL, the rows and definitions to each worker's queue, and the
+journal that makes the router's memory survive a restart.
+
+Why x-ingress: it sees every position in one order, so a pair's two objects are judged in the
+order their positions came, wherever they are (x-geo regions each see their own); and the
+router's memory (each object's last position) is one process's.
+
+Order: the rows of a batch, a change of a subscription and a sync go out on one channel to
+`x-fence.in` of gf-fences (key: the worker), so each worker's queue holds them in the order
+they were made. Everything is made and published under one lock: a batch routed here is
+published, confirmed, then journaled (one record, fdatasync'ed) before the next batch is
+routed, and only then acked.
+
+Durability (GEOFENCE_JOURNAL_DIR; exchanges/state_dir.py): a snapshot plus records of what was
+routed (`rows`), defined (`put`) or deleted (`drop`, with the change's seq: the cursor into
+roam_change). A crash before a record is written leaves its batch unacked: redelivered, it is
+routed again from the state before it and gives the workers the same rows (the matcher is
+deterministic, so the same events with the same ids, which consumers drop). Every session
+starts with a `sync` to every worker, so a worker that got a batch x-ingress then lost is set
+back to the state x-ingress has, before the batch comes again. A ring change (`geofence worker
+add / remove`, x-ingress paused) is a `sync` too: who holds what follows the new ring.
+
+Without a journal directory (GEOFENCE_PERSISTENCE=off, benchmarks) the router starts empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from aio_pika.abc import AbstractExchange
+
+from exchanges import shell
+from exchanges.batch import CONTENT_TYPE, PositionBatch, pack
+from exchanges.hash_ring import HashRing
+from exchanges.roam_routing import ROAM, RoamStream
+from exchanges.state_dir import StateDir
+from exchanges.state_dir import pack as state_pack
+from exchanges.subscriptions import InvalidSubscription, Subscription
+
+log = logging.getLogger("geofence")
+
+
+class Proximity:
+    def __init__(self, ring: HashRing, journal_dir: str | None, counters: shell.Counters) -> None:
+        self.stream = RoamStream(ring)
+        self.ring_version = 0
+        self.cursor = 0  # the last roam_change seq applied
+        self.counters = counters
+        self.journal = StateDir(Path(journal_dir) / "proximity") if journal_dir else None
+        self.lock = asyncio.Lock()
+        self.out: AbstractExchange | None = None  # gf-fences x-fence.in, while a session runs
+        self.pending: list[tuple[int, str, dict[str, Any] | None, float]] = []  # changes read, not applied
+        self.new_ring: tuple[int, HashRing] | None = None
+        self.started = False
+
+    # -- durable state -----------------------------------------------------------------------
+
+    def load(self) -> None:
+        """The router as the journal left it (at start, and after a session that ended with a
+        batch routed and not journaled)."""
+        if self.journal is None:
+            return
+        self.journal.close()
+        got = self.journal.load()
+        self.stream = RoamStream(self.stream.ring)
+        self.cursor = 0
+        if got.snapshot is not None:
+            self.stream.load(got.snapshot["router"])
+            self.cursor = int(got.snapshot["cursor"])
+        for record in got.records:
+            self.stream.replay(record)
+            self.cursor = max(self.cursor, int(record.get("seq", 0)))
+        log.info("proximity: %d subscriptions, %d objects, change cursor %d (snapshot %d + %d records)",
+                 len(self.stream.subs), len(self.stream.router), self.cursor,
+                 got.generation, len(got.records))
+        self.journal.start(self._snapshot())
+        self.started = True
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {"router": self.stream.snapshot(), "cursor": self.cursor}
+
+    def _record(self, record: dict[str, Any]) -> None:
+        if self.journal is None:
+            return
+        self.journal.append(record)
+        if self.journal.wants_rotation:
+            gen = self.journal.rotate_begin()
+            self.journal.rotate_finish(state_pack(self._snapshot()), gen)
+
+    def close(self) -> None:
+        if self.journal is not None and self.started:
+            gen = self.journal.rotate_begin()
+            self.journal.rotate_finish(state_pack(self._snapshot()), gen)
+            self.journal.close()
+
+    # -- the stream --------------------------------------------------------------------------
+
+    def outs(self, msgs: dict[str, dict[str, Any]]) -> list[shell.Out]:
+        assert self.out is not None
+        return [shell.Out(self.out, worker, pack(ROAM, **msg), CONTENT_TYPE) for worker, msg in msgs.items()]
+
+    async def start_session(self, out: AbstractExchange) -> None:
+        """A session's first word to every worker: what each should hold (see the docstring),
+        under the ring in force (a newer stored one is taken now: x-ingress was paused for it)."""
+        async with self.lock:
+            self.out = out
+            if self.new_ring is not None:
+                self.ring_version, ring = self.new_ring
+                self.new_ring = None
+                self.stream.set_ring(ring)
+                log.info("proximity: worker ring version %d (%s)", self.ring_version, ", ".join(ring.nodes))
+            if self.stream.active:
+                await shell.publish_all(self.outs(self.stream.sync()), self.counters)
+                self.counters.bump("roam_syncs")
+
+    async def apply_changes(self) -> None:
+        """The subscription changes read from the store, in seq order, each sent and journaled."""
+        if not self.pending or self.out is None:
+            return
+        async with self.lock:
+            while self.pending:
+                seq, sub_id, definition, at = self.pending[0]
+                if seq <= self.cursor:
+                    self.pending.pop(0)
+                    continue
+                if definition is None:
+                    msgs, record = self.stream.drop(sub_id, at), {"drop": sub_id, "ts": at, "seq": seq}
+                else:
+                    try:
+                        sub = Subscription.from_wire(definition)
+                    except InvalidSubscription as exc:  # the API checks: a row written by hand, skipped
+                        log.error("proximity: change %d of %s refused: %s", seq, sub_id, exc)
+                        self.cursor = seq
+                        self.pending.pop(0)
+                        continue
+                    msgs, record = self.stream.put(sub, at, seq), {"put": sub.to_wire(), "ts": at, "seq": seq}
+                await shell.publish_all(self.outs(msgs), self.counters)
+                await asyncio.to_thread(self._record, record)
+                self.cursor = seq
+                self.pending.pop(0)
+                log.info("proximity: subscription %s %s (change %d)", sub_id,
+                         "deleted" if definition is None else "defined", seq)
+
+    def rows_outs(self, batch: PositionBatch) -> list[shell.Out]:
+        """A routed batch's rows for the workers (the lock held by the caller)."""
+        if not self.stream.active or self.out is None:
+            return []
+        msgs = self.stream.rows(batch)
+        self.counters.bump("roam_rows", sum(len(m["batch"]["ids"]) for m in msgs.values()))
+        return self.outs(msgs)
+
+    async def journal_rows(self, batch: PositionBatch) -> None:
+        if self.stream.active and self.journal is not None:
+            await asyncio.to_thread(self._record, {"rows": batch.to_wire()})
+
