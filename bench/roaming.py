@@ -156,7 +156,7 @@ class Pipeline:
 
     def batch(self, ids: list[str], lon: F64, lat: F64, ts: F64) -> list[RoamEvent]:
         t = time.perf_counter()
-        shares = self.router.route(ids, lon, lat)
+        shares = self.router.route(ids, lon, lat, ts)
         self.route_s += time.perf_counter() - t
         out: list[RoamEvent] = []
         for w, rows in shares.items():

@@ -16,6 +16,7 @@ x-geo holds anyway for queries; in exchange a worker never needs a position it w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,8 @@ class RoamRouter:
         self.grid = grid
         self.owners = owners
         self._radius: dict[str, float] = {}  # subscriber object -> its largest radius
-        self._last: dict[str, tuple[float, float, float]] = {}  # object -> (lon, lat, radius routed with)
+        # object -> (lon, lat, radius routed with, ts) of its last row routed
+        self._last: dict[str, tuple[float, float, float, float]] = {}
         self._extra: dict[str, Mapping[str, Any]] = {}  # object -> extra fields of its last position
 
     def set_radius(self, obj: str, radius_m: float) -> None:
@@ -63,7 +65,7 @@ class RoamRouter:
             self._radius.pop(obj, None)
         last = self._last.get(obj)
         if last is not None:
-            self._last[obj] = (last[0], last[1], float(radius_m))
+            self._last[obj] = (last[0], last[1], float(radius_m), last[3])
 
     def radius(self, obj: str) -> float:
         return self._radius.get(obj, 0.0)
@@ -75,35 +77,41 @@ class RoamRouter:
     def __len__(self) -> int:
         return len(self._last)
 
-    def route(self, ids: list[str], lon: F64, lat: F64,
+    def route(self, ids: list[str], lon: F64, lat: F64, ts: F64 | None = None,
               extra: Sequence[Mapping[str, Any] | None] | None = None) -> dict[int, RoamRows]:
-        """Worker number -> its rows of the batch."""
+        """Worker number -> its rows of the batch. A row older than its object's last one
+        routed (ts) is stale: it goes nowhere (a position that came late changes nothing,
+        as on the fence path); one as old (a redelivery) goes as any other."""
         n = len(ids)
         prev_extra: list[Mapping[str, Any] | None] = [None] * n
-        if extra or self._extra:
-            ex, last_ex = extra or [None] * n, self._extra
-            for i, o in enumerate(ids):
-                prev_extra[i] = last_ex.get(o)
-                e = ex[i]
-                if e:
-                    last_ex[o] = e
-                elif prev_extra[i] is not None:
-                    del last_ex[o]
         prev = np.full((n, 3), np.nan)
         rad = np.zeros(n)
-        last, radius = self._last, self._radius
+        fresh = np.ones(n, bool)
+        last, radius, last_ex = self._last, self._radius, self._extra
         lons, lats = lon.tolist(), lat.tolist()
+        tss = ts.tolist() if ts is not None else [-math.inf] * n
+        ex = extra or [None] * n
         for i, o in enumerate(ids):
             p = last.get(o)
             if p is not None:
-                prev[i] = p
+                if tss[i] < p[3]:
+                    fresh[i] = False
+                    continue
+                prev[i] = p[:3]
             r = radius.get(o, 0.0)
             rad[i] = r
-            last[o] = (lons[i], lats[i], r)
+            last[o] = (lons[i], lats[i], r, tss[i])
+            pe = prev_extra[i] = last_ex.get(o)
+            e = ex[i]
+            if e:
+                last_ex[o] = e
+            elif pe is not None:
+                del last_ex[o]
         had = ~np.isnan(prev[:, 0])
         grid = self.grid
-        rows = [np.arange(n, dtype=np.int64)]
-        keys = [grid.point_keys(lon, lat)]
+        f = np.flatnonzero(fresh)
+        rows = [f]
+        keys = [grid.point_keys(lon[f], lat[f])]
         h = np.flatnonzero(had)
         rows.append(h)
         keys.append(grid.point_keys(prev[h, 0], prev[h, 1]))
@@ -209,7 +217,8 @@ class RoamStream:
         if not self.subs or not len(batch):
             return {}
         out = {}
-        for w, share in self.router.route(batch.ids, batch.lon, batch.lat, batch.extra or None).items():
+        shares = self.router.route(batch.ids, batch.lon, batch.lat, batch.ts, batch.extra or None)
+        for w, share in shares.items():
             out[self.workers[w]] = {
                 "op": "rows", "batch": batch.take(share.rows).to_wire(),
                 "prev_lon": share.prev_lon.astype("<f8").tobytes(),
@@ -223,7 +232,7 @@ class RoamStream:
         r = self.router
         ids = list(r._last)
         n = len(ids)
-        pos = np.array([r._last[o] for o in ids], np.float64).reshape(n, 3)
+        pos = np.array([r._last[o] for o in ids], np.float64).reshape(n, 4)
         rad = np.array([r.radius(o) for o in ids], np.float64)
         home = r.owners.of(self.grid.point_keys(pos[:, 0], pos[:, 1]))
         pairs_w, pairs_row = [home], [np.arange(n, dtype=np.int64)]
@@ -250,19 +259,22 @@ class RoamStream:
     def snapshot(self) -> dict[str, Any]:
         r = self.router
         ids = list(r._last)
-        pos = np.array([r._last[o] for o in ids], np.float64).reshape(len(ids), 3)
-        return {"format": 1, "subs": [v.to_wire() for _, v in sorted(self.subs.items())], "ids": ids,
+        pos = np.array([r._last[o] for o in ids], np.float64).reshape(len(ids), 4)
+        return {"format": 2, "subs": [v.to_wire() for _, v in sorted(self.subs.items())], "ids": ids,
                 "pos": pos.astype("<f8").tobytes(), "extra": [r._extra.get(o) for o in ids]}
 
     def load(self, data: Mapping[str, Any]) -> None:
-        if data.get("format") != 1:
-            raise ValueError(f"roaming router snapshot format {data.get('format')!r}, this code reads 1")
+        fmt = data.get("format")
+        if fmt not in (1, 2):
+            raise ValueError(f"roaming router snapshot format {fmt!r}, this code reads 1 and 2")
         self.subs = {d["id"]: Subscription.from_wire(d) for d in data["subs"]}
         self.router = RoamRouter(self.grid, self.router.owners)
         ids = list(data["ids"])
-        pos = np.frombuffer(data["pos"], "<f8").reshape(len(ids), 3)
-        self.router._last = {o: (float(a), float(b), float(c))
-                             for o, (a, b, c) in zip(ids, pos.tolist(), strict=True)}
+        pos = np.frombuffer(data["pos"], "<f8").reshape(len(ids), 4 if fmt == 2 else 3)
+        if fmt == 1:  # no times kept: every object's next row counts
+            pos = np.c_[pos, np.full(len(ids), -math.inf)]
+        self.router._last = {o: (float(a), float(b), float(c), float(d))
+                             for o, (a, b, c, d) in zip(ids, pos.tolist(), strict=True)}
         self.router._extra = {o: e for o, e in zip(ids, data["extra"], strict=True) if e}
         for s in self.subs.values():
             self.router.set_radius(s.object, self._radius_of(s.object))

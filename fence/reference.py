@@ -8,6 +8,7 @@ the tests and the demo compare what the pipeline emitted with this, event for ev
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
@@ -113,7 +114,7 @@ def roam_events(subscriptions: Sequence[Any], ids: Sequence[str], lon: npt.NDArr
     names = sorted(set(ids) | {s.object for s in subscriptions})
     slot = {o: i for i, o in enumerate(names)}
     n = len(names)
-    plon, plat = np.full(n, np.nan), np.full(n, np.nan)
+    plon, plat, pts = np.full(n, np.nan), np.full(n, np.nan), np.full(n, -np.inf)
     ext: list[dict[str, Any] | None] = [None] * n
     subs = list(subscriptions)
     s_slot = np.array([slot[s.object] for s in subs], np.int64)
@@ -126,6 +127,9 @@ def roam_events(subscriptions: Sequence[Any], ids: Sequence[str], lon: npt.NDArr
     out: list[RoamTuple] = []
     for i, o in enumerate(ids):
         b = slot[o]
+        if ts[i] < pts[b]:  # older than the object's last position: changes nothing
+            continue
+        pts[b] = ts[i]
         ox, oy = plon[b], plat[b]
         nx, ny = float(lon[i]), float(lat[i])
         e = extras[i] if extras else None
@@ -163,8 +167,10 @@ def roam_timeline(items: Sequence[tuple[Any, ...]]) -> list[RoamTuple]:
     position, every subscription against every object, before and after; a put reports the
     pairs near now that were not near under the subscription's previous definition (nearby)
     and those no longer near (faraway); a drop reports nothing. Objects count from their first
-    position while some subscription exists (none kept while none does)."""
+    position while some subscription exists (none kept while none does); a position older
+    than its object's last one changes nothing."""
     pos: dict[str, tuple[float, float]] = {}
+    last_ts: dict[str, float] = {}
     ext: dict[str, dict[str, Any] | None] = {}
     subs: dict[str, Any] = {}
     out: list[RoamTuple] = []
@@ -198,10 +204,12 @@ def roam_timeline(items: Sequence[tuple[Any, ...]]) -> list[RoamTuple]:
             if not subs:
                 pos.clear()
                 ext.clear()
+                last_ts.clear()
             continue
         _, o, x, y, t, e = item
-        if not subs:
+        if not subs or t < last_ts.get(o, -math.inf):  # none kept; or older than its last: nothing
             continue
+        last_ts[o] = t
         old = pos.get(o)
         for sub in subs.values():
             if sub.object == o:  # the subscriber moved: every other object

@@ -91,10 +91,11 @@ class Proximity:
             gen = self.journal.rotate_begin()
             self.journal.rotate_finish(state_pack(self._snapshot()), gen)
 
-    def close(self) -> None:
+    def close(self, snapshot: bool = True) -> None:
         if self.journal is not None and self.started:
-            gen = self.journal.rotate_begin()
-            self.journal.rotate_finish(state_pack(self._snapshot()), gen)
+            if snapshot:
+                gen = self.journal.rotate_begin()
+                self.journal.rotate_finish(state_pack(self._snapshot()), gen)
             self.journal.close()
 
     # -- the stream --------------------------------------------------------------------------

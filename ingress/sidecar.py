@@ -112,8 +112,9 @@ class IngressSidecar:
 
     async def close(self) -> None:
         """The positions' region memory is not kept (a restart announces each object again);
-        the proximity router's is, as a snapshot."""
-        await asyncio.to_thread(self.proximity.close)
+        the proximity router's is, as a snapshot (unless a batch was cut off routed and not
+        journaled: then the journal holds the state, and the batch comes again)."""
+        await asyncio.to_thread(self.proximity.close, self.unconfirmed == 0)
 
     # -- session -----------------------------------------------------------------------------
 
@@ -364,8 +365,13 @@ async def main(config: shell.SidecarConfig) -> int:
     found = await routing_store.read_until_stopped(config.postgres_url, routing_store.region_endpoints,
                                                    "region brokers", stop)
     sidecar.endpoints = found or {}
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(watch_store(config.postgres_url, sidecar, stop, config.name))
-        await shell.serve(config, sidecar.session, stop, sidecar.counters)
+    if not await sidecar.recover(stop):
+        return 0
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(watch_store(config.postgres_url, sidecar, stop, config.name))
+            await shell.serve(config, sidecar.session, stop, sidecar.counters)
+    finally:
+        await sidecar.close()
     log.info("stopped: %s", sidecar.counters.line())
     return 0

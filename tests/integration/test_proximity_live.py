@@ -163,3 +163,6 @@ async def test_a_subscription_reports_who_comes_near_and_goes_away(
         assert all(topic == f"roam-events/{sub_id}/{b['event']}/{b['object']}" for topic, b in seen)
     finally:
         mqtt.close()
+        async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http:
+            for s in (sub_id, sentinel):  # a failed run leaves no subscription routing every batch
+                await http.delete(f"/subscriptions/{s}", headers=operator.auth)

@@ -114,7 +114,7 @@ class Deployment:
             sl = slice(lo, lo + batch)
             bi, blon, blat, bts = ids[sl], lon[sl], lat[sl], ts[sl]
             bex = extra[sl] if extra else None
-            for w, rows in self.router.route(bi, blon, blat, bex).items():
+            for w, rows in self.router.route(bi, blon, blat, bts, bex).items():
                 r = rows.rows.tolist()
                 ev = self.workers[w].apply([bi[i] for i in r], blon[r], blat[r], bts[r], rows.prev_lon,
                                            rows.prev_lat, [bex[i] for i in r] if bex else None,
@@ -136,9 +136,20 @@ def _stream(seed: int, objects: int, rows: int, km: float,
         pos[o] += step[k]
         lon[k], lat[k] = pos[o]
     ts = 1_790_000_000.0 + np.cumsum(rng.random(rows) < 0.3).astype(np.float64)
+    ts -= (rng.random(rows) < 0.04) * rng.integers(1, 4, rows)  # a few come late: older than the last
     extra = [{"speed": int(rng.integers(0, 60))} if rng.random() < 0.9 else None for _ in range(rows)] \
         if with_extra else None
     return [ids[o] for o in who.tolist()], lon, lat, ts, extra
+
+
+def latest_of(ids: list[str], lon: Any, lat: Any, ts: Any) -> dict[str, tuple[float, float]]:
+    """Each object's latest position: late rows (older than its last) change nothing."""
+    out: dict[str, tuple[float, float]] = {}
+    last: dict[str, float] = {}
+    for o, x, y, t in zip(ids, lon.tolist(), lat.tolist(), ts.tolist(), strict=True):
+        if t >= last.get(o, -math.inf):
+            out[o], last[o] = (x, y), t
+    return out
 
 
 @settings(max_examples=60, deadline=None)
@@ -161,7 +172,7 @@ def test_events_equal_the_brute_force_reference(seed: int, n_workers: int, level
     want = roam_events(subs, ids, lon, lat, ts, extra)
     assert Counter(e.key() for e in got) == Counter(want)
     assert len({e.id for e in got}) == len(got)  # stable, distinct event ids
-    latest = {o: (x, y) for o, x, y in zip(ids, lon.tolist(), lat.tolist(), strict=True)}
+    latest = latest_of(ids, lon, lat, ts)
     for w in d.workers:  # what a worker holds is the latest position (no stale copy)
         assert all(latest[o] == p for o, p in w.held().items())
 
@@ -174,7 +185,7 @@ def test_each_pair_is_reported_by_the_owner_of_the_other_objects_cell_only() -> 
     got = d.feed(ids, lon, lat, ts, None, 64)
     assert Counter(e.key() for e in got) == Counter(roam_events(subs, ids, lon, lat, ts))
     assert all(d.by_worker), "every worker reports some pairs"
-    latest = {o: (x, y) for o, x, y in zip(ids, lon.tolist(), lat.tolist(), strict=True)}
+    latest = latest_of(ids, lon, lat, ts)
     for w in d.workers:
         assert all(latest[o] == p for o, p in w.held().items())
     # the near pairs each worker holds are disjoint, and together the pairs near at the end
