@@ -115,8 +115,11 @@ class FaultRun:
     last events and returns the verdict; `close()` parks the objects, removes the fences and
     the consumers' queues."""
 
-    def __init__(self, stack: Stack, work: Workload, title: str, seed: int, rate: float = RATE) -> None:
-        self.stack, self.title, self.seed, self.rate = stack, title, seed, rate
+    def __init__(self, stack: Stack, work: Workload, title: str, seed: int, rate: float = RATE,
+                 window: int = 8) -> None:
+        """`window`: gateway bodies in flight (1: x-ingress gets them in stream order, even
+        across reconnects, which proximity events depend on: their pairs interleave objects)."""
+        self.stack, self.title, self.seed, self.rate, self.window = stack, title, seed, rate, window
         self.batch, self.bad_inputs = BATCH, BAD_INPUTS  # the verdict judges by these too
         self.rng = np.random.default_rng(seed)
         self.run_id = f"ft{uuid.uuid4().hex[:6]}"
@@ -136,7 +139,8 @@ class FaultRun:
         self.collector = EventCollector(stack.conn, f"{q}.events", self.prefix)
         self.dlq = [DeadLetterWatch(stack.conn, v, f"{q}.dead-letters", self.prefix, self.dead_letters)
                     for v in stack.topology.vhosts]
-        self.publisher = Publisher(stack.conn["users"][t.GATEWAY_USER][t.INGRESS_VHOST], self.bodies, rate)
+        self.publisher = Publisher(stack.conn["users"][t.GATEWAY_USER][t.INGRESS_VHOST], self.bodies, rate,
+                                   window)
         self._publishing: asyncio.Task[None] | None = None
         self._recoveries: list[asyncio.Task[None]] = []
         self.planned: int | None = None  # faults the test will inject (moments())
@@ -190,7 +194,7 @@ class FaultRun:
         self._fences_stored = True
         await bm.put_fences(self.stack.conn, self.fences)
         self._shift_to_now()  # the stream starts once the fences are stored
-        self.publisher = Publisher(self.publisher.url, self.bodies, self.rate)
+        self.publisher = Publisher(self.publisher.url, self.bodies, self.rate, self.window)
 
     async def _pipeline_queues(self) -> list[tuple[str, str]]:
         """The queues a position passes through on its way to an event: the sidecars'

@@ -1,0 +1,147 @@
+"""Proximity subscriptions under faults (issue 20, "survives restarts and faults like the fence
+path"): the fault suite's stream (500 objects walking in a 6 km box, 50,000 updates) with 60 of
+its objects subscribed to the others within 300 m, while x-ingress (whose journal holds the
+router) and each x-fence worker (whose journal holds the matcher) are killed with `kill -9` at
+random moments, then RabbitMQ is restarted. The proximity events a consumer deduping on
+event_id received must be exactly the brute-force reference (fence/reference.py `roam_events`,
+over the stream in its order: the gateway publishes one body at a time so x-ingress gets them in
+that order even across reconnects), each event_id naming one event; the fence events of the same
+run are judged as in every fault run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import asyncpg
+import orjson
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from deploy.settings import ConnectionSettings
+from exchanges import routing_store
+from exchanges import topology as t
+from exchanges.subscriptions import Subscription
+from fence import store
+from fence.reference import RoamTuple, roam_events
+from tests.faults import report
+from tests.faults.clients import ReconnectingConsumer
+from tests.faults.run import FaultRun, Workload, execute
+from tests.faults.stack import Stack
+from tests.faults.timing import CONSUMER_DEADLINE_S, say
+from tests.faults.verdict import failure_message
+
+pytestmark = pytest.mark.timeout(900)
+SUBSCRIBERS = 60
+RADIUS_M = 300.0
+OWNER = "fault-suite"
+
+
+class RoamCollector(ReconnectingConsumer):
+    """fence.events' proximity events of the run's subscriptions (their ids start with `prefix`)."""
+
+    def __init__(self, conn: ConnectionSettings, queue: str, prefix: str) -> None:
+        super().__init__(conn["amqp"][t.FENCES_VHOST], queue,
+                         [(t.EVENTS_EXCHANGE, f"{t.ROAM_EVENTS_TOPIC_PREFIX}.#")])
+        self.prefix = prefix
+        self.raw_by_id: Counter[str] = Counter()  # deliveries per event_id
+        self.distinct: dict[str, RoamTuple] = {}
+        self.conflicts: list[str] = []
+        self.last_at = time.monotonic()
+
+    def handle(self, message: AbstractIncomingMessage) -> None:
+        e = orjson.loads(message.body)
+        if not str(e["subscription"]).startswith(self.prefix):
+            return
+        self.raw_by_id[str(e["event_id"])] += 1
+        self.last_at = time.monotonic()
+        ev: RoamTuple = (str(e["subscription"]), str(e["object"]), str(e["event"]), float(e["ts"]))
+        seen = self.distinct.setdefault(str(e["event_id"]), ev)
+        if seen != ev:
+            self.conflicts.append(f"event_id {e['event_id']}: {seen} and {ev}")
+
+
+def subscribed_everywhere(ids: set[str]) -> bool:
+    done = subprocess.run([sys.executable, "-m", "deploy.cli", "inspect", "proximity", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return False
+    return all(p is not None and ids <= set(p["ids"]) for p in json.loads(done.stdout).values())
+
+
+async def test_proximity_survives_kills_and_a_broker_restart(fault_stack: Stack, workload: Workload,
+                                                            fault_seed: int) -> None:
+    stack = fault_stack
+    names = ["x-ingress", *(f"x-fence-{w}" for w in stack.settings.workers)]
+    run = FaultRun(stack, workload, f"proximity: kill -9 {', '.join(names)}, RabbitMQ restart",
+                   fault_seed + 7, window=1)
+    objects = list(run.stream.object_ids)
+    chosen = sorted(run.rng.choice(len(objects), SUBSCRIBERS, replace=False).tolist())
+    subs = [Subscription(f"near-{run.run_id}-{i}", objects[i], RADIUS_M, match=f"{run.prefix}*")
+            for i in chosen]
+    collector = RoamCollector(stack.conn, f"fault-suite.{run.run_id}.roam", f"near-{run.run_id}-")
+    conn = await routing_store.connect(stack.conn["postgres"]["dsn"])
+    made: list[str] = []
+    try:
+        await collector.start()
+        for s in subs:
+            await store.put_subscription(conn, OWNER, s.to_wire())
+            made.append(s.id)
+        end = time.monotonic() + CONSUMER_DEADLINE_S
+        while not await asyncio.to_thread(subscribed_everywhere, {s.id for s in subs}):
+            assert time.monotonic() < end, "the subscriptions never reached every worker"
+            await asyncio.sleep(0.2)
+
+        async def inject(run: FaultRun) -> None:
+            order = [names[i] for i in run.rng.permutation(len(names))]
+            moments = run.moments(len(names) + 1)
+            for name, at in zip(order, moments, strict=False):
+                await run.reach(at)
+                await run.kill(name)
+            await run.reach(moments[-1])
+            await run.restart_broker()
+            await run.recovered()
+
+        out = await execute(run, inject)
+        # the reference over the stream as x-ingress got it (run.start shifted its times)
+        st = run.stream
+        want = Counter(roam_events(subs, [st.object_ids[i] for i in st.obj.tolist()], st.lon, st.lat, st.ts))
+        # the run's end parks every object at one spot (FaultRun.close): events dated after the
+        # stream's last update are the parking's, not the stream's
+        last_ts = float(st.ts.max())
+        end = time.monotonic() + 120
+        while True:
+            ours = {k: v for k, v in collector.distinct.items() if v[3] <= last_ts}
+            if (len(ours) >= sum(want.values()) and time.monotonic() - collector.last_at >= 3) \
+                    or time.monotonic() > end:
+                break
+            await asyncio.sleep(0.5)
+        got = Counter(ours.values())
+        problems = list(out.problems)
+        if got != want:
+            miss, extra = want - got, got - want
+            problems.append(f"proximity events (deduped on event_id) differ from the brute-force reference: "
+                            f"{sum(miss.values())} missing (e.g. {list(miss)[:3]}), {sum(extra.values())} "
+                            f"unexpected (e.g. {list(extra)[:3]})")
+        if collector.conflicts:
+            problems.append(f"{len(collector.conflicts)} proximity event_ids name two events: "
+                            + "; ".join(collector.conflicts[:3]))
+        raw = sum(n for k, n in collector.raw_by_id.items() if k in ours)
+        say(f"{run.title}: proximity events {sum(want.values()):,} expected, {len(ours):,} distinct "
+            f"received, {raw - len(ours):,} duplicated")
+        report.record(report.Row(f"{run.title}: its proximity events", len(run.faults), len(run.stream),
+                                 sum(want.values()), len(ours), raw - len(ours), 0, out.row.recovery_s,
+                                 ok=not problems))
+        assert not problems, failure_message(out) + "\n" + "\n".join(problems)
+    finally:
+        await collector.stop()
+        for sub_id in made:
+            try:
+                await store.delete_subscription(conn, OWNER, sub_id)
+            except (store.UnknownSubscription, asyncpg.PostgresError, OSError) as exc:
+                say(f"{run.title}: subscription {sub_id} not deleted ({type(exc).__name__})")
+        await conn.close()
