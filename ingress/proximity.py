@@ -72,8 +72,10 @@ class Proximity:
             self.stream.load(got.snapshot["router"])
             self.cursor = int(got.snapshot["cursor"])
         for record in got.records:
-            self.stream.replay(record)
-            self.cursor = max(self.cursor, int(record.get("seq", 0)))
+            for one in record.get("changes", [record]):
+                if "skip" not in one:
+                    self.stream.replay(one)
+                self.cursor = max(self.cursor, int(one.get("seq", 0)))
         log.info("proximity: %d subscriptions, %d objects, change cursor %d (snapshot %d + %d records)",
                  len(self.stream.subs), len(self.stream.router), self.cursor,
                  got.generation, len(got.records))
@@ -119,32 +121,36 @@ class Proximity:
                 self.counters.bump("roam_syncs")
 
     async def apply_changes(self) -> None:
-        """The subscription changes read from the store, in seq order, each sent and journaled."""
+        """The subscription changes read from the store, in seq order: their messages published
+        together (in order, confirmed), then one journal record for them all."""
         if not self.pending or self.out is None:
             return
         async with self.lock:
-            while self.pending:
-                seq, sub_id, definition, at = self.pending[0]
+            msgs: list[dict[str, dict[str, Any]]] = []
+            records: list[dict[str, Any]] = []
+            for seq, sub_id, definition, at in self.pending:
                 if seq <= self.cursor:
-                    self.pending.pop(0)
                     continue
                 if definition is None:
-                    msgs, record = self.stream.drop(sub_id, at), {"drop": sub_id, "ts": at, "seq": seq}
+                    msgs.append(self.stream.drop(sub_id, at))
+                    records.append({"drop": sub_id, "ts": at, "seq": seq})
                 else:
                     try:
                         sub = Subscription.from_wire(definition)
                     except InvalidSubscription as exc:  # the API checks: a row written by hand, skipped
                         log.error("proximity: change %d of %s refused: %s", seq, sub_id, exc)
-                        self.cursor = seq
-                        self.pending.pop(0)
+                        records.append({"skip": sub_id, "seq": seq})
                         continue
-                    msgs, record = self.stream.put(sub, at, seq), {"put": sub.to_wire(), "ts": at, "seq": seq}
-                await shell.publish_all(self.outs(msgs), self.counters)
-                await asyncio.to_thread(self._record, record)
-                self.cursor = seq
-                self.pending.pop(0)
-                log.info("proximity: subscription %s %s (change %d)", sub_id,
-                         "deleted" if definition is None else "defined", seq)
+                    msgs.append(self.stream.put(sub, at, seq))
+                    records.append({"put": sub.to_wire(), "ts": at, "seq": seq})
+            self.pending = []
+            if not records:
+                return
+            await shell.publish_all([o for m in msgs for o in self.outs(m)], self.counters)
+            await asyncio.to_thread(self._record, {"changes": records})
+            self.cursor = int(records[-1]["seq"])
+            log.info("proximity: %d subscription changes applied (up to change %d; %d subscriptions)",
+                     len(records), self.cursor, len(self.stream.subs))
 
     def rows_outs(self, batch: PositionBatch) -> list[shell.Out]:
         """A routed batch's rows for the workers (the lock held by the caller)."""

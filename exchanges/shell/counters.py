@@ -26,6 +26,7 @@ HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
     "journal_sync_seconds": (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
     # up to minutes: a backlog after an outage shows as what it is, not as "10 s or more"
     "event_latency_seconds": (*SECONDS, 30.0, 60.0, 120.0, 300.0),
+    "roam_event_latency_seconds": (*SECONDS, 30.0, 60.0, 120.0, 300.0),
     "http_request_seconds": SECONDS,
 }
 DEFAULT_BUCKETS = SECONDS

@@ -363,6 +363,9 @@ class FenceSidecar:
             await shell.publish_all(outs + self.event_outs(events) + self.roam_outs(roam_events),
                                     self.counters)
             self.observe_latency(events)
+            if roam_events:  # the position's time to its proximity event confirmed
+                now = time.time()
+                self.counters.observe("roam_event_latency_seconds", [now - e.ts for e in roam_events])
             await self.persist()
             if barriers:
                 held = self.core.stats()["held_now"]
