@@ -75,6 +75,7 @@ def test_connection_settings_list_every_vhost_and_sidecar_user() -> None:
         "gf-ingress": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-ingress",
         "gf-region-a": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-region-a",
         "gf-region-b": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-region-b",
+        "gf-fences": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-fences",  # proximity rows
     }
     assert conn["users"]["gateway"] == {
         "gf-ingress": "amqp://gateway:pw-gateway@127.0.0.1:5672/gf-ingress"}
