@@ -55,6 +55,7 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import msgpack
@@ -62,7 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench import report
-from bench.versus_tile38 import SETTLE_S, TILE38, Resp, encode, tile38_server
+from bench.versus_tile38 import SETTLE_S, TILE38, Resp, Subscriber, encode, tile38_server
 from deploy.demo.traffic import Fleet, road_network
 from deploy.inspect_cmd import ask, ring_in_force
 from deploy.settings import Settings, load_connection_settings
@@ -350,43 +351,17 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
 
 
 @dataclass
-class RoamSubscriber:
-    """`PSUBSCRIBE *` in a thread: (subscriber, publisher, kind) of every roam notification."""
+class RoamSubscriber(Subscriber):
+    """Tile38's notifications as (subscriber, publisher, kind) of every roam match."""
 
-    port: int
     got: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    count: int = 0
-    last: float = 0.0
-    ready: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)
-    error: str = ""
 
-    def run(self) -> None:
-        c = Resp(self.port)
-        c.sock.settimeout(0.2)
-        try:
-            c.sock.sendall(encode("PSUBSCRIBE", "*"))
-            while not self.stop.is_set():
-                try:
-                    msg = c.reply()
-                except TimeoutError:
-                    continue
-                if isinstance(msg, list) and msg and msg[0] == b"psubscribe":
-                    self.ready.set()
-                elif isinstance(msg, list) and len(msg) == 4 and msg[0] == b"pmessage":
-                    self.count += 1
-                    self.last = time.perf_counter()
-                    d = json.loads(msg[3])
-                    for kind in ("nearby", "faraway"):
-                        if kind in d:
-                            a, b = d["id"], d[kind]["id"]
-                            sub, pub = (a, b) if d.get("key") == "subs" else (b, a)
-                            self.got[(sub, pub, kind)] += 1
-        except Exception as exc:  # reported with the figures
-            self.error = report.error_text(exc)
-            self.ready.set()
-        finally:
-            c.close()
+    def note(self, notification: dict[str, Any]) -> None:
+        for kind in ("nearby", "faraway"):
+            if kind in notification:
+                a, b = notification["id"], notification[kind]["id"]
+                sub, pub = (a, b) if notification.get("key") == "subs" else (b, a)
+                self.got[(sub, pub, kind)] += 1
 
 
 @dataclass

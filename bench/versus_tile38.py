@@ -196,13 +196,17 @@ class Subscriber:
                     self.count += 1
                     self.last = time.perf_counter()
                     with contextlib.suppress(ValueError, AttributeError):
-                        kind = json.loads(msg[3]).get("detect", "?")
-                        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+                        self.note(json.loads(msg[3]))
         except Exception as exc:  # reported with the figures, never swallowed
             self.error = report.error_text(exc)
             self.ready.set()
         finally:
             c.close()
+
+    def note(self, notification: dict[str, Any]) -> None:
+        """One notification (JSON): counted by detect kind."""
+        kind = notification.get("detect", "?")
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
 
 @dataclass

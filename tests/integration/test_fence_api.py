@@ -72,6 +72,15 @@ def account(firebase: tuple[str, int, str]) -> Account:
     return Account(uid, token)
 
 
+def operator_account(firebase: tuple[str, int, str]) -> Account:
+    """A new user whose token carries the geofence_operator claim (set, then signed in again)."""
+    host, port, project = firebase
+    email, password = f"{uuid.uuid4().hex[:12]}@example.org", uuid.uuid4().hex
+    uid, _ = fe.sign_up(host, port, project, email, password)
+    fe.set_claims(host, port, project, uid, {"geofence_operator": True})
+    return Account(uid, fe.sign_in(host, port, project, email, password))
+
+
 @pytest.fixture(scope="module")
 def alice(firebase: tuple[str, int, str]) -> Account:
     return account(firebase)

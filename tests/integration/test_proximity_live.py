@@ -16,11 +16,10 @@ from typing import Any
 import aio_pika
 import httpx
 
-from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings
 from exchanges import topology as t
 from tests.integration.clients import DEADLINE, MqttDevice
-from tests.integration.test_fence_api import Account, account, firebase  # noqa: F401 (fixture)
+from tests.integration.test_fence_api import account, firebase, operator_account  # noqa: F401 (fixture)
 from tests.integration.test_fence_changes_live import Gateway, inspect
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
 
@@ -86,11 +85,7 @@ def kinds(events: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
 
 async def test_a_subscription_reports_who_comes_near_and_goes_away(
         pipeline: ConnectionSettings, firebase: tuple[str, int, str]) -> None:  # noqa: F811
-    host, port, project = firebase
-    email, password = f"{uuid.uuid4().hex[:12]}@example.org", uuid.uuid4().hex
-    uid, _ = fe.sign_up(host, port, project, email, password)
-    fe.set_claims(host, port, project, uid, {"geofence_operator": True})
-    operator = Account(uid, fe.sign_in(host, port, project, email, password))
+    operator = operator_account(firebase)
     user = account(firebase)
     tag = uuid.uuid4().hex[:8]
     car, p1, p2, p3, other = f"pc-{tag}", f"pp-{tag}-1", f"pp-{tag}-2", f"pp-{tag}-3", f"px-{tag}"

@@ -16,11 +16,10 @@ import httpx
 import numpy as np
 from shapely.geometry import box, mapping
 
-from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings
 from exchanges.x_geo import queries
 from tests.integration.clients import DEADLINE, geofence
-from tests.integration.test_fence_api import Account, account, feature, firebase  # noqa: F401 (fixture)
+from tests.integration.test_fence_api import account, feature, firebase, operator_account  # noqa: F401 (fixture)
 from tests.integration.test_fence_changes_live import Gateway, latest_is, square
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
 
@@ -75,11 +74,7 @@ async def test_objects_are_found_where_they_were_last_seen(pipeline: ConnectionS
 
 async def test_the_http_api_queries_for_an_operator_and_within_an_owners_fence(
         pipeline: ConnectionSettings, firebase: tuple[str, int, str]) -> None:  # noqa: F811
-    host, port, project = firebase
-    email, password = f"{uuid.uuid4().hex[:12]}@example.org", uuid.uuid4().hex
-    uid, _ = fe.sign_up(host, port, project, email, password)
-    fe.set_claims(host, port, project, uid, {"geofence_operator": True})
-    operator = Account(uid, fe.sign_in(host, port, project, email, password))
+    operator = operator_account(firebase)
     user = account(firebase)
     tag = uuid.uuid4().hex[:8]
     x0, y0 = CORNER[0] + 0.01, CORNER[1]
