@@ -63,7 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench import report
-from bench.versus_tile38 import SETTLE_S, TILE38, Resp, Subscriber, encode, tile38_server
+from bench.versus_tile38 import TILE38, Resp, Subscriber, encode, tile38_server
 from deploy.demo.traffic import Fleet, road_network
 from deploy.inspect_cmd import ask, ring_in_force
 from deploy.settings import Settings, load_connection_settings
@@ -326,7 +326,7 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
                 now = time.time()
                 if now < due:
                     await asyncio.sleep(due - now)  # pacing the publisher
-                hi = min(sent + batch, n, sent + max(1, int((time.time() - start) * rate) - sent))
+                hi = min(n, sent + batch, max(sent + 1, int((time.time() - start) * rate)))  # what is due
                 ts = start + np.arange(sent, hi) / rate
                 await send(first + sent, first + hi, ts)
                 sent = hi
@@ -401,11 +401,7 @@ def run_tile38(binary: Path, s: Stream, pipeline: int, first: int) -> TileRun:
                                 for i in range(lo, hi)])
                     progress.update(hi)
                 sets_done = time.perf_counter()
-                while True:  # the notifications still in flight: until none came for SETTLE_S
-                    seen = sub.count
-                    time.sleep(SETTLE_S)  # a quiet period is the end of a part: measured, not synchronised
-                    if sub.count == seen:
-                        break
+                sub.wait_quiet()
                 spans.append(max(sets_done, sub.last) - t0)
             progress.close()
             sub.stop.set()

@@ -203,6 +203,14 @@ class Subscriber:
         finally:
             c.close()
 
+    def wait_quiet(self) -> None:
+        """Until no notification came for SETTLE_S: the ones still in flight are in."""
+        while True:
+            seen = self.count
+            time.sleep(SETTLE_S)  # a quiet period is the end of a run: measured, not synchronised
+            if self.count == seen:
+                return
+
     def note(self, notification: dict[str, Any]) -> None:
         """One notification (JSON): counted by detect kind."""
         kind = notification.get("detect", "?")
@@ -245,11 +253,7 @@ def run_tile38(binary: Path, fences: Sequence[wl.Fence], stream: wl.Stream, pipe
                             for i in range(lo, hi)])
                 progress.update(hi)
             sets_done = time.perf_counter()
-            while True:  # the notifications still in flight: until none came for SETTLE_S
-                seen = sub.count
-                time.sleep(SETTLE_S)  # a quiet period is the end of the run: measured, not synchronised
-                if sub.count == seen:
-                    break
+            sub.wait_quiet()
             progress.close()
             sub.stop.set()
             thread.join(5)

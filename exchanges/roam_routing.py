@@ -70,9 +70,28 @@ class RoamRouter:
     def radius(self, obj: str) -> float:
         return self._radius.get(obj, 0.0)
 
-    def last(self, obj: str) -> tuple[float, float] | None:
+    def last(self, obj: str) -> tuple[float, float, Mapping[str, Any] | None] | None:
+        """The object's last position routed and its fields (None: not seen)."""
         p = self._last.get(obj)
-        return None if p is None else (p[0], p[1])
+        return None if p is None else (p[0], p[1], self._extra.get(obj))
+
+    def positions(self) -> tuple[list[str], F64, list[Mapping[str, Any] | None]]:
+        """Every object seen: ids, (n, 4) lon, lat, radius routed with, ts; fields."""
+        ids = list(self._last)
+        pos = np.array([self._last[o] for o in ids], np.float64).reshape(len(ids), 4)
+        return ids, pos, [self._extra.get(o) for o in ids]
+
+    def restore(self, ids: Sequence[str], pos: F64, extras: Sequence[Mapping[str, Any] | None]) -> None:
+        """The memory `positions` gave (the radii come from set_radius)."""
+        self._last = {o: (float(a), float(b), float(c), float(d))
+                      for o, (a, b, c, d) in zip(ids, pos.tolist(), strict=True)}
+        self._extra = {o: e for o, e in zip(ids, extras, strict=True) if e}
+
+    def under(self, owners: BlockOwners) -> RoamRouter:
+        """The same memory, another ring's owners."""
+        r = RoamRouter(self.grid, owners)
+        r._radius, r._last, r._extra = self._radius, self._last, self._extra
+        return r
 
     def __len__(self) -> int:
         return len(self._last)
@@ -164,16 +183,13 @@ class RoamStream:
     def __init__(self, ring: Any, grid: RoamGrid = DEFAULT_GRID) -> None:
         self.grid = grid
         self.subs: dict[str, Subscription] = {}
-        self.set_ring(ring)
+        self.ring = ring
+        self.router = RoamRouter(grid, BlockOwners(grid, list(ring.nodes), ring.nodes_for_many))
 
     def set_ring(self, ring: Any) -> None:
         """A new worker ring (exchanges.hash_ring.HashRing); the caller sends `sync` after it."""
         self.ring = ring
-        r = RoamRouter(self.grid, BlockOwners(self.grid, list(ring.nodes), ring.nodes_for_many))
-        old: RoamRouter | None = getattr(self, "router", None)
-        if old is not None:  # the positions stay; only who owns what changes
-            r._radius, r._last, r._extra = old._radius, old._last, old._extra
-        self.router = r
+        self.router = self.router.under(BlockOwners(self.grid, list(ring.nodes), ring.nodes_for_many))
 
     @property
     def workers(self) -> list[str]:
@@ -197,7 +213,7 @@ class RoamStream:
         if first:
             return self.sync()
         last = self.router.last(sub.object)
-        at = None if last is None else [last[0], last[1], self.router._extra.get(sub.object)]
+        at = None if last is None else list(last)
         msg = {"op": "put", "sub": sub.to_wire(), "ts": float(ts), "at": at, "seq": int(seq)}
         return {w: msg for w in self.workers}  # one message, the same for every worker
 
@@ -230,9 +246,8 @@ class RoamStream:
         """Per worker, everything it should hold: the positions of objects in its blocks and of
         subscribers whose circles touch them, and every subscription."""
         r = self.router
-        ids = list(r._last)
+        ids, pos, extras = r.positions()
         n = len(ids)
-        pos = np.array([r._last[o] for o in ids], np.float64).reshape(n, 4)
         rad = np.array([r.radius(o) for o in ids], np.float64)
         home = r.owners.of(self.grid.point_keys(pos[:, 0], pos[:, 1]))
         pairs_w, pairs_row = [home], [np.arange(n, dtype=np.int64)]
@@ -251,31 +266,23 @@ class RoamStream:
                          "state": {"ids": [ids[j] for j in mine.tolist()],
                                    "lon": pos[mine, 0].astype("<f8").tobytes(),
                                    "lat": pos[mine, 1].astype("<f8").tobytes(),
-                                   "extra": [r._extra.get(ids[j]) for j in mine.tolist()], "subs": subs}}
+                                   "extra": [extras[j] for j in mine.tolist()], "subs": subs}}
         return out
 
     # -- durable form (x-ingress's journal) ---------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        r = self.router
-        ids = list(r._last)
-        pos = np.array([r._last[o] for o in ids], np.float64).reshape(len(ids), 4)
+        ids, pos, extras = self.router.positions()
         return {"format": 2, "subs": [v.to_wire() for _, v in sorted(self.subs.items())], "ids": ids,
-                "pos": pos.astype("<f8").tobytes(), "extra": [r._extra.get(o) for o in ids]}
+                "pos": pos.astype("<f8").tobytes(), "extra": extras}
 
     def load(self, data: Mapping[str, Any]) -> None:
-        fmt = data.get("format")
-        if fmt not in (1, 2):
-            raise ValueError(f"roaming router snapshot format {fmt!r}, this code reads 1 and 2")
+        if data.get("format") != 2:
+            raise ValueError(f"roaming router snapshot format {data.get('format')!r}, this code reads 2")
         self.subs = {d["id"]: Subscription.from_wire(d) for d in data["subs"]}
         self.router = RoamRouter(self.grid, self.router.owners)
         ids = list(data["ids"])
-        pos = np.frombuffer(data["pos"], "<f8").reshape(len(ids), 4 if fmt == 2 else 3)
-        if fmt == 1:  # no times kept: every object's next row counts
-            pos = np.c_[pos, np.full(len(ids), -math.inf)]
-        self.router._last = {o: (float(a), float(b), float(c), float(d))
-                             for o, (a, b, c, d) in zip(ids, pos.tolist(), strict=True)}
-        self.router._extra = {o: e for o, e in zip(ids, data["extra"], strict=True) if e}
+        self.router.restore(ids, np.frombuffer(data["pos"], "<f8").reshape(len(ids), 4), list(data["extra"]))
         for s in self.subs.values():
             self.router.set_radius(s.object, self._radius_of(s.object))
 

@@ -90,14 +90,18 @@ class Proximity:
             return
         self.journal.append(record)
         if self.journal.wants_rotation:
-            gen = self.journal.rotate_begin()
-            self.journal.rotate_finish(state_pack(self._snapshot()), gen)
+            self._rotate()
+
+    def _rotate(self) -> None:
+        """A new journal generation and the snapshot of the router now beside it."""
+        assert self.journal is not None
+        gen = self.journal.rotate_begin()
+        self.journal.rotate_finish(state_pack(self._snapshot()), gen)
 
     def close(self, snapshot: bool = True) -> None:
         if self.journal is not None and self.started:
             if snapshot:
-                gen = self.journal.rotate_begin()
-                self.journal.rotate_finish(state_pack(self._snapshot()), gen)
+                self._rotate()
             self.journal.close()
 
     # -- the stream --------------------------------------------------------------------------

@@ -87,17 +87,18 @@ class _Filter:
         self.match, self.where = match, where
         self.passes = np.zeros(0, bool)
 
+    def by_id(self, ids: Sequence[str]) -> list[bool]:
+        return [self.match == "*" or fnmatch.fnmatchcase(i, self.match) for i in ids]
+
     def grow(self, ids: Sequence[str], start: int, cap: int) -> None:
         p = np.zeros(cap, bool)
         p[: self.passes.size] = self.passes[: cap]
         if not self.where:
-            m = self.match
-            p[start:len(ids)] = [m == "*" or fnmatch.fnmatchcase(i, m) for i in ids[start:]]
+            p[start:len(ids)] = self.by_id(ids[start:])
         self.passes = p
 
     def of(self, ids: Sequence[str], extras: Sequence[Mapping[str, Any] | None]) -> B:
-        ok = np.array([self.match == "*" or fnmatch.fnmatchcase(i, self.match) for i in ids], bool)
-        return ok & filters.matches(self.where, extras)
+        return np.array(self.by_id(ids), bool) & filters.matches(self.where, extras)
 
 
 class RoamMatcher:
@@ -284,7 +285,7 @@ class RoamMatcher:
         else:
             for f in self._filters.values():
                 if not f.where:
-                    f.passes[s] = f.match == "*" or fnmatch.fnmatchcase(obj, f.match)
+                    f.passes[s] = f.by_id([obj])[0]
         return s
 
     def _owned(self, lon: F64, lat: F64) -> B:
@@ -325,6 +326,11 @@ class RoamMatcher:
         events += self._segment(slots[start:], lon[start:], lat[start:], ts[start:],
                                 prev_lon[start:], prev_lat[start:], ex[start:], pex[start:])
         return events
+
+    def apply_rows(self, rows: Rows) -> list[RoamEvent]:
+        b = rows.batch
+        return self.apply(b.ids, b.lon, b.lat, b.ts, rows.prev_lon, rows.prev_lat, b.extra or None,
+                          rows.prev_extra)
 
     def _segment(self, ms: I64, nlon: F64, nlat: F64, ts: F64, olon: F64, olat: F64,
                  extra: Sequence[Mapping[str, Any] | None],
@@ -452,6 +458,37 @@ def matcher_of(msg: Mapping[str, Any], worker: str) -> RoamMatcher:
     return m
 
 
+@dataclass(frozen=True, eq=False)
+class Rows:
+    """A `rows` message decoded: positions with each object's previous position and fields."""
+
+    batch: PositionBatch
+    prev_lon: F64
+    prev_lat: F64
+    prev_extra: list[Mapping[str, Any] | None]
+
+    @staticmethod
+    def of(msg: Mapping[str, Any]) -> Rows:
+        """ValueError / KeyError / TypeError for a message that does not fit."""
+        b = PositionBatch.from_wire(msg["batch"])
+        n = len(b)
+        plon = np.frombuffer(msg["prev_lon"], "<f8").astype(np.float64)
+        plat = np.frombuffer(msg["prev_lat"], "<f8").astype(np.float64)
+        pex = list(msg["prev_extra"]) if msg.get("prev_extra") else [None] * n
+        if plon.size != n or plat.size != n or len(pex) != n:
+            raise ValueError(f"roaming rows: previous positions / fields do not fit {n} rows")
+        return Rows(b, plon, plat, pex)
+
+    @staticmethod
+    def concat(parts: Sequence[Rows]) -> Rows:
+        """Consecutive messages as one (a worker applies a run of them in one call)."""
+        if len(parts) == 1:
+            return parts[0]
+        return Rows(PositionBatch.concat([p.batch for p in parts]),
+                    np.concatenate([p.prev_lon for p in parts]), np.concatenate([p.prev_lat for p in parts]),
+                    [e for p in parts for e in p.prev_extra])
+
+
 def step(matcher: RoamMatcher | None, msg: Mapping[str, Any], worker: str) -> tuple[RoamMatcher | None,
                                                                                  list[RoamEvent]]:
     """One message of the router (exchanges/roam_routing.py) applied: the matcher after it and
@@ -462,14 +499,7 @@ def step(matcher: RoamMatcher | None, msg: Mapping[str, Any], worker: str) -> tu
     if matcher is None:
         raise ValueError(f"a roaming {op!r} before any sync")
     if op == "rows":
-        b = PositionBatch.from_wire(msg["batch"])
-        n = len(b)
-        plon = np.frombuffer(msg["prev_lon"], "<f8").astype(np.float64)
-        plat = np.frombuffer(msg["prev_lat"], "<f8").astype(np.float64)
-        pex = list(msg["prev_extra"]) if msg.get("prev_extra") else None
-        if plon.size != n or plat.size != n or (pex is not None and len(pex) != n):
-            raise ValueError(f"roaming rows: previous positions / fields do not fit {n} rows")
-        return matcher, matcher.apply(b.ids, b.lon, b.lat, b.ts, plon, plat, b.extra or None, pex)
+        return matcher, matcher.apply_rows(Rows.of(msg))
     if op == "put":
         at = msg.get("at")
         where = None if at is None else (float(at[0]), float(at[1]), at[2])

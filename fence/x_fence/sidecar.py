@@ -52,6 +52,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,21 @@ MAP_EVERY_S = 0.5
 EXPIRE_EVERY_S = 1.0
 EVENTS_PER_BATCH_MESSAGE = 2_000  # a batch message stays well under a megabyte
 POSITIONS = "positions"
+
+
+@dataclass
+class RoamStep:
+    """Proximity messages applied as one step: one message, or a run of `rows` decoded (a
+    message that does not fit is dead-lettered when read)."""
+
+    messages: list[AbstractIncomingMessage]
+    msgs: list[dict[str, Any]]
+    rows: list[roaming.Rows]
+
+    def add(self, message: AbstractIncomingMessage, msg: dict[str, Any], rows: roaming.Rows) -> None:
+        self.messages.append(message)
+        self.msgs.append(msg)
+        self.rows.append(rows)
 
 
 class FenceSidecar:
@@ -297,7 +313,7 @@ class FenceSidecar:
         """Runs of position parts are routed together; definitions apply between them."""
         outs: list[shell.Out | shell.Plains] = []
         # in queue order; a proximity message with its input message (dead-lettered if it does not fit)
-        steps: list[list[WorkerBatch] | control.Define | control.Drop | tuple[Any, dict[str, Any]]] = []
+        steps: list[list[WorkerBatch] | control.Define | control.Drop | RoamStep] = []
         barriers: list[dict[str, Any]] = []  # answered once the steps before are applied
         for m in messages:
             try:
@@ -309,7 +325,11 @@ class FenceSidecar:
                 if msg["kind"] == ROAM:
                     if not isinstance(msg.get("op"), str):
                         raise InvalidMessage("a proximity message without its op")
-                    steps.append((m, msg))
+                    rows = roaming.Rows.of(msg) if msg["op"] == "rows" else None
+                    if rows is not None and steps and isinstance(steps[-1], RoamStep) and steps[-1].rows:
+                        steps[-1].add(m, msg, rows)  # a run of rows: one matcher call
+                    else:
+                        steps.append(RoamStep([m], [msg], [rows] if rows is not None else []))
                     continue
                 if msg["kind"] == POSITIONS:
                     parts = [WorkerBatch.from_wire(p) for p in msg["parts"]]
@@ -337,17 +357,22 @@ class FenceSidecar:
             received_at = time.time()
             self.unpersisted = True
             for step in steps:
-                if isinstance(step, tuple):
-                    m, msg = step
+                if isinstance(step, RoamStep):
                     try:
-                        self.roam, got = roaming.step(self.roam, msg, self.worker)
+                        if step.rows:
+                            if self.roam is None:
+                                raise ValueError("roaming rows before any sync")
+                            got = self.roam.apply_rows(roaming.Rows.concat(step.rows))
+                        else:
+                            self.roam, got = roaming.step(self.roam, step.msgs[0], self.worker)
                     except (KeyError, TypeError, ValueError) as exc:
-                        outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "proximity message"),
-                                                      t.fence_queue(self.worker), self.counters))
+                        outs += [shell.dead_letter(self.dlx, m, shell.reason_of(exc, "proximity message"),
+                                                   t.fence_queue(self.worker), self.counters)
+                                 for m in step.messages]
                         continue
-                    self.roam_log.append(msg)
+                    self.roam_log += step.msgs
                     roam_events += got
-                    self.counters.bump(f"roam_{msg['op']}")
+                    self.counters.bump(f"roam_{step.msgs[0]['op']}", len(step.msgs))
                 elif isinstance(step, list):
                     wb = WorkerBatch.concat(step)
                     self.counters.positions += len(wb.positions)

@@ -94,7 +94,7 @@ async def test_proximity_survives_kills_and_a_broker_restart(fault_stack: Stack,
         end = time.monotonic() + CONSUMER_DEADLINE_S
         while not await asyncio.to_thread(subscribed_everywhere, {s.id for s in subs}):
             assert time.monotonic() < end, "the subscriptions never reached every worker"
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # polling the workers' state, with a deadline
 
         async def inject(run: FaultRun) -> None:
             order = [names[i] for i in run.rng.permutation(len(names))]
@@ -119,7 +119,7 @@ async def test_proximity_survives_kills_and_a_broker_restart(fault_stack: Stack,
             if (len(ours) >= sum(want.values()) and time.monotonic() - collector.last_at >= 3) \
                     or time.monotonic() > end:
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # polling a count, with a deadline (the events keep coming)
         got = Counter(ours.values())
         problems = list(out.problems)
         if got != want:

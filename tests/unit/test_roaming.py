@@ -19,7 +19,7 @@ from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
 from exchanges.roam_routing import ROAM, RoamRouter, RoamStream
 from exchanges.subscriptions import InvalidSubscription, Subscription
 from fence.reference import roam_events, roam_timeline
-from fence.x_fence.roaming import RoamEvent, RoamMatcher, matcher_of, snapshot_of
+from fence.x_fence.roaming import RoamEvent, RoamMatcher, Rows, matcher_of, snapshot_of
 from fence.x_fence.roaming import step as roam_step
 
 # --------------------------------------------------------------------------- cells
@@ -356,3 +356,42 @@ def test_a_pair_exactly_at_the_radius_is_decided_as_the_reference_decides() -> N
         want = roam_events([sub], ["a", "b", "b", "a"], lon + np.array([0, 0, 0.01, 0]), lat, np.arange(4.0))
         assert Counter(e.key() for e in got) == Counter(want)
         assert (("edge", "b", "nearby", 1.0) in want) is near
+
+
+def test_a_run_of_rows_messages_applied_at_once_gives_the_same_events() -> None:
+    """x-fence applies consecutive `rows` messages in one call (Rows.concat): the events, their
+    ids and the state are those of one message at a time."""
+    ids, lon, lat, ts, extra = _stream(11, 30, 600, 3.0, True)
+    stream = RoamStream(HashRing(["w0", "w1"]))
+    subs = [Subscription(f"s{j}", f"c-{j * 3 + 1}", 350.0, where=filters.parse([["speed", "<", 45]]))
+            for j in range(5)]
+    msgs: dict[str, list[dict[str, Any]]] = {"w0": [], "w1": []}
+    for i, s in enumerate(subs):
+        for w, m in stream.put(s, 0.0, i).items():
+            msgs[w].append(unpack(pack(ROAM, **m)))
+    for lo in range(0, len(ids), 20):
+        b = _batch(ids[lo:lo + 20], lon[lo:lo + 20], lat[lo:lo + 20], ts[lo:lo + 20], extra[lo:lo + 20])
+        for w, m in stream.rows(b).items():
+            msgs[w].append(unpack(pack(ROAM, **m)))
+    for w, ms in msgs.items():
+        one: Any = None
+        each: list[RoamEvent] = []
+        for m in ms:
+            one, ev = roam_step(one, m, w)
+            each += ev
+        runs: Any = None
+        at_once: list[RoamEvent] = []
+        k = 0
+        while k < len(ms):
+            if ms[k]["op"] != "rows":
+                runs, ev = roam_step(runs, ms[k], w)
+                at_once += ev
+                k += 1
+                continue
+            j = k
+            while j < len(ms) and ms[j]["op"] == "rows":
+                j += 1
+            at_once += runs.apply_rows(Rows.concat([Rows.of(m) for m in ms[k:j]]))
+            k = j
+        assert each and sorted(e.id for e in at_once) == sorted(e.id for e in each)
+        assert snapshot_of(runs) == snapshot_of(one)
