@@ -47,7 +47,6 @@ if __name__ == "__main__" and not __package__:  # run as a file: again as a modu
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import threading
 import time
@@ -77,6 +76,7 @@ from fence.reference import roam_events
 from fence.x_fence.roaming import RoamEvent, RoamMatcher
 
 RADII = (200.0, 300.0, 400.0, 500.0)
+GATEWAY_TICK_S = 0.005  # the live run's publisher sends what is due every 5 ms (a gateway's batching)
 CACHE = Path.home() / ".cache" / "geofence-bench"
 START_S = 120.0  # simulated time of the first report: every vehicle is on its way
 F64 = npt.NDArray[np.float64]
@@ -249,13 +249,58 @@ class LiveRun:
     latency_ms: F64  # per event of the timed part: received minus its position's time
 
 
+def _listen(url: str, run: str, ready: Any, stop: Any, last: Any, count: Any, out: Any) -> None:
+    """A process of its own: the run's proximity events from fence.events, (received, position
+    ts) each, sent to `out` once `stop` is set. In the benchmark's own process the consumer
+    shared one core with the publisher and was the bottleneck (the process at 100% CPU, the
+    sidecars at 10%), so latencies measured its backlog, not the stack's."""
+    import aiormq
+
+    async def main() -> None:
+        conn = await aiormq.connect(url)
+        ch = await conn.channel()
+        await ch.basic_qos(prefetch_count=10_000)
+        declared = await ch.queue_declare("", exclusive=True, auto_delete=True)
+        queue = str(declared.queue)
+        await ch.queue_bind(queue, topology.EVENTS_EXCHANGE, f"{topology.ROAM_EVENTS_TOPIC_PREFIX}.#")
+        recv: list[float] = []
+        ts: list[float] = []
+        marker = b'"subscription":"' + run.encode()
+
+        async def on(m: Any) -> None:
+            body = m.body
+            if marker in body:
+                recv.append(time.time())
+                at = body.index(b'"ts":') + 5  # its one field named ts (json.loads: 3x the cost)
+                end = at
+                while body[end] not in b",}":
+                    end += 1
+                ts.append(float(body[at:end]))
+                last.value = time.monotonic()
+                count.value += 1
+
+        await ch.basic_consume(queue, on, no_ack=True)
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await conn.close()
+        out.send((np.array(recv), np.array(ts)))
+
+    asyncio.run(main())
+
+
 async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: int) -> LiveRun:
     """The stream through the running stack (`geofence up`): the subscriptions stored as the
     API stores them, every position a gateway batch's with its due time as ts, the events read
-    from fence.events (roam-events.#). The first `first` reports (every object appearing with
-    all the pairs near at the start) go at full speed and their events are awaited; then
-    `seconds` of the stream paced at `rate`, each event's latency being its receipt minus its
-    position's ts (the time it was due)."""
+    from fence.events (roam-events.#) by a process of its own (`_listen`). The first `first`
+    reports (every object appearing with all the pairs near at the start) go at full speed and
+    their events are awaited; then `seconds` of the stream paced at `rate`, each event's latency
+    being its receipt minus its position's ts (the time it was due, so the gateway's batching
+    wait of up to GATEWAY_TICK_S counts). The publisher keeps its confirms in flight (a gateway
+    that waited for each confirm before the next batch would add its round trip to every
+    position)."""
+    import multiprocessing as mp
+
     conn = load_connection_settings()
     workers = list((await ring_in_force(Settings.from_env())).nodes)
     run = f"rb{os.getpid() % 10_000:04d}{int(time.time()) % 100_000:05d}"
@@ -263,24 +308,21 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
     subs = [Subscription(f"{run}-{x.id}", f"{run}-{x.object}", x.radius_m, match=f"{run}-p-*")
             for x in s.subscriptions]
     pg = await routing_store.connect(conn["postgres"]["dsn"])
-    got: list[tuple[float, float]] = []  # (received, position ts)
-    last = [time.monotonic()]
-    amqp = await aio_pika.connect(conn["amqp"][topology.FENCES_VHOST])
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    last, count = ctx.Value("d", time.monotonic()), ctx.Value("q", 0)
+    mine, theirs = ctx.Pipe(duplex=False)
+    listener = ctx.Process(target=_listen, args=(conn["amqp"][topology.FENCES_VHOST], run, ready, stop, last,
+                                                 count, theirs), daemon=True)
+    listener.start()
+
+    async def quiet(after: float) -> None:  # until no event came for `after` seconds
+        while time.monotonic() - last.value < after:
+            await asyncio.sleep(0.2)
+
     try:
-        ch = await amqp.channel()
-        await ch.set_qos(prefetch_count=5000)
-        q = await ch.declare_queue("", exclusive=True)
-        await q.bind(topology.EVENTS_EXCHANGE, f"{topology.ROAM_EVENTS_TOPIC_PREFIX}.#")
-
-        async def on_event(m: aio_pika.abc.AbstractIncomingMessage) -> None:
-            now = time.time()
-            e = json.loads(m.body)
-            if str(e["subscription"]).startswith(run):
-                got.append((now, float(e["ts"])))
-                last[0] = time.monotonic()
-            await m.ack()
-
-        await q.consume(on_event)
+        if not await asyncio.to_thread(ready.wait, 60):
+            raise RuntimeError("the event listener did not start")
         progress = report.Progress("live: subscriptions stored", len(subs))
         for i, x in enumerate(subs):
             await store.put_subscription(pg, "bench", x.to_wire())
@@ -301,50 +343,60 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
         try:
             gch = await gw.channel(publisher_confirms=True)
             ex = await gch.get_exchange(topology.BATCHES_EXCHANGE, ensure=False)
+            confirms: set[asyncio.Future[Any]] = set()
 
             async def send(lo: int, hi: int, ts: F64) -> None:
                 body = msgpack.packb({"positions": [
                     {"id": ids[i], "lon": float(s.lon[i]), "lat": float(s.lat[i]), "ts": float(ts[i - lo])}
                     for i in range(lo, hi)]})
-                await ex.publish(aio_pika.Message(body, content_type="application/msgpack",
-                                                  delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "")
+                while len(confirms) >= 64:  # a bounded window of unconfirmed batches
+                    _, pending = await asyncio.wait(confirms, return_when=asyncio.FIRST_COMPLETED)
+                    for f in confirms - pending:
+                        f.result()  # a refusal fails the run
+                    confirms.intersection_update(pending)
+                message = aio_pika.Message(body, content_type="application/msgpack",
+                                           delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+                confirms.add(asyncio.ensure_future(ex.publish(message, "")))
+                await asyncio.sleep(0)  # written in order
 
-            t0 = time.monotonic()
+            t0 = last.value = time.monotonic()
             for lo in range(0, first, batch):
                 hi = min(lo + batch, first)
                 await send(lo, hi, np.full(hi - lo, time.time()))
-            while time.monotonic() - last[0] < 3.0:  # the storm's events: until quiet
-                await asyncio.sleep(0.2)
-            storm_s, storm_events = last[0] - t0, len(got)
-            got.clear()
+            await asyncio.gather(*confirms)
+            await quiet(3.0)  # the storm's events: until quiet
+            storm_s, storm_events = last.value - t0, count.value
             n = min(len(s) - first, int(rate * seconds))
             progress = report.Progress(f"live, paced at {rate:,.0f}/s", n)
             start = time.time()
             sent = 0
-            while sent < n:
-                due = start + sent / rate
-                now = time.time()
-                if now < due:
-                    await asyncio.sleep(due - now)  # pacing the publisher
-                hi = min(n, sent + batch, max(sent + 1, int((time.time() - start) * rate)))  # what is due
+            while sent < n:  # a gateway's batching: every GATEWAY_TICK_S, what is due by then
+                await asyncio.sleep(max(0.0, start + (sent + 1) / rate - time.time(), GATEWAY_TICK_S))
+                hi = min(n, sent + batch, max(sent + 1, int((time.time() - start) * rate)))
                 ts = start + np.arange(sent, hi) / rate
                 await send(first + sent, first + hi, ts)
                 sent = hi
                 progress.update(sent)
+            await asyncio.gather(*confirms)
             progress.close()
             published_s = time.time() - start
-            while time.monotonic() - last[0] < 3.0:
-                await asyncio.sleep(0.2)
+            await quiet(3.0)
         finally:
             await gw.close()
-        lat = np.array([(r - ts) * 1e3 for r, ts in got])
-        return LiveRun(storm_s, storm_events, n / published_s, n, len(got), lat)
+        stop.set()
+        recv, ts_all = await asyncio.to_thread(mine.recv)
+        paced = ts_all >= start
+        lat = (recv[paced] - ts_all[paced]) * 1e3
+        return LiveRun(storm_s, storm_events, n / published_s, n, int(paced.sum()), lat)
     finally:
+        stop.set()
+        listener.join(10)
+        if listener.is_alive():
+            listener.kill()
         for x in subs:
             with contextlib.suppress(Exception):
                 await store.delete_subscription(pg, "bench", x.id)
         await pg.close()
-        await amqp.close()
 
 
 # --------------------------------------------------------------------------- Tile38

@@ -103,9 +103,10 @@ class RoamRouter:
         as on the fence path); one as old (a redelivery) goes as any other."""
         n = len(ids)
         prev_extra: list[Mapping[str, Any] | None] = [None] * n
-        prev = np.full((n, 3), np.nan)
-        rad = np.zeros(n)
-        fresh = np.ones(n, bool)
+        nan = math.nan
+        plon, plat, prad = [nan] * n, [nan] * n, [0.0] * n  # the previous position (lists: numpy
+        rads = [0.0] * n  # element writes cost ~1 us each, this loop runs per row)
+        stale: list[int] = []
         last, radius, last_ex = self._last, self._radius, self._extra
         lons, lats = lon.tolist(), lat.tolist()
         tss = ts.tolist() if ts is not None else [-math.inf] * n
@@ -114,11 +115,11 @@ class RoamRouter:
             p = last.get(o)
             if p is not None:
                 if tss[i] < p[3]:
-                    fresh[i] = False
+                    stale.append(i)
                     continue
-                prev[i] = p[:3]
+                plon[i], plat[i], prad[i] = p[0], p[1], p[2]
             r = radius.get(o, 0.0)
-            rad[i] = r
+            rads[i] = r
             last[o] = (lons[i], lats[i], r, tss[i])
             pe = prev_extra[i] = last_ex.get(o)
             e = ex[i]
@@ -126,6 +127,10 @@ class RoamRouter:
                 last_ex[o] = e
             elif pe is not None:
                 del last_ex[o]
+        prev = np.array([plon, plat, prad]).T.reshape(n, 3)
+        rad = np.array(rads)
+        fresh = np.ones(n, bool)
+        fresh[stale] = False
         had = ~np.isnan(prev[:, 0])
         grid = self.grid
         f = np.flatnonzero(fresh)

@@ -172,10 +172,14 @@ class WorkerBatch:
         cand = np.frombuffer(d["cand"], "<i4").astype(np.int32)
         interior = np.frombuffer(d["interior"], np.uint8).astype(bool)
         fences = list(d["fences"])
+        if not isinstance(d["worker"], str) or not all(isinstance(f, str) for f in fences):
+            raise ValueError("a worker batch whose worker or fence ids are not strings")
         notice = np.frombuffer(d["notice"], np.uint8).astype(bool) if d.get("notice") else None
         gate = np.frombuffer(d["gate"], "<f8").astype(np.float64) if d.get("gate") else None
         barrier = np.frombuffer(d["barrier"], np.uint8).astype(bool) if d.get("barrier") else None
         raw = d.get("origin")
+        if isinstance(raw, int) and not -(1 << 63) <= raw < (1 << 63):
+            raise ValueError(f"a worker batch whose origin {raw} is not a 64-bit integer")
         origin = None if raw is None else np.full(n, raw, np.int64) if isinstance(raw, int) \
             else np.frombuffer(raw, "<i8").astype(np.int64)
         versions = np.frombuffer(d["versions"], "<i8").astype(np.int64) if d.get("versions") else None

@@ -8,9 +8,12 @@ router's memory (each object's last position) is one process's.
 
 Order: the rows of a batch, a change of a subscription and a sync go out on one channel to
 `x-fence.in` of gf-fences (key: the worker), so each worker's queue holds them in the order
-they were made. Everything is made and published under one lock: a batch routed here is
-published, confirmed, then journaled (one record, fdatasync'ed) before the next batch is
-routed, and only then acked.
+they were made. They are made and sent under one lock, and handed to x-ingress's pipeline
+there (exchanges/shell/pipeline.py): a batch's journal record (one, fdatasync'ed) is written
+once its publishes are confirmed and the records before it are written, and only then is the
+batch acked; the next batches are routed meanwhile. So a record is taken when its batch is
+routed (`entry`), with the router's snapshot when a rotation is due: the router has moved on
+by the time the record is written.
 
 Durability (GEOFENCE_JOURNAL_DIR; exchanges/state_dir.py): a snapshot plus records of what was
 routed (`rows`), defined (`put`) or deleted (`drop`, with the change's seq: the cursor into
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +48,18 @@ from exchanges.subscriptions import InvalidSubscription, Subscription
 log = logging.getLogger("geofence")
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A journal record taken when its batch (or change) was routed, with the router's
+    snapshot at that point when a rotation was due then."""
+
+    record: dict[str, Any]
+    snapshot: bytes | None = None
+
+
 class Proximity:
-    def __init__(self, ring: HashRing, journal_dir: str | None, counters: shell.Counters) -> None:
+    def __init__(self, ring: HashRing, journal_dir: str | None, counters: shell.Counters,
+                 pipeline: shell.Pipeline) -> None:
         self.stream = RoamStream(ring)
         self.ring_version = 0
         self.cursor = 0  # the last roam_change seq applied
@@ -56,6 +70,9 @@ class Proximity:
         self.pending: list[tuple[int, str, dict[str, Any] | None, float]] = []  # changes read, not applied
         self.new_ring: tuple[int, HashRing] | None = None
         self.started = False
+        self.pipeline = pipeline  # x-ingress's: the records are written in routing order
+        self.unwritten = 0  # entries routed and not journaled: a session ending so reloads
+        self._rotating = False  # an entry carries a snapshot not written yet
 
     # -- durable state -----------------------------------------------------------------------
 
@@ -81,16 +98,32 @@ class Proximity:
                  got.generation, len(got.records))
         self.journal.start(self._snapshot())
         self.started = True
+        self.unwritten = 0
+        self._rotating = False
 
     def _snapshot(self) -> dict[str, Any]:
         return {"router": self.stream.snapshot(), "cursor": self.cursor}
 
-    def _record(self, record: dict[str, Any]) -> None:
-        if self.journal is None:
-            return
-        self.journal.append(record)
-        if self.journal.wants_rotation:
-            self._rotate()
+    def entry(self, record: dict[str, Any]) -> Entry:
+        """A record of what was just routed (see the module's docstring)."""
+        self.unwritten += 1
+        if self.journal is None or self._rotating or not self.journal.wants_rotation:
+            return Entry(record)
+        self._rotating = True
+        return Entry(record, state_pack(self._snapshot()))
+
+    async def write(self, entry: Entry) -> None:
+        """In a pipeline tail: the record synced, then a new generation with its snapshot."""
+        if self.journal is not None:
+            await asyncio.to_thread(self._write, entry)
+        self.unwritten -= 1
+
+    def _write(self, entry: Entry) -> None:
+        assert self.journal is not None
+        self.journal.append(entry.record)
+        if entry.snapshot is not None:
+            self.journal.rotate_finish(entry.snapshot, self.journal.rotate_begin())
+            self._rotating = False
 
     def _rotate(self) -> None:
         """A new journal generation and the snapshot of the router now beside it."""
@@ -150,21 +183,21 @@ class Proximity:
             self.pending = []
             if not records:
                 return
-            await shell.publish_all([o for m in msgs for o in self.outs(m)], self.counters)
-            await asyncio.to_thread(self._record, {"changes": records})
             self.cursor = int(records[-1]["seq"])
+            entry = self.entry({"changes": records})
+            sent = await shell.send([o for m in msgs for o in self.outs(m)], self.counters,
+                                    retry=self.pipeline.serial)
+            await self.pipeline.add(sent, lambda: self.write(entry))
             log.info("proximity: %d subscription changes applied (up to change %d; %d subscriptions)",
                      len(records), self.cursor, len(self.stream.subs))
 
-    def rows_outs(self, batch: PositionBatch) -> list[shell.Out]:
-        """A routed batch's rows for the workers (the lock held by the caller)."""
-        if not self.stream.active or self.out is None:
-            return []
+    def rows_outs(self, batch: PositionBatch) -> tuple[list[shell.Out], Entry | None]:
+        """A batch routed: its rows for the workers and its journal entry (the lock held by
+        the caller); nothing while no subscription exists."""
+        if not self.stream.active or self.out is None or not len(batch):
+            return [], None
         msgs = self.stream.rows(batch)
         self.counters.bump("roam_rows", sum(len(m["batch"]["ids"]) for m in msgs.values()))
-        return self.outs(msgs)
+        return self.outs(msgs), self.entry({"rows": batch.to_wire()})
 
-    async def journal_rows(self, batch: PositionBatch) -> None:
-        if self.stream.active and self.journal is not None:
-            await asyncio.to_thread(self._record, {"rows": batch.to_wire()})
 

@@ -4,8 +4,9 @@ decoded and validated, routed by the worldmap to the x-geo region vhosts, shovel
 
 Per batch: decode every message (refusals to dead-letters with the reason), one core call
 (Hilbert indices and regions for the whole batch), one message per region and one handover
-notice per region objects left, all confirmed, then one ack for the batch. When those
-confirms lag (a region's queue full or its x-geo slow), the intake's prefetch shrinks, so
+notice per region objects left, sent; the batch's confirms are awaited and its input acked
+by the pipeline (exchanges/shell/pipeline.py), in order, while the next batches are routed.
+When those confirms lag (a region's queue full or its x-geo slow), the intake's prefetch shrinks, so
 the backlog waits in the broker, not here (shell.Intake.confirm_lag). The worldmap is
 read from PostgreSQL at start and re-read when a newer version appears (no restart).
 
@@ -93,9 +94,12 @@ class IngressSidecar:
         # regions whose vhost is on another broker (region_broker): connected to there; a
         # change of one that is connected ends the session as a new region does
         self.endpoints: dict[str, tuple[str, int]] = {}
+        # batches in flight (exchanges/shell/pipeline.py): routed and sent as they come, each
+        # batch's proximity record written and its input acked in order once confirmed
+        self.pipeline = shell.Pipeline()
         # proximity subscriptions (ingress/proximity.py): the router and its journal
         self.proximity = Proximity(HashRing(list(config.workers)), config.journal_dir if config.persistence
-                                   else None, self.counters)
+                                   else None, self.counters, self.pipeline)
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """The proximity router from its journal, under the stored worker ring (`main` read the
@@ -114,7 +118,8 @@ class IngressSidecar:
         """The positions' region memory is not kept (a restart announces each object again);
         the proximity router's is, as a snapshot (unless a batch was cut off routed and not
         journaled: then the journal holds the state, and the batch comes again)."""
-        await asyncio.to_thread(self.proximity.close, self.unconfirmed == 0)
+        clean = self.unconfirmed == 0 and self.proximity.unwritten == 0
+        await asyncio.to_thread(self.proximity.close, clean)
 
     # -- session -----------------------------------------------------------------------------
 
@@ -125,7 +130,7 @@ class IngressSidecar:
                 await asyncio.wait_for(stop.wait(), 0.2)
         if stop.is_set():
             return
-        if self.unconfirmed:
+        if self.unconfirmed or self.proximity.unwritten:
             self.core.forget_objects()
             self.unconfirmed = 0
             log.warning("a session ended with batches routed and not confirmed: objects forgotten")
@@ -167,10 +172,10 @@ class IngressSidecar:
                     ending, [ingress, fences, *regions.values()], [mqtt, gateway],
                     [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt,
                                                                      t.POSITIONS_QUEUE, mqtt),
-                                       self.counters, self.dlx),
+                                       self.counters, self.dlx, self.pipeline),
                      shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway,
                                                                         t.BATCHES_QUEUE, gateway),
-                                       self.counters, self.dlx)],
+                                       self.counters, self.dlx, self.pipeline)],
                     [shell.periodic(ending, 30, lambda: log.info("%s", self.counters.line())),
                      shell.periodic(ending, MAP_EVERY_S, self.send_map_sample),
                      shell.periodic(ending, CHANGES_EVERY_S, self.proximity.apply_changes),
@@ -178,6 +183,7 @@ class IngressSidecar:
                     cfg.drain_s)
             finally:
                 self.consuming = False
+                await self.pipeline.close()  # what was not confirmed comes back
         if not stop.is_set():
             log.info("%s", "paused (a worker handover): consuming stopped" if self.paused else
                      "regions changed: connecting again to " + ", ".join(sorted(
@@ -245,40 +251,38 @@ class IngressSidecar:
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str,
                      intake: shell.Intake | None = None) -> None:
-        if not self.proximity.stream.active:
-            await self._handle(messages, decode, source, intake, False)
-            return
-        async with self.proximity.lock:  # routed, published and journaled before the next batch
-            await self._handle(messages, decode, source, intake, True)
+        """One batch routed and sent, handed to the pipeline, under the lock that orders the
+        proximity router's changes (a batch's, a subscription change's) and their records."""
+        async with self.proximity.lock:
+            batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
+            self.unconfirmed += 1
+            routed = self.core.route(batch)
+            outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
+                    for i, reason in refused]
+            for region, rb in routed.regions.items():  # notices in line with positions: one message
+                outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, **rb.to_wire()), CONTENT_TYPE))
+            rows, entry = self.proximity.rows_outs(batch)
+            outs += rows
+            followed = self.followed
+            if followed:
+                tapped = [i for i, oid in enumerate(batch.ids) if oid in followed]
+                if tapped:
+                    outs.append(shell.Out(self.follow, "", pack(FOLLOW, batch=batch.take(tapped).to_wire()),
+                                          CONTENT_TYPE))
+            started = time.monotonic()
+            if self.map_listening:
+                self.map_sampler.note(batch)
+            sent = await shell.send(outs, self.counters, retry=self.pipeline.serial)
 
-    async def _handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str,
-                      intake: shell.Intake | None, proximity: bool) -> None:
-        batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
-        self.unconfirmed += 1
-        routed = self.core.route(batch)
-        outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
-                for i, reason in refused]
-        for region, rb in routed.regions.items():  # notices in line with positions: one message
-            outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, **rb.to_wire()), CONTENT_TYPE))
-        roam = proximity and self.proximity.stream.active and len(batch) > 0
-        if roam:
-            outs += self.proximity.rows_outs(batch)
-        followed = self.followed
-        if followed:
-            tapped = [i for i, oid in enumerate(batch.ids) if oid in followed]
-            if tapped:
-                outs.append(shell.Out(self.follow, "", pack(FOLLOW, batch=batch.take(tapped).to_wire()),
-                                      CONTENT_TYPE))
-        started = time.monotonic()
-        if self.map_listening:
-            self.map_sampler.note(batch)
-        await shell.publish_all(outs, self.counters)
-        if roam:
-            await self.proximity.journal_rows(batch)
-        self.unconfirmed -= 1
-        if intake is not None:
-            await intake.confirm_lag(time.monotonic() - started)  # back-pressure (see shell.Intake)
-        self.counters.positions += len(batch)
+            async def confirmed() -> None:
+                if entry is not None:
+                    await self.proximity.write(entry)
+                self.unconfirmed -= 1
+                if intake is not None:
+                    await intake.confirm_lag(time.monotonic() - started)  # back-pressure (shell.Intake)
+                self.counters.positions += len(batch)
+
+            await self.pipeline.add(sent, confirmed, messages)
 
 
 async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,

@@ -9,9 +9,10 @@ One module per concept, each with its invariants:
 - connections: connections and channels, `InstanceLock`, `connection_lost`, `BROKER_GONE`,
   `Backoff`;
 - publish: `Out`, `Plains`, `publish_all`, `dead_letter`, `reply`, `PublishRefused`;
+- pipeline: `send`, `Pipeline` (batches in flight, their tails in order), `PipelineRefused`;
 - intake: `Intake`, `run_batches`, `settle`, `SidecarFault`, `reason_of`;
 - lifecycle: the `Sidecar` protocol, `run_sidecar`, `serve`, `run_session`, `periodic`.
-Imports go one way, config/counters <- metrics, connections <- publish <- intake <- lifecycle, and
+Imports go one way, config/counters <- metrics, connections <- publish <- pipeline <- intake <- lifecycle, and
 nothing here imports a role (fence/, ingress/, spark_jobs/, deploy/): only
 exchanges.topology and exchanges.contract.
 
@@ -53,6 +54,7 @@ from exchanges.shell.lifecycle import (
     run_sidecar,
     serve,
 )
+from exchanges.shell.pipeline import Pipeline, PipelineRefused, send
 from exchanges.shell.publish import PERSISTENT, Out, Plains, PublishRefused, dead_letter, publish_all, reply
 
 __all__ = [
@@ -68,6 +70,8 @@ __all__ = [
     "InstanceLocked",
     "Intake",
     "Out",
+    "Pipeline",
+    "PipelineRefused",
     "Plains",
     "PublishRefused",
     "Session",
@@ -89,6 +93,7 @@ __all__ = [
     "run_batches",
     "run_session",
     "run_sidecar",
+    "send",
     "serve",
     "settle",
     "setup_logging",

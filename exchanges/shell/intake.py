@@ -31,6 +31,7 @@ from exchanges.contract import InvalidMessage
 from exchanges.shell import publish
 from exchanges.shell.connections import BROKER_GONE
 from exchanges.shell.counters import Counters
+from exchanges.shell.pipeline import Pipeline
 
 log = logging.getLogger("geofence")
 
@@ -90,6 +91,7 @@ class Intake:
         self._want: int | None = None  # a prefetch for the next consumer (see the class)
         self._fresh_seen = False  # a first delivery came in this session
         self.late_returns = 0  # returned messages that came behind a first delivery
+        self.pipeline: Pipeline | None = None  # batches in flight (run_batches): settled before a switch
 
     @classmethod
     def on(cls, queue: AbstractQueue, max_batch: int, prefetch: int, exclusive: bool = True) -> Intake:
@@ -128,6 +130,8 @@ class Intake:
         caller settling each batch before asking for the next, settled)."""
         if self._want is None or self._stopping or self._set_prefetch is None:
             return
+        if self.pipeline is not None:
+            await self.pipeline.drain()
         if self._tag is not None:
             await self.queue.cancel(self._tag)
             self._tag = None
@@ -244,34 +248,59 @@ class SidecarFault(RuntimeError):
     its state is rebuilt from durable sources at the restart) and the input comes back."""
 
 
-async def run_batches(intake: Intake, handle: Callable[[list[AbstractIncomingMessage]], Awaitable[None]],
-                      counters: Counters, dead_letters: AbstractExchange | None = None) -> None:
+async def run_batches(intake: Intake, handle: Callable[[list[AbstractIncomingMessage]], Awaitable[Any]],
+                      counters: Counters, dead_letters: AbstractExchange | None = None,
+                      pipeline: Pipeline | None = None) -> None:
     """The loop of one input queue: each batch handled, then settled.
+
+    Without a `pipeline`, `handle` does everything (publishes confirmed, state journaled) and
+    the batch is settled here before the next one is taken. With one, `handle` sends its
+    publishes (shell.send) and hands them to `pipeline.add` with what runs once they are
+    confirmed and the batch's messages, which the pipeline acks after that, in order, while
+    the next batches are handled (exchanges/shell/pipeline.py). It calls `add` itself, under
+    the lock that orders its state's changes, so the tails run in the order of those changes.
 
     A handler that raises (a bug, not bad input: bad input is dead-lettered by the handler)
     ends the process unsettled. Its messages come back, and once they are suspects (see
     Intake) one at a time: a suspect the handler fails on alone is the culprit, and goes to
-    `dead_letters` with the error as its reason before the process ends."""
-    async for messages in intake.batches():
-        counters.batch(len(messages))
-        try:
-            async with settle(messages):
-                await handle(messages)
-        except BROKER_GONE:
+    `dead_letters` with the error as its reason before the process ends. A suspect is handled
+    with nothing else in flight (the pipeline drained before and after it)."""
+    intake.pipeline = pipeline
+    culprit: list[AbstractIncomingMessage] | None = None  # the batch a failure is known to be
+    try:
+        async for messages in intake.batches():
+            counters.batch(len(messages))
+            if pipeline is None:
+                culprit = messages
+                async with settle(messages):
+                    await handle(messages)
+            else:
+                alone = delivery_count(messages[0]) >= SUSPECT_DELIVERIES
+                if alone:
+                    await pipeline.drain()
+                    culprit = messages
+                await handle(messages)  # settled by the pipeline
+                if alone:
+                    await pipeline.drain()
+            culprit = None
+        if pipeline is not None:
+            await pipeline.drain()
+    except BROKER_GONE:
+        raise
+    except Exception as exc:
+        if isinstance(exc, ExceptionGroup) and exc.subgroup(BROKER_GONE) is not None:
             raise
-        except Exception as exc:
-            if isinstance(exc, ExceptionGroup) and exc.subgroup(BROKER_GONE) is not None:
-                raise
-            log.error("a batch of %d from %s failed: %r", len(messages), intake.queue.name, exc,
-                      exc_info=exc)
-            m = messages[0]
-            if len(messages) == 1 and delivery_count(m) >= SUSPECT_DELIVERIES and dead_letters is not None:
-                reason = (f"internal error on delivery {delivery_count(m) + 1}: {exc!r} "
-                          "(the sidecar failed on this message alone)")
-                await publish.publish_all(
-                    [publish.dead_letter(dead_letters, m, reason, intake.queue.name, counters)], counters)
-                await m.ack()
-            raise SidecarFault(f"{intake.queue.name}: {exc!r}") from exc
+        where = f"a batch of {len(culprit)}" if culprit is not None else "a batch"
+        log.error("%s from %s failed: %r", where, intake.queue.name, exc, exc_info=exc)
+        m = culprit[0] if culprit else None
+        if culprit is not None and m is not None and len(culprit) == 1 and \
+                delivery_count(m) >= SUSPECT_DELIVERIES and dead_letters is not None:
+            reason = (f"internal error on delivery {delivery_count(m) + 1}: {exc!r} "
+                      "(the sidecar failed on this message alone)")
+            await publish.publish_all(
+                [publish.dead_letter(dead_letters, m, reason, intake.queue.name, counters)], counters)
+            await m.ack()
+        raise SidecarFault(f"{intake.queue.name}: {exc!r}") from exc
 
 
 @contextlib.asynccontextmanager

@@ -78,11 +78,12 @@ class Plains:
 
 
 async def publish_all(outs: Sequence[Out | Plains], counters: Counters,
-                      deadline: float | None = None) -> None:
+                      deadline: float | None = None, retry: bool = True) -> None:
     """Publish and wait for every confirm; nacked or returned ones are retried with backoff
-    (the caller holds its input unacked meanwhile). Plain messages (`Plains`, and an `Out` that
-    is plain) go out as one write per channel (`_publish_plain`), the others one by one
-    through aiormq."""
+    (the caller holds its input unacked meanwhile), or with `retry` False raise PublishRefused
+    (a pipeline's: a retry would come behind later batches, exchanges/shell/pipeline.py).
+    Plain messages (`Plains`, and an `Out` that is plain) go out as one write per channel
+    (`_publish_plain`), the others one by one through aiormq."""
     pending = list(outs)
     if not pending:
         return
@@ -117,6 +118,9 @@ async def publish_all(outs: Sequence[Out | Plains], counters: Counters,
                                                                o.content_type, mandatory=False))
         counters.published += len(messages) - len(failed)
         if failed:
+            if not retry:
+                first = next(r for r in results if isinstance(r, PublishRefused))
+                raise PublishRefused(f"{len(failed)} of {len(messages)} publishes refused ({first})")
             counters.retries += len(failed)
             if deadline is not None and time.monotonic() > deadline:
                 raise PublishRefused(f"{len(failed)} publishes still refused at the deadline")

@@ -118,8 +118,15 @@ class RoamMatcher:
         self._lon = np.full(cap, np.nan)
         self._lat = np.full(cap, np.nan)
         self._rmax = np.zeros(cap)
+        # per slot, for the held positions: owned by this worker and the index cell, valid
+        # while `_known` (a position set clears it): a segment computes them for its movers only
+        self._own = np.zeros(cap, bool)
+        self._cell = np.zeros(cap, np.int64)
+        self._known = np.zeros(cap, bool)
         self._extra: list[Mapping[str, Any] | None] = []
         self._subs: dict[str, Subscription] = {}
+        self._radii: dict[str, dict[str, float]] = {}  # object -> its subscriptions' radii
+        self._r_max: float | None = None
         self._filters: dict[tuple[str, tuple[filters.Clause, ...]], _Filter] = {}
         self._csr: tuple[I64, I64, F64, I64, list[str]] | None = None  # by subscriber slot
 
@@ -128,6 +135,10 @@ class RoamMatcher:
     def add(self, sub: Subscription) -> None:
         old = self._subs.get(sub.id)
         self._subs[sub.id] = sub
+        if old is not None:
+            self._radii[old.object].pop(sub.id, None)
+        self._radii.setdefault(sub.object, {})[sub.id] = sub.radius_m
+        self._r_max = None
         key = (sub.match, sub.where)
         if key not in self._filters:
             f = _Filter(sub.match, sub.where)
@@ -143,6 +154,8 @@ class RoamMatcher:
     def remove(self, sub_id: str) -> Subscription | None:
         sub = self._subs.pop(sub_id, None)
         if sub is not None:
+            self._radii[sub.object].pop(sub_id, None)
+            self._r_max = None
             self._csr = None
             self._set_rmax(self._slot_of(sub.object))
         return sub
@@ -151,11 +164,12 @@ class RoamMatcher:
         return sorted(self._subs.values(), key=lambda s: s.id)
 
     def _set_rmax(self, slot: int) -> None:
-        obj = self._ids[slot]
-        self._rmax[slot] = max((s.radius_m for s in self._subs.values() if s.object == obj), default=0.0)
+        self._rmax[slot] = max(self._radii.get(self._ids[slot], {}).values(), default=0.0)
 
     def max_radius(self) -> float:
-        return max((s.radius_m for s in self._subs.values()), default=0.0)
+        if self._r_max is None:
+            self._r_max = max((s.radius_m for s in self._subs.values()), default=0.0)
+        return self._r_max
 
     # -- state -------------------------------------------------------------------------------
 
@@ -231,6 +245,7 @@ class RoamMatcher:
     def _place(self, slots: I64, lon: F64, lat: F64, extras: Sequence[Mapping[str, Any] | None]) -> None:
         """Positions set as they are (no event): held, with their fields and filter flags."""
         self._lon[slots], self._lat[slots] = lon, lat
+        self._known[slots] = False
         for s, e in zip(slots.tolist(), extras, strict=True):
             self._extra[s] = e
         names = [self._ids[s] for s in slots.tolist()]
@@ -275,9 +290,10 @@ class RoamMatcher:
         self._extra.append(None)
         if s >= self._lon.size:
             cap = 2 * self._lon.size
-            for name, fill in (("_lon", np.nan), ("_lat", np.nan), ("_rmax", 0.0)):
+            for name, fill in (("_lon", np.nan), ("_lat", np.nan), ("_rmax", 0.0), ("_own", False),
+                               ("_cell", 0), ("_known", False)):
                 a = getattr(self, name)
-                b = np.full(cap, fill)
+                b = np.full(cap, fill, a.dtype)
                 b[: a.size] = a
                 setattr(self, name, b)
             for f in self._filters.values():
@@ -294,7 +310,12 @@ class RoamMatcher:
 
     def _subs_csr(self) -> tuple[I64, I64, F64, I64, list[str]]:
         """Subscriptions by subscriber slot: (ptr over slots, sub number, radius, filter number, ids)."""
-        if self._csr is None or self._csr[0].size != len(self._ids) + 1:
+        if self._csr is not None and self._csr[0].size < len(self._ids) + 1:
+            # slots added since (objects seen): no subscription is theirs (`add` clears the cache)
+            ptr = self._csr[0]
+            grown = np.concatenate([ptr, np.full(len(self._ids) + 1 - ptr.size, ptr[-1])])
+            self._csr = (grown, *self._csr[1:])
+        if self._csr is None:
             fnum = {k: i for i, k in enumerate(self._filters)}
             subs = sorted(self._subs.values(), key=lambda s: (self._slot[s.object], s.id))
             slot = np.array([self._slot[s.object] for s in subs], np.int64)
@@ -347,6 +368,7 @@ class RoamMatcher:
         events = self._pairs(ms, nlon, nlat, ts, olon, olat, old_pass, new_pass) if self._subs else []
         # the movers' new state, then what this worker keeps
         self._lon[ms], self._lat[ms] = nlon, nlat
+        self._known[ms] = False
         for f, p in zip(filt, new_pass, strict=True):
             f.passes[ms] = p
         for s, e in zip(ms.tolist(), extra, strict=True):
@@ -376,6 +398,12 @@ class RoamMatcher:
         mover = np.zeros(n, bool)
         mover[ms] = True
         held = np.flatnonzero(~np.isnan(self._lon[:n]) & ~mover)
+        new = held[~self._known[held]]
+        if new.size:  # positions set since their owner and cell were computed
+            self._own[new] = self._owned(self._lon[new], self._lat[new])
+            cx, cy = grid.cells(self._lon[new], self._lat[new])
+            self._cell[new] = cx * side + cy
+            self._known[new] = True
         hk = np.flatnonzero(~np.isnan(olon))
         # entries: the held positions, then each mover's old and new one
         e_slot = np.concatenate([held, ms[hk], ms])
@@ -383,13 +411,16 @@ class RoamMatcher:
         e_ver = np.concatenate([np.zeros(held.size + hk.size, np.uint8), np.ones(m, np.uint8)])
         e_lon = np.concatenate([self._lon[held], olon[hk], nlon])
         e_lat = np.concatenate([self._lat[held], olat[hk], nlat])
-        e_own = self._owned(e_lon, e_lat)
-        m_own_new = e_own[held.size + hk.size:]
+        mlon, mlat = np.concatenate([olon[hk], nlon]), np.concatenate([olat[hk], nlat])
+        m_own = self._owned(mlon, mlat)
+        e_own = np.concatenate([self._own[held], m_own])
+        m_own_new = m_own[hk.size:]
         m_own_old = np.zeros(m, bool)
-        m_own_old[hk] = e_own[held.size:held.size + hk.size]
-        ex, ey = grid.cells(e_lon, e_lat)
-        order = np.argsort(ex * side + ey, kind="stable")
-        e_cell = (ex * side + ey)[order]
+        m_own_old[hk] = m_own[:hk.size]
+        mx, my = grid.cells(mlon, mlat)
+        e_cell = np.concatenate([self._cell[held], mx * side + my])
+        order = np.argsort(e_cell, kind="stable")
+        e_cell = e_cell[order]
         e_slot, e_row, e_ver = e_slot[order], e_row[order], e_ver[order]
         e_lon, e_lat, e_own = e_lon[order], e_lat[order], e_own[order]
         # each mover's search: the box around its new position and its old one together

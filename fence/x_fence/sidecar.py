@@ -15,12 +15,14 @@ channel of its own (a map shows a sample; it never holds the worker up).
 Durability: the core's state (who is inside which fence since when, each object's last
 position and handover time, positions held for a notice) lives in a snapshot plus a journal
 under GEOFENCE_JOURNAL_DIR (exchanges/state_dir.py; records from XFence.changes, formats in
-fence/x_fence/codec.py). Per batch:
-route, publish the events and wait for their confirms, append one record and fdatasync it,
-then ack the batch. A crash before the sync leaves the batch unacked: it is redelivered and
-routed again from the older state, giving the same events with the same ids (duplicates a
-consumer drops by event_id; none lost). A crash after it finds the record: the redelivered
-positions are at their objects' last known ts and change nothing.
+fence/x_fence/codec.py). Per batch: route, send the events, take the journal record of what
+changed (and the state's snapshot when a rotation is due), hand them to the pipeline
+(exchanges/shell/pipeline.py), take the next batch. The pipeline, in batch order, waits for
+the events' confirms, appends the record and fdatasyncs it, then acks the batch. A crash
+before the sync leaves the batch unacked: it is redelivered and routed again from the older
+state, giving the same events with the same ids (duplicates a consumer drops by event_id; none
+lost). A crash after it finds the record: the redelivered positions are at their objects'
+last known ts and change nothing. Timeouts and handovers go through the same pipeline.
 
 Recovery: the snapshot and journal give the state back; then the fences this worker owns on
 the hash ring are read from PostgreSQL, and a fence the state has at an older version (or
@@ -83,6 +85,15 @@ EVENTS_PER_BATCH_MESSAGE = 2_000  # a batch message stays well under a megabyte
 POSITIONS = "positions"
 
 
+@dataclass(frozen=True)
+class Entry:
+    """The journal records of one step, taken when it was applied, and the state's snapshot
+    at that point when a rotation was due (written after the records, as a new generation)."""
+
+    records: list[dict[str, Any]]
+    snapshot: bytes | None = None
+
+
 @dataclass
 class RoamStep:
     """Proximity messages applied as one step: one message, or a run of `rows` decoded (a
@@ -123,9 +134,11 @@ class FenceSidecar:
         self.pending: list[Event] = []  # events of the recovery, published by the first session
         self.stream_ts = -math.inf  # the newest position time routed
         self.inputs: shell.Intake | None = None
-        # The core holds effects the journal does not (a batch routed, its events or record
-        # not through yet): if the session ends so, the next one starts from the journal.
-        self.unpersisted = False
+        # Steps applied whose records are not written yet (the core holds effects the journal
+        # does not): if a session ends with some, the next one starts from the journal.
+        self.unpersisted = 0
+        self._rotating = False  # an entry carries a snapshot not written yet
+        self.pipeline = shell.Pipeline()  # the steps in flight (see the docstring)
 
     def _load(self) -> Recovered:
         """The core from the snapshot and the journal (a new core if there are none)."""
@@ -135,6 +148,7 @@ class FenceSidecar:
         roam = got.snapshot.get("roam") if got.snapshot is not None else None
         self.roam = roaming.matcher_of(roam, self.worker) if roam is not None else None
         self.roam_log = []
+        self._rotating = False
         for record in got.records:
             if "roam" in record:  # the proximity messages applied, again (their events were sent)
                 for msg in record["roam"]:
@@ -204,7 +218,7 @@ class FenceSidecar:
             self.journal.close()
             got = await asyncio.to_thread(self._load)
             self.started = False
-            self.unpersisted = False
+            self.unpersisted = 0
             log.warning("a session ended with a batch not journaled: state reloaded from %s "
                         "(snapshot %d + %d journal records)", self.journal.path, got.generation,
                         len(got.records))
@@ -221,30 +235,76 @@ class FenceSidecar:
                 self.n_persisted = len(self.core._objects)
                 self.started = True
 
-    async def persist(self) -> None:
-        """Under the lock, after the events were confirmed: one synced record."""
+    def _entry(self) -> Entry:
+        """Under the lock, right after a step was applied: its journal records (the proximity
+        messages applied, the core's changes), and the snapshot when a rotation is due."""
+        self.unpersisted += 1
         if self.journal is None:
-            self.unpersisted = False  # nothing to reload from (persistence off: the benchmark's)
-            return
-        started = time.perf_counter()
+            return Entry([])
+        records: list[dict[str, Any]] = []
         if self.roam_log:
-            self.journal.append({"roam": self.roam_log})
+            records.append({"roam": self.roam_log})
             self.roam_log = []
-            self.counters.bump("journal_records")
         record = self.core.changes(self.n_persisted)
         if record is not None:
-            before = self.journal.journal_bytes
-            self.journal.append(record)
+            records.append(record)
             self.n_persisted = len(self.core._objects)
-            self.counters.bump("journal_records")
-            self.counters.bump("journal_bytes", self.journal.journal_bytes - before)
+        if self._rotating or not self.journal.wants_rotation:
+            return Entry(records)
+        self._rotating = True
+        snapshot = journal_pack(self._state())
+        self.n_persisted = len(self.core._objects)
+        return Entry(records, snapshot)
+
+    async def _write(self, entry: Entry) -> None:
+        """In the step's tail: the records appended and synced (off the event loop), then
+        the snapshot as a new generation."""
+        if self.journal is None:
+            self.unpersisted -= 1  # nothing to reload from (persistence off: the benchmark's)
+            return
+        started = time.perf_counter()
+        written = await asyncio.to_thread(self._write_sync, entry)
+        if entry.records:
+            self.counters.bump("journal_records", len(entry.records))
+            self.counters.bump("journal_bytes", written)
             self.counters.bump("journal_us", int((time.perf_counter() - started) * 1e6))
             self.counters.observe("journal_sync_seconds", time.perf_counter() - started)
-        self.unpersisted = False
-        if self.journal.wants_rotation:
-            gen, data = self._begin_snapshot()
-            await asyncio.to_thread(self.journal.rotate_finish, data, gen)
+        if entry.snapshot is not None:
             self.counters.bump("snapshots")
+        self.unpersisted -= 1
+
+    def _write_sync(self, entry: Entry) -> int:
+        assert self.journal is not None
+        written = self.journal.append_many(entry.records)
+        if entry.snapshot is not None:
+            self.journal.rotate_finish(entry.snapshot, self.journal.rotate_begin())
+            self._rotating = False
+        return written
+
+    async def _emit(self, outs: list[shell.Out | shell.Plains], events: Sequence[Event] = (),
+                    roam_events: Sequence[roaming.RoamEvent] = (), barriers: Sequence[dict[str, Any]] = (),
+                    messages: Sequence[AbstractIncomingMessage] = ()) -> None:
+        """Under the lock, after a step was applied: its publishes sent and its record taken
+        now; its confirms awaited, its record written, its barriers answered and `messages`
+        acked in the pipeline, after the steps before it."""
+        entry = self._entry()
+        sent = await shell.send(outs, self.counters, retry=self.pipeline.serial)
+
+        async def confirmed() -> None:
+            self.observe_latency(events)
+            if roam_events:  # the position's time to its proximity event confirmed
+                now = time.time()
+                self.counters.observe("roam_event_latency_seconds", [now - e.ts for e in roam_events])
+            await self._write(entry)
+            if barriers:  # once the steps before are applied and journaled
+                held = self.core.stats()["held_now"]
+                answers = [orjson.dumps({"worker": self.worker, "region": b["region"],
+                                         "barrier": b["barrier"], "held_now": held}) for b in barriers]
+                await shell.publish_all([shell.Out(self.out_ch.default_exchange, b["reply"], body,
+                                                   "application/json", mandatory=False)
+                                         for b, body in zip(barriers, answers, strict=True)], self.counters)
+
+        await self.pipeline.add(sent, confirmed, messages)
 
     def _state(self) -> dict[str, Any]:
         """The snapshot: the core's state and the proximity matcher's."""
@@ -287,13 +347,16 @@ class FenceSidecar:
             self.inputs = inputs
             log.info("worker %s: consuming %s and %s", self.worker, t.fence_queue(self.worker),
                      t.fence_control_queue(self.worker))
-            await shell.run_session(
-                stop, [conn], [inputs, controls],
-                [shell.run_batches(inputs, self.handle_inputs, self.counters, self.dlx),
-                 shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
-                [shell.periodic(stop, EXPIRE_EVERY_S, self.expire),
-                 shell.periodic(stop, MAP_EVERY_S, self.send_map_sample),
-                 shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
+            try:
+                await shell.run_session(
+                    stop, [conn], [inputs, controls],
+                    [shell.run_batches(inputs, self.handle_inputs, self.counters, self.dlx, self.pipeline),
+                     shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
+                    [shell.periodic(stop, EXPIRE_EVERY_S, self.expire),
+                     shell.periodic(stop, MAP_EVERY_S, self.send_map_sample),
+                     shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
+            finally:
+                await self.pipeline.close()  # steps not journaled: their input comes back
 
     async def send_map_sample(self) -> None:
         if not self.map_seen or self.map_out is None:
@@ -355,7 +418,6 @@ class FenceSidecar:
             events: list[Event] = []
             roam_events: list[roaming.RoamEvent] = []
             received_at = time.time()
-            self.unpersisted = True
             for step in steps:
                 if isinstance(step, RoamStep):
                     try:
@@ -385,20 +447,8 @@ class FenceSidecar:
                 else:
                     events += self.core.drop(step.fence_id, step.version, step.ts)
                     log.info("fence %s v%d deleted", step.fence_id, step.version)
-            await shell.publish_all(outs + self.event_outs(events) + self.roam_outs(roam_events),
-                                    self.counters)
-            self.observe_latency(events)
-            if roam_events:  # the position's time to its proximity event confirmed
-                now = time.time()
-                self.counters.observe("roam_event_latency_seconds", [now - e.ts for e in roam_events])
-            await self.persist()
-            if barriers:
-                held = self.core.stats()["held_now"]
-                answers = [orjson.dumps({"worker": self.worker, "region": b["region"],
-                                         "barrier": b["barrier"], "held_now": held}) for b in barriers]
-                await shell.publish_all([shell.Out(self.out_ch.default_exchange, b["reply"], body,
-                                                   "application/json", mandatory=False)
-                                         for b, body in zip(barriers, answers, strict=True)], self.counters)
+            await self._emit(outs + self.event_outs(events) + self.roam_outs(roam_events), events,
+                             roam_events, barriers, messages)
 
     def observe_latency(self, events: Sequence[Event]) -> None:
         """Device to event: from the position's own time to now, its event confirmed (ENTER /
@@ -424,11 +474,8 @@ class FenceSidecar:
 
     async def expire(self) -> None:
         async with self.lock:
-            self.unpersisted = True
             events = self.core.expire(self.clock())
-            if events:
-                await shell.publish_all(self.event_outs(events), self.counters)
-            await self.persist()
+            await self._emit(self.event_outs(events), events)
 
     def event_outs(self, events: Sequence[Event]) -> list[shell.Out | shell.Plains]:
         """One message per event on fence.events, and the same events in batch messages on
@@ -493,14 +540,14 @@ class FenceSidecar:
                             "names": [name for name, _ in data["fences"]], "gates": len(data["gate_ids"]),
                             "pairs": len(data["since"]) // 8,
                             "state": base64.b64encode(journal_pack(data)).decode()}
-                self.unpersisted = True
                 if msg["kind"] == control.IMPORT:
                     data = journal_unpack(base64.b64decode(msg["state"]))
                     n = self.core.take(data, ring)
                 else:
                     n = self.core.forget(ring)
                     self.ring, self.ring_version = ring, int(msg.get("version", self.ring_version))
-                await self.persist()
+                await self._emit([])
+                await self.pipeline.drain()  # journaled before the answer
             log.info("handover (%s): %d %s", msg["kind"], n,
                      "inside pairs taken" if msg["kind"] == control.IMPORT else "fences let go")
             return {"worker": self.worker, "fences" if msg["kind"] == control.FORGET else "pairs": n,

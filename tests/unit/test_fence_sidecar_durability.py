@@ -5,7 +5,7 @@ batch gives its events again with the same ids; a stop then snapshots nothing un
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -37,6 +37,10 @@ class Msg:
     content_type: str = "application/msgpack"
     headers: dict[str, Any] | None = None
     message_id: str | None = None
+    acked: bool = False
+
+    async def ack(self, multiple: bool = False) -> None:
+        self.acked = True
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,26 @@ def publishing(fail: bool = False) -> Iterator[list[shell.Out]]:
     outs: list[shell.Out] = []
 
     async def publish_all(o: Sequence[shell.Out | shell.Plains], counters: shell.Counters,
-                          deadline: float | None = None) -> None:
+                          deadline: float | None = None, retry: bool = True) -> None:
         outs.extend(m for x in o for m in (x.outs() if isinstance(x, shell.Plains) else [x]))
         if fail:
             raise ConnectionError("connection reset under the publish")
 
-    with mock.patch.object(shell, "publish_all", publish_all):
+    # the sidecar's own calls and its pipeline's (shell.send looks up publish.publish_all)
+    with mock.patch.object(shell, "publish_all", publish_all), \
+            mock.patch.object(shell.publish, "publish_all", publish_all):
         yield outs
+
+
+async def settled(sc: FenceSidecar, handled: Awaitable[None]) -> None:
+    """A step handed to the pipeline, then its tail (confirms, journal record, ack); a tail
+    that fails closes the pipeline, as a session's end does."""
+    await handled
+    try:
+        await sc.pipeline.drain()
+    except BaseException:
+        await sc.pipeline.close()
+        raise
 
 
 def sidecar(journal_dir: Path) -> FenceSidecar:
@@ -100,11 +117,11 @@ async def test_a_batch_cut_off_before_its_record_is_routed_again_from_the_journa
         tmp_path: Path, geo: XGeo) -> None:
     sc = await started(tmp_path)
     with publishing() as outs:
-        await sc.handle_inputs(positions(geo, TS, 5))
+        await settled(sc, sc.handle_inputs(positions(geo, TS, 5)))
     assert [e[1] for e in events(outs)] == ["enter"]
     leave = positions(geo, TS + 1, HALF + 5)
     with publishing(fail=True) as cut, pytest.raises(ConnectionError):
-        await sc.handle_inputs(leave)
+        await settled(sc, sc.handle_inputs(leave))
     first = events(cut)
     assert [e[1] for e in first] == ["leave"] and sc.unpersisted
     await sc._reload()  # what the next session does first
@@ -112,7 +129,7 @@ async def test_a_batch_cut_off_before_its_record_is_routed_again_from_the_journa
     with publishing():
         await sc._start_journal()
     with publishing() as again:
-        await sc.handle_inputs(leave)  # the redelivery
+        await settled(sc, sc.handle_inputs(leave))  # the redelivery
     assert events(again) == first  # the same event, with the same id
     assert sc.core.fences_of("car-1") == []
 
@@ -121,21 +138,21 @@ async def test_without_the_reload_the_redelivered_batch_would_give_nothing(tmp_p
     """What the reload is for: the core kept the cut-off batch's effects."""
     sc = await started(tmp_path)
     with publishing():
-        await sc.handle_inputs(positions(geo, TS, 5))
+        await settled(sc, sc.handle_inputs(positions(geo, TS, 5)))
     leave = positions(geo, TS + 1, HALF + 5)
     with publishing(fail=True), pytest.raises(ConnectionError):
-        await sc.handle_inputs(leave)
+        await settled(sc, sc.handle_inputs(leave))
     with publishing() as again:
-        await sc.handle_inputs(leave)
+        await settled(sc, sc.handle_inputs(leave))
     assert events(again) == []
 
 
 async def test_a_stop_after_a_cut_off_batch_snapshots_nothing_unacked(tmp_path: Path, geo: XGeo) -> None:
     sc = await started(tmp_path)
     with publishing():
-        await sc.handle_inputs(positions(geo, TS, 5))
+        await settled(sc, sc.handle_inputs(positions(geo, TS, 5)))
     with publishing(fail=True), pytest.raises(ConnectionError):
-        await sc.handle_inputs(positions(geo, TS + 1, HALF + 5))
+        await settled(sc, sc.handle_inputs(positions(geo, TS + 1, HALF + 5)))
     await sc.close()
     restarted = sidecar(tmp_path)
     restarted._load()
@@ -146,7 +163,7 @@ async def test_a_clean_stop_snapshots_and_the_next_start_has_the_same_state(tmp_
                                                                            geo: XGeo) -> None:
     sc = await started(tmp_path)
     with publishing():
-        await sc.handle_inputs(positions(geo, TS, 5))
+        await settled(sc, sc.handle_inputs(positions(geo, TS, 5)))
     assert not sc.unpersisted
     await sc.close()
     restarted = sidecar(tmp_path)
@@ -158,10 +175,10 @@ async def test_a_clean_stop_snapshots_and_the_next_start_has_the_same_state(tmp_
 async def test_expire_cut_off_before_its_record_is_reloaded(tmp_path: Path, geo: XGeo) -> None:
     sc = await started(tmp_path)
     with publishing():
-        await sc.handle_inputs(positions(geo, TS, 5))
+        await settled(sc, sc.handle_inputs(positions(geo, TS, 5)))
     sc.stream_ts = TS + 400  # message time past the fence's timeout (300 s)
     with publishing(fail=True) as cut, pytest.raises(ConnectionError):
-        await sc.expire()
+        await settled(sc, sc.expire())
     assert [e[1] for e in events(cut)] == ["leave"] and sc.unpersisted
     await sc._reload()
     assert sc.core.fences_of("car-1") == ["f-1"]

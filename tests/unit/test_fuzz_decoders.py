@@ -36,7 +36,7 @@ import math
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -291,6 +291,9 @@ class Msg:
     reply_to: str | None = None
     correlation_id: str | None = None
 
+    async def ack(self, multiple: bool = False) -> None:
+        """Settled by a pipeline's tail (exchanges/shell/pipeline.py): nothing to do here."""
+
 
 @dataclass(frozen=True)
 class Exchange:
@@ -303,11 +306,21 @@ def captured() -> Iterator[list[shell.Out]]:
     outs: list[shell.Out] = []
 
     async def publish_all(o: Sequence[shell.Out | shell.Plains], counters: shell.Counters,
-                          deadline: float | None = None) -> None:
+                          deadline: float | None = None, retry: bool = True) -> None:
         outs.extend(m for x in o for m in (x.outs() if isinstance(x, shell.Plains) else [x]))
 
-    with mock.patch.object(shell, "publish_all", publish_all):
+    # the roles' calls (shell.publish_all) and a pipeline's (shell.send: publish.publish_all)
+    with mock.patch.object(shell, "publish_all", publish_all), \
+            mock.patch.object(shell.publish, "publish_all", publish_all):
         yield outs
+
+
+async def drained(sc: Any, handled: Awaitable[None]) -> None:
+    """A handler's call, then its pipeline's tails (a pipelined sidecar's batch is settled there)."""
+    await handled
+    pipeline = getattr(sc, "pipeline", None)
+    if pipeline is not None:
+        await pipeline.drain()
 
 
 def to(o: shell.Out, exchange: Exchange) -> bool:
@@ -380,7 +393,7 @@ def test_x_ingress_dead_letters_each_bad_device_message_and_forwards_the_rest(se
     sc, dlx, regions = ingress_sidecar()
     msgs = [Msg(body, rk, headers={"n": i}) for i, (rk, body) in enumerate(messages)]
     with captured() as outs:
-        asyncio.run(sc.handle(incoming(msgs), sc.decode_mqtt, "x-ingress.positions"))
+        asyncio.run(drained(sc, sc.handle(incoming(msgs), sc.decode_mqtt, "x-ingress.positions")))
     expected = [expect_mqtt(rk, body) for rk, body in messages]
     dead = dead_letters(outs, dlx)
     assert sorted(map(numbered, dead)) == [i for i, e in enumerate(expected) if e is None]
@@ -397,7 +410,7 @@ def test_x_ingress_dead_letters_each_bad_gateway_batch_and_forwards_the_good_pos
     sc, dlx, regions = ingress_sidecar()
     msgs = [Msg(body, "", ct, headers={"n": i}) for i, (body, ct) in enumerate(messages)]
     with captured() as outs:
-        asyncio.run(sc.handle(incoming(msgs), sc.decode_gateway, "x-ingress.batches"))
+        asyncio.run(drained(sc, sc.handle(incoming(msgs), sc.decode_gateway, "x-ingress.batches")))
     expected = [expect_gateway(body, ct) for body, ct in messages]
     dead = dead_letters(outs, dlx)
     assert sorted(map(numbered, dead)) == [i for i, e in enumerate(expected) if e is None or None in e]
@@ -598,7 +611,7 @@ def test_x_fence_dead_letters_what_it_cannot_read_and_handles_the_rest(seed: int
     sc, dlx, events = fence_sidecar()
     msgs = [Msg(body, "w0", headers={"n": i}) for i, (body, _) in enumerate(cases)]
     with captured() as outs:
-        asyncio.run(sc.handle_inputs(incoming(msgs)))  # never raises
+        asyncio.run(drained(sc, sc.handle_inputs(incoming(msgs))))  # never raises
     dead = set(map(numbered, dead_letters(outs, dlx)))
     assert not dead & {i for i, (_, valid) in enumerate(cases) if valid}, "a valid message was dead-lettered"
     for o in outs:
@@ -878,7 +891,8 @@ def _through_the_pipeline(messages: list[Msg], gateway: bool = False) -> list[sh
     every dead letter and event of the three."""
     sc, dlx, regions = ingress_sidecar()
     with captured() as outs:
-        asyncio.run(sc.handle(incoming(messages), sc.decode_gateway if gateway else sc.decode_mqtt, "in"))
+        decode = sc.decode_gateway if gateway else sc.decode_mqtt
+        asyncio.run(drained(sc, sc.handle(incoming(messages), decode, "in")))
     geo, geo_dlx, fence_in = geo_sidecar()
     with captured() as geo_outs:
         asyncio.run(geo.handle_positions(incoming([Msg(o.body) for o in outs
@@ -886,8 +900,8 @@ def _through_the_pipeline(messages: list[Msg], gateway: bool = False) -> list[sh
     worker = geo.core.worker_of(FULL.fence_id)
     xf, _, _ = fence_sidecar(worker)  # the x-fence of FULL's worker
     with captured() as xf_outs:
-        asyncio.run(xf.handle_inputs(incoming([Msg(o.body, o.routing_key) for o in geo_outs
-                                               if to(o, fence_in) and o.routing_key == worker])))
+        asyncio.run(drained(xf, xf.handle_inputs(incoming([Msg(o.body, o.routing_key) for o in geo_outs
+                                               if to(o, fence_in) and o.routing_key == worker]))))
     return [o for o in outs if to(o, dlx)] + [o for o in geo_outs if to(o, geo_dlx)] + list(xf_outs)
 
 
@@ -1024,7 +1038,8 @@ def test_x_fence_refuses_ids_that_are_not_strings() -> None:
     wire = {"v": 1, "kind": "positions", "parts": [part]}
     sc, dlx, _ = fence_sidecar()
     with captured() as outs:
-        asyncio.run(sc.handle_inputs(incoming([Msg(msgpack.packb(wire, use_bin_type=True), "w0")])))
+        msgs = incoming([Msg(msgpack.packb(wire, use_bin_type=True), "w0")])
+        asyncio.run(drained(sc, sc.handle_inputs(msgs)))
     assert [o.exchange.name for o in outs] == [dlx.name]
 
 
@@ -1034,7 +1049,7 @@ def test_x_fence_refuses_a_message_without_parts() -> None:
     sc, dlx, _ = fence_sidecar()
     with captured() as outs:
         no_parts = msgpack.packb({"v": 1, "kind": "positions", "parts": []})
-        asyncio.run(sc.handle_inputs(incoming([Msg(no_parts)])))
+        asyncio.run(drained(sc, sc.handle_inputs(incoming([Msg(no_parts)]))))
     assert [o.exchange.name for o in outs] == [dlx.name]
 
 
@@ -1048,7 +1063,7 @@ def test_x_fence_refuses_parts_for_another_worker() -> None:
               for w in ("w0", "elsewhere")]
     sc, dlx, _ = fence_sidecar()
     with captured() as outs:
-        asyncio.run(sc.handle_inputs(incoming([Msg(b, "w0") for b in bodies])))
+        asyncio.run(drained(sc, sc.handle_inputs(incoming([Msg(b, "w0") for b in bodies]))))
     assert [o.exchange.name for o in outs] == [dlx.name]
 
 

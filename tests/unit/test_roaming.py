@@ -395,3 +395,16 @@ def test_a_run_of_rows_messages_applied_at_once_gives_the_same_events() -> None:
             k = j
         assert each and sorted(e.id for e in at_once) == sorted(e.id for e in each)
         assert snapshot_of(runs) == snapshot_of(one)
+
+
+def test_block_owners_one_by_one_and_by_sort_agree_with_the_ring() -> None:
+    """BlockOwners.of looks keys up one by one under SMALL and through a sort above it: both
+    give each key the ring's node for it, in the keys' order."""
+    ring = HashRing(["w0", "w1", "w2"])
+    grid = RoamGrid.for_radius(500.0)
+    owners = BlockOwners(grid, list(ring.nodes), ring.nodes_for_many)
+    rng = np.random.default_rng(1)
+    for n in (1, 7, BlockOwners.SMALL - 1, BlockOwners.SMALL, 5_000):
+        keys = rng.integers(0, 3_000, n)
+        want = [list(ring.nodes).index(ring.nodes_for_many([owners.ring_key(int(k))])[0]) for k in keys]
+        assert owners.of(keys).tolist() == want
