@@ -190,6 +190,27 @@ class RoamStream:
         self.subs: dict[str, Subscription] = {}
         self.ring = ring
         self.router = RoamRouter(grid, BlockOwners(grid, list(ring.nodes), ring.nodes_for_many))
+        # Every message carries `mark` [epoch, n]: n counts the router's steps (rows, put, drop,
+        # sync; the same count when the journal is replayed), the epoch x-ingress's sessions.
+        # A worker applies a message only if its mark is past the last one it applied: its own
+        # redelivery (a step journaled, the ack lost) changes nothing, as a position at its
+        # object's last ts changes nothing on the fence path. A session's sync is of a newer
+        # epoch, so it is applied even when x-ingress restarted behind what a worker applied
+        # (x-ingress then routes the lost batches again, with the same n).
+        self.epoch = 0
+        self.n = 0
+
+    def _marked(self, msgs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        self.n += 1
+        mark = [self.epoch, self.n]
+        return {w: {**m, "mark": mark} for w, m in msgs.items()}
+
+    def new_session(self) -> dict[str, dict[str, Any]]:
+        """A session's first messages: a sync of a new epoch (see __init__); none while idle
+        (the first subscription's sync will carry the new epoch). The caller journals the
+        epoch before it sends them: a restart must not use an epoch twice."""
+        self.epoch += 1
+        return self.sync() if self.subs else {}
 
     def set_ring(self, ring: Any) -> None:
         """A new worker ring (exchanges.hash_ring.HashRing); the caller sends `sync` after it."""
@@ -220,7 +241,7 @@ class RoamStream:
         last = self.router.last(sub.object)
         at = None if last is None else list(last)
         msg = {"op": "put", "sub": sub.to_wire(), "ts": float(ts), "at": at, "seq": int(seq)}
-        return {w: msg for w in self.workers}  # one message, the same for every worker
+        return self._marked({w: msg for w in self.workers})  # one message, the same for every worker
 
     def drop(self, sub_id: str, ts: float) -> dict[str, dict[str, Any]]:
         """Messages for a subscription deleted (the last one: a sync that empties every worker)."""
@@ -231,7 +252,7 @@ class RoamStream:
         if not self.subs:
             self.router = RoamRouter(self.grid, self.router.owners)
             return self.sync()
-        return {w: {"op": "drop", "id": sub_id, "ts": float(ts)} for w in self.workers}
+        return self._marked({w: {"op": "drop", "id": sub_id, "ts": float(ts)} for w in self.workers})
 
     def rows(self, batch: PositionBatch) -> dict[str, dict[str, Any]]:
         """Each worker's rows of a batch (none while idle)."""
@@ -245,7 +266,7 @@ class RoamStream:
                 "prev_lon": share.prev_lon.astype("<f8").tobytes(),
                 "prev_lat": share.prev_lat.astype("<f8").tobytes(),
                 "prev_extra": share.prev_extra if any(e is not None for e in share.prev_extra) else None}
-        return out
+        return self._marked(out)
 
     def sync(self) -> dict[str, dict[str, Any]]:
         """Per worker, everything it should hold: the positions of objects in its blocks and of
@@ -267,11 +288,13 @@ class RoamStream:
         for i, name in enumerate(self.workers):
             mine = row[worker == i]
             out[name] = {"op": "sync", "level": self.grid.level, "block_bits": self.grid.block_bits,
+                         "mark": [self.epoch, self.n + 1],
                          "ring": self.ring.to_dict(),
                          "state": {"ids": [ids[j] for j in mine.tolist()],
                                    "lon": pos[mine, 0].astype("<f8").tobytes(),
                                    "lat": pos[mine, 1].astype("<f8").tobytes(),
                                    "extra": [extras[j] for j in mine.tolist()], "subs": subs}}
+        self.n += 1
         return out
 
     # -- durable form (x-ingress's journal) ---------------------------------------------------
@@ -279,7 +302,7 @@ class RoamStream:
     def snapshot(self) -> dict[str, Any]:
         ids, pos, extras = self.router.positions()
         return {"format": 2, "subs": [v.to_wire() for _, v in sorted(self.subs.items())], "ids": ids,
-                "pos": pos.astype("<f8").tobytes(), "extra": extras}
+                "pos": pos.astype("<f8").tobytes(), "extra": extras, "mark": [self.epoch, self.n]}
 
     def load(self, data: Mapping[str, Any]) -> None:
         if data.get("format") != 2:
@@ -290,11 +313,16 @@ class RoamStream:
         self.router.restore(ids, np.frombuffer(data["pos"], "<f8").reshape(len(ids), 4), list(data["extra"]))
         for s in self.subs.values():
             self.router.set_radius(s.object, self._radius_of(s.object))
+        self.epoch, self.n = (int(x) for x in data.get("mark", (0, 0)))
 
     def replay(self, record: Mapping[str, Any]) -> None:
-        """A journal record (`put`, `drop` or `rows`, as x-ingress wrote them) applied again,
-        its messages discarded (they were sent the first time)."""
-        if "put" in record:
+        """A journal record (`put`, `drop`, `rows` or a session's `epoch`, as x-ingress wrote
+        them) applied again, its messages discarded (they were sent the first time)."""
+        if "epoch" in record:
+            self.epoch = int(record["epoch"])
+            if self.subs:
+                self.n += 1  # the session's sync, as `new_session` counted it
+        elif "put" in record:
             self.put(Subscription.from_wire(record["put"]), float(record["ts"]), int(record.get("seq", 0)))
         elif "drop" in record:
             self.drop(str(record["drop"]), float(record["ts"]))

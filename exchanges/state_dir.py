@@ -12,7 +12,7 @@ caused were confirmed before). A crash can leave a torn record at the end of the
 journal: its batch was never acked, so the broker redelivers it, and the torn bytes are cut
 off at the next start.
 
-Rotation (when the journal passes `max_journal_bytes`, and at a clean stop): journal <gen+1>
+Rotation (when the journal passes `max_journal_bytes` or `max_records`, and at a clean stop): journal <gen+1>
 is opened first, then the snapshot of the state at that instant is written beside it
 (temporary name, fsync, rename, fsync of the directory), and only then are the older files
 deleted. Recovery takes the newest complete snapshot and replays every journal from its
@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,10 @@ _FRAME = struct.Struct("<II")  # length, crc32 of the payload
 _SNAPSHOT_MAGIC = b"GFXFSNAP"
 _NAME = re.compile(r"(snapshot|journal)-(\d{10})\.(bin|log)")
 MAX_JOURNAL_BYTES = 64 << 20
+# Replay costs per record too (an x-fence record merges its pairs into the sorted state: ~1 ms
+# with a large state): pipelined workers write a record per small batch, and 16,000 of them
+# took 18 s to replay (the fault suite's 30 s to recover ran out behind a broker restart).
+MAX_RECORDS = 4_096
 
 
 class JournalDamaged(RuntimeError):
@@ -93,12 +98,18 @@ def _fsync_dir(path: Path) -> None:
 
 
 class StateDir:
-    def __init__(self, path: Path, max_journal_bytes: int = MAX_JOURNAL_BYTES) -> None:
+    def __init__(self, path: Path, max_journal_bytes: int = MAX_JOURNAL_BYTES,
+                 max_records: int = MAX_RECORDS) -> None:
         self.path = path
         self.max_journal_bytes = max_journal_bytes
+        self.max_records = max_records
         self.generation = 0
         self._fd: int | None = None
         self.journal_bytes = 0
+        self.journal_records = 0  # in the current generation
+        # Writes run in threads (asyncio.to_thread) that outlive a cancelled task: a reload
+        # (close, load, start) waits for the write in flight instead of closing its fd under it.
+        self._io = threading.RLock()
         self.records_written = 0
         self.syncs = 0
 
@@ -116,6 +127,10 @@ class StateDir:
     # -- recovery ----------------------------------------------------------------------------
 
     def load(self) -> Recovered:
+        with self._io:
+            return self._load()
+
+    def _load(self) -> Recovered:
         """The newest complete snapshot and the records after it (nothing is written)."""
         self.path.mkdir(parents=True, exist_ok=True)
         for tmp in self.path.glob("*.tmp"):
@@ -149,6 +164,10 @@ class StateDir:
     # -- writing -----------------------------------------------------------------------------
 
     def start(self, snapshot: dict[str, Any]) -> None:
+        with self._io:
+            self._start(snapshot)
+
+    def _start(self, snapshot: dict[str, Any]) -> None:
         """After `load`: a new generation from the recovered state (the old files go)."""
         self.rotate_begin()
         self.rotate_finish(pack(snapshot))
@@ -158,6 +177,19 @@ class StateDir:
         self.append_many([record])
 
     def append_many(self, records: list[dict[str, Any]]) -> int:
+        with self._io:
+            return self._append_many(records)
+
+    def commit(self, records: list[dict[str, Any]], snapshot: bytes | None = None) -> int:
+        """Records appended and synced, then (with `snapshot`: the state right after them) a new
+        generation from it, as one step no reload can come between; the bytes appended."""
+        with self._io:
+            written = self._append_many(records)
+            if snapshot is not None:
+                self._rotate_finish(snapshot, self._rotate_begin())
+            return written
+
+    def _append_many(self, records: list[dict[str, Any]]) -> int:
         """Records in order, one sync for them all before this returns; the bytes written."""
         assert self._fd is not None, "start() first"
         if not records:
@@ -169,15 +201,20 @@ class StateDir:
             view = view[n:]
         os.fdatasync(self._fd)
         self.journal_bytes += len(data)
+        self.journal_records += len(records)
         self.records_written += len(records)
         self.syncs += 1
         return len(data)
 
     @property
     def wants_rotation(self) -> bool:
-        return self.journal_bytes > self.max_journal_bytes
+        return self.journal_bytes > self.max_journal_bytes or self.journal_records >= self.max_records
 
     def rotate_begin(self) -> int:
+        with self._io:
+            return self._rotate_begin()
+
+    def _rotate_begin(self) -> int:
         """Open journal <gen+1> (appends go there from now on); returns its generation. The
         caller takes the snapshot of the state at this instant and passes it to
         `rotate_finish` (which may run in a thread: it touches no shared state)."""
@@ -189,9 +226,14 @@ class StateDir:
         if old is not None:
             os.close(old)
         self.journal_bytes = 0
+        self.journal_records = 0
         return self.generation
 
     def rotate_finish(self, snapshot: bytes, generation: int | None = None) -> None:
+        with self._io:
+            self._rotate_finish(snapshot, generation)
+
+    def _rotate_finish(self, snapshot: bytes, generation: int | None = None) -> None:
         gen = self.generation if generation is None else generation
         final = self._file("snapshot", gen)
         tmp = final.with_suffix(".tmp")
@@ -208,6 +250,10 @@ class StateDir:
                         self._file(kind, g).unlink()
 
     def close(self) -> None:
+        with self._io:
+            self._close()
+
+    def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

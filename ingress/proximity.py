@@ -17,12 +17,14 @@ by the time the record is written.
 
 Durability (GEOFENCE_JOURNAL_DIR; exchanges/state_dir.py): a snapshot plus records of what was
 routed (`rows`), defined (`put`) or deleted (`drop`, with the change's seq: the cursor into
-roam_change). A crash before a record is written leaves its batch unacked: redelivered, it is
-routed again from the state before it and gives the workers the same rows (the matcher is
-deterministic, so the same events with the same ids, which consumers drop). Every session
-starts with a `sync` to every worker, so a worker that got a batch x-ingress then lost is set
-back to the state x-ingress has, before the batch comes again. A ring change (`geofence worker
-add / remove`, x-ingress paused) is a `sync` too: who holds what follows the new ring.
+roam_change), and each session's `epoch`. A crash before a record is written leaves its batch
+unacked: redelivered, it is routed again from the state before it and gives the workers the
+same rows with the same marks (exchanges/roam_routing.py: every message carries the router's
+step and session epoch, and a worker applies each once), so the same events with the same ids,
+which consumers drop. Every session starts with a `sync` of a new epoch to every worker, so a
+worker that got a batch x-ingress then lost is set back to the state x-ingress has, before
+the batch comes again. A ring change (`geofence worker add / remove`, x-ingress paused) is a
+`sync` too: who holds what follows the new ring.
 
 Without a journal directory (GEOFENCE_PERSISTENCE=off, benchmarks) the router starts empty.
 """
@@ -120,9 +122,8 @@ class Proximity:
 
     def _write(self, entry: Entry) -> None:
         assert self.journal is not None
-        self.journal.append(entry.record)
+        self.journal.commit([entry.record], entry.snapshot)
         if entry.snapshot is not None:
-            self.journal.rotate_finish(entry.snapshot, self.journal.rotate_begin())
             self._rotating = False
 
     def _rotate(self) -> None:
@@ -145,7 +146,8 @@ class Proximity:
 
     async def start_session(self, out: AbstractExchange) -> None:
         """A session's first word to every worker: what each should hold (see the docstring),
-        under the ring in force (a newer stored one is taken now: x-ingress was paused for it)."""
+        under the ring in force (a newer stored one is taken now: x-ingress was paused for it),
+        marked with a new epoch, journaled before it is sent (exchanges/roam_routing.py)."""
         async with self.lock:
             self.out = out
             if self.new_ring is not None:
@@ -153,8 +155,11 @@ class Proximity:
                 self.new_ring = None
                 self.stream.set_ring(ring)
                 log.info("proximity: worker ring version %d (%s)", self.ring_version, ", ".join(ring.nodes))
-            if self.stream.active:
-                await shell.publish_all(self.outs(self.stream.sync()), self.counters)
+            msgs = self.stream.new_session()
+            if self.journal is not None:
+                await asyncio.to_thread(self._write, Entry({"epoch": self.stream.epoch}))
+            if msgs:
+                await shell.publish_all(self.outs(msgs), self.counters)
                 self.counters.bump("roam_syncs")
 
     async def apply_changes(self) -> None:

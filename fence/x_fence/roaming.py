@@ -108,6 +108,7 @@ class RoamMatcher:
     def __init__(self, grid: RoamGrid, owners: BlockOwners, me: int) -> None:
         self.grid, self.owners, self.me = grid, owners, me
         self.ring: Any = None  # the ring as the router sent it (to_dict), kept for snapshots
+        self.mark: tuple[int, int] = (0, 0)  # the last router message applied (roam_routing.RoamStream)
         self._index = RoamGrid(min(grid.level + 1, 24), 0)  # candidates: cells half the routing's
         self._reset()
 
@@ -348,6 +349,17 @@ class RoamMatcher:
                                 prev_lon[start:], prev_lat[start:], ex[start:], pex[start:])
         return events
 
+    def apply_run(self, parts: Sequence[Rows]) -> list[RoamEvent]:
+        """Consecutive `rows` messages in one call, those applied already left out (their marks
+        are not past this matcher's: a redelivery)."""
+        fresh = [p for p in parts if p.mark is None or p.mark > self.mark]
+        if not fresh:
+            return []
+        events = self.apply_rows(Rows.concat(fresh))
+        if fresh[-1].mark is not None:
+            self.mark = fresh[-1].mark
+        return events
+
     def apply_rows(self, rows: Rows) -> list[RoamEvent]:
         b = rows.batch
         return self.apply(b.ids, b.lon, b.lat, b.ts, rows.prev_lon, rows.prev_lat, b.extra or None,
@@ -486,7 +498,19 @@ def matcher_of(msg: Mapping[str, Any], worker: str) -> RoamMatcher:
     m = RoamMatcher(grid, BlockOwners(grid, names, ring.nodes_for_many), names.index(worker))
     m.ring = msg["ring"]
     m.load(msg["state"])
+    m.mark = mark_of(msg) or (0, 0)
     return m
+
+
+def mark_of(msg: Mapping[str, Any]) -> tuple[int, int] | None:
+    """A router message's [epoch, step] (exchanges/roam_routing.py RoamStream); None without one."""
+    raw = msg.get("mark")
+    if raw is None:
+        return None
+    epoch, n = raw
+    if not isinstance(epoch, int) or not isinstance(n, int) or isinstance(epoch, bool) or isinstance(n, bool):
+        raise ValueError(f"roaming mark {raw!r}: two integers")
+    return epoch, n
 
 
 @dataclass(frozen=True, eq=False)
@@ -497,6 +521,7 @@ class Rows:
     prev_lon: F64
     prev_lat: F64
     prev_extra: list[Mapping[str, Any] | None]
+    mark: tuple[int, int] | None = None
 
     @staticmethod
     def of(msg: Mapping[str, Any]) -> Rows:
@@ -508,7 +533,7 @@ class Rows:
         pex = list(msg["prev_extra"]) if msg.get("prev_extra") else [None] * n
         if plon.size != n or plat.size != n or len(pex) != n:
             raise ValueError(f"roaming rows: previous positions / fields do not fit {n} rows")
-        return Rows(b, plon, plat, pex)
+        return Rows(b, plon, plat, pex, mark_of(msg))
 
     @staticmethod
     def concat(parts: Sequence[Rows]) -> Rows:
@@ -517,7 +542,7 @@ class Rows:
             return parts[0]
         return Rows(PositionBatch.concat([p.batch for p in parts]),
                     np.concatenate([p.prev_lon for p in parts]), np.concatenate([p.prev_lat for p in parts]),
-                    [e for p in parts for e in p.prev_extra])
+                    [e for p in parts for e in p.prev_extra], parts[-1].mark)
 
 
 def step(matcher: RoamMatcher | None, msg: Mapping[str, Any], worker: str) -> tuple[RoamMatcher | None,
@@ -525,24 +550,31 @@ def step(matcher: RoamMatcher | None, msg: Mapping[str, Any], worker: str) -> tu
     """One message of the router (exchanges/roam_routing.py) applied: the matcher after it and
     the events it reports. ValueError / KeyError / TypeError for a message that does not fit."""
     op = msg["op"]
+    mark = mark_of(msg)
+    if matcher is not None and mark is not None and mark <= matcher.mark:
+        return matcher, []  # applied already (a redelivery): see RoamStream's marks
     if op == "sync":
         return matcher_of(msg, worker), []
     if matcher is None:
         raise ValueError(f"a roaming {op!r} before any sync")
     if op == "rows":
-        return matcher, matcher.apply_rows(Rows.of(msg))
-    if op == "put":
+        events = matcher.apply_rows(Rows.of(msg))
+    elif op == "put":
         at = msg.get("at")
         where = None if at is None else (float(at[0]), float(at[1]), at[2])
-        return matcher, matcher.put(Subscription.from_wire(msg["sub"]), float(msg["ts"]), where,
-                                    int(msg.get("seq", 0)))
-    if op == "drop":
+        events = matcher.put(Subscription.from_wire(msg["sub"]), float(msg["ts"]), where,
+                             int(msg.get("seq", 0)))
+    elif op == "drop":
         matcher.drop(str(msg["id"]))
-        return matcher, []
-    raise ValueError(f"unknown roaming op {op!r}")
+        events = []
+    else:
+        raise ValueError(f"unknown roaming op {op!r}")
+    if mark is not None:
+        matcher.mark = mark
+    return matcher, events
 
 
 def snapshot_of(matcher: RoamMatcher) -> dict[str, Any]:
     """The matcher as a `sync` message's fields (what `matcher_of` reads back)."""
     return {"level": matcher.grid.level, "block_bits": matcher.grid.block_bits, "ring": matcher.ring,
-            "state": matcher.snapshot()}
+            "state": matcher.snapshot(), "mark": list(matcher.mark)}

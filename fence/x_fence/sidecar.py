@@ -275,9 +275,8 @@ class FenceSidecar:
 
     def _write_sync(self, entry: Entry) -> int:
         assert self.journal is not None
-        written = self.journal.append_many(entry.records)
+        written = self.journal.commit(entry.records, entry.snapshot)
         if entry.snapshot is not None:
-            self.journal.rotate_finish(entry.snapshot, self.journal.rotate_begin())
             self._rotating = False
         return written
 
@@ -424,7 +423,7 @@ class FenceSidecar:
                         if step.rows:
                             if self.roam is None:
                                 raise ValueError("roaming rows before any sync")
-                            got = self.roam.apply_rows(roaming.Rows.concat(step.rows))
+                            got = self.roam.apply_run(step.rows)
                         else:
                             self.roam, got = roaming.step(self.roam, step.msgs[0], self.worker)
                     except (KeyError, TypeError, ValueError) as exc:

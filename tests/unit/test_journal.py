@@ -113,3 +113,18 @@ def test_a_damaged_snapshot_falls_back_to_the_previous_one_with_its_journals(tmp
 def test_frames_stop_at_the_first_bad_one() -> None:
     data = frame(b"one") + frame(b"two") + b"\x05\x00\x00\x00"
     assert read_frames(data) == ([b"one", b"two"], len(frame(b"one") + frame(b"two")))
+
+
+def test_rotation_is_wanted_by_size_or_by_number_of_records(tmp_path: Path) -> None:
+    d = StateDir(tmp_path, max_journal_bytes=10_000, max_records=5)
+    d.start({"n": 0})
+    assert d.append_many([{"i": i} for i in range(4)]) > 0 and not d.wants_rotation
+    d.append({"i": 4})
+    assert d.wants_rotation and d.syncs == 2, "five records, two syncs: many records share one"
+    d.rotate_finish(pack({"n": 5}), d.rotate_begin())
+    assert not d.wants_rotation and d.journal_records == 0
+    d.append({"big": "x" * 20_000})
+    assert d.wants_rotation, "one record past the byte limit"
+    d.close()
+    got = StateDir(tmp_path).load()
+    assert got.snapshot == {"n": 5} and got.records == [{"big": "x" * 20_000}]
