@@ -67,8 +67,15 @@ async def _close_quietly(closable: AbstractConnection | AbstractChannel) -> None
 async def open_channel(conn: AbstractConnection, stack: contextlib.AsyncExitStack,
                        prefetch: int = 0, confirms: bool = True) -> AbstractChannel:
     """A channel with publisher confirms (returned mandatory messages raise). Without
-    confirms (GEOFENCE_PERSISTENCE=off, benchmarks only) what it publishes is transient."""
-    ch = await conn.channel(publisher_confirms=confirms, on_return_raises=confirms)
+    confirms (GEOFENCE_PERSISTENCE=off, benchmarks only) what it publishes is transient. A
+    connection the broker closed meanwhile is a ConnectionError (aiormq says RuntimeError: the
+    session ends and the next one reconnects, instead of the process dying)."""
+    try:
+        ch = await conn.channel(publisher_confirms=confirms, on_return_raises=confirms)
+    except RuntimeError as exc:
+        if not str(exc).endswith(" closed"):  # aiormq's "<Connection ...> closed"
+            raise
+        raise ConnectionError(f"the connection closed while a channel was opened: {exc}") from exc
     stack.push_async_callback(_close_quietly, ch)
     if prefetch:
         await ch.set_qos(prefetch_count=prefetch)

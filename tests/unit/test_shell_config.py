@@ -4,6 +4,7 @@ intake / settle machinery with small fakes of aio-pika's queue and messages."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -798,3 +799,23 @@ async def test_the_instance_lock_stands_by_while_held_and_restarts_after_taking_
     with pytest.raises(shell.TookOver):
         async with contextlib.AsyncExitStack() as stack:
             await lock.acquire(cast(Any, conn), stack)
+
+
+async def test_a_connection_closed_under_a_channel_opening_ends_the_session_not_the_process() -> None:
+    """aiormq raises RuntimeError('<Connection ...> closed') when the broker closed the
+    connection while a session opened its channels (a broker restart): a ConnectionError, which
+    ends the session (the next one reconnects); any other RuntimeError stays a bug."""
+    from exchanges.shell.connections import open_channel
+
+    class Conn:
+        def __init__(self, exc: Exception) -> None:
+            self.exc = exc
+
+        async def channel(self, **kwargs: Any) -> Any:
+            raise self.exc
+
+    async with contextlib.AsyncExitStack() as stack:
+        with pytest.raises(ConnectionError, match="closed while a channel was opened"):
+            await open_channel(cast(Any, Conn(RuntimeError('<Connection: "amqp://x"> closed'))), stack)
+        with pytest.raises(RuntimeError, match="something else"):
+            await open_channel(cast(Any, Conn(RuntimeError("something else"))), stack)
