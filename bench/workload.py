@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -112,6 +113,10 @@ class Fence:
     lat: float
     radius_m: float
     geometry: Polygon
+    hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
+
+    def routed_geometry(self) -> Any:
+        return fence_def(self).routed_geometry()
 
 
 def make_fences(n: int, seed: int, box: Box = DEFAULT_BOX,
@@ -143,13 +148,13 @@ def fence_bindings(fence: Fence, worldmap: Worldmap, version: int = 1,
                    cells_per_radius: float = CELLS_PER_RADIUS) -> dict[str, FenceBinding]:
     """The fence's covering at INDEX_BITS, clipped to each region that owns part of it."""
     bits = covering_bits(fence.radius_m, fence.lat, cells_per_radius)
-    cov = hk.cover(fence.geometry, bits, max_ranges=max_ranges).to_bits(INDEX_BITS)
+    cov = hk.cover(fence.routed_geometry(), bits, max_ranges=max_ranges).to_bits(INDEX_BITS)
     return {region: FenceBinding(fence.fence_id, version, r, f)
             for region, (r, f) in worldmap.clip(cov.ranges, cov.interior).items()}
 
 
 def fence_def(fence: Fence, version: int = 1, timeout_s: float = NO_TIMEOUT_S) -> FenceDef:
-    return FenceDef(fence.fence_id, version, fence.geometry, timeout_s)
+    return FenceDef(fence.fence_id, version, fence.geometry, timeout_s, hysteresis_m=fence.hysteresis_m)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -250,7 +255,8 @@ def _reflect(v: F64, side: float) -> F64:
 def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_000) -> list[EventTuple]:
     """ENTER / LEAVE from shapely alone, update by update in stream order (fence.reference)."""
     return reference.reference_events([f.fence_id for f in fences], [f.geometry for f in fences],
-                                      stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, chunk)
+                                      stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, chunk,
+                                      hysteresis=[f.hysteresis_m for f in fences])
 
 
 def as_tuples(events: Sequence[Event]) -> list[EventTuple]:

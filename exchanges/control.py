@@ -37,7 +37,14 @@ import shapely.geometry
 from exchanges.batch import pack
 from exchanges.binding_diff import Diff
 from exchanges.contract import InvalidMessage
-from exchanges.fence_def import FenceDef, InvalidFence, check_fence_id, check_geometry, check_timeout
+from exchanges.fence_def import (
+    FenceDef,
+    InvalidFence,
+    check_fence_id,
+    check_geometry,
+    check_hysteresis,
+    check_timeout,
+)
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import FenceBinding
 
@@ -88,8 +95,11 @@ class Drop:
 
 
 def fence_json(fence: FenceDef) -> dict[str, Any]:
-    return {"id": fence.fence_id, "version": fence.version, "name": fence.name,
-            "timeout_s": fence.timeout_s, "geometry": dict(shapely.geometry.mapping(fence.geometry))}
+    out = {"id": fence.fence_id, "version": fence.version, "name": fence.name,
+           "timeout_s": fence.timeout_s, "geometry": dict(shapely.geometry.mapping(fence.geometry))}
+    if fence.hysteresis_m:
+        out["hysteresis_m"] = fence.hysteresis_m
+    return out
 
 
 
@@ -138,8 +148,9 @@ def parse(msg: dict[str, Any]) -> Define | Drop:
 
 
 def _fence(f: dict[str, Any]) -> FenceDef:
-    return FenceDef(check_fence_id(f["id"]), _version(f["version"]), check_geometry(f["geometry"]),
-                    check_timeout(f["timeout_s"]), str(f.get("name", "")))
+    geometry = check_geometry(f["geometry"])
+    return FenceDef(check_fence_id(f["id"]), _version(f["version"]), geometry, check_timeout(f["timeout_s"]),
+                    str(f.get("name", "")), check_hysteresis(f.get("hysteresis_m", 0), geometry))
 
 
 def _flags(raw: Any, n: int, what: str) -> npt.NDArray[np.bool_]:

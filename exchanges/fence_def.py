@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import shapely
 from shapely.geometry import MultiPolygon, Polygon
 from shapely.geometry.base import BaseGeometry
@@ -31,6 +32,65 @@ class FenceDef:
     geometry: BaseGeometry  # Polygon / MultiPolygon in lon/lat
     timeout_s: float
     name: str = ""
+    hysteresis_m: float = 0.0  # 0: none (see `hysteresis_zones`)
+
+    def routed_geometry(self) -> BaseGeometry:
+        """What x-geo covers: the fence, grown by its hysteresis band (positions in the band
+        outside it decide a LEAVE)."""
+        if not self.hysteresis_m:
+            return self.geometry
+        return hysteresis_zones(self.geometry, self.hysteresis_m)[1]
+
+
+# Hysteresis (issue 20, part 2): GPS noise at a border gives ENTER / LEAVE pairs every sample.
+# With `hysteresis_m` = M, a position M metres or more inside the fence (in `inner`, the fence
+# shrunk by M) is inside, one M metres or more outside it (not in `outer`, the fence grown by
+# M) is outside, and one in the band between keeps the pair's state before it. Metres are
+# those of a local equirectangular projection at the fence's bounding-box centre (exact to a
+# fraction of a percent across a fence of a few km); x-fence and the reference
+# (fence/reference.py) judge with the same two polygons, made here once per definition.
+MAX_HYSTERESIS_M = 1_000.0
+_R_EARTH_M = 6_371_008.8
+
+
+def check_hysteresis(value: Any, geometry: BaseGeometry | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_HYSTERESIS_M:
+        raise InvalidFence(f"hysteresis_m {shown(value)}: a number of metres in [0, {MAX_HYSTERESIS_M:.0f}]")
+    m = float(value)
+    if m and geometry is not None and hysteresis_zones(geometry, m)[0].is_empty:
+        raise InvalidFence(f"hysteresis_m {m:g}: the fence is nowhere {m:g} m wide, so nothing could "
+                           "ever be inside it (a smaller band, or none)")
+    return m
+
+
+_ZONES: dict[tuple[bytes, float], tuple[BaseGeometry, BaseGeometry]] = {}
+
+
+def hysteresis_zones(geometry: BaseGeometry, m: float) -> tuple[BaseGeometry, BaseGeometry]:
+    """(inner, outer): the fence shrunk and grown by `m` metres (see above), prepared."""
+    key = (shapely.to_wkb(geometry), float(m))
+    got = _ZONES.get(key)
+    if got is not None:
+        return got
+    x0, y0, x1, y1 = geometry.bounds
+    lon0, lat0 = (x0 + x1) / 2, (y0 + y1) / 2
+    ky = math.pi / 180 * _R_EARTH_M
+    kx = ky * math.cos(math.radians(lat0))
+
+    def to_m(c: Any) -> Any:
+        return np.column_stack([(c[:, 0] - lon0) * kx, (c[:, 1] - lat0) * ky])
+
+    def to_deg(c: Any) -> Any:
+        return np.column_stack([c[:, 0] / kx + lon0, c[:, 1] / ky + lat0])
+
+    local = shapely.transform(geometry, to_m)
+    inner, outer = (shapely.transform(local.buffer(d, quad_segs=8), to_deg) for d in (-m, m))
+    for g in (inner, outer):
+        shapely.prepare(g)
+    if len(_ZONES) > 4_096:
+        _ZONES.clear()
+    _ZONES[key] = (inner, outer)
+    return inner, outer
 
 
 class InvalidFence(ValueError):

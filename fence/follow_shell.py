@@ -96,7 +96,8 @@ class Follower:
             log.warning("fence %s cannot follow %s to (%s, %s): %s", f.fence_id, move.object_id, move.lon,
                         move.lat, exc)
             return
-        spec = FenceSpec(f.fence_id, geometry, f.name, f.timeout_s, record.owner, record.follow)
+        spec = FenceSpec(f.fence_id, geometry, f.name, f.timeout_s, record.owner, record.follow,
+                         f.hysteresis_m)
         async with self._slots:
             try:
                 await self.manager.put(spec, create=False, owner=record.owner, follow_ts=move.ts)

@@ -228,7 +228,7 @@ class FenceManager:
                 if wm is None:
                     raise RuntimeError("no worldmap stored: run `geofence up`")
                 await self.follow_regions(wm.regions)
-                b = bindings(spec.geometry, wm)
+                b = bindings(spec.cover_geometry(), wm)
                 try:
                     saved = await store.save_fence(conn, spec, b, expected_version, create, owner,
                                                    follow_ts, worldmap_version=wm.version)

@@ -20,6 +20,7 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 
 from exchanges import filters
+from exchanges.fence_def import hysteresis_zones
 from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE, visit_id
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
@@ -28,12 +29,20 @@ EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts
 def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], object_ids: Sequence[str],
                      obj: npt.NDArray[np.integer[Any]], lon: npt.NDArray[np.float64],
                      lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
-                     chunk: int = 100_000, inside: list[frozenset[int]] | None = None) -> list[EventTuple]:
+                     chunk: int = 100_000, inside: list[frozenset[int]] | None = None,
+                     hysteresis: Sequence[float] | None = None) -> list[EventTuple]:
     """Events of positions (obj[i] indexes object_ids), taken in the order given (sort them
     by ts per object first). Every object starts outside every fence, or, with `inside`
-    (per object, the fence indexes it is in; updated here), where an earlier call left it."""
+    (per object, the fence indexes it is in; updated here), where an earlier call left it.
+    With `hysteresis` (metres per fence, 0: none), a fence with a band holds a position
+    inside only past the band inward, outside only past it outward, and within it as the
+    object was at its position before (exchanges/fence_def.py `hysteresis_zones`)."""
     geoms = np.array(list(geometries), dtype=object)
-    tree = shapely.STRtree(geoms)
+    band = [float(m) for m in hysteresis] if hysteresis is not None else [0.0] * len(geoms)
+    zones = [hysteresis_zones(g, m) if m else (g, g) for g, m in zip(geoms, band, strict=True)]
+    inner = np.array([z[0] for z in zones], dtype=object)
+    outer = np.array([z[1] for z in zones], dtype=object)
+    tree = shapely.STRtree(outer)
     if inside is None:
         inside = [frozenset()] * len(object_ids)
     events: list[EventTuple] = []
@@ -41,15 +50,18 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
         hi = min(lo + chunk, len(obj))
         x, y = lon[lo:hi], lat[lo:hi]
         pt, fi = tree.query(shapely.points(x, y))
-        ok = shapely.contains_xy(geoms[fi], x[pt], y[pt])
-        pt, fi = pt[ok], fi[ok]
+        zone = shapely.contains_xy(outer[fi], x[pt], y[pt]).astype(np.int8) + \
+            shapely.contains_xy(inner[fi], x[pt], y[pt])  # without a band: 0 or 2
+        ok = zone > 0
+        pt, fi, zone = pt[ok], fi[ok], zone[ok]
         order = np.lexsort((fi, pt))
-        pt, fi = pt[order], fi[order]
+        pt, fi, zone = pt[order], fi[order], zone[order]
         ptr = np.searchsorted(pt, np.arange(hi - lo + 1))
-        fence_lists = fi.tolist()
+        fence_lists, zone_lists = fi.tolist(), zone.tolist()
         for i, o in enumerate(obj[lo:hi].tolist()):
-            now = frozenset(fence_lists[ptr[i]:ptr[i + 1]])
             before = inside[o]
+            now = frozenset(f for f, z in zip(fence_lists[ptr[i]:ptr[i + 1]], zone_lists[ptr[i]:ptr[i + 1]],
+                                              strict=True) if z == 2 or f in before)
             if now != before:
                 oid, t = object_ids[o], float(ts[lo + i])
                 events += [(ENTER, names[f], oid, t, ENTERED) for f in now - before]

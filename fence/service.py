@@ -28,6 +28,7 @@ from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
     InvalidFence,
     check_fence_id,
+    check_hysteresis,
     check_name,
     check_timeout,
     shown,
@@ -372,13 +373,15 @@ class FenceService:
             geometry = f.geometry
             if "lon" in body or "lat" in body:
                 geometry = circle(_degrees(body, "lon", 180), _degrees(body, "lat", 90), float(radius))
+            band = check_hysteresis(body.get("hysteresis_m", f.hysteresis_m), geometry)
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
         try:
             name = check_name(body.get("name", f.name))
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
-        return FenceSpec(fence_id, geometry, name, timeout, caller.uid, Follow(object_id, float(radius)))
+        return FenceSpec(fence_id, geometry, name, timeout, caller.uid, Follow(object_id, float(radius)),
+                         band)
 
     async def _put(self, spec: FenceSpec, caller: Caller, create: bool, expected: int | None = None
                    ) -> dict[str, Any]:

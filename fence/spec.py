@@ -24,6 +24,7 @@ from exchanges.fence_def import (
     InvalidFence,
     check_fence_id,
     check_geometry,
+    check_hysteresis,
     check_name,
     check_timeout,
 )
@@ -55,13 +56,18 @@ class FenceSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     owner: str = ""
     follow: Follow | None = None
+    hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
+
+    def cover_geometry(self) -> Polygon | MultiPolygon:
+        """What the bindings cover: the fence grown by its hysteresis band (or itself)."""
+        return self.definition(0).routed_geometry()
 
     def geojson(self) -> dict[str, Any]:
         return dict(mapping(self.geometry))
 
     def definition(self, version: int) -> FenceDef:
         """The fence as the roles carry it, at `version`."""
-        return FenceDef(self.fence_id, version, self.geometry, self.timeout_s, self.name)
+        return FenceDef(self.fence_id, version, self.geometry, self.timeout_s, self.name, self.hysteresis_m)
 
     def bbox(self) -> tuple[float, float, float, float]:
         x0, y0, x1, y1 = self.geometry.bounds
@@ -79,8 +85,8 @@ def named_fence_id(feature: Mapping[str, Any]) -> Any:
 
 
 def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> FenceSpec:
-    """A FenceSpec from a GeoJSON Feature (properties: id or fence_id, name, timeout_s);
-    `fence_id` overrides the id in the feature."""
+    """A FenceSpec from a GeoJSON Feature (properties: id or fence_id, name, timeout_s,
+    hysteresis_m); `fence_id` overrides the id in the feature."""
     if not isinstance(feature, Mapping) or feature.get("type") != "Feature":
         raise InvalidFence("expected a GeoJSON Feature ({\"type\": \"Feature\", \"geometry\": ..., "
                            "\"properties\": ...})")
@@ -96,8 +102,10 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
     geometry = feature.get("geometry")
     if not isinstance(geometry, Mapping):
         raise InvalidFence("the Feature has no geometry object")
-    return FenceSpec(check_fence_id(fid), check_geometry(geometry), name,
-                     check_timeout(props.get("timeout_s", DEFAULT_TIMEOUT_S)), owner)
+    geom = check_geometry(geometry)
+    timeout = check_timeout(props.get("timeout_s", DEFAULT_TIMEOUT_S))
+    return FenceSpec(check_fence_id(fid), geom, name, timeout, owner,
+                     hysteresis_m=check_hysteresis(props.get("hysteresis_m", 0), geom))
 
 
 # --------------------------------------------------------------------------- bindings

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 import numpy as np
+from shapely.geometry import mapping
 
 from exchanges.control import fence_json
 from exchanges.fence_def import FenceDef, check_geometry
@@ -118,21 +119,23 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
         stored = await conn.fetchrow(
             """INSERT INTO fence (id, name, owner, geometry, timeout_s, version,
                                   min_lon, min_lat, max_lon, max_lat, follow_object, follow_radius_m,
-                                  follow_ts)
-               VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11, $12)
+                                  follow_ts, hysteresis_m, cover_geometry)
+               VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11, $12, $13, $14)
                ON CONFLICT (id) DO UPDATE SET
                    name = EXCLUDED.name, owner = EXCLUDED.owner, geometry = EXCLUDED.geometry,
                    timeout_s = EXCLUDED.timeout_s, version = fence.version + 1,
                    min_lon = EXCLUDED.min_lon, min_lat = EXCLUDED.min_lat,
                    max_lon = EXCLUDED.max_lon, max_lat = EXCLUDED.max_lat,
                    follow_object = EXCLUDED.follow_object, follow_radius_m = EXCLUDED.follow_radius_m,
-                   follow_ts = EXCLUDED.follow_ts,
+                   follow_ts = EXCLUDED.follow_ts, hysteresis_m = EXCLUDED.hysteresis_m,
+                   cover_geometry = EXCLUDED.cover_geometry,
                    created_at = CASE WHEN fence.deleted_at IS NULL THEN fence.created_at ELSE now() END,
                    updated_at = now(), deleted_at = NULL
                RETURNING version, created_at, updated_at""",
             spec.fence_id, spec.name, spec.owner, spec.geojson(), spec.timeout_s, x0, y0, x1, y1,
             spec.follow.object_id if spec.follow else None, spec.follow.radius_m if spec.follow else None,
-            follow_ts if spec.follow else None)
+            follow_ts if spec.follow else None, spec.hysteresis_m,
+            dict(mapping(spec.cover_geometry())) if spec.hysteresis_m else None)
         version = stored["version"]
         previous = {r["region"]: binding_of(r) for r in await conn.fetch(
             "DELETE FROM fence_range WHERE fence_id = $1 "
@@ -144,7 +147,7 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
             [(spec.fence_id, region, version, bindings.bits,
               np.ascontiguousarray(r, "<u8").tobytes(), np.ascontiguousarray(f, np.uint8).tobytes())
              for region, (r, f) in sorted(bindings.per_region.items())])
-    fence = FenceDef(spec.fence_id, version, spec.geometry, spec.timeout_s, spec.name)
+    fence = spec.definition(version)
     record = FenceRecord(fence, spec.owner, stored["created_at"], stored["updated_at"],
                          tuple(sorted(bindings.per_region)), spec.follow,
                          follow_ts if spec.follow else None)
@@ -173,15 +176,15 @@ async def delete_fence(conn: asyncpg.Connection, fence_id: str, expected_version
 
 def _record(row: asyncpg.Record) -> FenceRecord:
     fence = FenceDef(row["id"], int(row["version"]), check_geometry(row["geometry"]),
-                     float(row["timeout_s"]), row["name"])
+                     float(row["timeout_s"]), row["name"], float(row["hysteresis_m"]))
     follow = (None if row["follow_object"] is None
               else Follow(row["follow_object"], float(row["follow_radius_m"])))
     return FenceRecord(fence, row["owner"], row["created_at"], row["updated_at"],
                        tuple(row["regions"] or ()), follow, row["follow_ts"])
 
 
-_SELECT = """SELECT f.id, f.name, f.owner, f.geometry, f.timeout_s, f.version, f.created_at,
-                    f.updated_at, f.follow_object, f.follow_radius_m, f.follow_ts,
+_SELECT = """SELECT f.id, f.name, f.owner, f.geometry, f.timeout_s, f.hysteresis_m, f.version,
+                    f.created_at, f.updated_at, f.follow_object, f.follow_radius_m, f.follow_ts,
                     ARRAY(SELECT region FROM fence_range r WHERE r.fence_id = f.id
                           ORDER BY region) AS regions
              FROM fence f WHERE f.deleted_at IS NULL"""

@@ -209,7 +209,8 @@ class Job:
                          for c, a in (("region", "regions"), ("version", "versions"), ("ranges", "ranges"),
                                       ("interior", "interior")))
         fences = self.jdbc.read(spark, f"""
-            SELECT f.id AS fence_id, f.version, f.geometry::text AS geometry, {live}
+            SELECT f.id AS fence_id, f.version, {live},
+                   COALESCE(f.cover_geometry, f.geometry)::text AS geometry
             FROM {self.table('fence')} f LEFT JOIN {self.table('fence_range')} r ON r.fence_id = f.id
             WHERE f.deleted_at IS NULL GROUP BY f.id""", predicates=hash_predicates("fence_id", n))
         cov = fences.mapInPandas(core.per_batch(core.rebuild_batch, wm), core.REBUILD_SCHEMA).persist()
@@ -378,10 +379,10 @@ class Job:
                 wm = await routing_store.latest_worldmap(conn)
                 live = {r: await routing_store.region_binding(conn, r, fence_id) for r in self.cfg.regions}
             assert wm is not None
-            b = bindings(record.fence.geometry, wm)
+            b = bindings(record.fence.routed_geometry(), wm)
             per_region: dict[str, Any] = dict(b.per_region)
             if old is not None:
-                first = covering(_flatten(record.fence.geometry))
+                first = covering(_flatten(record.fence.routed_geometry()))
                 per_region = dict(core.union_cut(first, wm, old).per_region)
             changes = {r: per_region.get(r) for r in self.cfg.regions
                        if not _same(live.get(r), per_region.get(r))}

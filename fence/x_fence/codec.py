@@ -75,7 +75,7 @@ def pack_fence(f: StoredFence) -> dict[str, Any]:
     return {"id": d.fence_id, "version": d.version, "wkb": shapely.to_wkb(d.geometry),
             "timeout_s": d.timeout_s, "name": d.name, "ts": float(f.changed_at), "created": bool(f.created),
             "prev": None if f.prev is None else [f.prev[0], shapely.to_wkb(f.prev[1])],
-            "pending": sorted(f.pending)}
+            "pending": sorted(f.pending), **({"hysteresis_m": d.hysteresis_m} if d.hysteresis_m else {})}
 
 
 def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
@@ -90,7 +90,8 @@ def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
         shapely.prepare(g)
         old = (int(prev[0]), g)
     pending = frozenset(str(r) for r in d.get("pending") or ()) if old is not None else frozenset()
-    return StoredFence(FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"]),
+    return StoredFence(FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"],
+                                float(d.get("hysteresis_m", 0.0))),
                        float(d.get("ts", 0.0)), bool(d.get("created", False)), old, pending)
 
 

@@ -55,7 +55,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from exchanges.fence_def import FenceDef
+from exchanges.fence_def import FenceDef, hysteresis_zones
 from exchanges.object_codes import ObjectCodes, distinct, grow
 from exchanges.worker_batch import WorkerBatch
 from fence.x_fence import codec
@@ -192,6 +192,11 @@ class XFence:
         self._prev: dict[int, tuple[int, BaseGeometry]] = {}
         self._pending: dict[int, set[str]] = {}
         self._geoms = np.empty(0, dtype=object)
+        # by code: the hysteresis band (metres; 0: none) and, with one, the fence shrunk and grown
+        # by it (exchanges/fence_def.py `hysteresis_zones`)
+        self._hyst = np.zeros(0, np.float64)
+        self._inner = np.empty(0, dtype=object)
+        self._outer = np.empty(0, dtype=object)
         self._edges = Edges()
         self._keys = np.empty(0, np.uint64)  # sorted (object << 32 | fence)
         self._since = np.empty(0, np.float64)
@@ -287,6 +292,8 @@ class XFence:
         """Fence `code` is gone (its slot stays, unused: codes are not reused)."""
         self._fences[code] = None
         self._geoms[code] = None
+        self._hyst[code] = 0.0
+        self._inner[code] = self._outer[code] = None
         self._prev.pop(code, None)
         self._pending.pop(code, None)
         self._edges.drop(code)
@@ -303,6 +310,9 @@ class XFence:
         self._changed_at = grow(self._changed_at, code + 1, 0.0)
         self._created = grow(self._created, code + 1, False)
         self._geoms = grow(self._geoms, code + 1, None)
+        self._hyst = grow(self._hyst, code + 1, 0.0)
+        self._inner = grow(self._inner, code + 1, None)
+        self._outer = grow(self._outer, code + 1, None)
         return code
 
     def _install(self, code: int, fence: FenceDef, changed_at: float, created: bool) -> None:
@@ -315,6 +325,9 @@ class XFence:
         self._created[code] = created
         self._geoms[code] = fence.geometry
         self._edges.put(code, fence.geometry)
+        self._hyst[code] = fence.hysteresis_m
+        self._inner[code], self._outer[code] = (hysteresis_zones(fence.geometry, fence.hysteresis_m)
+                                                if fence.hysteresis_m else (None, None))
 
     # -- positions --------------------------------------------------------------------------
 
@@ -472,13 +485,18 @@ class XFence:
         inside = np.diff(wb.ptr)[rows] > 0  # the row's candidate: the fence's new ranges hold it
         row_interior = wb.interior[np.minimum(wb.ptr[rows], wb.interior.size - 1)] if wb.interior.size \
             else np.zeros(rows.size, bool)
-        exact = np.flatnonzero(inside & ~row_interior)
-        if exact.size:
-            inside[exact] = self._contains(fc[exact], wb.positions.lon[rows[exact]],
-                                           wb.positions.lat[rows[exact]])
         at = np.searchsorted(self._keys, key)
         there = at < self._keys.size
         there[there] = self._keys[at[there]] == key[there]
+        band = self._hyst[fc] > 0
+        exact = np.flatnonzero(inside & ~row_interior & ~band)
+        if exact.size:
+            inside[exact] = self._contains(fc[exact], wb.positions.lon[rows[exact]],
+                                           wb.positions.lat[rows[exact]])
+        h = np.flatnonzero(inside & band)
+        if h.size:  # a band: inside if past it inward, or within it and inside before
+            zone = self._zones(fc[h], wb.positions.lon[rows[h]], wb.positions.lat[rows[h]])
+            inside[h] = (zone == 2) | ((zone == 1) & there[h])
         # an object silent longer than the timeout before the change is not entered (one
         # inside stays, if the new geometry holds it, until the timer LEAVEs it)
         enter = inside & ~there & (t >= self._changed_at[fc] - self._timeout[fc])
@@ -510,10 +528,13 @@ class XFence:
                 return []
         obs = self._observations(codes, pos.ts)
         self._dirty_objs.append(obs.objs)
-        c_pos, c_fence = self._inside(wb, obs, codes)
+        c_pos, c_fence, b_pos, b_fence = self._inside(wb, obs, codes)
         if obs.objs.size == 0:
             return []
         stored_at = self._stored_pairs(obs.objs)
+        if b_pos.size:  # hysteresis: band positions inside where the state before them was
+            kept = self._band(obs, stored_at, c_pos, c_fence, b_pos, b_fence)
+            c_pos, c_fence = np.r_[c_pos, b_pos[kept]], np.r_[c_fence, b_fence[kept]]
         if obs.single and self.single_observation_path:
             events = self._apply_single(obs, stored_at, c_pos, c_fence)
         else:
@@ -627,9 +648,10 @@ class XFence:
         return _Observations(objs, seq[ends], base, t[new_obs], order[ends], pos_group, pos_seq,
                              single=bool((seq == 1).all()))
 
-    def _inside(self, wb: WorkerBatch, obs: _Observations, codes: I64) -> tuple[I64, I64]:
+    def _inside(self, wb: WorkerBatch, obs: _Observations, codes: I64) -> tuple[I64, I64, I64, I64]:
         """Candidate (position, fence code) pairs of fresh positions that pass the exact
-        test (skipped on interior blocks); candidates of unknown fences are counted, dropped."""
+        test (skipped on interior blocks), and those in a fence's hysteresis band (decided
+        by `_band`); candidates of unknown fences are counted, dropped."""
         n = len(wb.positions)
         c_pos = np.repeat(np.arange(n), np.diff(wb.ptr))
         if wb.fences:
@@ -640,11 +662,19 @@ class XFence:
             c_fence = np.empty(0, np.int64)
         keep = c_fence >= 0
         self.unknown_fence_candidates += c_fence.size - int(np.count_nonzero(keep))
+        none = np.empty(0, np.int64)
         if not c_fence.size:
-            return c_pos, c_fence
+            return c_pos, c_fence, none, none
         interior = wb.interior
         keep &= obs.pos_seq[c_pos] >= 0  # stale positions have no observation
-        exact = keep & ~interior
+        banded = keep & (self._hyst[np.maximum(c_fence, 0)] > 0)
+        b_pos, b_fence = none, none
+        if banded.any():  # judged by zone against the current version (x-geo covers the grown fence)
+            at = np.flatnonzero(banded)
+            zone = self._zones(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
+            keep[at] = zone == 2
+            b_pos, b_fence = c_pos[at[zone == 1]], c_fence[at[zone == 1]]
+        exact = keep & ~interior & ~banded
         if wb.versions is not None:  # candidates routed with another version than defined here
             said = wb.versions[wb.cand]
             older = np.flatnonzero(keep & (said != 0) & (said != self._version_of[np.maximum(c_fence, 0)]))
@@ -656,7 +686,44 @@ class XFence:
         at = np.flatnonzero(exact)
         if at.size:
             keep[at] = self._contains(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
-        return c_pos[keep], c_fence[keep]
+        return c_pos[keep], c_fence[keep], b_pos, b_fence
+
+    def _zones(self, fences: I64, x: F64, y: F64) -> npt.NDArray[np.int8]:
+        """Per (fence with a band, point): 2 past the band inward (in `inner`), 1 within the
+        band, 0 past it outward (not in `outer`)."""
+        zone: npt.NDArray[np.int8] = shapely.contains_xy(self._outer[fences], x, y).astype(np.int8)
+        maybe = np.flatnonzero(zone)
+        if maybe.size:
+            zone[maybe] += shapely.contains_xy(self._inner[fences[maybe]], x[maybe], y[maybe])
+        return zone
+
+    def _band(self, obs: _Observations, stored_at: I64, c_pos: I64, c_fence: I64, b_pos: I64,
+              b_fence: I64) -> npt.NDArray[np.bool_]:
+        """Which band candidates are inside: those whose object was inside the fence at its
+        observation before, through a chain of consecutive observations within the band back
+        to one past it inward or to the stored state (number 0). An observation with no
+        candidate for the fence was past the band outward (x-geo covers the grown fence)."""
+        s_keys = self._keys[stored_at]
+        s_fence = (s_keys & _LOW).astype(np.int64)
+        s = np.flatnonzero(self._hyst[s_fence] > 0)
+        i = np.flatnonzero(self._hyst[c_fence] > 0)
+        group = np.r_[np.searchsorted(obs.objs, (s_keys[s] >> _SHIFT).astype(np.int64)),
+                      obs.pos_group[c_pos[i]], obs.pos_group[b_pos]]
+        fence = np.r_[s_fence[s], c_fence[i], b_fence]
+        seq = np.r_[np.zeros(s.size, np.int64), obs.pos_seq[c_pos[i]], obs.pos_seq[b_pos]]
+        anchor = np.r_[np.ones(s.size + i.size, bool), np.zeros(b_pos.size, bool)]
+        order = np.lexsort((~anchor, seq, fence, group))  # an observation said twice: anchor first
+        g, f, q, a = group[order], fence[order], seq[order], anchor[order]
+        same = np.r_[False, (g[1:] == g[:-1]) & (f[1:] == f[:-1])]
+        start = ~(same & ((q - np.r_[0, q[:-1]]) <= 1))  # a new chain of consecutive observations
+        chain = np.cumsum(start) - 1
+        anchors = np.cumsum(a)
+        before = np.r_[0, anchors][np.flatnonzero(start)][chain]  # anchors before each chain began
+        inside = anchors - before > 0
+        out = np.zeros(b_pos.size, bool)
+        mine = order >= s.size + i.size
+        out[order[mine] - s.size - i.size] = inside[mine]
+        return out
 
     def _contains_as_routed(self, fences: I64, versions: I64, interior: npt.NDArray[np.bool_], x: F64,
                             y: F64) -> npt.NDArray[np.bool_]:

@@ -273,3 +273,21 @@ def test_fence_not_an_object() -> None:
 
 def test_kinds_are_distinct_constants() -> None:
     assert len({DEFINE, DROP, control.INSPECT}) == 3
+
+
+def test_a_hysteresis_band_goes_on_the_wire_and_into_the_journal() -> None:
+    """hysteresis_m travels in a definition (x-geo forwards it, x-fence judges with it) and in
+    x-fence's journal form of a fence; a fence without one carries no field at all."""
+    from fence.x_fence import codec
+
+    banded = FenceDef("yard-1", 3, YARD, 90.0, "Yard", hysteresis_m=25.0)
+    d = round_trip(control.define_for_region(banded, TS, 21, RANGES, INTERIOR))
+    assert isinstance(d, Define) and d.fence.hysteresis_m == 25.0
+    assert "hysteresis_m" not in control.fence_json(fence())
+    stored = codec.StoredFence(banded, TS, True, None, frozenset())
+    assert codec.unpack_fence(unpack(pack("j", **codec.pack_fence(stored)))).fence.hysteresis_m == 25.0
+    msg = fence_msg()
+    msg["fence"] = {**msg["fence"], "hysteresis_m": 600.0}  # the yard is ~750 m wide: nothing inside
+    assert "nowhere 600 m wide" in refusal(msg)
+    msg["fence"] = {**msg["fence"], "hysteresis_m": -1}
+    assert "hysteresis_m -1" in refusal(msg)
