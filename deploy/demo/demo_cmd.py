@@ -51,6 +51,7 @@ from fence.spec import FenceSpec
 OWNER = "demo"
 POI_RADIUS_M = 150.0
 TIMEOUT_S = 120.0  # a vehicle silent this long leaves its fences (timeout)
+BORDER_BAND_M = 25.0  # municipalities: 5 m of GPS noise at a border gives no ENTER / LEAVE pairs (hysteresis)
 PUBLISHERS = 4  # MQTT connections the fleet's positions are spread over
 DRAIN_S = 60.0  # after the last position: how long to wait for the last events
 LAST_FRAMES_S = 30.0  # after the last position: the longest wait for a door report still due
@@ -88,7 +89,7 @@ def demo_pois(pois: int) -> list[tuple[str, str, float, float, str]]:
 
 def demo_fences(pois: int) -> list[Any]:
     """FenceSpecs: municipalities (li-<name>) and `pois` points of interest (poi-<name>)."""
-    specs = [FenceSpec(f"li-{slug(name)}", geom, name, TIMEOUT_S, OWNER)
+    specs = [FenceSpec(f"li-{slug(name)}", geom, name, TIMEOUT_S, OWNER, hysteresis_m=BORDER_BAND_M)
              for name, geom in municipalities().items()]
     for fid, name, lon, lat, kind in demo_pois(pois):
         specs.append(FenceSpec(fid, circle(lon, lat, POI_RADIUS_M), f"{name} ({kind})", TIMEOUT_S, OWNER))
@@ -292,7 +293,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             want = reference.reference_events(
                 [s.fence_id for s in specs], [s.geometry for s in specs], ids, obj,
                 np.array([p[2] for p in positions]), np.array([p[3] for p in positions]),
-                np.array([p[1] for p in positions]))
+                np.array([p[1] for p in positions]), hysteresis=[s.hysteresis_m for s in specs])
             while reference.compare(received, want) and time.monotonic() < deadline:
                 screen.status(f"waiting for the last events: {len(received):,} of {len(want):,}")
                 await asyncio.sleep(0.2)  # poll for events still on their way
