@@ -114,6 +114,7 @@ class Fence:
     radius_m: float
     geometry: Polygon
     hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
+    where: tuple[Any, ...] = ()  # exchanges/fence_def.py FenceDef.where
 
     def routed_geometry(self) -> Any:
         return fence_def(self).routed_geometry()
@@ -154,7 +155,8 @@ def fence_bindings(fence: Fence, worldmap: Worldmap, version: int = 1,
 
 
 def fence_def(fence: Fence, version: int = 1, timeout_s: float = NO_TIMEOUT_S) -> FenceDef:
-    return FenceDef(fence.fence_id, version, fence.geometry, timeout_s, hysteresis_m=fence.hysteresis_m)
+    return FenceDef(fence.fence_id, version, fence.geometry, timeout_s, hysteresis_m=fence.hysteresis_m,
+                    where=fence.where)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -168,13 +170,15 @@ class Chunk:
     lon: F64
     lat: F64
     ts: F64
+    extra: list[dict[str, Any] | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def batch(self) -> PositionBatch:
         """As x-ingress receives it: no Hilbert index yet."""
-        return PositionBatch(self.ids, self.lon, self.lat, self.ts, np.zeros(len(self.ids), np.uint64))
+        return PositionBatch(self.ids, self.lon, self.lat, self.ts, np.zeros(len(self.ids), np.uint64),
+                             self.extra)
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,6 +190,7 @@ class Stream:
     lon: F64
     lat: F64
     ts: F64
+    extra: list[dict[str, Any] | None] = field(default_factory=list)  # per update (or none at all)
 
     def __len__(self) -> int:
         return int(self.obj.size)
@@ -199,7 +204,8 @@ class Stream:
             raise ValueError(f"chunk size must be >= 1, got {size}")
         for lo in range(0, len(self), size):
             hi = min(lo + size, len(self))
-            yield Chunk(lo, self.ids(lo, hi), self.lon[lo:hi], self.lat[lo:hi], self.ts[lo:hi])
+            yield Chunk(lo, self.ids(lo, hi), self.lon[lo:hi], self.lat[lo:hi], self.ts[lo:hi],
+                        self.extra[lo:hi])
 
 
 class Walk:
@@ -256,7 +262,8 @@ def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_0
     """ENTER / LEAVE from shapely alone, update by update in stream order (fence.reference)."""
     return reference.reference_events([f.fence_id for f in fences], [f.geometry for f in fences],
                                       stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, chunk,
-                                      hysteresis=[f.hysteresis_m for f in fences])
+                                      hysteresis=[f.hysteresis_m for f in fences],
+                                      where=[f.where for f in fences], extras=stream.extra or None)
 
 
 def as_tuples(events: Sequence[Event]) -> list[EventTuple]:

@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import shapely.geometry
 
+from exchanges import filters
 from exchanges.batch import pack
 from exchanges.binding_diff import Diff
 from exchanges.contract import InvalidMessage
@@ -44,6 +45,7 @@ from exchanges.fence_def import (
     check_geometry,
     check_hysteresis,
     check_timeout,
+    check_where,
 )
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import FenceBinding
@@ -99,6 +101,8 @@ def fence_json(fence: FenceDef) -> dict[str, Any]:
            "timeout_s": fence.timeout_s, "geometry": dict(shapely.geometry.mapping(fence.geometry))}
     if fence.hysteresis_m:
         out["hysteresis_m"] = fence.hysteresis_m
+    if fence.where:
+        out["where"] = filters.to_wire(fence.where)
     return out
 
 
@@ -150,7 +154,8 @@ def parse(msg: dict[str, Any]) -> Define | Drop:
 def _fence(f: dict[str, Any]) -> FenceDef:
     geometry = check_geometry(f["geometry"])
     return FenceDef(check_fence_id(f["id"]), _version(f["version"]), geometry, check_timeout(f["timeout_s"]),
-                    str(f.get("name", "")), check_hysteresis(f.get("hysteresis_m", 0), geometry))
+                    str(f.get("name", "")), check_hysteresis(f.get("hysteresis_m", 0), geometry),
+                    check_where(f.get("where")))
 
 
 def _flags(raw: Any, n: int, what: str) -> npt.NDArray[np.bool_]:

@@ -18,6 +18,7 @@ from shapely.geometry import MultiPolygon, Polygon
 from shapely.geometry.base import BaseGeometry
 
 import hilbert_c as hk
+from exchanges import filters
 
 FENCE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_VERTICES = 10_000
@@ -33,6 +34,9 @@ class FenceDef:
     timeout_s: float
     name: str = ""
     hysteresis_m: float = 0.0  # 0: none (see `hysteresis_zones`)
+    # a filter on the positions' extra fields (exchanges/filters.py): a position that fails it
+    # is outside the fence (an object inside whose fields stop matching LEAVEs); () = all
+    where: tuple[filters.Clause, ...] = ()
 
     def routed_geometry(self) -> BaseGeometry:
         """What x-geo covers: the fence, grown by its hysteresis band (positions in the band
@@ -49,6 +53,16 @@ class FenceDef:
 # those of a local equirectangular projection at the fence's bounding-box centre (exact to a
 # fraction of a percent across a fence of a few km); x-fence and the reference
 # (fence/reference.py) judge with the same two polygons, made here once per definition.
+def check_where(raw: Any) -> tuple[filters.Clause, ...]:
+    """A fence's `where` (a list of clauses, exchanges/filters.py); None or [] for none."""
+    if raw is None:
+        return ()
+    try:
+        return filters.parse(raw)
+    except filters.InvalidFilter as exc:
+        raise InvalidFence(str(exc)) from None
+
+
 MAX_HYSTERESIS_M = 1_000.0
 _R_EARTH_M = 6_371_008.8
 

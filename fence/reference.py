@@ -30,13 +30,17 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
                      obj: npt.NDArray[np.integer[Any]], lon: npt.NDArray[np.float64],
                      lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
                      chunk: int = 100_000, inside: list[frozenset[int]] | None = None,
-                     hysteresis: Sequence[float] | None = None) -> list[EventTuple]:
+                     hysteresis: Sequence[float] | None = None,
+                     where: Sequence[Sequence[filters.Clause]] | None = None,
+                     extras: Sequence[Any] | None = None) -> list[EventTuple]:
     """Events of positions (obj[i] indexes object_ids), taken in the order given (sort them
     by ts per object first). Every object starts outside every fence, or, with `inside`
     (per object, the fence indexes it is in; updated here), where an earlier call left it.
     With `hysteresis` (metres per fence, 0: none), a fence with a band holds a position
     inside only past the band inward, outside only past it outward, and within it as the
-    object was at its position before (exchanges/fence_def.py `hysteresis_zones`)."""
+    object was at its position before (exchanges/fence_def.py `hysteresis_zones`). With
+    `where` (clauses per fence, () for none) and `extras` (each position's extra fields), a
+    position that fails its fence's filter is outside it (past any band)."""
     geoms = np.array(list(geometries), dtype=object)
     band = [float(m) for m in hysteresis] if hysteresis is not None else [0.0] * len(geoms)
     zones = [hysteresis_zones(g, m) if m else (g, g) for g, m in zip(geoms, band, strict=True)]
@@ -52,6 +56,11 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
         pt, fi = tree.query(shapely.points(x, y))
         zone = shapely.contains_xy(outer[fi], x[pt], y[pt]).astype(np.int8) + \
             shapely.contains_xy(inner[fi], x[pt], y[pt])  # without a band: 0 or 2
+        if where is not None:  # a fence's filter failed: outside
+            for j in np.flatnonzero(zone > 0).tolist():
+                clauses = where[int(fi[j])]
+                if clauses and not filters.matches(clauses, [extras[lo + int(pt[j])] if extras else None])[0]:
+                    zone[j] = 0
         ok = zone > 0
         pt, fi, zone = pt[ok], fi[ok], zone[ok]
         order = np.lexsort((fi, pt))

@@ -381,7 +381,7 @@ class FenceService:
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
         return FenceSpec(fence_id, geometry, name, timeout, caller.uid, Follow(object_id, float(radius)),
-                         band)
+                         band, f.where)
 
     async def _put(self, spec: FenceSpec, caller: Caller, create: bool, expected: int | None = None
                    ) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from shapely.geometry import MultiPolygon, Polygon, mapping
 
+from exchanges import filters
 from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
     FenceDef,
@@ -27,6 +28,7 @@ from exchanges.fence_def import (
     check_hysteresis,
     check_name,
     check_timeout,
+    check_where,
 )
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.range_index import INDEX_BITS
@@ -57,6 +59,7 @@ class FenceSpec:
     owner: str = ""
     follow: Follow | None = None
     hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
+    where: tuple[filters.Clause, ...] = ()  # exchanges/fence_def.py FenceDef.where
 
     def cover_geometry(self) -> Polygon | MultiPolygon:
         """What the bindings cover: the fence grown by its hysteresis band (or itself)."""
@@ -67,7 +70,8 @@ class FenceSpec:
 
     def definition(self, version: int) -> FenceDef:
         """The fence as the roles carry it, at `version`."""
-        return FenceDef(self.fence_id, version, self.geometry, self.timeout_s, self.name, self.hysteresis_m)
+        return FenceDef(self.fence_id, version, self.geometry, self.timeout_s, self.name, self.hysteresis_m,
+                        self.where)
 
     def bbox(self) -> tuple[float, float, float, float]:
         x0, y0, x1, y1 = self.geometry.bounds
@@ -86,7 +90,7 @@ def named_fence_id(feature: Mapping[str, Any]) -> Any:
 
 def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> FenceSpec:
     """A FenceSpec from a GeoJSON Feature (properties: id or fence_id, name, timeout_s,
-    hysteresis_m); `fence_id` overrides the id in the feature."""
+    hysteresis_m, where); `fence_id` overrides the id in the feature."""
     if not isinstance(feature, Mapping) or feature.get("type") != "Feature":
         raise InvalidFence("expected a GeoJSON Feature ({\"type\": \"Feature\", \"geometry\": ..., "
                            "\"properties\": ...})")
@@ -105,7 +109,8 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
     geom = check_geometry(geometry)
     timeout = check_timeout(props.get("timeout_s", DEFAULT_TIMEOUT_S))
     return FenceSpec(check_fence_id(fid), geom, name, timeout, owner,
-                     hysteresis_m=check_hysteresis(props.get("hysteresis_m", 0), geom))
+                     hysteresis_m=check_hysteresis(props.get("hysteresis_m", 0), geom),
+                     where=check_where(props.get("where")))
 
 
 # --------------------------------------------------------------------------- bindings

@@ -24,6 +24,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
+from exchanges import filters
 from exchanges.fence_def import FenceDef
 
 FORMAT = 2  # 2: objects have a `ttl` row (format 1, without it, is read as no TTL)
@@ -75,7 +76,8 @@ def pack_fence(f: StoredFence) -> dict[str, Any]:
     return {"id": d.fence_id, "version": d.version, "wkb": shapely.to_wkb(d.geometry),
             "timeout_s": d.timeout_s, "name": d.name, "ts": float(f.changed_at), "created": bool(f.created),
             "prev": None if f.prev is None else [f.prev[0], shapely.to_wkb(f.prev[1])],
-            "pending": sorted(f.pending), **({"hysteresis_m": d.hysteresis_m} if d.hysteresis_m else {})}
+            "pending": sorted(f.pending), **({"hysteresis_m": d.hysteresis_m} if d.hysteresis_m else {}),
+            **({"where": filters.to_wire(d.where)} if d.where else {})}
 
 
 def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
@@ -91,7 +93,7 @@ def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
         old = (int(prev[0]), g)
     pending = frozenset(str(r) for r in d.get("pending") or ()) if old is not None else frozenset()
     return StoredFence(FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"],
-                                float(d.get("hysteresis_m", 0.0))),
+                                float(d.get("hysteresis_m", 0.0)), filters.parse(d.get("where"))),
                        float(d.get("ts", 0.0)), bool(d.get("created", False)), old, pending)
 
 

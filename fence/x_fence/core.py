@@ -46,7 +46,7 @@ a redelivered event by its id).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,6 +55,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
+from exchanges import filters
 from exchanges.fence_def import FenceDef, hysteresis_zones
 from exchanges.object_codes import ObjectCodes, distinct, grow
 from exchanges.worker_batch import WorkerBatch
@@ -197,6 +198,9 @@ class XFence:
         self._hyst = np.zeros(0, np.float64)
         self._inner = np.empty(0, dtype=object)
         self._outer = np.empty(0, dtype=object)
+        # by code: the fence's filter on the positions' fields (FenceDef.where; () for none)
+        self._where: list[tuple[filters.Clause, ...]] = []
+        self._has_where = np.zeros(0, bool)
         self._edges = Edges()
         self._keys = np.empty(0, np.uint64)  # sorted (object << 32 | fence)
         self._since = np.empty(0, np.float64)
@@ -294,6 +298,7 @@ class XFence:
         self._geoms[code] = None
         self._hyst[code] = 0.0
         self._inner[code] = self._outer[code] = None
+        self._where[code], self._has_where[code] = (), False
         self._prev.pop(code, None)
         self._pending.pop(code, None)
         self._edges.drop(code)
@@ -313,6 +318,8 @@ class XFence:
         self._hyst = grow(self._hyst, code + 1, 0.0)
         self._inner = grow(self._inner, code + 1, None)
         self._outer = grow(self._outer, code + 1, None)
+        self._where.append(())
+        self._has_where = grow(self._has_where, code + 1, False)
         return code
 
     def _install(self, code: int, fence: FenceDef, changed_at: float, created: bool) -> None:
@@ -328,6 +335,7 @@ class XFence:
         self._hyst[code] = fence.hysteresis_m
         self._inner[code], self._outer[code] = (hysteresis_zones(fence.geometry, fence.hysteresis_m)
                                                 if fence.hysteresis_m else (None, None))
+        self._where[code], self._has_where[code] = fence.where, bool(fence.where)
 
     # -- positions --------------------------------------------------------------------------
 
@@ -488,6 +496,9 @@ class XFence:
         at = np.searchsorted(self._keys, key)
         there = at < self._keys.size
         there[there] = self._keys[at[there]] == key[there]
+        w = np.flatnonzero(inside & self._has_where[fc])
+        if w.size:  # a filter: a position that fails it is outside
+            inside[w] = self._passes(fc[w], rows[w], wb.positions.extra)
         band = self._hyst[fc] > 0
         exact = np.flatnonzero(inside & ~row_interior & ~band)
         if exact.size:
@@ -667,6 +678,9 @@ class XFence:
             return c_pos, c_fence, none, none
         interior = wb.interior
         keep &= obs.pos_seq[c_pos] >= 0  # stale positions have no observation
+        w = np.flatnonzero(keep & self._has_where[np.maximum(c_fence, 0)])
+        if w.size:  # a fence's filter: a position that fails it is outside (past any band)
+            keep[w] = self._passes(c_fence[w], c_pos[w], wb.positions.extra)
         banded = keep & (self._hyst[np.maximum(c_fence, 0)] > 0)
         b_pos, b_fence = none, none
         if banded.any():  # judged by zone against the current version (x-geo covers the grown fence)
@@ -687,6 +701,17 @@ class XFence:
         if at.size:
             keep[at] = self._contains(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
         return c_pos[keep], c_fence[keep], b_pos, b_fence
+
+    def _passes(self, fences: I64, rows: I64,
+                extra: Sequence[Mapping[str, Any] | None]) -> npt.NDArray[np.bool_]:
+        """Per (fence with a filter, position row): whether the row's fields pass the filter
+        (exchanges/filters.py; one call per fence of the batch)."""
+        out = np.ones(fences.size, bool)
+        for code in np.unique(fences).tolist():
+            at = np.flatnonzero(fences == code)
+            fields = [extra[r] if extra else None for r in rows[at].tolist()]
+            out[at] = filters.matches(self._where[code], fields)
+        return out
 
     def _zones(self, fences: I64, x: F64, y: F64) -> npt.NDArray[np.int8]:
         """Per (fence with a band, point): 2 past the band inward (in `inner`), 1 within the

@@ -3,11 +3,14 @@ reference, small enough for a unit test: what `python -m bench.e2e --mode core` 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import hilbert_c as hk
 from bench import workload as wl
+from exchanges import filters
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.range_index import INDEX_BITS
 
@@ -95,3 +98,68 @@ def test_compare_names_the_differences() -> None:
     assert wl.compare([e], [e]) == []
     diff = wl.compare([e, e], [e, ("leave", "f1", "o1", 2.0, "exited")])
     assert diff[0].endswith("1 unexpected, 1 missing") and len(diff) == 3
+
+
+@pytest.fixture(scope="module")
+def banded() -> tuple[list[wl.Fence], wl.Stream, list[wl.EventTuple]]:
+    """Fences with hysteresis bands of 0 to 60 m, and walkers with 8 m of jitter per step, so
+    they linger and wobble across the borders (GPS noise)."""
+    fences = [dataclasses.replace(f, hysteresis_m=float(m)) for f, m in
+              zip(wl.make_fences(40, seed=2, box=BOX, radius_m=(150.0, 300.0)), [0, 10, 30, 60] * 10,
+                  strict=True)]
+    walk = wl.random_walk(200, 6_000, seed=2, box=BOX)
+    jitter = np.random.default_rng(7).normal(0.0, 8.0 / 111_000.0, (2, len(walk)))
+    stream = dataclasses.replace(walk, lon=walk.lon + jitter[0], lat=walk.lat + jitter[1])
+    return fences, stream, wl.reference_events(fences, stream)
+
+
+@pytest.mark.parametrize("batch", [200, 73, 1_000])
+def test_hysteresis_bands_give_the_reference_events(banded, batch: int) -> None:  # type: ignore[no-untyped-def]
+    """Fences with hysteresis bands (exchanges/fence_def.py): x-geo covers the grown fence,
+    x-fence keeps a pair's state through the band, within a batch and across batches, as the
+    reference (fence/reference.py, position by position) does."""
+    fences, stream, reference = banded
+    assert len(reference) > 300
+    assert wl.compare(run(fences, stream, batch), reference) == []
+    plain = [dataclasses.replace(f, hysteresis_m=0.0) for f in fences]
+    assert wl.compare(run(plain, stream, batch), reference) != [], "without bands the events differ"
+
+
+def test_a_band_removes_the_flapping_of_noise_at_a_border(banded) -> None:  # type: ignore[no-untyped-def]
+    """What the band is for: the same walkers and fences without bands give more ENTER / LEAVE
+    pairs, the extra ones those of positions wobbling at a border."""
+    fences, stream, with_bands = banded
+    without = wl.reference_events([dataclasses.replace(f, hysteresis_m=0.0) for f in fences], stream)
+    wide = {f.fence_id for f in fences if f.hysteresis_m >= 30}
+    assert sum(e[1] in wide for e in with_bands) < 0.5 * sum(e[1] in wide for e in without)
+
+
+@pytest.fixture(scope="module")
+def filtered() -> tuple[list[wl.Fence], wl.Stream, list[wl.EventTuple]]:
+    """Fences with filters on the positions' fields (some with bands too), walkers whose
+    `speed` changes at every update and whose `type` is fixed, some positions without fields."""
+    clauses = [(), filters.parse([["speed", "<", 30]]), filters.parse([["type", "in", ["truck", "van"]]]),
+               filters.parse([["speed", "between", 10, 40], ["type", "!=", "bike"]])]
+    fences = [dataclasses.replace(f, where=clauses[i % 4], hysteresis_m=float([0, 0, 20, 0, 40][i % 5]))
+              for i, f in enumerate(wl.make_fences(40, seed=3, box=BOX, radius_m=(150.0, 300.0)))]
+    walk = wl.random_walk(200, 6_000, seed=3, box=BOX)
+    rng = np.random.default_rng(11)
+    kinds = ["truck", "van", "car", "bike"]
+    speed = rng.uniform(0.0, 60.0, len(walk))
+    extra: list[dict[str, object] | None] = [
+        None if rng.random() < 0.05 else {"speed": float(s), "type": kinds[int(o) % 4]}
+        for s, o in zip(speed.tolist(), walk.obj.tolist(), strict=True)]
+    stream = dataclasses.replace(walk, extra=extra)
+    return fences, stream, wl.reference_events(fences, stream)
+
+
+@pytest.mark.parametrize("batch", [200, 1_000])
+def test_fence_filters_give_the_reference_events(filtered, batch: int) -> None:  # type: ignore[no-untyped-def]
+    """A fence's `where` (exchanges/filters.py): a position that fails it is outside, so an
+    object inside LEAVEs when its fields stop matching and ENTERs when they match again; x-fence
+    filters each batch's candidates per fence, the reference position by position."""
+    fences, stream, reference = filtered
+    assert len(reference) > 300
+    assert wl.compare(run(fences, stream, batch), reference) == []
+    unfiltered = wl.reference_events([dataclasses.replace(f, where=()) for f in fences], stream)
+    assert wl.compare(unfiltered, reference) != [], "the filters change the events"

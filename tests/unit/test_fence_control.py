@@ -291,3 +291,19 @@ def test_a_hysteresis_band_goes_on_the_wire_and_into_the_journal() -> None:
     assert "nowhere 600 m wide" in refusal(msg)
     msg["fence"] = {**msg["fence"], "hysteresis_m": -1}
     assert "hysteresis_m -1" in refusal(msg)
+
+
+def test_a_fence_filter_goes_on_the_wire_and_into_the_journal() -> None:
+    from exchanges import filters
+    from fence.x_fence import codec
+
+    where = filters.parse([["type", "in", ["truck", "van"]], ["speed", ">", 20]])
+    f = FenceDef("yard-1", 3, YARD, 90.0, "Yard", where=where)
+    d = round_trip(control.define_for_region(f, TS, 21, RANGES, INTERIOR))
+    assert isinstance(d, Define) and d.fence.where == where
+    assert "where" not in control.fence_json(fence())
+    stored = codec.StoredFence(f, TS, True, None, frozenset())
+    assert codec.unpack_fence(unpack(pack("j", **codec.pack_fence(stored)))).fence.where == where
+    msg = fence_msg()
+    msg["fence"] = {**msg["fence"], "where": [["speed", "~", 3]]}
+    assert "where op" in refusal(msg)

@@ -587,3 +587,17 @@ def test_a_hysteresis_band_is_metres_and_must_leave_an_inside() -> None:
             from_feature({**feature, "properties": {"id": "sq", "hysteresis_m": bad}})
     plain = from_feature({**feature, "properties": {"id": "sq"}})
     assert plain.hysteresis_m == 0.0 and plain.cover_geometry() is plain.geometry
+
+
+def test_a_fence_filter_is_checked_where_it_comes_in() -> None:
+    square = box(9.50, 47.10, 9.51, 47.11)
+    feature = {"type": "Feature", "geometry": mapping(square),
+               "properties": {"id": "sq", "where": [["type", "==", "truck"], ["speed", "between", 0, 90]]}}
+    s = from_feature(feature)
+    assert s.where == (("type", "==", ("truck",)), ("speed", "between", (0.0, 90.0)))
+    assert s.definition(1).where == s.where
+    for bad, said in (([["speed", "<"]], "where clause"), ("type", "a list of at most"),
+                      ([["speed", "<", "fast"]], "< value 'fast'")):
+        with pytest.raises(InvalidFence, match=said):
+            from_feature({**feature, "properties": {"id": "sq", "where": bad}})
+    assert from_feature({**feature, "properties": {"id": "sq", "where": None}}).where == ()
