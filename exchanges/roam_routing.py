@@ -288,14 +288,12 @@ class RoamStream:
         for i, name in enumerate(self.workers):
             mine = row[worker == i]
             out[name] = {"op": "sync", "level": self.grid.level, "block_bits": self.grid.block_bits,
-                         "mark": [self.epoch, self.n + 1],
                          "ring": self.ring.to_dict(),
                          "state": {"ids": [ids[j] for j in mine.tolist()],
                                    "lon": pos[mine, 0].astype("<f8").tobytes(),
                                    "lat": pos[mine, 1].astype("<f8").tobytes(),
                                    "extra": [extras[j] for j in mine.tolist()], "subs": subs}}
-        self.n += 1
-        return out
+        return self._marked(out)
 
     # -- durable form (x-ingress's journal) ---------------------------------------------------
 

@@ -26,15 +26,17 @@ code, is idempotent and cannot diverge from what the live core did.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -97,6 +99,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_T = TypeVar("_T")
+
+
+def _locked(method: Callable[..., _T]) -> Callable[..., _T]:
+    """The method under the directory's lock (StateDir._io, reentrant)."""
+    @functools.wraps(method)
+    def run(self: StateDir, *args: Any, **kwargs: Any) -> _T:
+        with self._io:
+            return method(self, *args, **kwargs)
+    return run
+
+
 class StateDir:
     def __init__(self, path: Path, max_journal_bytes: int = MAX_JOURNAL_BYTES,
                  max_records: int = MAX_RECORDS) -> None:
@@ -126,11 +140,8 @@ class StateDir:
 
     # -- recovery ----------------------------------------------------------------------------
 
+    @_locked
     def load(self) -> Recovered:
-        with self._io:
-            return self._load()
-
-    def _load(self) -> Recovered:
         """The newest complete snapshot and the records after it (nothing is written)."""
         self.path.mkdir(parents=True, exist_ok=True)
         for tmp in self.path.glob("*.tmp"):
@@ -163,11 +174,8 @@ class StateDir:
 
     # -- writing -----------------------------------------------------------------------------
 
+    @_locked
     def start(self, snapshot: dict[str, Any]) -> None:
-        with self._io:
-            self._start(snapshot)
-
-    def _start(self, snapshot: dict[str, Any]) -> None:
         """After `load`: a new generation from the recovered state (the old files go)."""
         self.rotate_begin()
         self.rotate_finish(pack(snapshot))
@@ -176,20 +184,17 @@ class StateDir:
         """One record, synced before this returns."""
         self.append_many([record])
 
-    def append_many(self, records: list[dict[str, Any]]) -> int:
-        with self._io:
-            return self._append_many(records)
-
+    @_locked
     def commit(self, records: list[dict[str, Any]], snapshot: bytes | None = None) -> int:
         """Records appended and synced, then (with `snapshot`: the state right after them) a new
         generation from it, as one step no reload can come between; the bytes appended."""
-        with self._io:
-            written = self._append_many(records)
-            if snapshot is not None:
-                self._rotate_finish(snapshot, self._rotate_begin())
-            return written
+        written = self.append_many(records)
+        if snapshot is not None:
+            self.rotate_finish(snapshot, self.rotate_begin())
+        return written
 
-    def _append_many(self, records: list[dict[str, Any]]) -> int:
+    @_locked
+    def append_many(self, records: list[dict[str, Any]]) -> int:
         """Records in order, one sync for them all before this returns; the bytes written."""
         assert self._fd is not None, "start() first"
         if not records:
@@ -210,11 +215,8 @@ class StateDir:
     def wants_rotation(self) -> bool:
         return self.journal_bytes > self.max_journal_bytes or self.journal_records >= self.max_records
 
+    @_locked
     def rotate_begin(self) -> int:
-        with self._io:
-            return self._rotate_begin()
-
-    def _rotate_begin(self) -> int:
         """Open journal <gen+1> (appends go there from now on); returns its generation. The
         caller takes the snapshot of the state at this instant and passes it to
         `rotate_finish` (which may run in a thread: it touches no shared state)."""
@@ -229,11 +231,8 @@ class StateDir:
         self.journal_records = 0
         return self.generation
 
+    @_locked
     def rotate_finish(self, snapshot: bytes, generation: int | None = None) -> None:
-        with self._io:
-            self._rotate_finish(snapshot, generation)
-
-    def _rotate_finish(self, snapshot: bytes, generation: int | None = None) -> None:
         gen = self.generation if generation is None else generation
         final = self._file("snapshot", gen)
         tmp = final.with_suffix(".tmp")
@@ -249,11 +248,8 @@ class StateDir:
                     with contextlib.suppress(FileNotFoundError):
                         self._file(kind, g).unlink()
 
+    @_locked
     def close(self) -> None:
-        with self._io:
-            self._close()
-
-    def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

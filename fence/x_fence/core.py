@@ -691,7 +691,8 @@ class XFence:
         exact = keep & ~interior & ~banded
         if wb.versions is not None:  # candidates routed with another version than defined here
             said = wb.versions[wb.cand]
-            older = np.flatnonzero(keep & (said != 0) & (said != self._version_of[np.maximum(c_fence, 0)]))
+            older = np.flatnonzero(keep & ~banded & (said != 0)
+                                   & (said != self._version_of[np.maximum(c_fence, 0)]))
             if older.size:
                 exact[older] = False
                 keep[older] = self._contains_as_routed(c_fence[older], said[older], interior[older],
