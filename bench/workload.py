@@ -115,6 +115,7 @@ class Fence:
     geometry: Polygon
     hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
     where: tuple[Any, ...] = ()  # exchanges/fence_def.py FenceDef.where
+    dwell_s: float = 0.0  # exchanges/fence_def.py FenceDef.dwell_s
 
     def routed_geometry(self) -> Any:
         return fence_def(self).routed_geometry()
@@ -156,7 +157,7 @@ def fence_bindings(fence: Fence, worldmap: Worldmap, version: int = 1,
 
 def fence_def(fence: Fence, version: int = 1, timeout_s: float = NO_TIMEOUT_S) -> FenceDef:
     return FenceDef(fence.fence_id, version, fence.geometry, timeout_s, hysteresis_m=fence.hysteresis_m,
-                    where=fence.where)
+                    where=fence.where, dwell_s=fence.dwell_s)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -263,7 +264,8 @@ def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_0
     return reference.reference_events([f.fence_id for f in fences], [f.geometry for f in fences],
                                       stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, chunk,
                                       hysteresis=[f.hysteresis_m for f in fences],
-                                      where=[f.where for f in fences], extras=stream.extra or None)
+                                      where=[f.where for f in fences], extras=stream.extra or None,
+                                      dwell=[f.dwell_s for f in fences])
 
 
 def as_tuples(events: Sequence[Event]) -> list[EventTuple]:

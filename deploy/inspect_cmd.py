@@ -138,10 +138,12 @@ async def _run(args: argparse.Namespace) -> Any:
 
 def _human(target: str, data: Any) -> str:
     if target == "fence":
+        dwell = f", dwell {data['dwell_s']:g}s" if data.get("dwell_s") else ""
         lines = [f"fence {data['id']} v{data['version']} {data['name']!r} on worker "
                  f"{', '.join(data['workers'])}, "
-                 f"timeout {data['timeout_s']:g}s: {len(data['occupants'])} inside"]
+                 f"timeout {data['timeout_s']:g}s{dwell}: {len(data['occupants'])} inside"]
         lines += [f"  {o['object_id']:<24} since {o['since']:.3f}  last seen {o['last_seen']:.3f}"
+                  + ("" if o.get("confirmed", True) else "  (within the dwell time: no ENTER yet)")
                   for o in data["occupants"]]
         return "\n".join(lines)
     if target == "object":

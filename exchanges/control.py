@@ -41,6 +41,7 @@ from exchanges.contract import InvalidMessage
 from exchanges.fence_def import (
     FenceDef,
     InvalidFence,
+    check_dwell,
     check_fence_id,
     check_geometry,
     check_hysteresis,
@@ -103,6 +104,8 @@ def fence_json(fence: FenceDef) -> dict[str, Any]:
         out["hysteresis_m"] = fence.hysteresis_m
     if fence.where:
         out["where"] = filters.to_wire(fence.where)
+    if fence.dwell_s:
+        out["dwell_s"] = fence.dwell_s
     return out
 
 
@@ -155,7 +158,7 @@ def _fence(f: dict[str, Any]) -> FenceDef:
     geometry = check_geometry(f["geometry"])
     return FenceDef(check_fence_id(f["id"]), _version(f["version"]), geometry, check_timeout(f["timeout_s"]),
                     str(f.get("name", "")), check_hysteresis(f.get("hysteresis_m", 0), geometry),
-                    check_where(f.get("where")))
+                    check_where(f.get("where")), check_dwell(f.get("dwell_s", 0)))
 
 
 def _flags(raw: Any, n: int, what: str) -> npt.NDArray[np.bool_]:

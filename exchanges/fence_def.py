@@ -37,6 +37,9 @@ class FenceDef:
     # a filter on the positions' extra fields (exchanges/filters.py): a position that fails it
     # is outside the fence (an object inside whose fields stop matching LEAVEs); () = all
     where: tuple[filters.Clause, ...] = ()
+    # dwell (issue 20, part 2): an object's stay counts, and is reported (ENTER reason
+    # `dwelled`), only once it has been inside this long; a shorter stay gives no event at all
+    dwell_s: float = 0.0
 
     def routed_geometry(self) -> BaseGeometry:
         """What x-geo covers: the fence, grown by its hysteresis band (positions in the band
@@ -132,6 +135,16 @@ def check_timeout(value: Any) -> float:
     # limit) must be refused, not raise OverflowError; NaN fails every comparison
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 7 * 86400:
         raise InvalidFence(f"timeout_s {shown(value)}: a number of seconds in (0, 604800]")
+    return float(value)
+
+
+MAX_DWELL_S = 86_400.0
+
+
+def check_dwell(value: Any) -> float:
+    """A fence's `dwell_s`: seconds in [0, 86400] (0: ENTER at once, as without dwell)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_DWELL_S:
+        raise InvalidFence(f"dwell_s {shown(value)}: a number of seconds in [0, {MAX_DWELL_S:.0f}]")
     return float(value)
 
 

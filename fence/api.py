@@ -220,6 +220,14 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
     async def fence_objects(who: Who, fence_id: str) -> dict[str, Any]:
         return await service.objects(who, fence_id)
 
+    @app.get("/fences/{fence_id}/loitering", tags=["live state"],
+             summary="The loitering report: who has been inside the fence at least min_s seconds")
+    async def fence_loitering(who: Who, fence_id: str,
+                              min_s: Annotated[float, Query(ge=0, le=365 * 86400,
+                                                            description="seconds inside, at least")] = 0.0,
+                              ) -> dict[str, Any]:
+        return await service.loitering(who, fence_id, min_s)
+
     @app.get("/fences/{fence_id}/events", tags=["events"], summary="The fence's archived events")
     async def fence_events(who: Who, fence_id: str,
                            since: Annotated[float, Query(description="epoch seconds, inclusive")] = 0.0,

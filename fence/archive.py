@@ -29,7 +29,7 @@ from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.contract import InvalidMessage
 from fence import store
-from fence.x_fence.events import REASONS
+from fence.x_fence.events import DWELLED, REASONS
 
 log = logging.getLogger("geofence")
 Row = store.EventRow
@@ -85,8 +85,10 @@ def _row(e: object) -> Row:
     if visit is not None and not (isinstance(visit, str) and VISIT_ID_RE.fullmatch(visit)):
         raise InvalidMessage(f"event visit_id {str(visit)[:80]!r}: 1-64 lowercase hex digits expected")
     if inside is not None and (isinstance(inside, bool) or not isinstance(inside, int | float)
-                               or not math.isfinite(inside) or inside < 0 or e["event"] != "leave"):
-        raise InvalidMessage(f"event inside_s {str(inside)[:80]!r}: a LEAVE's seconds inside (>= 0) expected")
+                               or not math.isfinite(inside) or inside < 0
+                               or (e["event"] != "leave" and e["reason"] != DWELLED)):
+        raise InvalidMessage(f"event inside_s {str(inside)[:80]!r}: a LEAVE's or a dwelled ENTER's seconds "
+                             "inside (>= 0) expected")
     return (e["event_id"], e["fence_id"], e["object_id"], e["event"], e["reason"], float(ts), visit,
             None if inside is None else float(inside))
 

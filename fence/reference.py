@@ -21,7 +21,7 @@ from shapely.geometry.base import BaseGeometry
 
 from exchanges import filters
 from exchanges.fence_def import hysteresis_zones
-from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE, visit_id
+from fence.x_fence.events import DWELLED, ENTER, ENTERED, EXITED, LEAVE, visit_id
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
 
@@ -32,7 +32,8 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
                      chunk: int = 100_000, inside: list[frozenset[int]] | None = None,
                      hysteresis: Sequence[float] | None = None,
                      where: Sequence[Sequence[filters.Clause]] | None = None,
-                     extras: Sequence[Any] | None = None) -> list[EventTuple]:
+                     extras: Sequence[Any] | None = None, dwell: Sequence[float] | None = None,
+                     waiting: dict[int, dict[int, float]] | None = None) -> list[EventTuple]:
     """Events of positions (obj[i] indexes object_ids), taken in the order given (sort them
     by ts per object first). Every object starts outside every fence, or, with `inside`
     (per object, the fence indexes it is in; updated here), where an earlier call left it.
@@ -40,7 +41,11 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
     inside only past the band inward, outside only past it outward, and within it as the
     object was at its position before (exchanges/fence_def.py `hysteresis_zones`). With
     `where` (clauses per fence, () for none) and `extras` (each position's extra fields), a
-    position that fails its fence's filter is outside it (past any band)."""
+    position that fails its fence's filter is outside it (past any band). With `dwell` (seconds
+    per fence, 0: none), a stay in a fence with a dwell time is reported only at its first
+    position at least that long after the stay began (ENTER `dwelled`), and a stay that ends
+    before has no event; `waiting` (per object, fence: when the stay began; updated here) holds
+    the stays not reported yet across calls."""
     geoms = np.array(list(geometries), dtype=object)
     band = [float(m) for m in hysteresis] if hysteresis is not None else [0.0] * len(geoms)
     zones = [hysteresis_zones(g, m) if m else (g, g) for g, m in zip(geoms, band, strict=True)]
@@ -49,6 +54,9 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
     tree = shapely.STRtree(outer)
     if inside is None:
         inside = [frozenset()] * len(object_ids)
+    dwell_s = [float(d) for d in dwell] if dwell is not None else [0.0] * len(geoms)
+    if waiting is None:
+        waiting = {}
     events: list[EventTuple] = []
     for lo in range(0, len(obj), chunk):
         hi = min(lo + chunk, len(obj))
@@ -71,11 +79,24 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
             before = inside[o]
             now = frozenset(f for f, z in zip(fence_lists[ptr[i]:ptr[i + 1]], zone_lists[ptr[i]:ptr[i + 1]],
                                               strict=True) if z == 2 or f in before)
+            oid, t = object_ids[o], float(ts[lo + i])
             if now != before:
-                oid, t = object_ids[o], float(ts[lo + i])
-                events += [(ENTER, names[f], oid, t, ENTERED) for f in now - before]
-                events += [(LEAVE, names[f], oid, t, EXITED) for f in before - now]
+                wait = waiting.setdefault(o, {})
+                for f in now - before:
+                    if dwell_s[f] > 0:
+                        wait[f] = t
+                    else:
+                        events.append((ENTER, names[f], oid, t, ENTERED))
+                for f in before - now:
+                    if wait.pop(f, None) is None:
+                        events.append((LEAVE, names[f], oid, t, EXITED))
                 inside[o] = now
+            pending = waiting.get(o)
+            if pending:
+                for f, since in list(pending.items()):
+                    if t - since >= dwell_s[f]:
+                        events.append((ENTER, names[f], oid, t, DWELLED))
+                        del pending[f]
     return events
 
 
@@ -95,12 +116,18 @@ def compare(got: Sequence[EventTuple], want: Sequence[EventTuple], show: int = 1
 
 def visit_problems(events: Sequence[Any]) -> list[str]:
     """What is wrong with the visits of events (fence.x_fence.events.Event, in the order
-    emitted): each ENTER opens a stay whose visit id hashes (fence, object, its ts); the next
-    LEAVE of that (fence, object) carries the same id and inside_s = its ts - the ENTER's."""
+    emitted): each ENTER opens a stay whose visit id hashes (fence, object, its ts), or, for a
+    `dwelled` one, the stay's start, inside_s before it; the next LEAVE of that (fence, object)
+    carries the same id and inside_s = the time since the stay began."""
     open_at: dict[tuple[str, str], Any] = {}
     bad = []
     for e in events:
         k = (e.fence_id, e.object_id)
+        if e.event == ENTER and e.reason == DWELLED:  # the stay began inside_s before it
+            if e.inside_s is None or e.inside_s < 0 or not e.visit_id:
+                bad.append(f"ENTER dwelled {k} at {e.ts}: visit {e.visit_id!r}, inside_s {e.inside_s}")
+            open_at[k] = e
+            continue
         if e.event == ENTER:
             if e.visit_id != visit_id(e.fence_id, e.object_id, e.ts) or e.inside_s is not None:
                 bad.append(f"ENTER {k} at {e.ts}: visit {e.visit_id}, inside_s {e.inside_s}")
@@ -109,9 +136,11 @@ def visit_problems(events: Sequence[Any]) -> list[str]:
         enter = open_at.pop(k, None)
         if enter is None:
             continue  # the stay began before these events
-        if e.visit_id != enter.visit_id or e.inside_s != e.ts - enter.ts:
+        expected = e.ts - enter.ts + (enter.inside_s or 0.0)
+        if e.visit_id != enter.visit_id or e.inside_s is None or not math.isclose(e.inside_s, expected,
+                                                                                   abs_tol=1e-6):
             bad.append(f"LEAVE {k} at {e.ts}: visit {e.visit_id} (ENTER's {enter.visit_id}), "
-                       f"inside_s {e.inside_s} (expected {e.ts - enter.ts})")
+                       f"inside_s {e.inside_s} (expected {expected})")
     return bad
 
 

@@ -27,6 +27,7 @@ from exchanges import control
 from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
     InvalidFence,
+    check_dwell,
     check_fence_id,
     check_hysteresis,
     check_name,
@@ -190,6 +191,19 @@ class FenceService:
                 "workers": masters,
                 "worker_version": min(versions) if len(versions) == len(masters) else None,
                 "objects": occupants}
+
+    async def loitering(self, caller: Caller, fence_id: str, min_s: float) -> dict[str, Any]:
+        """The loitering report: the objects inside the fence for at least `min_s` seconds by
+        their last position (the stay's start to the latest position seen inside), longest
+        first; stays still within the fence's dwell time are included, flagged unconfirmed."""
+        if not (isinstance(min_s, int | float) and 0 <= min_s <= 365 * 86400):
+            raise ApiError(422, f"min_s {shown(min_s)}: seconds in [0, 31536000]")
+        live = await self.objects(caller, fence_id)
+        rows = [{**o, "inside_s": float(o["last_seen"]) - float(o["since"])} for o in live["objects"]]
+        rows = sorted((o for o in rows if o["inside_s"] >= min_s),
+                      key=lambda o: (-o["inside_s"], o["object_id"]))
+        return {"fence_id": fence_id, "version": live["version"], "min_s": float(min_s),
+                "worker_version": live["worker_version"], "objects": rows}
 
     # -- proximity subscriptions (exchanges/subscriptions.py) -------------------------------
 
@@ -374,6 +388,7 @@ class FenceService:
             if "lon" in body or "lat" in body:
                 geometry = circle(_degrees(body, "lon", 180), _degrees(body, "lat", 90), float(radius))
             band = check_hysteresis(body.get("hysteresis_m", f.hysteresis_m), geometry)
+            dwell = check_dwell(body.get("dwell_s", f.dwell_s))
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
         try:
@@ -381,7 +396,7 @@ class FenceService:
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
         return FenceSpec(fence_id, geometry, name, timeout, caller.uid, Follow(object_id, float(radius)),
-                         band, f.where)
+                         band, f.where, dwell)
 
     async def _put(self, spec: FenceSpec, caller: Caller, create: bool, expected: int | None = None
                    ) -> dict[str, Any]:

@@ -77,7 +77,8 @@ def pack_fence(f: StoredFence) -> dict[str, Any]:
             "timeout_s": d.timeout_s, "name": d.name, "ts": float(f.changed_at), "created": bool(f.created),
             "prev": None if f.prev is None else [f.prev[0], shapely.to_wkb(f.prev[1])],
             "pending": sorted(f.pending), **({"hysteresis_m": d.hysteresis_m} if d.hysteresis_m else {}),
-            **({"where": filters.to_wire(d.where)} if d.where else {})}
+            **({"where": filters.to_wire(d.where)} if d.where else {}),
+            **({"dwell_s": d.dwell_s} if d.dwell_s else {})}
 
 
 def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
@@ -93,7 +94,8 @@ def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
         old = (int(prev[0]), g)
     pending = frozenset(str(r) for r in d.get("pending") or ()) if old is not None else frozenset()
     return StoredFence(FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"],
-                                float(d.get("hysteresis_m", 0.0)), filters.parse(d.get("where"))),
+                                float(d.get("hysteresis_m", 0.0)), filters.parse(d.get("where")),
+                                float(d.get("dwell_s", 0.0))),
                        float(d.get("ts", 0.0)), bool(d.get("created", False)), old, pending)
 
 
@@ -108,6 +110,8 @@ def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
                                       unpack_array(b[name], "<f8", np.float64), equal_nan=True)]
     if (a["keys"], a["since"]) != (b["keys"], b["since"]):
         out.append("inside pairs")
+    if a.get("unconfirmed", b"") != b.get("unconfirmed", b""):
+        out.append("unconfirmed stays (dwell)")
     if a["names"] != b["names"] or a["versions"] != b["versions"] or a["codes"] != b["codes"]:
         out.append("fence codes / versions")
     out += [f"fence {c}" for c, (fa, fb) in enumerate(zip(a["fences"], b["fences"], strict=False))

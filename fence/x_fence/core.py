@@ -38,6 +38,13 @@ that version (kept for the latest replaced one): so every position is judged aga
 fence as its region had it, and each object is decided at its region's change from its
 latest position there, whatever order the regions' streams reach this worker in.
 
+Dwell. A fence with `dwell_s` reports a stay only once the object has been inside that long:
+its ENTER waits (the pair is inside, *unconfirmed*: a sorted key set beside the pair table),
+the first observation inside at `since + dwell_s` or later emits ENTER reason `dwelled` and
+confirms it, and the LEAVE of a stay never confirmed is silent. Within a batch this is per
+run (a stay): its first observation past the dwell time. The set is part of the state: the
+journal records, snapshots and handovers carry it with the pairs.
+
 Time comes from the positions (ts), never from this process's clock: a restarted worker
 makes the same decisions, and the same inputs give the same event ids (a consumer can drop
 a redelivered event by its id).
@@ -61,6 +68,7 @@ from exchanges.object_codes import ObjectCodes, distinct, grow
 from exchanges.worker_batch import WorkerBatch
 from fence.x_fence import codec
 from fence.x_fence.events import (
+    DWELLED,
     ENTERED,
     EVENT_SLOTS,
     EXITED,
@@ -201,6 +209,10 @@ class XFence:
         # by code: the fence's filter on the positions' fields (FenceDef.where; () for none)
         self._where: list[tuple[filters.Clause, ...]] = []
         self._has_where = np.zeros(0, bool)
+        self._dwell = np.zeros(0, np.float64)  # by code: dwell_s (0: none)
+        # the inside pairs whose stay has not reached its fence's dwell time yet (no ENTER was
+        # emitted: their LEAVE is silent); sorted keys, a subset of _keys
+        self._unconfirmed = np.empty(0, np.uint64)
         self._edges = Edges()
         self._keys = np.empty(0, np.uint64)  # sorted (object << 32 | fence)
         self._since = np.empty(0, np.float64)
@@ -283,10 +295,13 @@ class XFence:
             self._dirty_versions.add(fence_id)
             return []
         mask = (self._keys & _LOW) == np.uint64(code)
-        objs = (self._keys[mask] >> _SHIFT).astype(np.int64)
+        silent = self._unconfirmed_of(self._keys[mask])  # stays never reported
+        self._unconfirm(self._keys[mask][silent])
+        told = np.flatnonzero(mask)[~silent]
+        objs = (self._keys[told] >> _SHIFT).astype(np.int64)
         events = self._events(np.ones(objs.size, np.int8), np.full(objs.size, code, np.int64), objs,
                               np.maximum(ts, self._last_ts[objs]), (ENTERED, FENCE_DELETED),
-                              since=self._since[mask])
+                              since=self._since[told])
         self._keys, self._since = self._keys[~mask], self._since[~mask]
         self._clear_slot(code)
         self._dirty_fences.add(code)
@@ -299,6 +314,7 @@ class XFence:
         self._hyst[code] = 0.0
         self._inner[code] = self._outer[code] = None
         self._where[code], self._has_where[code] = (), False
+        self._dwell[code] = 0.0
         self._prev.pop(code, None)
         self._pending.pop(code, None)
         self._edges.drop(code)
@@ -320,6 +336,7 @@ class XFence:
         self._outer = grow(self._outer, code + 1, None)
         self._where.append(())
         self._has_where = grow(self._has_where, code + 1, False)
+        self._dwell = grow(self._dwell, code + 1, 0.0)
         return code
 
     def _install(self, code: int, fence: FenceDef, changed_at: float, created: bool) -> None:
@@ -336,6 +353,7 @@ class XFence:
         self._inner[code], self._outer[code] = (hysteresis_zones(fence.geometry, fence.hysteresis_m)
                                                 if fence.hysteresis_m else (None, None))
         self._where[code], self._has_where[code] = fence.where, bool(fence.where)
+        self._dwell[code] = fence.dwell_s
 
     # -- positions --------------------------------------------------------------------------
 
@@ -512,12 +530,24 @@ class XFence:
         # inside stays, if the new geometry holds it, until the timer LEAVEs it)
         enter = inside & ~there & (t >= self._changed_at[fc] - self._timeout[fc])
         leave = ~inside & there
+        shown_in, shown_out, dwelled = enter, leave, np.empty(0, np.int64)
+        if self._dwell_on():
+            shown_in, shown_out = enter.copy(), leave.copy()
+            e, lv, stay = np.flatnonzero(enter), np.flatnonzero(leave), np.flatnonzero(inside & there)
+            keep_in, keep_out = self._dwell_filter(key[e], key[lv])
+            shown_in[e[~keep_in]] = False
+            shown_out[lv[~keep_out]] = False
+            dwelled = stay[self._dwelled(key[stay], t[stay], self._since[at[stay]])]
         created = self._created[fc]
-        new_in, changed_in = enter & created, enter & ~created
-        events = self._events(np.r_[np.zeros(int(new_in.sum()), np.int8), np.ones(int(leave.sum()), np.int8)],
-                              np.r_[fc[new_in], fc[leave]], np.r_[obj[new_in], obj[leave]],
-                              np.r_[t[new_in], t[leave]], (ENTERED, FENCE_CHANGED), dated=True,
-                              since=np.r_[np.full(int(new_in.sum()), np.nan), self._since[at[leave]]])
+        new_in, changed_in = shown_in & created, shown_in & ~created
+        n_in, n_out = int(new_in.sum()), int(shown_out.sum())
+        kinds = np.r_[np.zeros(n_in, np.int8), np.ones(n_out, np.int8), np.full(dwelled.size, 2, np.int8)]
+        events = self._events(kinds,
+                              np.r_[fc[new_in], fc[shown_out], fc[dwelled]],
+                              np.r_[obj[new_in], obj[shown_out], obj[dwelled]],
+                              np.r_[t[new_in], t[shown_out], t[dwelled]], (ENTERED, FENCE_CHANGED),
+                              dated=True, since=np.r_[np.full(n_in, np.nan), self._since[at[shown_out]],
+                                                      self._since[at[dwelled]]])
         if changed_in.any():
             events += self._events(np.zeros(int(changed_in.sum()), np.int8), fc[changed_in], obj[changed_in],
                                    t[changed_in], (FENCE_CHANGED, FENCE_CHANGED), dated=True)
@@ -574,18 +604,31 @@ class XFence:
         kept[j[stays]] = True
         entering, leaving = new[~stays], old[~kept]
         group_in = np.searchsorted(obs.objs, (entering >> _SHIFT).astype(np.int64))
-        group_out = np.searchsorted(obs.objs, (leaving >> _SHIFT).astype(np.int64))
-        events = self._events(
-            np.r_[np.zeros(entering.size, np.int8), np.ones(leaving.size, np.int8)],
-            np.r_[entering & _LOW, leaving & _LOW].astype(np.int64),
-            obs.objs[np.r_[group_in, group_out]],
-            obs.obs_ts[np.r_[group_in, group_out]],  # the one observation of each object
-            (ENTERED, EXITED), dated=True,
-            since=np.r_[np.full(entering.size, np.nan), self._since[stored_at[~kept]]],
-        )
         since = np.empty(new.size)
         since[stays] = self._since[stored_at[j[stays]]]
         since[~stays] = np.maximum(obs.obs_ts[group_in], self._changed_at[(entering & _LOW).astype(np.int64)])
+        left_since = self._since[stored_at[~kept]]
+        dwelled, d_since = np.empty(0, np.uint64), np.empty(0)
+        if self._dwell_on():
+            keep_in, keep_out = self._dwell_filter(entering, leaving)
+            entering, group_in = entering[keep_in], group_in[keep_in]
+            leaving, left_since = leaving[keep_out], left_since[keep_out]
+            dwelled, d_since = new[stays], since[stays]
+            reached = self._dwelled(dwelled, obs.obs_ts[np.searchsorted(obs.objs, (dwelled >> _SHIFT)
+                                                                        .astype(np.int64))], d_since)
+            dwelled, d_since = dwelled[reached], d_since[reached]
+        group_out = np.searchsorted(obs.objs, (leaving >> _SHIFT).astype(np.int64))
+        group_d = np.searchsorted(obs.objs, (dwelled >> _SHIFT).astype(np.int64))
+        groups = np.r_[group_in, group_out, group_d]
+        events = self._events(
+            np.r_[np.zeros(entering.size, np.int8), np.ones(leaving.size, np.int8),
+                  np.full(dwelled.size, 2, np.int8)],
+            np.r_[entering & _LOW, leaving & _LOW, dwelled & _LOW].astype(np.int64),
+            obs.objs[groups],
+            obs.obs_ts[groups],  # the one observation of each object
+            (ENTERED, EXITED), dated=True,
+            since=np.r_[np.full(entering.size, np.nan), left_since, d_since],
+        )
         self._replace_sorted(stored_at, new, since)
         return events
 
@@ -597,7 +640,6 @@ class XFence:
         enter = pairs.run_start & ((pairs.seq > 0) | ~pairs.stored)
         leave = pairs.run_end & (pairs.seq < obs.k[pairs.group])
         final = pairs.run_end & (pairs.seq == obs.k[pairs.group])
-        g_in, g_out = pairs.group[enter], pairs.group[leave]
         # each run's stay began at its first entry: the stored since, or that observation
         run_start = pairs.run_start[: pairs.group.size]  # (no pairs: one spurious start)
         run_of = np.cumsum(run_start) - 1
@@ -606,19 +648,36 @@ class XFence:
         fresh = ~pairs.stored[starts]
         run_since[fresh] = np.maximum(obs.ts_of(pairs.group[starts[fresh]], pairs.seq[starts[fresh]]),
                                       self._changed_at[pairs.fence[starts[fresh]]])
-        events = self._events(
-            np.r_[np.zeros(g_in.size, np.int8), np.ones(g_out.size, np.int8)],
-            np.r_[pairs.fence[enter], pairs.fence[leave]],
-            obs.objs[np.r_[g_in, g_out]],
-            np.r_[obs.ts_of(g_in, pairs.seq[enter]), obs.ts_of(g_out, pairs.seq[leave] + 1)],
-            (ENTERED, EXITED), dated=True,
-            since=np.r_[np.full(g_in.size, np.nan), run_since[run_of[leave]]],
-        )
+        e_in, e_out, e_d = np.flatnonzero(enter), np.flatnonzero(leave), np.empty(0, np.int64)
+        f_at = np.flatnonzero(final)
         # final state: the runs reaching the object's last observation, since their first
-        since = run_since[run_of[final]]
-        new_keys = (obs.objs[pairs.group[final]].astype(np.uint64) << _SHIFT) | \
-            pairs.fence[final].astype(np.uint64)
-        self._replace_sorted(stored_at, new_keys, since)
+        new_keys = ((obs.objs[pairs.group[f_at]].astype(np.uint64) << _SHIFT)
+                    | pairs.fence[f_at].astype(np.uint64))
+        if self._dwell_on():  # per run: confirmed at its start, or at its first observation past the dwell
+            r_fence = pairs.fence[starts]
+            r_key = (obs.objs[pairs.group[starts]].astype(np.uint64) << _SHIFT) | r_fence.astype(np.uint64)
+            d = self._dwell[r_fence]
+            waiting = np.where(pairs.stored[starts], self._unconfirmed_of(r_key), d > 0)
+            cand = np.flatnonzero(waiting[run_of] & (pairs.seq >= 1))
+            lasted = obs.ts_of(pairs.group[cand], pairs.seq[cand]) - run_since[run_of[cand]]
+            cand = cand[lasted >= d[run_of[cand]]]
+            e_d = cand[np.r_[True, run_of[cand][1:] != run_of[cand][:-1]]] if cand.size else cand
+            confirmed = ~waiting
+            confirmed[run_of[e_d]] = True
+            e_in = e_in[~waiting[run_of[e_in]]]  # (an ENTER starts a fresh run: waiting iff a dwell)
+            e_out = e_out[confirmed[run_of[e_out]]]
+            self._unconfirm(self._keys[stored_at], new_keys[~confirmed[run_of[f_at]]])
+        at = np.r_[e_in, e_out, e_d]
+        events = self._events(
+            np.r_[np.zeros(e_in.size, np.int8), np.ones(e_out.size, np.int8), np.full(e_d.size, 2, np.int8)],
+            pairs.fence[at], obs.objs[pairs.group[at]],
+            obs.ts_of(pairs.group[at], pairs.seq[at] + np.r_[np.zeros(e_in.size, np.int64),
+                                                          np.ones(e_out.size, np.int64),
+                                                          np.zeros(e_d.size, np.int64)]),
+            (ENTERED, EXITED), dated=True,
+            since=np.r_[np.full(e_in.size, np.nan), run_since[run_of[e_out]], run_since[run_of[e_d]]],
+        )
+        self._replace_sorted(stored_at, new_keys, run_since[run_of[f_at]])
         return events
 
     def _observations(self, obj: I64, ts: F64) -> _Observations:
@@ -829,8 +888,11 @@ class XFence:
         due = due_at < now
         if not due.any():
             return held
+        silent = due & self._unconfirmed_of(self._keys)  # stays never reported
+        self._unconfirm(self._keys[silent])
         events = []
-        for mine, reason in ((due & (ttl < timeout), EXPIRED), (due & ~(ttl < timeout), TIMEOUT)):
+        told = due & ~silent
+        for mine, reason in ((told & (ttl < timeout), EXPIRED), (told & ~(ttl < timeout), TIMEOUT)):
             if mine.any():
                 events += self._events(np.ones(int(mine.sum()), np.int8), fences[mine], objs[mine],
                                        due_at[mine], (ENTERED, reason), since=self._since[mine])
@@ -888,6 +950,7 @@ class XFence:
             "pair_object": codec.pack_array(p_obj.astype(np.int64), "<i8"),
             "pair_fence": codec.pack_array(p_fence, "<i8"),
             "since": codec.pack_array(self._since[sel], "<f8"),
+            "unconfirmed": codec.pack_array(self._unconfirmed_of(self._keys[sel]), "u1"),
             # every object's latest handover notice: notices go to every worker, and a new
             # one never saw those before it joined (its gates would wait for them)
             "gate_ids": [self._objects.ids[o] for o in gated.tolist()],
@@ -912,7 +975,9 @@ class XFence:
         p_obj = codec.unpack_array(data["pair_object"], "<i8", np.int64)
         p_fence = codec.unpack_array(data["pair_fence"], "<i8", np.int64)
         since = codec.unpack_array(data["since"], "<f8", np.float64)
-        if not (p_obj.size == p_fence.size == since.size):
+        waiting = (codec.unpack_array(data["unconfirmed"], "u1", bool) if "unconfirmed" in data
+                   else np.zeros(since.size, bool))
+        if not (p_obj.size == p_fence.size == since.size == waiting.size):
             raise ValueError("x-fence handover: the pairs' columns differ in length")
         if p_fence.size and not (p_fence.min() >= 0 and p_fence.max() < len(data["fences"])
                                  and p_obj.min() >= 0 and p_obj.max() < len(data["ids"])):
@@ -956,6 +1021,7 @@ class XFence:
         keys = (objs[local].astype(np.uint64) << _SHIFT) | codes[p_fence[pick]].astype(np.uint64)
         since = since[pick]
         stale = np.isin((self._keys & _LOW).astype(np.int64), replaced) | np.isin(self._keys, keys)
+        self._unconfirm(self._keys[stale], keys[waiting[pick]])
         order = np.argsort(keys, kind="stable")
         self._merge_pairs(self._keys[~stale], self._since[~stale], keys[order], since[order])
         self._dirty_objs.append(objs)
@@ -969,6 +1035,7 @@ class XFence:
         if not given.any() and not whole:
             return 0
         self._dirty_objs.append((self._keys[given] >> _SHIFT).astype(np.int64))
+        self._unconfirm(self._keys[given])
         self._keys, self._since = self._keys[~given], self._since[~given]
         for code in whole:
             del self._fence_code[self._fence_names[code]]
@@ -986,8 +1053,10 @@ class XFence:
         return None if code is None else self._fences[code]
 
     def counts(self) -> dict[str, int]:
-        """How many objects are inside each fence that has any (the live map's colours)."""
-        codes, n = np.unique((self._keys & _LOW).astype(np.int64), return_counts=True)
+        """How many objects are inside each fence that has any (the live map's colours); a stay
+        not past its fence's dwell time is not counted (it has had no ENTER)."""
+        keys = self._keys[~self._unconfirmed_of(self._keys)] if self._unconfirmed.size else self._keys
+        codes, n = np.unique((keys & _LOW).astype(np.int64), return_counts=True)
         out = {}
         for code, k in zip(codes.tolist(), n.tolist(), strict=True):
             d = self._fences[code]
@@ -1001,8 +1070,11 @@ class XFence:
             raise KeyError(f"fence {fence_id!r} is not on worker {self.worker}")
         mask = (self._keys & _LOW) == np.uint64(code)
         objs = (self._keys[mask] >> _SHIFT).astype(np.int64)
-        return [{"object_id": self._objects.ids[o], "since": float(s), "last_seen": float(self._last_ts[o])}
-                for o, s in zip(objs, self._since[mask], strict=True)]
+        waiting = self._unconfirmed_of(self._keys[mask]).tolist()
+        # confirmed: its ENTER was emitted (False while a stay has not reached the dwell time)
+        return [{"object_id": self._objects.ids[o], "since": float(s), "last_seen": float(self._last_ts[o]),
+                 "confirmed": not w}
+                for o, s, w in zip(objs.tolist(), self._since[mask].tolist(), waiting, strict=True)]
 
     def last_seen(self, object_id: str) -> float | None:
         """The time of the object's last position this worker was sent (it is sent an
@@ -1016,7 +1088,8 @@ class XFence:
         if code is None:
             return []
         lo, hi = np.searchsorted(self._keys, [np.uint64(code) << _SHIFT, np.uint64(code + 1) << _SHIFT])
-        return sorted(self._fence_ids(self._keys[lo:hi]))
+        keys = self._keys[lo:hi]
+        return sorted(self._fence_ids(keys[~self._unconfirmed_of(keys)]))  # stays reported (ENTER emitted)
 
     def stats(self) -> dict[str, int]:
         return {"fences": len(self._fence_code), "objects": len(self._objects.ids),
@@ -1037,6 +1110,7 @@ class XFence:
             "fences": [self._stored(c) for c in range(len(self._fences))], "names": list(self._fence_names),
             "codes": dict(self._fence_code), "versions": dict(self._versions),
             "keys": codec.pack_array(self._keys, "<u8"), "since": codec.pack_array(self._since, "<f8"),
+            "unconfirmed": codec.pack_array(self._unconfirmed, "<u8"),
             "held": self._held.pack(), "stats": {k: getattr(self, k) for k in codec.STATS},
         }
 
@@ -1073,6 +1147,10 @@ class XFence:
         x._since = codec.unpack_array(data["since"], "<f8", np.float64)
         if x._keys.size != x._since.size or (x._keys.size > 1 and (x._keys[1:] <= x._keys[:-1]).any()):
             raise ValueError("x-fence snapshot: inside pairs are not sorted and unique")
+        if "unconfirmed" in data:
+            x._unconfirmed = codec.unpack_array(data["unconfirmed"], "<u8", np.uint64)
+            if not np.isin(x._unconfirmed, x._keys).all():
+                raise ValueError("x-fence snapshot: an unconfirmed stay is not an inside pair")
         x._held = Held.unpack(data["held"])
         x._set_stats(data["stats"])
         return x
@@ -1101,6 +1179,7 @@ class XFence:
             "versions": {f: self._versions[f] for f in names},
             "keys": codec.pack_array(self._keys[take], "<u8"),
             "since": codec.pack_array(self._since[take], "<f8"),
+            "unconfirmed": codec.pack_array(self._unconfirmed_of(self._keys[take]), "u1"),
             "held": self._held.pack() if self._held_dirty else None,
             "stats": {k: getattr(self, k) for k in codec.STATS},
         }
@@ -1140,6 +1219,9 @@ class XFence:
                 | np.isin((keys & _LOW).astype(np.int64), fences))
         new_keys = codec.unpack_array(record["keys"], "<u8", np.uint64)
         new_since = codec.unpack_array(record["since"], "<f8", np.float64)
+        waiting = (codec.unpack_array(record["unconfirmed"], "u1", bool) if "unconfirmed" in record
+                   else np.zeros(new_keys.size, bool))
+        self._unconfirm(keys[drop], new_keys[waiting])
         order = np.argsort(new_keys, kind="stable")
         self._merge_pairs(keys[~drop], self._since[~drop], new_keys[order], new_since[order])
         if record["held"] is not None:
@@ -1194,6 +1276,46 @@ class XFence:
         self._ho_ts = grow(self._ho_ts, m, 0.0)
         return codes
 
+    def _dwell_on(self) -> bool:
+        """Whether any fence has a dwell time or any stay waits for one (else no dwell work)."""
+        return bool(self._unconfirmed.size) or bool(self._dwell.any())
+
+    def _unconfirmed_of(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """Per pair key: whether its stay is unconfirmed (not past its fence's dwell time)."""
+        u = self._unconfirmed
+        if not u.size or not keys.size:
+            return np.zeros(keys.size, bool)
+        at = np.minimum(np.searchsorted(u, keys), u.size - 1)
+        out: npt.NDArray[np.bool_] = u[at] == keys
+        return out
+
+    def _unconfirm(self, drop: npt.NDArray[np.uint64], add: npt.NDArray[np.uint64] | None = None) -> None:
+        """The unconfirmed set without `drop` (any keys) and with `add`."""
+        u = self._unconfirmed
+        if drop.size and u.size:
+            u = u[~np.isin(u, drop)]
+        if add is not None and add.size:
+            u = np.union1d(u, add)
+        self._unconfirmed = u
+
+    def _dwell_filter(self, entering: npt.NDArray[np.uint64], leaving: npt.NDArray[np.uint64]
+                      ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """Which ENTERs and LEAVEs of these pairs are emitted: an ENTER into a fence with a
+        dwell time waits (its stay is unconfirmed), the LEAVE of an unconfirmed stay is silent."""
+        wait = self._dwell[(entering & _LOW).astype(np.int64)] > 0
+        silent = self._unconfirmed_of(leaving)
+        self._unconfirm(leaving[silent], entering[wait])
+        return ~wait, ~silent
+
+    def _dwelled(self, keys: npt.NDArray[np.uint64], ts: F64, since: F64) -> npt.NDArray[np.bool_]:
+        """Of pairs still inside, seen inside at ts: the unconfirmed ones whose stay has now
+        lasted their fence's dwell time (ENTER `dwelled`; they are confirmed)."""
+        reached = self._unconfirmed_of(keys)
+        dwell = self._dwell[(keys[reached] & _LOW).astype(np.int64)]
+        reached[reached] = ts[reached] - since[reached] >= dwell
+        self._unconfirm(keys[reached])
+        return reached
+
     def _replace_sorted(self, drop: I64, new: npt.NDArray[np.uint64], since: F64) -> None:
         """Drop the pairs at indices `drop`, add `new` (sorted keys)."""
         if drop.size == self._keys.size:  # every stored pair was replaced
@@ -1211,7 +1333,8 @@ class XFence:
 
     def _events(self, kind: npt.NDArray[np.int8], fence: I64, obj: I64, ts: F64,
                 reasons: tuple[str, str], dated: bool = False, since: F64 | None = None) -> list[Event]:
-        """Events (kind 0 = ENTER with reasons[0], 1 = LEAVE with reasons[1]) ordered by
+        """Events (kind 0 = ENTER with reasons[0], 1 = LEAVE with reasons[1], 2 = ENTER `dwelled`
+        with its inside_s) ordered by
         (ts, object_id, fence_id, event), with their stable ids (a hash of `ts`). `dated`:
         `ts` are the times of the positions decided from, and an event is dated no earlier
         than its fence's change time (a position routed just after its region applied a
@@ -1230,7 +1353,8 @@ class XFence:
         # event_id()'s text is fence prefix + object id + a tail per (kind, ts): the events
         # of a batch share a few instants, so each tail (and its float repr) is made once
         instants, at = np.unique(ts, return_inverse=True)
-        tails = [f"\x1f{KINDS[k]}\x1f{reasons[k]}\x1f{t!r}" for k in (0, 1) for t in instants.tolist()]
+        reasons_of = (*reasons, DWELLED)  # kind 2: the ENTER of a stay past its dwell time
+        tails = [f"\x1f{KINDS[k]}\x1f{reasons_of[k]}\x1f{t!r}" for k in (0, 1, 2) for t in instants.tolist()]
         prefix, blake2b = self._id_prefix, hashlib.blake2b
         ids = [blake2b((prefix[f] + o + tails[i]).encode(), digest_size=16).hexdigest()
                for f, o, i in zip(f_codes, object_ids, (kind.astype(np.int64) * instants.size + at).tolist(),
@@ -1246,7 +1370,7 @@ class XFence:
             s_fence(e, names[f])
             s_object(e, o)
             s_ts(e, t)
-            s_reason(e, reasons[k])
+            s_reason(e, reasons_of[k])
             s_id(e, i)
             s_pos(e, d)
             s_visit(e, visit_id(names[f], o, b))

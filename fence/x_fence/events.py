@@ -7,6 +7,11 @@ Visits: the ENTER and the LEAVE of one stay of an object in a fence share a `vis
 hash of the fence, the object and the stay's start, which the worker keeps with who is
 inside, through fence changes, handovers and restarts), and the LEAVE carries `inside_s`, the
 time between the two events.
+
+Dwell: a fence with `dwell_s` reports a stay only once the object has been inside that long,
+by an ENTER with reason `dwelled` at the first position that shows it (its `inside_s` says how
+long the object had been inside then; its visit id is the stay's, as the LEAVE's); a stay that
+ends sooner gives no event at all.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENTER, LEAVE = "enter", "leave"
-ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED = (
-    "entered", "exited", "timeout", "fence_changed", "fence_deleted", "expired")
+ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED = (
+    "entered", "exited", "timeout", "fence_changed", "fence_deleted", "expired", "dwelled")
 # timeout: silent longer than the fence's timeout_s; expired: past the object's own TTL (the
 # `ttl` of its latest position), when that comes first
-REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED)
-KINDS = (ENTER, LEAVE)  # event kind codes 0, 1 (also their order among equal ts, object, fence)
+REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED)
+# event kind codes 0, 1, 2 (also their order among equal ts, object, fence): 2 is the ENTER of a
+# stay that reached its fence's dwell time (reason `dwelled`)
+KINDS = (ENTER, LEAVE, ENTER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +44,8 @@ class Event:
     # change that made its current version); the event id hashes this one
     position_ts: float = field(default=float("nan"), compare=False)
     visit_id: str = field(default="", compare=False)  # shared by a stay's ENTER and LEAVE
-    inside_s: float | None = field(default=None, compare=False)  # a LEAVE's: since its ENTER
+    # a LEAVE's: since its stay began; a `dwelled` ENTER's: since the stay began (>= dwell_s)
+    inside_s: float | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         out = {"event": self.event, "fence_id": self.fence_id, "object_id": self.object_id,

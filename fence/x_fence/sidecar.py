@@ -567,6 +567,7 @@ class FenceSidecar:
             d = self.core.fence(str(fence_id))
             out["fence"] = None if d is None else {
                 "id": d.fence_id, "version": d.version, "name": d.name, "timeout_s": d.timeout_s,
+                "hysteresis_m": d.hysteresis_m, "dwell_s": d.dwell_s,
                 "occupants": self.core.occupants(d.fence_id)}
         object_id = msg.get("object_id")
         if object_id is not None:

@@ -165,7 +165,8 @@ def test_bad_kind(kind: Any) -> None:
 @pytest.mark.parametrize("reason", ["exit", "Entered", "", None, 1, ["entered"], {"r": "entered"}])
 def test_bad_reason(reason: Any) -> None:
     assert refusal(body(reason=reason)) == (
-        f"event reason {reason!r}: one of entered, exited, timeout, fence_changed, fence_deleted, expired")
+        f"event reason {reason!r}: one of entered, exited, timeout, fence_changed, fence_deleted, expired, "
+        "dwelled")
 
 
 @pytest.mark.parametrize("ts", [True, False, None, "1700000000", [TS], {"s": TS}])

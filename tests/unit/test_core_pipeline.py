@@ -163,3 +163,44 @@ def test_fence_filters_give_the_reference_events(filtered, batch: int) -> None: 
     assert wl.compare(run(fences, stream, batch), reference) == []
     unfiltered = wl.reference_events([dataclasses.replace(f, where=()) for f in fences], stream)
     assert wl.compare(unfiltered, reference) != [], "the filters change the events"
+
+
+@pytest.fixture(scope="module")
+def dwelling() -> tuple[list[wl.Fence], wl.Stream, list[wl.EventTuple]]:
+    """Fences with dwell times of 0 to 15 s (the walkers step once a second, 20 m), some with
+    bands and filters too, and walkers with 8 m of jitter: many stays are shorter than their
+    fence's dwell time, many longer."""
+    where = [(), (), filters.parse([["speed", "<", 45]])]
+    fences = [dataclasses.replace(f, dwell_s=float([0, 3, 8, 15][i % 4]),
+                                  hysteresis_m=float([0, 0, 0, 20, 0][i % 5]), where=where[i % 3])
+              for i, f in enumerate(wl.make_fences(40, seed=4, box=BOX, radius_m=(100.0, 300.0)))]
+    walk = wl.random_walk(200, 8_000, seed=4, box=BOX)
+    rng = np.random.default_rng(5)
+    jitter = rng.normal(0.0, 8.0 / 111_000.0, (2, len(walk)))
+    extra: list[dict[str, object] | None] = [{"speed": float(v)} for v in rng.uniform(0.0, 50.0, len(walk))]
+    stream = dataclasses.replace(walk, lon=walk.lon + jitter[0], lat=walk.lat + jitter[1], extra=extra)
+    return fences, stream, wl.reference_events(fences, stream)
+
+
+@pytest.mark.parametrize("batch", [200, 73, 1_000])
+def test_dwell_gives_the_reference_events(dwelling, batch: int) -> None:  # type: ignore[no-untyped-def]
+    """A fence's `dwell_s`: ENTER `dwelled` at the first position a stay has lasted that long,
+    no event for a shorter stay; per run of observations within a batch (73 and 1,000: several
+    positions of an object per batch), across batches, with bands and filters."""
+    fences, stream, reference = dwelling
+    dwelled = [e for e in reference if e[4] == "dwelled"]
+    assert len(dwelled) > 100 and len(reference) > 400
+    assert wl.compare(run(fences, stream, batch), reference) == []
+    at_once = [dataclasses.replace(f, dwell_s=0.0) for f in fences]
+    assert wl.compare(run(at_once, stream, batch), reference) != [], "without dwell the events differ"
+
+
+def test_dwell_drops_the_short_stays(dwelling) -> None:  # type: ignore[no-untyped-def]
+    """Every stay the reference reports in a fence with a dwell time lasted at least that long
+    (its LEAVE comes at least dwell_s after the stay began), and fewer stays are reported."""
+    fences, stream, reference = dwelling
+    dwell = {f.fence_id: f.dwell_s for f in fences}
+    without = wl.reference_events([dataclasses.replace(f, dwell_s=0.0) for f in fences], stream)
+    long_ones = {f for f, d in dwell.items() if d >= 8}
+    assert sum(e[1] in long_ones for e in reference) < 0.8 * sum(e[1] in long_ones for e in without)
+    assert {e[4] for e in reference if dwell[e[1]] > 0} <= {"dwelled", "exited"}

@@ -100,12 +100,13 @@ class Sim:
         for r, rb in self.ingress.route(positions(rows)).regions.items():
             self.pos_q[r].append(rb)
 
-    def publish_change(self, fid: str, geometry: shapely.Geometry, ts: float, timeout_s: float) -> None:
+    def publish_change(self, fid: str, geometry: shapely.Geometry, ts: float, timeout_s: float,
+                       dwell_s: float = 0.0) -> None:
         v = self.version[fid] = self.version.get(fid, 0) + 1
         if fid not in self.bound:
             self.created.add((fid, v))
         b = bindings(geometry, self.worldmap)
-        fence = FenceDef(fid, v, geometry, timeout_s)
+        fence = FenceDef(fid, v, geometry, timeout_s, dwell_s=dwell_s)
         told = [r for r in self.regions if r in b.per_region or r in self.bound.get(fid, set())]
         for r in told:
             self.ctl_q[r].append(("define", fence, ts, b.per_region.get(r), told))

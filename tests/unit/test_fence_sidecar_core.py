@@ -223,7 +223,8 @@ def test_a_notice_opens_gates_and_says_nothing_of_fences(inside_a: XFence) -> No
     from the region left, only opens its gate."""
     assert inside_a.route(at("o1", IN_A2, 110.0, notice=True)) == []
     assert inside_a.route(at("o1", OUTSIDE, 120.0, notice=True)) == []
-    assert inside_a.occupants("A") == [{"object_id": "o1", "since": 100.0, "last_seen": 100.0}]
+    assert inside_a.occupants("A") == [{"object_id": "o1", "since": 100.0, "last_seen": 100.0,
+                                        "confirmed": True}]
     assert kinds(inside_a.route(at("o1", OUTSIDE, 120.0, gate=120.0))) == [(LEAVE, "A", "o1", EXITED, 120.0)]
     assert inside_a.fences_of("o1") == []
 

@@ -59,7 +59,8 @@ class Ops:
             fid = self.rng.choice("ABC")
             self.versions[fid] += 1
             g = GEOMS[fid].buffer(self.rng.choice([0.0, 0.002, -0.002]))
-            return "define", FenceDef(fid, self.versions[fid], g, self.rng.choice([30.0, 300.0]))
+            return "define", FenceDef(fid, self.versions[fid], g, self.rng.choice([30.0, 300.0]),
+                                      dwell_s=self.rng.choice([0.0, 0.0, 2.0, 5.0]))
         if r < 0.09:
             fid = self.rng.choice("ABC")
             self.versions[fid] += 1
@@ -97,23 +98,26 @@ def run(x: XFence, op: tuple[str, object]) -> list[Event]:
     return x.route(arg, received_at=1000.0)
 
 
-def fresh() -> XFence:
+def fresh(dwell: bool = False) -> XFence:
+    """The three fences; with `dwell`, B has a dwell time of 3 s."""
     x = XFence("w0")
     for fid, g in GEOMS.items():
-        x.define(FenceDef(fid, 1, g, 300.0), 0.0)
+        x.define(FenceDef(fid, 1, g, 300.0, dwell_s=3.0 if dwell and fid == "B" else 0.0), 0.0)
     return x
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_journal_records_rebuild_the_same_core_after_every_operation(seed: int) -> None:
-    x = fresh()
+    x = fresh(dwell=True)
     mirror = XFence.restore(roundtrip(x.snapshot()))
     assert codec.differences(x.state(), mirror.state()) == []
     n = len(x._objects)
     ops = Ops(seed)
+    waited = 0
     for step in range(150):
         op = ops.next()
         run(x, op)
+        waited += bool(x._unconfirmed.size)
         record = x.changes(n)
         if record is not None:
             record = roundtrip(record)
@@ -123,11 +127,12 @@ def test_journal_records_rebuild_the_same_core_after_every_operation(seed: int) 
             assert codec.differences(x.state(), mirror.state()) == [], (seed, step, "twice")
         n = len(x._objects)
         assert x.changes(n) is None  # nothing left over
+    assert waited, "some stays waited for a dwell time (unconfirmed) on the way"
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_a_restored_core_emits_the_same_events_as_the_original(seed: int) -> None:
-    x = fresh()
+    x = fresh(dwell=True)
     ops = Ops(seed)
     for _ in range(80):
         run(x, ops.next())
