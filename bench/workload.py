@@ -25,7 +25,7 @@ from shapely.geometry import Polygon
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
-from exchanges.fence_def import FenceDef
+from exchanges.fence_def import FenceDef, cross_box
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
@@ -116,6 +116,7 @@ class Fence:
     hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
     where: tuple[Any, ...] = ()  # exchanges/fence_def.py FenceDef.where
     dwell_s: float = 0.0  # exchanges/fence_def.py FenceDef.dwell_s
+    cross: bool = False  # exchanges/fence_def.py FenceDef.cross
 
     def routed_geometry(self) -> Any:
         return fence_def(self).routed_geometry()
@@ -151,13 +152,14 @@ def fence_bindings(fence: Fence, worldmap: Worldmap, version: int = 1,
     """The fence's covering at INDEX_BITS, clipped to each region that owns part of it."""
     bits = covering_bits(fence.radius_m, fence.lat, cells_per_radius)
     cov = hk.cover(fence.routed_geometry(), bits, max_ranges=max_ranges).to_bits(INDEX_BITS)
-    return {region: FenceBinding(fence.fence_id, version, r, f)
+    cross = cross_box(fence_def(fence, version))
+    return {region: FenceBinding(fence.fence_id, version, r, f, cross)
             for region, (r, f) in worldmap.clip(cov.ranges, cov.interior).items()}
 
 
 def fence_def(fence: Fence, version: int = 1, timeout_s: float = NO_TIMEOUT_S) -> FenceDef:
     return FenceDef(fence.fence_id, version, fence.geometry, timeout_s, hysteresis_m=fence.hysteresis_m,
-                    where=fence.where, dwell_s=fence.dwell_s)
+                    where=fence.where, dwell_s=fence.dwell_s, cross=fence.cross)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -259,9 +261,16 @@ def _reflect(v: F64, side: float) -> F64:
 
 # -- the ground truth ------------------------------------------------------------------------
 
-def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_000) -> list[EventTuple]:
-    """ENTER / LEAVE from shapely alone, update by update in stream order (fence.reference)."""
-    return reference.reference_events([f.fence_id for f in fences], [f.geometry for f in fences],
+def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_000,
+                     region: npt.NDArray[np.integer[Any]] | None = None) -> list[EventTuple]:
+    """ENTER / LEAVE from shapely alone, update by update in stream order (fence.reference),
+    and CROSS for the fences that detect it (`region`: each position's, see
+    reference.cross_events)."""
+    crossing = [f for f in fences if f.cross]
+    crossed = reference.cross_events([f.fence_id for f in crossing], [f.geometry for f in crossing],
+                                     stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, region,
+                                     [f.where for f in crossing], stream.extra or None) if crossing else []
+    return crossed + reference.reference_events([f.fence_id for f in fences], [f.geometry for f in fences],
                                       stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, chunk,
                                       hysteresis=[f.hysteresis_m for f in fences],
                                       where=[f.where for f in fences], extras=stream.extra or None,

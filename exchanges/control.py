@@ -41,12 +41,14 @@ from exchanges.contract import InvalidMessage
 from exchanges.fence_def import (
     FenceDef,
     InvalidFence,
+    check_cross,
     check_dwell,
     check_fence_id,
     check_geometry,
     check_hysteresis,
     check_timeout,
     check_where,
+    cross_box,
 )
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import FenceBinding
@@ -87,7 +89,8 @@ class Define:
         """The x-geo binding, or None when the fence does not touch the region."""
         if self.ranges is None or self.interior is None or not len(self.ranges):
             return None
-        return FenceBinding(self.fence.fence_id, self.fence.version, self.ranges, self.interior)
+        return FenceBinding(self.fence.fence_id, self.fence.version, self.ranges, self.interior,
+                            cross_box(self.fence))
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ def fence_json(fence: FenceDef) -> dict[str, Any]:
         out["where"] = filters.to_wire(fence.where)
     if fence.dwell_s:
         out["dwell_s"] = fence.dwell_s
+    if fence.cross:
+        out["cross"] = True
     return out
 
 
@@ -158,7 +163,8 @@ def _fence(f: dict[str, Any]) -> FenceDef:
     geometry = check_geometry(f["geometry"])
     return FenceDef(check_fence_id(f["id"]), _version(f["version"]), geometry, check_timeout(f["timeout_s"]),
                     str(f.get("name", "")), check_hysteresis(f.get("hysteresis_m", 0), geometry),
-                    check_where(f.get("where")), check_dwell(f.get("dwell_s", 0)))
+                    check_where(f.get("where")), check_dwell(f.get("dwell_s", 0)),
+                    check_cross(f.get("cross", False)))
 
 
 def _flags(raw: Any, n: int, what: str) -> npt.NDArray[np.bool_]:

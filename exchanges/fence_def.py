@@ -40,6 +40,10 @@ class FenceDef:
     # dwell (issue 20, part 2): an object's stay counts, and is reported (ENTER reason
     # `dwelled`), only once it has been inside this long; a shorter stay gives no event at all
     dwell_s: float = 0.0
+    # cross (issue 20, part 2): an object whose two consecutive positions are both outside
+    # the fence while the segment between them passes through it gets event `cross`, reason
+    # `crossed` (`crosses` below)
+    cross: bool = False
 
     def routed_geometry(self) -> BaseGeometry:
         """What x-geo covers: the fence, grown by its hysteresis band (positions in the band
@@ -139,6 +143,38 @@ def check_timeout(value: Any) -> float:
 
 
 MAX_DWELL_S = 86_400.0
+
+
+def check_cross(value: Any) -> bool:
+    """A fence's `cross`: true or false (JSON booleans only)."""
+    if not isinstance(value, bool):
+        raise InvalidFence(f"cross {shown(value)}: true or false")
+    return value
+
+
+# A segment longer than this (degrees of longitude or latitude, about 55 km) is not tested for
+# CROSS: an object silent that long, or a jump, says nothing of where it went in between.
+CROSS_MAX_SEGMENT_DEG = 0.5
+
+
+def cross_box(fence: FenceDef) -> tuple[float, float, float, float] | None:
+    """What x-geo tests segments against for a fence that detects CROSS: its bounding box."""
+    if not fence.cross:
+        return None
+    x0, y0, x1, y1 = (float(v) for v in fence.geometry.bounds)
+    return x0, y0, x1, y1
+
+
+def crosses(geometries: Any, x0: Any, y0: Any, x1: Any, y1: Any) -> Any:
+    """Per (fence, segment from (x0, y0) to (x1, y1)): whether the segment passes through the
+    fence's interior while both its ends are outside it (`shapely.contains_xy` false: a point
+    on the boundary is outside, as for ENTER / LEAVE). The one rule of CROSS, for x-fence and
+    the reference alike."""
+    x0, y0, x1, y1 = (np.asarray(v, np.float64) for v in (x0, y0, x1, y1))
+    lines = shapely.linestrings(np.stack([np.stack([x0, y0], -1), np.stack([x1, y1], -1)], -2))
+    out: Any = (~shapely.contains_xy(geometries, x0, y0) & ~shapely.contains_xy(geometries, x1, y1)
+                & shapely.relate_pattern(lines, geometries, "T********"))
+    return out
 
 
 def check_dwell(value: Any) -> float:

@@ -106,9 +106,19 @@ class StoreConnection:
 
 
 def binding_of(row: asyncpg.Record) -> FenceBinding:
+    cross = None
+    if row.get("detect_cross"):  # (rows of fence_range alone have no flag: None)
+        cross = (float(row["min_lon"]), float(row["min_lat"]), float(row["max_lon"]), float(row["max_lat"]))
     return FenceBinding(row["fence_id"], int(row["version"]),
                         np.frombuffer(row["ranges"], "<u8").astype(np.uint64).reshape(-1, 2),
-                        np.frombuffer(row["interior"], np.uint8).astype(bool))
+                        np.frombuffer(row["interior"], np.uint8).astype(bool), cross)
+
+
+# a binding and, for a fence that detects CROSS, its bounding box (x-geo tests segments on it)
+_BINDING = """SELECT r.fence_id, r.version, r.ranges, r.interior,
+                     coalesce(f.detect_cross, false) AS detect_cross,
+                     f.min_lon, f.min_lat, f.max_lon, f.max_lat
+              FROM fence_range r LEFT JOIN fence f ON f.id = r.fence_id"""
 
 
 async def followed_objects(conn: asyncpg.Connection) -> set[str]:
@@ -119,14 +129,12 @@ async def followed_objects(conn: asyncpg.Connection) -> set[str]:
 
 async def region_bindings(conn: asyncpg.Connection, region: str) -> list[FenceBinding]:
     """What x-geo `region` must have bound (its `recover` source)."""
-    rows = await conn.fetch("SELECT fence_id, version, ranges, interior FROM fence_range "
-                            "WHERE region = $1 ORDER BY fence_id", region)
+    rows = await conn.fetch(f"{_BINDING} WHERE r.region = $1 ORDER BY r.fence_id", region)
     return [binding_of(r) for r in rows]
 
 
 async def region_binding(conn: asyncpg.Connection, region: str, fence_id: str) -> FenceBinding | None:
-    row = await conn.fetchrow("SELECT fence_id, version, ranges, interior FROM fence_range "
-                              "WHERE region = $1 AND fence_id = $2", region, fence_id)
+    row = await conn.fetchrow(f"{_BINDING} WHERE r.region = $1 AND r.fence_id = $2", region, fence_id)
     return None if row is None else binding_of(row)
 
 

@@ -42,6 +42,13 @@ class WorkerBatch:
     # an ordinary position). A re-check row is its object's latest position in the region
     # when the region applied the change; its candidates are that fence alone, or none.
     recheck: npt.NDArray[np.int32] | None = None
+    # per position (n x 3): lon, lat, ts of the object's position before it in the region (NaN:
+    # none known), sent when a candidate is a CROSS test (a fence's bounding box meets the
+    # segment between the two: fence.x_fence.core, "Cross")
+    prev: npt.NDArray[np.float64] | None = None
+
+    def previous(self) -> npt.NDArray[np.float64]:
+        return self.prev if self.prev is not None else np.full((len(self.positions), 3), np.nan)
 
     def notices(self) -> npt.NDArray[np.bool_]:
         return self.notice if self.notice is not None else np.zeros(len(self.positions), bool)
@@ -90,7 +97,8 @@ class WorkerBatch:
                            self.interior[at], None if self.notice is None else self.notice[r],
                            None if self.gate is None else self.gate[r],
                            None if self.barrier is None else self.barrier[r],
-                           None if self.origin is None else self.origin[r], versions, recheck)
+                           None if self.origin is None else self.origin[r], versions, recheck,
+                           None if self.prev is None else self.prev[r])
 
     def candidates(self, i: int) -> list[tuple[str, bool]]:
         lo, hi = int(self.ptr[i]), int(self.ptr[i + 1])
@@ -126,6 +134,7 @@ class WorkerBatch:
         barred = any(b.barrier is not None for b in batches)
         said = any(b.origin is not None for b in batches)
         rechecked = any(b.recheck is not None for b in batches)
+        crossing = any(b.prev is not None for b in batches)
         return WorkerBatch(
             worker, PositionBatch.concat([b.positions for b in batches]), np.concatenate(ptrs),
             fences, np.concatenate(cands), np.concatenate([b.interior for b in batches]),
@@ -137,6 +146,7 @@ class WorkerBatch:
             np.concatenate([np.where(b.rechecks() >= 0, r[np.maximum(b.rechecks(), 0)], -1)
                             if r.size else b.rechecks() for b, r in zip(batches, remaps, strict=True)]
                            ).astype(np.int32) if rechecked else None,
+            np.concatenate([b.previous() for b in batches]) if crossing else None,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -161,6 +171,8 @@ class WorkerBatch:
             d["versions"] = self.versions.astype("<i8").tobytes()
         if self.recheck is not None and (self.recheck >= 0).any():
             d["recheck"] = self.recheck.astype("<i4").tobytes()
+        if self.prev is not None:
+            d["prev"] = self.prev.astype("<f8").tobytes()
         return d
 
     @staticmethod
@@ -184,6 +196,7 @@ class WorkerBatch:
             else np.frombuffer(raw, "<i8").astype(np.int64)
         versions = np.frombuffer(d["versions"], "<i8").astype(np.int64) if d.get("versions") else None
         recheck = np.frombuffer(d["recheck"], "<i4").astype(np.int32) if d.get("recheck") else None
+        prev = np.frombuffer(d["prev"], "<f8").astype(np.float64) if d.get("prev") is not None else None
         if d.get("handover"):  # a whole part of notices (wire of the first pipeline version)
             notice = np.ones(n, bool)
         if (ptr.size != n + 1 or (ptr.size and (ptr[0] != 0 or (np.diff(ptr) < 0).any()))
@@ -197,7 +210,8 @@ class WorkerBatch:
                 or (versions is not None and (versions.size != len(fences) or (versions < 0).any()))
                 or (recheck is not None and (recheck.size != n or (recheck < -1).any()
                                              or (recheck >= len(fences)).any()
-                                             or (notice is not None and (notice & (recheck >= 0)).any())))):
+                                             or (notice is not None and (notice & (recheck >= 0)).any())))
+                or (prev is not None and prev.size != 3 * n)):
             raise ValueError("a worker batch whose columns do not fit together")
         return WorkerBatch(d["worker"], pos, ptr, fences, cand, interior, notice, gate, barrier, origin,
-                           versions, recheck)
+                           versions, recheck, None if prev is None else prev.reshape(n, 3))

@@ -29,7 +29,7 @@ from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.contract import InvalidMessage
 from fence import store
-from fence.x_fence.events import DWELLED, REASONS
+from fence.x_fence.events import DWELLED, KINDS, REASONS
 
 log = logging.getLogger("geofence")
 Row = store.EventRow
@@ -74,8 +74,8 @@ def _row(e: object) -> Row:
     for k in ("event_id", "fence_id", "object_id"):
         if not isinstance(e[k], str) or not 0 < len(e[k]) <= 200 or "\x00" in e[k]:
             raise InvalidMessage(f"event {k} {e[k]!r}: a string of 1-200 characters, no NUL, expected")
-    if e["event"] not in ("enter", "leave"):
-        raise InvalidMessage(f"event kind {e['event']!r}: enter or leave expected")
+    if e["event"] not in KINDS:
+        raise InvalidMessage(f"event kind {e['event']!r}: enter, leave or cross expected")
     if e["reason"] not in REASONS:
         raise InvalidMessage(f"event reason {e['reason']!r}: one of {', '.join(REASONS)}")
     ts = e["ts"]

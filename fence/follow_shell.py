@@ -97,7 +97,7 @@ class Follower:
                         move.lat, exc)
             return
         spec = FenceSpec(f.fence_id, geometry, f.name, f.timeout_s, record.owner, record.follow,
-                         f.hysteresis_m, f.where, f.dwell_s)
+                         f.hysteresis_m, f.where, f.dwell_s, f.cross)
         async with self._slots:
             try:
                 await self.manager.put(spec, create=False, owner=record.owner, follow_ts=move.ts)

@@ -20,8 +20,8 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 
 from exchanges import filters
-from exchanges.fence_def import hysteresis_zones
-from fence.x_fence.events import DWELLED, ENTER, ENTERED, EXITED, LEAVE, visit_id
+from exchanges.fence_def import CROSS_MAX_SEGMENT_DEG, crosses, hysteresis_zones
+from fence.x_fence.events import CROSS, CROSSED, DWELLED, ENTER, ENTERED, EXITED, LEAVE, visit_id
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
 
@@ -97,6 +97,39 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
                     if t - since >= dwell_s[f]:
                         events.append((ENTER, names[f], oid, t, DWELLED))
                         del pending[f]
+    return events
+
+
+def cross_events(names: Sequence[str], geometries: Sequence[BaseGeometry], object_ids: Sequence[str],
+                 obj: npt.NDArray[np.integer[Any]], lon: npt.NDArray[np.float64],
+                 lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
+                 region: npt.NDArray[np.integer[Any]] | None = None,
+                 where: Sequence[Sequence[filters.Clause]] | None = None,
+                 extras: Sequence[Any] | None = None) -> list[EventTuple]:
+    """CROSS events of positions (each object's in time order) for the fences given (those
+    that detect it): an object's consecutive positions, in one region (`region`, per
+    position; None: one region) and at most CROSS_MAX_SEGMENT_DEG apart on each axis, both
+    outside the fence with the segment between them through it (exchanges/fence_def.py
+    `crosses`); the second position passes the fence's filter. Every pair of positions and
+    fence is tested (no bounding-box step)."""
+    order = np.lexsort((np.arange(len(obj)), obj))  # each object's positions, in the order given
+    o = np.asarray(obj)[order]
+    cur = order[1:][o[1:] == o[:-1]]
+    before = order[:-1][o[1:] == o[:-1]]
+    keep = (ts[before] < ts[cur]) & (np.abs(lon[cur] - lon[before]) <= CROSS_MAX_SEGMENT_DEG) \
+        & (np.abs(lat[cur] - lat[before]) <= CROSS_MAX_SEGMENT_DEG)
+    if region is not None:
+        keep &= region[cur] == region[before]
+    cur, before = cur[keep], before[keep]
+    events: list[EventTuple] = []
+    for f, (name, g) in enumerate(zip(names, geometries, strict=True)):
+        hit = np.flatnonzero(crosses(np.full(cur.size, g, dtype=object), lon[before], lat[before], lon[cur],
+                                     lat[cur]))
+        for i in cur[hit].tolist():
+            clauses = where[f] if where is not None else ()
+            if clauses and not filters.matches(clauses, [extras[i] if extras else None])[0]:
+                continue
+            events.append((CROSS, name, object_ids[int(obj[i])], float(ts[i]), CROSSED))
     return events
 
 

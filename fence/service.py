@@ -396,7 +396,7 @@ class FenceService:
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
         return FenceSpec(fence_id, geometry, name, timeout, caller.uid, Follow(object_id, float(radius)),
-                         band, f.where, dwell)
+                         band, f.where, dwell, f.cross)
 
     async def _put(self, spec: FenceSpec, caller: Caller, create: bool, expected: int | None = None
                    ) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
     FenceDef,
     InvalidFence,
+    check_cross,
     check_dwell,
     check_fence_id,
     check_geometry,
@@ -62,6 +63,7 @@ class FenceSpec:
     hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
     where: tuple[filters.Clause, ...] = ()  # exchanges/fence_def.py FenceDef.where
     dwell_s: float = 0.0  # exchanges/fence_def.py FenceDef.dwell_s
+    cross: bool = False  # exchanges/fence_def.py FenceDef.cross
 
     def cover_geometry(self) -> Polygon | MultiPolygon:
         """What the bindings cover: the fence grown by its hysteresis band (or itself)."""
@@ -73,7 +75,7 @@ class FenceSpec:
     def definition(self, version: int) -> FenceDef:
         """The fence as the roles carry it, at `version`."""
         return FenceDef(self.fence_id, version, self.geometry, self.timeout_s, self.name, self.hysteresis_m,
-                        self.where, self.dwell_s)
+                        self.where, self.dwell_s, self.cross)
 
     def bbox(self) -> tuple[float, float, float, float]:
         x0, y0, x1, y1 = self.geometry.bounds
@@ -92,7 +94,7 @@ def named_fence_id(feature: Mapping[str, Any]) -> Any:
 
 def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> FenceSpec:
     """A FenceSpec from a GeoJSON Feature (properties: id or fence_id, name, timeout_s,
-    hysteresis_m, where, dwell_s); `fence_id` overrides the id in the feature."""
+    hysteresis_m, where, dwell_s, cross); `fence_id` overrides the id in the feature."""
     if not isinstance(feature, Mapping) or feature.get("type") != "Feature":
         raise InvalidFence("expected a GeoJSON Feature ({\"type\": \"Feature\", \"geometry\": ..., "
                            "\"properties\": ...})")
@@ -112,7 +114,8 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
     timeout = check_timeout(props.get("timeout_s", DEFAULT_TIMEOUT_S))
     return FenceSpec(check_fence_id(fid), geom, name, timeout, owner,
                      hysteresis_m=check_hysteresis(props.get("hysteresis_m", 0), geom),
-                     where=check_where(props.get("where")), dwell_s=check_dwell(props.get("dwell_s", 0)))
+                     where=check_where(props.get("where")), dwell_s=check_dwell(props.get("dwell_s", 0)),
+                     cross=check_cross(props.get("cross", False)))
 
 
 # --------------------------------------------------------------------------- bindings

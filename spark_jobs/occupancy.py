@@ -288,6 +288,9 @@ def _t_before(x: float) -> str:
     return f"(ts < {x!r} OR archived_at < to_timestamp({x!r}))"
 
 
+_STAYS = "event IN ('enter', 'leave')"  # the events of stays (not CROSS)
+
+
 def carry_sql(schema: str, w0: float, snapshot: dt.date | None) -> str:
     """(fence_id, object_id) inside at w0: the snapshot of `snapshot`'s end updated by the
     events after it (the last one decides), or, without a snapshot, by all earlier events."""
@@ -297,7 +300,8 @@ def carry_sql(schema: str, w0: float, snapshot: dt.date | None) -> str:
     gap_from = epoch(snapshot) + DAY_S if snapshot else None
     if gap_from is not None and gap_from >= w0:
         return stored
-    where = _t_before(w0) + (f" AND {_t_from(gap_from)}" if gap_from is not None else "")
+    # (a CROSS, not a stay, changes no occupancy)
+    where = _t_before(w0) + (f" AND {_t_from(gap_from)}" if gap_from is not None else "") + f" AND {_STAYS}"
     gap = (f"SELECT DISTINCT ON (fence_id, object_id) fence_id, object_id, event FROM {s}.fence_event "
            f"WHERE {where} ORDER BY fence_id, object_id, {EFFECTIVE_T} DESC, ts DESC, event DESC")
     sql = f"WITH gap AS ({gap}) SELECT fence_id, object_id FROM gap WHERE event = 'enter'"
@@ -314,7 +318,7 @@ def events_sql(schema: str, window: Window, snapshot: dt.date | None) -> str:
     start, ts = the mean)."""
     s, first = f'"{schema}"', window.first
     since = first - dt.timedelta(days=LOOKBACK_DAYS - 1)
-    window_events = f"{_t_from(window.w0)} AND {_t_before(window.w1)}"
+    window_events = f"{_t_from(window.w0)} AND {_t_before(window.w1)} AND {_STAYS}"
     return (f"SELECT fence_id, object_id, {core.EVENT}::int2 AS kind, event = 'enter' AS enter, "
             f"{EFFECTIVE_T} AS t, ts FROM {s}.fence_event WHERE {window_events} "
             f"UNION ALL SELECT fence_id, object_id, {core.CARRIED}::int2, true, '-Infinity', '-Infinity' "

@@ -43,6 +43,14 @@ walk is cached here as worker numbers, computed once per ring). Everything per f
 went to its worker goes to each master instead: the definition (with the re-check rows of
 that master's objects) and the delete. An object's memory of where it was routed works as
 for any fence, since an object always goes to the same master of a fence.
+
+CROSS (a fence's `cross`): x-geo keeps the bounding boxes of the fences that detect it, and
+tests the segment from each object's position before (its row before in the batch, else the
+latest remembered here) to the new one against them, all at once per batch; a fence whose box
+the segment meets becomes a candidate of the new position (not interior), which then carries
+the previous position to the worker (WorkerBatch.prev) for the exact test. Trade-off: only
+segments within one region are tested (a segment whose ends are in two regions has its first
+end in the other region's memory), and none longer than `CROSS_MAX_SEGMENT_DEG`.
 """
 
 from __future__ import annotations
@@ -58,10 +66,11 @@ import numpy.typing as npt
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.contract import InvalidMessage
+from exchanges.fence_def import CROSS_MAX_SEGMENT_DEG
 from exchanges.object_codes import ObjectCodes, carry, distinct, grow
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo import queries
-from exchanges.x_geo.range_index import INDEX_BITS, RangeIndex
+from exchanges.x_geo.range_index import INDEX_BITS, Matches, RangeIndex
 
 MAX_WORKERS = 63  # worker sets are bitmasks in an int64
 
@@ -113,6 +122,9 @@ class FenceBinding:
     version: int
     ranges: npt.NDArray[np.uint64]
     interior: npt.NDArray[np.bool_]
+    # the fence's bounding box when it detects CROSS (exchanges/fence_def.py `cross_box`):
+    # segments between an object's positions here are tested against it
+    cross: tuple[float, float, float, float] | None = None
 
 
 class XGeo:
@@ -139,6 +151,10 @@ class XGeo:
         self._worker_of_slot = np.zeros(0, dtype=np.int64)  # the fence's (first) master
         self._masters_of_slot = np.zeros(0, dtype=np.int64)  # a hot fence's masters (bits), else 0
         self._version_of_slot = np.zeros(0, dtype=np.int64)
+        # fences that detect CROSS: their bounding boxes, and (made when needed) the table the
+        # segments are tested against (slots, boxes as columns x0, y0, x1, y1)
+        self._cross: dict[str, tuple[float, float, float, float]] = {}
+        self._cross_table: tuple[npt.NDArray[np.int32], npt.NDArray[np.float64]] | None = None
         self.forget_objects()
 
     def forget_objects(self) -> None:
@@ -185,6 +201,12 @@ class XGeo:
         self._version_of_slot = grow(self._version_of_slot, slot + 1, 0)
         self._place(slot, binding.fence_id)
         self._version_of_slot[slot] = binding.version
+        if binding.cross is not None or binding.fence_id in self._cross:
+            self._cross_table = None
+            if binding.cross is None:
+                del self._cross[binding.fence_id]
+            else:
+                self._cross[binding.fence_id] = binding.cross
 
     def _place(self, slot: int, fence_id: str) -> None:
         """The fence's master(s), as the ring in force has them."""
@@ -220,6 +242,8 @@ class XGeo:
                 continue
             self._versions[fence_id] = version
             self._index.remove(fence_id, missing_ok=True)
+            if self._cross.pop(fence_id, None) is not None:
+                self._cross_table = None
 
     def change(self, fence_id: str, version: int,
                binding: FenceBinding | None) -> dict[str, WorkerBatch] | None:
@@ -371,7 +395,7 @@ class XGeo:
         if version is None or fence_id not in self._index:
             return None
         ranges, interior = self._index.ranges_of(fence_id)
-        return FenceBinding(fence_id, version, ranges, interior)
+        return FenceBinding(fence_id, version, ranges, interior, self._cross.get(fence_id))
 
     def known_version(self, fence_id: str) -> int | None:
         """The latest version of `fence_id` applied (bound, unbound or dropped)."""
@@ -445,6 +469,9 @@ class XGeo:
         m = self._index.route(batch.h)
         if notice is not None:  # a notice's position is in another region: no candidates here
             m = m.take(np.flatnonzero(~notice[m.point]))
+        prev = None
+        if self._cross:
+            m, prev = self._with_crossings(batch, codes, notice, m)
         w_of_match = self._worker_of_slot[m.slot]
         hot = self._masters_of_slot[m.slot]
         if hot.any():  # a hot fence's candidates: to the master owning each object
@@ -485,9 +512,73 @@ class XGeo:
                 worker, batch.take(pts), ptr, self._index.fence_of_slot(slots), cand, m.interior[sel],
                 None if notice is None else notice[pts], None if gate is None else gate[pts],
                 None if barrier is None else barrier[pts], np.full(pts.size, self._origin, np.int64),
-                self._version_of_slot[slots],
+                self._version_of_slot[slots], prev=None if prev is None else prev[pts],
             )
         return out
+
+    def _with_crossings(self, batch: PositionBatch, codes: npt.NDArray[np.int64],
+                        notice: npt.NDArray[np.bool_] | None, m: Matches
+                        ) -> tuple[Matches, npt.NDArray[np.float64] | None]:
+        """CROSS tests: each position whose object's position before it in this region is
+        known (its row before in the batch, else the latest remembered) gets as candidates
+        the fences that detect CROSS whose bounding box the segment between the two meets
+        (not already candidates; never a block's interior). Returns the matches and, when
+        any segment met a box, each position's previous one (lon, lat, ts; NaN: none)."""
+        if self._cross_table is None:
+            ids = [f for f in self._cross if f in self._index]
+            slots = np.array([self._index.slot_of(f) for f in ids], np.int32)
+            self._cross_table = slots, np.array([self._cross[f] for f in ids], np.float64).reshape(-1, 4)
+        slots, box = self._cross_table
+        n = len(batch)
+        if not slots.size:
+            return m, None
+        order = np.argsort(codes, kind="stable")  # an object's rows are in time order
+        c = codes[order]
+        after = np.flatnonzero(np.r_[False, c[1:] == c[:-1]])
+        before = np.full(n, -1, np.int64)
+        before[order[after]] = order[after - 1]
+        prev = np.full((n, 3), np.nan)
+        inner = np.flatnonzero(before >= 0)
+        if notice is not None:  # a notice's position is in another region: not a segment here
+            inner = inner[~notice[before[inner]]]
+        b = before[inner]
+        prev[inner] = np.column_stack([batch.lon[b], batch.lat[b], batch.ts[b]])
+        first = np.flatnonzero(before < 0)
+        first = first[codes[first] < self._present.size]
+        first = first[self._present[codes[first]]]
+        o = codes[first]
+        prev[first] = np.column_stack([self._llon[o], self._llat[o], self._lts[o]])
+        ok = np.isfinite(prev[:, 0]) & (prev[:, 2] < batch.ts)
+        if notice is not None:
+            ok &= ~notice
+        rows = np.flatnonzero(ok)
+        x0, x1 = np.minimum(prev[rows, 0], batch.lon[rows]), np.maximum(prev[rows, 0], batch.lon[rows])
+        y0, y1 = np.minimum(prev[rows, 1], batch.lat[rows]), np.maximum(prev[rows, 1], batch.lat[rows])
+        short = (x1 - x0 <= CROSS_MAX_SEGMENT_DEG) & (y1 - y0 <= CROSS_MAX_SEGMENT_DEG)
+        rows, x0, x1, y0, y1 = rows[short], x0[short], x1[short], y0[short], y1[short]
+        points, hit_slots = [np.empty(0, np.int64)], [np.empty(0, np.int32)]
+        step = max(1, 4_000_000 // slots.size)  # rows x fences booleans per step
+        for lo in range(0, rows.size, step):
+            s = slice(lo, lo + step)
+            i, j = np.nonzero((x0[s, None] <= box[:, 2]) & (x1[s, None] >= box[:, 0])
+                              & (y0[s, None] <= box[:, 3]) & (y1[s, None] >= box[:, 1]))
+            points.append(rows[lo + i])
+            hit_slots.append(slots[j])
+        p, sl = np.concatenate(points), np.concatenate(hit_slots)
+        if not p.size:
+            return m, None
+        # a position already a candidate (in the fence's ranges) keeps its match; the worker
+        # needs the position before all the same
+        width = np.int64(self._index.slot_count())
+        new = ~np.isin(p * width + sl, m.point.astype(np.int64) * width + m.slot)
+        p, sl = p[new], sl[new]
+        if not p.size:
+            return m, prev
+        point = np.r_[m.point, p]
+        at = np.argsort(point, kind="stable")
+        merged = Matches(point[at], np.r_[m.slot, sl].astype(m.slot.dtype)[at],
+                         np.r_[m.interior, np.zeros(p.size, bool)][at])
+        return merged, prev
 
     def _remember(self, batch: PositionBatch, codes: npt.NDArray[np.int64],
                   notice: npt.NDArray[np.bool_] | None, gate: npt.NDArray[np.float64] | None) -> None:

@@ -35,6 +35,7 @@ from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, RegionBatch, pack, unpack
 from exchanges.binding_diff import DiffMismatch
 from exchanges.contract import BAD_INPUT, InvalidMessage
+from exchanges.fence_def import cross_box
 from exchanges.hash_ring import HashRing
 from exchanges.x_geo import queries
 from exchanges.x_geo.core import FenceBinding, XGeo
@@ -221,7 +222,7 @@ class GeoSidecar:
                                    f"is against {change.base_version}")
             ranges, interior = binding_diff.apply(have.ranges, have.interior, change.diff)
             self.counters.bump("rebinds")
-            return FenceBinding(fid, version, ranges, interior)
+            return FenceBinding(fid, version, ranges, interior, cross_box(change.fence))
         except DiffMismatch as exc:
             self.counters.bump("rebinds_from_store")
             log.warning("fence %s v%d: %s; reading its bindings from the store", fid, version, exc)
@@ -230,7 +231,8 @@ class GeoSidecar:
                 stored = await routing_store.region_binding(conn, self.region, fid)
             finally:
                 await conn.close()
-            return None if stored is None else FenceBinding(fid, version, stored.ranges, stored.interior)
+            return None if stored is None else FenceBinding(fid, version, stored.ranges, stored.interior,
+                                                            cross_box(change.fence))
 
     async def take_ring(self, version: int) -> dict[str, Any]:
         """Route with the stored worker ring `version` (`geofence worker add / remove`, once

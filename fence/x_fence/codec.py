@@ -78,7 +78,7 @@ def pack_fence(f: StoredFence) -> dict[str, Any]:
             "prev": None if f.prev is None else [f.prev[0], shapely.to_wkb(f.prev[1])],
             "pending": sorted(f.pending), **({"hysteresis_m": d.hysteresis_m} if d.hysteresis_m else {}),
             **({"where": filters.to_wire(d.where)} if d.where else {}),
-            **({"dwell_s": d.dwell_s} if d.dwell_s else {})}
+            **({"dwell_s": d.dwell_s} if d.dwell_s else {}), **({"cross": True} if d.cross else {})}
 
 
 def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
@@ -95,7 +95,7 @@ def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
     pending = frozenset(str(r) for r in d.get("pending") or ()) if old is not None else frozenset()
     return StoredFence(FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"],
                                 float(d.get("hysteresis_m", 0.0)), filters.parse(d.get("where")),
-                                float(d.get("dwell_s", 0.0))),
+                                float(d.get("dwell_s", 0.0)), bool(d.get("cross", False))),
                        float(d.get("ts", 0.0)), bool(d.get("created", False)), old, pending)
 
 

@@ -45,6 +45,13 @@ confirms it, and the LEAVE of a stay never confirmed is silent. Within a batch t
 run (a stay): its first observation past the dwell time. The set is part of the state: the
 journal records, snapshots and handovers carry it with the pairs.
 
+Cross. x-geo sends, with a position, the object's position before it in the region when the
+segment between the two meets the bounding box of a fence that detects CROSS (the fence is a
+candidate then, even if the position is outside its ranges). Both ends outside and the segment
+through the fence (exchanges/fence_def.py `crosses`): event `cross`. It is a pure function of
+the two positions (no pair state), judged for fresh positions only (a redelivered position at
+the object's last known ts gives none again).
+
 Time comes from the positions (ts), never from this process's clock: a restarted worker
 makes the same decisions, and the same inputs give the same event ids (a consumer can drop
 a redelivered event by its id).
@@ -63,11 +70,13 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 
 from exchanges import filters
-from exchanges.fence_def import FenceDef, hysteresis_zones
+from exchanges.fence_def import FenceDef, crosses, hysteresis_zones
 from exchanges.object_codes import ObjectCodes, distinct, grow
 from exchanges.worker_batch import WorkerBatch
 from fence.x_fence import codec
 from fence.x_fence.events import (
+    CODES,
+    CROSSED,
     DWELLED,
     ENTERED,
     EVENT_SLOTS,
@@ -75,7 +84,6 @@ from fence.x_fence.events import (
     EXPIRED,
     FENCE_CHANGED,
     FENCE_DELETED,
-    KINDS,
     TIMEOUT,
     Event,
     visit_id,
@@ -210,6 +218,7 @@ class XFence:
         self._where: list[tuple[filters.Clause, ...]] = []
         self._has_where = np.zeros(0, bool)
         self._dwell = np.zeros(0, np.float64)  # by code: dwell_s (0: none)
+        self._cross = np.zeros(0, bool)  # by code: the fence detects CROSS
         # the inside pairs whose stay has not reached its fence's dwell time yet (no ENTER was
         # emitted: their LEAVE is silent); sorted keys, a subset of _keys
         self._unconfirmed = np.empty(0, np.uint64)
@@ -315,6 +324,7 @@ class XFence:
         self._inner[code] = self._outer[code] = None
         self._where[code], self._has_where[code] = (), False
         self._dwell[code] = 0.0
+        self._cross[code] = False
         self._prev.pop(code, None)
         self._pending.pop(code, None)
         self._edges.drop(code)
@@ -337,6 +347,7 @@ class XFence:
         self._where.append(())
         self._has_where = grow(self._has_where, code + 1, False)
         self._dwell = grow(self._dwell, code + 1, 0.0)
+        self._cross = grow(self._cross, code + 1, False)
         return code
 
     def _install(self, code: int, fence: FenceDef, changed_at: float, created: bool) -> None:
@@ -354,6 +365,7 @@ class XFence:
                                                 if fence.hysteresis_m else (None, None))
         self._where[code], self._has_where[code] = fence.where, bool(fence.where)
         self._dwell[code] = fence.dwell_s
+        self._cross[code] = fence.cross
 
     # -- positions --------------------------------------------------------------------------
 
@@ -569,9 +581,10 @@ class XFence:
                 return []
         obs = self._observations(codes, pos.ts)
         self._dirty_objs.append(obs.objs)
+        crossed = self._crossed(wb, obs, codes) if wb.prev is not None else []
         c_pos, c_fence, b_pos, b_fence = self._inside(wb, obs, codes)
         if obs.objs.size == 0:
-            return []
+            return crossed
         stored_at = self._stored_pairs(obs.objs)
         if b_pos.size:  # hysteresis: band positions inside where the state before them was
             kept = self._band(obs, stored_at, c_pos, c_fence, b_pos, b_fence)
@@ -584,7 +597,34 @@ class XFence:
         self._last_lon[obs.objs] = pos.lon[obs.last]
         self._last_lat[obs.objs] = pos.lat[obs.last]
         self._ttl[obs.objs] = ttls(pos.extra, obs.last)
+        if crossed:
+            events = sorted(events + crossed, key=lambda e: (e.ts, e.object_id, e.fence_id, e.event))
         return events
+
+    def _crossed(self, wb: WorkerBatch, obs: _Observations, codes: I64) -> list[Event]:
+        """CROSS events of the batch (see the module's docstring, "Cross"): per fresh position
+        and candidate fence that detects CROSS, with the position before it known."""
+        if not wb.fences or not self._cross.any():
+            return []
+        code = self._fence_code.get
+        fmap = np.fromiter((code(f, -1) for f in wb.fences), np.int64, len(wb.fences))
+        c_fence = fmap[wb.cand]
+        c_pos = np.repeat(np.arange(len(wb.positions)), np.diff(wb.ptr))
+        prev = wb.previous()
+        at = np.flatnonzero((c_fence >= 0) & self._cross[np.maximum(c_fence, 0)] & (obs.pos_seq[c_pos] >= 1)
+                            & np.isfinite(prev[c_pos, 0]))
+        if not at.size:
+            return []
+        _, once = np.unique(c_pos[at] * len(self._fences) + c_fence[at], return_index=True)  # (two regions)
+        p, f = c_pos[at[once]], c_fence[at[once]]
+        x, y = wb.positions.lon[p], wb.positions.lat[p]
+        hit = crosses(self._geoms[f], prev[p, 0], prev[p, 1], x, y)
+        w = np.flatnonzero(hit & self._has_where[f])
+        if w.size:  # a fence's filter on the position's fields, as for ENTER
+            hit[w] = self._passes(f[w], p[w], wb.positions.extra)
+        p, f = p[hit], f[hit]
+        return self._events(np.full(p.size, 3, np.int8), f, codes[p], wb.positions.ts[p], (ENTERED, EXITED),
+                            dated=True)
 
     # The common batch (each object once, newer than what is stored) is a set difference
     # per object; any other is numbered observations and runs. Both give the same result:
@@ -1353,8 +1393,8 @@ class XFence:
         # event_id()'s text is fence prefix + object id + a tail per (kind, ts): the events
         # of a batch share a few instants, so each tail (and its float repr) is made once
         instants, at = np.unique(ts, return_inverse=True)
-        reasons_of = (*reasons, DWELLED)  # kind 2: the ENTER of a stay past its dwell time
-        tails = [f"\x1f{KINDS[k]}\x1f{reasons_of[k]}\x1f{t!r}" for k in (0, 1, 2) for t in instants.tolist()]
+        reasons_of = (*reasons, DWELLED, CROSSED)  # 2: the ENTER of a stay past its dwell time, 3: CROSS
+        tails = [f"\x1f{CODES[k]}\x1f{reasons_of[k]}\x1f{t!r}" for k in range(4) for t in instants.tolist()]
         prefix, blake2b = self._id_prefix, hashlib.blake2b
         ids = [blake2b((prefix[f] + o + tails[i]).encode(), digest_size=16).hexdigest()
                for f, o, i in zip(f_codes, object_ids, (kind.astype(np.int64) * instants.size + at).tolist(),
@@ -1366,14 +1406,14 @@ class XFence:
                    inside)
         for k, f, o, t, d, i, b, n in zip(*columns, strict=True):
             e = new(Event)
-            s_event(e, KINDS[k])
+            s_event(e, CODES[k])
             s_fence(e, names[f])
             s_object(e, o)
             s_ts(e, t)
             s_reason(e, reasons_of[k])
             s_id(e, i)
             s_pos(e, d)
-            s_visit(e, visit_id(names[f], o, b))
-            s_inside(e, n if k else None)
+            s_visit(e, visit_id(names[f], o, b) if k != 3 else "")  # (a CROSS is no stay)
+            s_inside(e, n if k in (1, 2) else None)
             out.append(e)
         return out

@@ -12,6 +12,10 @@ Dwell: a fence with `dwell_s` reports a stay only once the object has been insid
 by an ENTER with reason `dwelled` at the first position that shows it (its `inside_s` says how
 long the object had been inside then; its visit id is the stay's, as the LEAVE's); a stay that
 ends sooner gives no event at all.
+
+Cross: a fence with `cross` reports an object whose two consecutive positions (as its region
+saw them) are both outside it while the segment between them passes through it (a fast
+vehicle, a sparse tracker) by an event `cross`, reason `crossed`, at the second position.
 """
 
 from __future__ import annotations
@@ -21,19 +25,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENTER, LEAVE = "enter", "leave"
-ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED = (
-    "entered", "exited", "timeout", "fence_changed", "fence_deleted", "expired", "dwelled")
+CROSS = "cross"  # positions both sides of a fence that detects CROSS, none inside
+ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED, CROSSED = (
+    "entered", "exited", "timeout", "fence_changed", "fence_deleted", "expired", "dwelled", "crossed")
 # timeout: silent longer than the fence's timeout_s; expired: past the object's own TTL (the
 # `ttl` of its latest position), when that comes first
-REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED)
-# event kind codes 0, 1, 2 (also their order among equal ts, object, fence): 2 is the ENTER of a
-# stay that reached its fence's dwell time (reason `dwelled`)
-KINDS = (ENTER, LEAVE, ENTER)
+REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED, CROSSED)
+KINDS = (ENTER, LEAVE, CROSS)  # the event kinds
+# the core's event codes 0-3 (also their order among equal ts, object, fence): 2 is the ENTER
+# of a stay that reached its fence's dwell time (reason `dwelled`), 3 a CROSS (`crossed`)
+CODES = (ENTER, LEAVE, ENTER, CROSS)
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    event: str  # enter | leave
+    event: str  # enter | leave | cross
     fence_id: str
     object_id: str
     ts: float

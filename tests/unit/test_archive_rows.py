@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from exchanges.contract import InvalidMessage
 from fence import store
 from fence.archive import event_row, event_rows
-from fence.x_fence.events import ENTER, LEAVE, REASONS, Event, event_id
+from fence.x_fence.events import ENTER, KINDS, LEAVE, REASONS, Event, event_id
 
 TS = 1_700_000_000.125
 GOOD: dict[str, Any] = {"event": "enter", "fence_id": "yard-1", "object_id": "truck-7", "ts": TS,
@@ -75,7 +75,7 @@ def test_ids_up_to_200_characters_and_any_text() -> None:
     assert row[:3] == ("e" * 200, "Zaun-ä", "🚚")
 
 
-@pytest.mark.parametrize("kind", [ENTER, LEAVE])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("reason", REASONS)
 def test_every_kind_and_reason(kind: str, reason: str) -> None:
     assert event_row(body(event=kind, reason=reason))[3:5] == (kind, reason)
@@ -110,7 +110,7 @@ def test_real_events_round_trip(kind: str, reason: str) -> None:
 @given(ts=st.floats(allow_nan=False, allow_infinity=False),
        fence_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", fullmatch=True),
        object_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", fullmatch=True),
-       kind=st.sampled_from([ENTER, LEAVE]), reason=st.sampled_from(REASONS))
+       kind=st.sampled_from(KINDS), reason=st.sampled_from(REASONS))
 def test_any_real_event_round_trips_exactly(ts: float, fence_id: str, object_id: str, kind: str,
                                             reason: str) -> None:
     e = real_event(kind, reason, ts, fence_id, object_id)
@@ -159,14 +159,14 @@ def test_bad_ids(field: str, value: Any) -> None:
 
 @pytest.mark.parametrize("kind", ["ENTER", "Leave", "inside", "", None, 0, ["enter"], True])
 def test_bad_kind(kind: Any) -> None:
-    assert refusal(body(event=kind)) == f"event kind {kind!r}: enter or leave expected"
+    assert refusal(body(event=kind)) == f"event kind {kind!r}: enter, leave or cross expected"
 
 
 @pytest.mark.parametrize("reason", ["exit", "Entered", "", None, 1, ["entered"], {"r": "entered"}])
 def test_bad_reason(reason: Any) -> None:
     assert refusal(body(reason=reason)) == (
         f"event reason {reason!r}: one of entered, exited, timeout, fence_changed, fence_deleted, expired, "
-        "dwelled")
+        "dwelled, crossed")
 
 
 @pytest.mark.parametrize("ts", [True, False, None, "1700000000", [TS], {"s": TS}])
@@ -204,7 +204,7 @@ def test_an_empty_batch_has_no_rows() -> None:
 def test_bad_events_of_a_batch_are_named_and_the_good_ones_kept() -> None:
     rows, bad = event_rows(orjson.dumps([GOOD, {**GOOD, "event": "hover"}, 7]))
     assert len(rows) == 1
-    assert bad == ["event 1 of 3: event kind 'hover': enter or leave expected",
+    assert bad == ["event 1 of 3: event kind 'hover': enter, leave or cross expected",
                    "event 2 of 3: event is not a JSON object"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 import hilbert_c as hk
@@ -204,3 +205,40 @@ def test_dwell_drops_the_short_stays(dwelling) -> None:  # type: ignore[no-untyp
     long_ones = {f for f, d in dwell.items() if d >= 8}
     assert sum(e[1] in long_ones for e in reference) < 0.8 * sum(e[1] in long_ones for e in without)
     assert {e[4] for e in reference if dwell[e[1]] > 0} <= {"dwelled", "exited"}
+
+
+@pytest.fixture(scope="module")
+def crossing() -> tuple[list[wl.Fence], wl.Stream, npt.NDArray[np.int64], list[wl.EventTuple]]:
+    """Small fences (20-60 m) that detect CROSS, some filtered, and sparse walkers: 120 m a step,
+    so many pass a fence between two positions without one inside it; two regions."""
+    where = [(), filters.parse([["speed", "<", 40]])]
+    fences = [dataclasses.replace(f, cross=i % 3 != 2, where=where[i % 2])
+              for i, f in enumerate(wl.make_fences(60, seed=5, box=BOX, radius_m=(20.0, 60.0)))]
+    walk = wl.random_walk(200, 8_000, seed=5, box=BOX, step_m=120.0)
+    rng = np.random.default_rng(9)
+    stream = dataclasses.replace(walk, extra=[{"speed": float(v)} for v in rng.uniform(0.0, 50.0, len(walk))])
+    x, y = hk.lonlat_to_grid(stream.lon, stream.lat, INDEX_BITS)
+    region = split_in_box().region_index(hk.encode_many(x, y, INDEX_BITS))
+    return fences, stream, region, wl.reference_events(fences, stream, region=region)
+
+
+@pytest.mark.parametrize("batch", [200, 73, 1_000])
+def test_cross_gives_the_reference_events(crossing, batch: int) -> None:  # type: ignore[no-untyped-def]
+    """A fence's `cross`: x-geo tests each segment within a region against the bounding boxes
+    of the fences that detect it and sends the previous position with the candidate; x-fence
+    reports `cross` when both ends are outside and the segment goes through, as the reference
+    does for every segment and fence (several positions of an object per batch at 73 and 1,000)."""
+    fences, stream, _, reference = crossing
+    crossed = [e for e in reference if e[0] == "cross"]
+    assert len(crossed) > 100 and {e[1] for e in crossed} <= {f.fence_id for f in fences if f.cross}
+    assert wl.compare(run(fences, stream, batch), reference) == []
+
+
+def test_cross_is_only_where_no_position_was_inside(crossing) -> None:  # type: ignore[no-untyped-def]
+    """What CROSS adds: passages that ENTER / LEAVE miss (no position inside), none with one;
+    and a segment between the two regions is not tested (the regions split the box)."""
+    fences, stream, region, reference = crossing
+    stays = {(e[1], e[2], e[3]) for e in reference if e[0] == "enter"}
+    assert not any((e[1], e[2], e[3]) in stays for e in reference if e[0] == "cross")
+    one_region = wl.reference_events(fences, stream, region=np.zeros_like(region))
+    assert sum(e[0] == "cross" for e in one_region) > sum(e[0] == "cross" for e in reference)
