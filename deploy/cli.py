@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "api": ("deploy.sidecar_cmd", "run the fence service: HTTP and AMQP fence API, moving fences"),
     "venue-sensors": ("deploy.sidecar_cmd", "run the sensor sidecar (sensor frames -> hive occupancy)"),
     "fence": ("deploy.fence_cmd", "add, replace, remove, list fences (GeoJSON)"),
+    "subscription": ("deploy.subscription_cmd", "proximity subscriptions: add, list, show, remove"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
     "host": ("deploy.host_units", "render the systemd units and environment files for a host"),
     "region": ("deploy.region_cmd", "the x-geo regions: list; add or remove one while positions flow"),

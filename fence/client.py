@@ -165,3 +165,27 @@ class FenceClient:
     async def events(self, fence_id: str, since: float = 0.0, limit: int = 1000) -> dict[str, Any]:
         result: dict[str, Any] = await self._ok("events", fence_id=fence_id, since=since, limit=limit)
         return result
+
+    async def loitering(self, fence_id: str, min_s: float = 0.0) -> dict[str, Any]:
+        """Who has been inside the fence at least min_s seconds, longest first."""
+        result: dict[str, Any] = await self._ok("loitering", fence_id=fence_id, min_s=min_s)
+        return result
+
+    # proximity subscriptions (the token needs the operator claim)
+
+    async def subscribe(self, subscription: dict[str, Any], sub_id: str | None = None) -> dict[str, Any]:
+        """Create (no id) or change a subscription: {"object", "radius_m", "match", "where"}."""
+        result: dict[str, Any] = await self._ok("subscribe", subscription=subscription, id=sub_id)
+        return result
+
+    async def subscription(self, sub_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._ok("subscription", id=sub_id)
+        return result
+
+    async def subscriptions(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self._ok("subscriptions")
+        return result
+
+    async def unsubscribe(self, sub_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._ok("unsubscribe", id=sub_id)
+        return result

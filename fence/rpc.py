@@ -58,6 +58,11 @@ def _number(a: dict[str, Any], key: str, default: float) -> float:
     return float(v)  # orjson reads no integer beyond 64 bits: float() cannot overflow
 
 
+async def _unsubscribed(service: FenceService, caller: Caller, sub_id: str) -> dict[str, Any]:
+    await service.delete_subscription(caller, sub_id)
+    return {"id": sub_id, "deleted": True}
+
+
 OPS: dict[str, Callable[[FenceService, Caller, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "create": lambda s, c, a: s.create(c, a.get("feature")),
     "get": lambda s, c, a: s.get(c, _text(a, "fence_id")),
@@ -69,6 +74,12 @@ OPS: dict[str, Callable[[FenceService, Caller, dict[str, Any]], Awaitable[dict[s
     "events": lambda s, c, a: s.events(c, _text(a, "fence_id"), _number(a, "since", 0.0),
                                        _int(a, "limit", 1000)),
     "query": lambda s, c, a: s.query(c, a.get("query_args")),
+    "loitering": lambda s, c, a: s.loitering(c, _text(a, "fence_id"), _number(a, "min_s", 0.0)),
+    # proximity subscriptions (an operator's, as over HTTP)
+    "subscribe": lambda s, c, a: s.put_subscription(c, a.get("subscription"), a.get("id")),
+    "subscription": lambda s, c, a: s.get_subscription(c, _text(a, "id")),
+    "subscriptions": lambda s, c, a: s.list_subscriptions(c),
+    "unsubscribe": lambda s, c, a: _unsubscribed(s, c, _text(a, "id")),
 }
 STATUS_OK = {"create": 201}
 

@@ -372,7 +372,9 @@ async def get_subscription(conn: asyncpg.Connection, sub_id: str) -> dict[str, A
     return _subscription(row)
 
 
-async def list_subscriptions(conn: asyncpg.Connection, owner: str, limit: int = 1000) -> list[dict[str, Any]]:
-    rows = await conn.fetch("SELECT * FROM roam_subscription WHERE owner = $1 ORDER BY id LIMIT $2",
-                            owner, limit)
+async def list_subscriptions(conn: asyncpg.Connection, owner: str | None, limit: int = 1000
+                             ) -> list[dict[str, Any]]:
+    """The owner's subscriptions (None: everyone's, for the operator's command line)."""
+    rows = await conn.fetch("SELECT * FROM roam_subscription WHERE $1::text IS NULL OR owner = $1 "
+                            "ORDER BY id LIMIT $2", owner, limit)
     return [_subscription(r) for r in rows]

@@ -1,0 +1,107 @@
+"""`geofence subscription add | list | show | remove`: proximity subscriptions from the command
+line, as an operator (this command writes the store directly, as `geofence fence` does; over
+HTTP and AMQP a subscription needs a token with the operator claim).
+
+    geofence subscription add --object truck-7 --radius 300 [--match 'car-*'] \\
+        [--where '[["type", "==", "car"]]'] [--id ID] [--owner NAME]
+    geofence subscription list [--owner NAME]
+    geofence subscription show ID
+    geofence subscription remove ID...
+
+A subscription is stored with its change; x-ingress applies it within a second
+(exchanges/roam_routing.py). Connects with GEOFENCE_POSTGRES_URL when set, else to the local
+stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from typing import Any
+
+import asyncpg
+
+from deploy.fence_cmd import connection
+from exchanges import routing_store
+from exchanges.subscriptions import InvalidSubscription, Subscription
+from fence import store
+
+OWNER = "operator"  # the owner of subscriptions made here, unless --owner says another
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = sub.add_parser("add", help="create or change a subscription")
+    p.add_argument("--object", required=True, help="the object the subscription moves with")
+    p.add_argument("--radius", type=float, required=True, help="metres")
+    p.add_argument("--match", default="*", help="a glob on the other objects' ids (default: all)")
+    p.add_argument("--where", help="conditions on the other objects' extra fields, JSON: "
+                                   """'[["type", "==", "car"]]'""")
+    p.add_argument("--id", help="the subscription's id (default: a new one)")
+    p.add_argument("--owner", default=OWNER, help=f"its owner (default {OWNER!r})")
+    p = sub.add_parser("list", help="the subscriptions (everyone's, or one owner's)")
+    p.add_argument("--owner", help="only this owner's")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("show", help="one subscription as stored")
+    p.add_argument("id")
+    p = sub.add_parser("remove", help="delete subscriptions (their pairs report nothing more)")
+    p.add_argument("ids", nargs="+", metavar="ID")
+
+
+def definition(args: argparse.Namespace) -> dict[str, Any]:
+    """The subscription the `add` arguments describe (InvalidSubscription if none)."""
+    d: dict[str, Any] = {"id": args.id or f"rs-{uuid.uuid4().hex[:16]}", "object": args.object,
+                         "radius_m": args.radius}
+    if args.match != "*":
+        d["match"] = args.match
+    if args.where:
+        try:
+            d["where"] = json.loads(args.where)
+        except ValueError as exc:
+            raise InvalidSubscription(f"--where is not JSON: {exc}") from None
+    return Subscription.from_wire(d).to_wire()
+
+
+def line(s: dict[str, Any]) -> str:
+    extra = "".join(f" {k} {json.dumps(s[k])}" for k in ("match", "where") if k in s)
+    return f"{s['id']:<24} {s['object']:<20} {s['radius_m']:>8g} m  owner {s['owner']}{extra}"
+
+
+async def _run(args: argparse.Namespace) -> int:
+    _, pg, _, _ = connection()
+    d = definition(args) if args.action == "add" else None
+    conn = await routing_store.connect(pg)
+    try:
+        if d is not None:
+            print(line(await store.put_subscription(conn, args.owner, d)))
+        elif args.action == "list":
+            subs = await store.list_subscriptions(conn, args.owner)
+            print(json.dumps(subs, indent=2) if args.json else "\n".join(line(s) for s in subs)
+                  or "no proximity subscription")
+        elif args.action == "show":
+            print(json.dumps(await store.get_subscription(conn, args.id), indent=2))
+        else:
+            for sub_id in args.ids:
+                owner = (await store.get_subscription(conn, sub_id))["owner"]
+                await store.delete_subscription(conn, owner, sub_id)
+                print(f"{sub_id} removed")
+    finally:
+        await conn.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_run(args))
+    except InvalidSubscription as exc:
+        print(f"geofence subscription {args.action}: invalid subscription: {exc}", file=sys.stderr)
+    except store.UnknownSubscription as exc:
+        print(f"geofence subscription {args.action}: no subscription {exc.args[0]!r}", file=sys.stderr)
+    except PermissionError as exc:
+        print(f"geofence subscription {args.action}: {exc}", file=sys.stderr)
+    except (OSError, asyncpg.PostgresError, RuntimeError) as exc:
+        print(f"geofence subscription {args.action}: error: {exc}", file=sys.stderr)
+    return 2
