@@ -2,7 +2,7 @@
 line, as an operator (this command writes the store directly, as `geofence fence` does; over
 HTTP and AMQP a subscription needs a token with the operator claim).
 
-    geofence subscription add --object truck-7 --radius 300 [--match 'car-*'] \\
+    geofence subscription add (--object truck-7 | --point LON LAT) --radius 300 [--match 'car-*'] \\
         [--where '[["type", "==", "car"]]'] [--id ID] [--owner NAME]
     geofence subscription list [--owner NAME]
     geofence subscription show ID
@@ -35,7 +35,9 @@ OWNER = "operator"  # the owner of subscriptions made here, unless --owner says 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = sub.add_parser("add", help="create or change a subscription")
-    p.add_argument("--object", required=True, help="the object the subscription moves with")
+    around = p.add_mutually_exclusive_group(required=True)
+    around.add_argument("--object", help="the object the subscription moves with")
+    around.add_argument("--point", nargs=2, type=float, metavar=("LON", "LAT"), help="a fixed point instead")
     p.add_argument("--radius", type=float, required=True, help="metres")
     p.add_argument("--match", default="*", help="a glob on the other objects' ids (default: all)")
     p.add_argument("--where", help="conditions on the other objects' extra fields, JSON: "
@@ -53,8 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 def definition(args: argparse.Namespace) -> dict[str, Any]:
     """The subscription the `add` arguments describe (InvalidSubscription if none)."""
-    d: dict[str, Any] = {"id": args.id or f"rs-{uuid.uuid4().hex[:16]}", "object": args.object,
-                         "radius_m": args.radius}
+    d: dict[str, Any] = {"id": args.id or f"rs-{uuid.uuid4().hex[:16]}", "radius_m": args.radius}
+    if args.point is not None:
+        d["point"] = list(args.point)
+    else:
+        d["object"] = args.object
     if args.match != "*":
         d["match"] = args.match
     if args.where:
@@ -67,7 +72,8 @@ def definition(args: argparse.Namespace) -> dict[str, Any]:
 
 def line(s: dict[str, Any]) -> str:
     extra = "".join(f" {k} {json.dumps(s[k])}" for k in ("match", "where") if k in s)
-    return f"{s['id']:<24} {s['object']:<20} {s['radius_m']:>8g} m  owner {s['owner']}{extra}"
+    around = s["object"] if "object" in s else "point {:.6f},{:.6f}".format(*s["point"])
+    return f"{s['id']:<24} {around:<20} {s['radius_m']:>8g} m  owner {s['owner']}{extra}"
 
 
 async def _run(args: argparse.Namespace) -> int:

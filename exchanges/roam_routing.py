@@ -70,6 +70,17 @@ class RoamRouter:
     def radius(self, obj: str) -> float:
         return self._radius.get(obj, 0.0)
 
+    def place(self, obj: str, lon: float, lat: float, ts: float) -> None:
+        """`obj` is at (lon, lat) from now, with no row routed: a fixed point's synthetic
+        subscriber, which the put message carries to every worker (`at`)."""
+        self._last[obj] = (float(lon), float(lat), self.radius(obj), float(ts))
+
+    def forget(self, obj: str) -> None:
+        """`obj` is gone (a fixed point's subscriber, its subscription dropped)."""
+        self._last.pop(obj, None)
+        self._extra.pop(obj, None)
+        self._radius.pop(obj, None)
+
     def last(self, obj: str) -> tuple[float, float, Mapping[str, Any] | None] | None:
         """The object's last position routed and its fields (None: not seen)."""
         p = self._last.get(obj)
@@ -236,6 +247,10 @@ class RoamStream:
         self.subs[sub.id] = sub
         for obj in {sub.object, *(() if old is None else (old.object,))}:
             self.router.set_radius(obj, self._radius_of(obj))
+        if sub.point is not None:  # a fixed point: its subscriber stands there
+            self.router.place(sub.object, sub.point[0], sub.point[1], ts)
+        if old is not None and old.point is not None and sub.point is None:
+            self.router.forget(old.object)
         if first:
             return self.sync()
         last = self.router.last(sub.object)
@@ -249,6 +264,8 @@ class RoamStream:
         if sub is None:
             return {}
         self.router.set_radius(sub.object, self._radius_of(sub.object))
+        if sub.point is not None:
+            self.router.forget(sub.object)
         if not self.subs:
             self.router = RoamRouter(self.grid, self.router.owners)
             return self.sync()

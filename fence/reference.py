@@ -204,7 +204,11 @@ def roam_events(subscriptions: Sequence[Any], ids: Sequence[str], lon: npt.NDArr
     s_r = np.array([s.radius_m for s in subs], np.float64)
     classes = sorted({(s.match, s.where) for s in subs}, key=repr)
     s_cls = np.array([classes.index((s.match, s.where)) for s in subs], np.int64)
-    by_id = np.array([[m == "*" or fnmatchcase(o, m) for o in names] for m, _ in classes], bool)
+    by_id = np.array([[not o.startswith("@") and (m == "*" or fnmatchcase(o, m)) for o in names]
+                      for m, _ in classes], bool)
+    for s in subs:  # a fixed point's subscriber stands there from the start
+        if getattr(s, "point", None) is not None:
+            plon[slot[s.object]], plat[slot[s.object]] = s.point
     by_id = by_id.reshape(len(classes), n)
     passes = by_id.copy()  # per filter, per object: passes it now
     out: list[RoamTuple] = []
@@ -259,7 +263,7 @@ def roam_timeline(items: Sequence[tuple[Any, ...]]) -> list[RoamTuple]:
     out: list[RoamTuple] = []
 
     def passes(sub: Any, obj: str, extra: dict[str, Any] | None) -> bool:
-        by_id = sub.match == "*" or fnmatchcase(obj, sub.match)
+        by_id = not obj.startswith("@") and (sub.match == "*" or fnmatchcase(obj, sub.match))
         return by_id and bool(filters.matches(sub.where, [extra])[0])
 
     def near_set(sub: Any) -> set[str]:
@@ -276,14 +280,21 @@ def roam_timeline(items: Sequence[tuple[Any, ...]]) -> list[RoamTuple]:
     for item in items:
         if item[0] == "put":
             sub, t = item[1], item[2]
-            before = near_set(subs.get(sub.id))
+            old = subs.get(sub.id)
+            before = near_set(old)
+            if old is not None and old.point is not None:
+                pos.pop(old.object, None)
+            if sub.point is not None:  # a fixed point's subscriber stands there
+                pos[sub.object] = sub.point
             subs[sub.id] = sub
             after = near_set(sub)
             out += [(sub.id, o, "faraway", t) for o in sorted(before - after)]
             out += [(sub.id, o, "nearby", t) for o in sorted(after - before)]
             continue
         if item[0] == "drop":
-            subs.pop(item[1], None)
+            gone = subs.pop(item[1], None)
+            if gone is not None and gone.point is not None:
+                pos.pop(gone.object, None)
             if not subs:
                 pos.clear()
                 ext.clear()

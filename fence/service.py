@@ -216,7 +216,7 @@ class FenceService:
             raise ApiError(403, f"a proximity subscription reports every matching object near yours: it "
                                 f"needs the {OPERATOR_CLAIM} claim")
         if not isinstance(body, Mapping):
-            raise ApiError(422, "a subscription is a JSON object: object, radius_m, match, where")
+            raise ApiError(422, "a subscription is a JSON object: object (or point), radius_m, match, where")
         d = dict(body)
         if sub_id is not None:
             if d.setdefault("id", sub_id) != sub_id:

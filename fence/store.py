@@ -22,6 +22,7 @@ from exchanges import filters
 from exchanges.control import fence_json
 from exchanges.fence_def import FenceDef, check_geometry
 from exchanges.routing_store import ROAM_CHANGE_LOCK, binding_of, latest_worldmap_version
+from exchanges.subscriptions import point_object
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo.core import FenceBinding
 from fence.spec import Bindings, FenceSpec, Follow
@@ -322,7 +323,11 @@ class UnknownSubscription(LookupError):
 
 
 def _subscription(row: asyncpg.Record) -> dict[str, Any]:
-    d: dict[str, Any] = {"id": row["id"], "object": row["object_id"], "radius_m": row["radius_m"]}
+    d: dict[str, Any] = {"id": row["id"], "radius_m": row["radius_m"]}
+    if row["point_lon"] is None:
+        d["object"] = row["object_id"]
+    else:  # a fixed point's (object_id holds its synthetic subscriber)
+        d["point"] = [row["point_lon"], row["point_lat"]]
     if row["match"] != "*":
         d["match"] = row["match"]
     if row["where_json"]:
@@ -343,11 +348,14 @@ async def put_subscription(conn: asyncpg.Connection, owner: str,
         if found is not None and found != owner:
             raise PermissionError(f"subscription {definition['id']!r} belongs to another user")
         row = await conn.fetchrow(
-            "INSERT INTO roam_subscription (id, owner, object_id, radius_m, match, where_json) "
-            "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET object_id = $3, radius_m = $4, "
-            "match = $5, where_json = $6, updated_at = now() RETURNING *",
-            definition["id"], owner, definition["object"], float(definition["radius_m"]),
-            definition.get("match", "*"), definition.get("where", []))
+            "INSERT INTO roam_subscription (id, owner, object_id, radius_m, match, where_json, point_lon, "
+            "point_lat) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+            "ON CONFLICT (id) DO UPDATE SET object_id = $3, "
+            "radius_m = $4, match = $5, where_json = $6, point_lon = $7, point_lat = $8, "
+            "updated_at = now() RETURNING *",
+            definition["id"], owner, definition.get("object", point_object(definition["id"])),
+            float(definition["radius_m"]), definition.get("match", "*"), definition.get("where", []),
+            *(definition.get("point") or (None, None)))
         await conn.execute("INSERT INTO roam_change (subscription_id, definition) VALUES ($1, $2)",
                            definition["id"], definition)
     return _subscription(row)

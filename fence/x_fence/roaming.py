@@ -46,7 +46,7 @@ from exchanges import filters
 from exchanges.batch import PositionBatch
 from exchanges.hash_ring import HashRing
 from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
-from exchanges.subscriptions import Subscription
+from exchanges.subscriptions import Subscription, is_point_object
 from hilbert_c import kernel
 
 F64 = npt.NDArray[np.float64]
@@ -88,7 +88,9 @@ class _Filter:
         self.passes = np.zeros(0, bool)
 
     def by_id(self, ids: Sequence[str]) -> list[bool]:
-        return [self.match == "*" or fnmatch.fnmatchcase(i, self.match) for i in ids]
+        """Whether each id matches; a fixed point's synthetic subscriber never does."""
+        return [not is_point_object(i) and (self.match == "*" or fnmatch.fnmatchcase(i, self.match))
+                for i in ids]
 
     def grow(self, ids: Sequence[str], start: int, cap: int) -> None:
         p = np.zeros(cap, bool)
@@ -212,6 +214,9 @@ class RoamMatcher:
         if old == sub:
             return []
         before = self._near(old) if old is not None else {}
+        if old is not None and old.point is not None and old.object != sub.object:
+            gone = self._slot[old.object]  # a fixed point's subscriber, replaced by an object
+            self._lon[gone] = self._lat[gone] = np.nan
         if at is not None:
             slot = self._slot_of(sub.object)
             self._place(np.array([slot]), np.array([at[0]]), np.array([at[1]]), [at[2]])
@@ -236,7 +241,9 @@ class RoamMatcher:
         sub = self.remove(sub_id)
         if sub is not None:
             s = self._slot[sub.object]
-            if not np.isnan(self._lon[s]):
+            if sub.point is not None:  # a fixed point's subscriber goes with it
+                self._lon[s] = self._lat[s] = np.nan
+            elif not np.isnan(self._lon[s]):
                 self._keep(np.array([s]))
 
     def _distance(self, sub: Subscription, b: int) -> float:

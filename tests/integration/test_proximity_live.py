@@ -161,3 +161,35 @@ async def test_a_subscription_reports_who_comes_near_and_goes_away(
         async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http:
             for s in (sub_id, sentinel):  # a failed run leaves no subscription routing every batch
                 await http.delete(f"/subscriptions/{s}", headers=operator.auth)
+
+
+async def test_a_subscription_on_a_fixed_point(pipeline: ConnectionSettings,  # noqa: F811
+                                               firebase: tuple[str, int, str]) -> None:  # noqa: F811
+    """A circle that stays put (`point`, no object): an object passing reports `nearby` then
+    `faraway`, the subscriber is `@<id>`; the stored form shows the point."""
+    operator = operator_account(firebase)
+    tag = uuid.uuid4().hex[:8]
+    sub_id, bus = f"gate-{tag}", f"bus-{tag}"
+    spot = (HOME[0] + 0.02, HOME[1])  # away from the other test's objects
+    m_lon = M_LON
+    assert pipeline["api"] is not None
+    async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http, \
+            Gateway(pipeline) as gw, RoamEvents(pipeline, sub_id) as ev:
+        both = await http.put(f"/subscriptions/{sub_id}", headers=operator.auth,
+                              json={"point": list(spot), "object": bus, "radius_m": 150})
+        assert both.status_code == 422 and "not both" in both.text
+        made = await http.put(f"/subscriptions/{sub_id}", headers=operator.auth,
+                              json={"point": list(spot), "radius_m": 150, "match": f"bus-{tag}"})
+        assert made.status_code == 200, made.text
+        assert made.json()["point"] == list(spot) and "object" not in made.json()
+        try:
+            await on_every_worker(sub_id, True)
+            t0 = time.time()
+            for i, metres in enumerate((600.0, 100.0, 40.0, 400.0)):  # far, near, near, far
+                await gw.send((bus, spot[0] + metres * m_lon, spot[1], t0 + i))
+            got = await ev.until(2)
+            assert kinds(got) == [("faraway", bus, t0 + 3), ("nearby", bus, t0 + 1)]
+            assert {e["subscriber"] for e in got} == {f"@{sub_id}"}
+        finally:
+            await http.delete(f"/subscriptions/{sub_id}", headers=operator.auth)
+        await on_every_worker(sub_id, False)

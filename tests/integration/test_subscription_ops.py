@@ -68,6 +68,12 @@ def test_subscriptions_from_the_command_line(stack: ConnectionSettings) -> None:
     assert bad.returncode == 2 and "invalid subscription" in bad.stderr and "radius" in bad.stderr
     bad_where = geofence("subscription", "add", "--object", "bus-9", "--radius", "10", "--where", "[[")
     assert bad_where.returncode == 2 and "not JSON" in bad_where.stderr
+    point_id = f"{sub_id}-pt"
+    at_point = geofence("subscription", "add", "--point", "9.55", "47.12", "--radius", "80", "--id", point_id)
+    assert at_point.returncode == 0 and "point 9.550000,47.120000" in at_point.stdout, at_point.stderr
+    stored = json.loads(geofence("subscription", "show", point_id).stdout)
+    assert stored["point"] == [9.55, 47.12] and "object" not in stored
+    assert geofence("subscription", "remove", point_id).returncode == 0
     gone = geofence("subscription", "remove", sub_id)
     assert gone.returncode == 0 and f"{sub_id} removed" in gone.stdout
     missing = geofence("subscription", "show", sub_id)

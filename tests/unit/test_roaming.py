@@ -17,7 +17,7 @@ from exchanges.batch import PositionBatch, pack, unpack
 from exchanges.hash_ring import HashRing
 from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
 from exchanges.roam_routing import ROAM, RoamRouter, RoamStream
-from exchanges.subscriptions import InvalidSubscription, Subscription
+from exchanges.subscriptions import InvalidSubscription, Subscription, point_object
 from fence.reference import roam_events, roam_timeline
 from fence.x_fence.roaming import RoamEvent, RoamMatcher, Rows, matcher_of, snapshot_of
 from fence.x_fence.roaming import step as roam_step
@@ -295,9 +295,13 @@ def test_definitions_ring_changes_and_restarts_in_the_stream_equal_the_reference
         r = rng.random()
         if r < 0.25 or not live:  # a put (new or changed)
             sid = f"s{int(rng.integers(6))}"
-            sub = Subscription(sid, names[int(rng.integers(len(names)))], float(rng.uniform(50, 700)),
+            # some on a fixed point in the area (its subscriber is "@<id>": no object matches it)
+            point = (9.50 + float(rng.uniform(0, 3.0 / 76)), 47.10 + float(rng.uniform(0, 3.0 / 111))) \
+                if rng.random() < 0.3 else None
+            subscriber = point_object(sid) if point else names[int(rng.integers(len(names)))]
+            sub = Subscription(sid, subscriber, float(rng.uniform(50, 700)),
                                match="*" if rng.random() < 0.6 else "t-*",
-                               where=where if rng.random() < 0.3 else ())
+                               where=where if rng.random() < 0.3 else (), point=point)
             t_def = float(ts[max(k - 1, 0)])
             wire.put(sub, t_def)
             items.append(("put", sub, t_def))
@@ -440,3 +444,39 @@ def test_block_owners_one_by_one_and_by_sort_agree_with_the_ring() -> None:
         keys = rng.integers(0, 3_000, n)
         want = [list(ring.nodes).index(ring.nodes_for_many([owners.ring_key(int(k))])[0]) for k in keys]
         assert owners.of(keys).tolist() == want
+
+
+def test_a_subscription_on_a_fixed_point() -> None:
+    """A circle that stays put: `nearby` / `faraway` as objects come and go; its synthetic
+    subscriber `@<id>` is never another subscription's other object; dropped, it is forgotten
+    by the router and the workers; the wire form has a point and no object."""
+    sub = Subscription.from_wire({"id": "gate", "point": [9.52, 47.12], "radius_m": 200.0})
+    assert sub.object == "@gate"
+    assert sub.to_wire() == {"id": "gate", "radius_m": 200.0, "point": [9.52, 47.12]}
+    for bad, why in (({"id": "g", "point": [9.5, 47.1], "object": "a", "radius_m": 5}, "not both"),
+                     ({"id": "g", "point": [9.5], "radius_m": 5}, "lon, lat"),
+                     ({"id": "g", "point": [200, 47.1], "radius_m": 5}, "lon in"),
+                     ({"id": "g", "point": [9.5, True], "radius_m": 5}, "lon, lat")):
+        with pytest.raises(InvalidSubscription, match=why):
+            Subscription.from_wire(bad)
+    with pytest.raises(InvalidSubscription):
+        Subscription("g", "@g", 10.0)  # no device id starts with @
+    wire = Wire(["w0", "w1"])
+    wire.put(Subscription("follow", "car-1", 5_000.0), 1.0)  # everything near car-1: not "@gate"
+    wire.rows(_batch(["car-1"], [9.52], [47.12], [2.0], None))
+    wire.put(sub, 3.0)
+    m_lon = 1.0 / (111_195.0 * math.cos(math.radians(47.12)))
+    path = [(9.52 + 400 * m_lon, 4.0), (9.52 + 150 * m_lon, 5.0), (9.52 + 100 * m_lon, 6.0),
+            (9.52 + 300 * m_lon, 7.0)]
+    for x, t in path:
+        wire.rows(_batch(["bus-1"], [x], [47.12], [t], None))
+    at_gate = sorted((e.object, e.kind, e.ts) for e in wire.events if e.subscription == "gate")
+    # car-1 stands at the point when it is put; bus-1 comes within 200 m and goes
+    assert at_gate == [("bus-1", "faraway", 7.0), ("bus-1", "nearby", 5.0), ("car-1", "nearby", 3.0)]
+    assert not any(e.object.startswith("@") for e in wire.events)
+    assert {e.subscriber for e in wire.events if e.subscription == "gate"} == {"@gate"}
+    wire.drop("gate", 8.0)
+    assert wire.stream.router.last("@gate") is None
+    assert all("@gate" not in m.held() for m in wire.matchers.values())
+    wire.rows(_batch(["bus-1"], [9.52], [47.12], [9.0], None))
+    assert not [e for e in wire.events if e.subscription == "gate" and e.ts >= 8.0]
