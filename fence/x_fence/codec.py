@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import shapely
-from shapely.geometry.base import BaseGeometry
 
 from exchanges import filters
 from exchanges.fence_def import FenceDef
@@ -60,14 +59,14 @@ def unpack_array(raw: bytes, dtype: str, to: Any) -> npt.NDArray[Any]:
 @dataclass(frozen=True)
 class StoredFence:
     """A fence as stored: its definition, change time, whether that version created it, and
-    the version it replaced (number, geometry) with the regions still to forward the change,
-    while the change is in transition (positions routed before a region applied it are
-    judged against that geometry)."""
+    the version it replaced (its geometry, band and filter) with the regions still to forward
+    the change, while the change is in transition (positions routed before a region applied it
+    are judged against that version)."""
 
     fence: FenceDef
     changed_at: float
     created: bool
-    prev: tuple[int, BaseGeometry] | None
+    prev: FenceDef | None
     pending: frozenset[str]
 
 
@@ -75,7 +74,8 @@ def pack_fence(f: StoredFence) -> dict[str, Any]:
     d = f.fence
     return {"id": d.fence_id, "version": d.version, "wkb": shapely.to_wkb(d.geometry),
             "timeout_s": d.timeout_s, "name": d.name, "ts": float(f.changed_at), "created": bool(f.created),
-            "prev": None if f.prev is None else [f.prev[0], shapely.to_wkb(f.prev[1])],
+            "prev": None if f.prev is None else [f.prev.version, shapely.to_wkb(f.prev.geometry),
+                                                 f.prev.hysteresis_m, filters.to_wire(f.prev.where)],
             "pending": sorted(f.pending), **({"hysteresis_m": d.hysteresis_m} if d.hysteresis_m else {}),
             **({"where": filters.to_wire(d.where)} if d.where else {}),
             **({"dwell_s": d.dwell_s} if d.dwell_s else {}), **({"cross": True} if d.cross else {})}
@@ -87,11 +87,13 @@ def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
     geometry = shapely.from_wkb(d["wkb"])
     shapely.prepare(geometry)
     prev = d.get("prev")
-    old: tuple[int, BaseGeometry] | None = None
-    if prev is not None:
+    old: FenceDef | None = None
+    if prev is not None:  # [version, wkb] (before bands and filters), or with them
         g = shapely.from_wkb(prev[1])
         shapely.prepare(g)
-        old = (int(prev[0]), g)
+        old = FenceDef(d["id"], int(prev[0]), g, float(d["timeout_s"]), d["name"],
+                       float(prev[2]) if len(prev) > 2 else 0.0,
+                       filters.parse(prev[3]) if len(prev) > 3 else ())
     pending = frozenset(str(r) for r in d.get("pending") or ()) if old is not None else frozenset()
     return StoredFence(FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"],
                                 float(d.get("hysteresis_m", 0.0)), filters.parse(d.get("where")),

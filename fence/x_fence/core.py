@@ -33,8 +33,8 @@ position (the change's own time would put the event after positions routed behin
 events it precedes). An object last seen more than `timeout_s` before the change is not
 entered (one inside that the new geometry holds stays until the timer LEAVEs it). Positions
 that a region routed before it
-applied the change carry the old binding's version and are judged against the geometry of
-that version (kept for the latest replaced one): so every position is judged against the
+applied the change carry the old binding's version and are judged as that version (kept for
+the latest replaced one: its geometry, hysteresis band and filter): so every position is judged against the
 fence as its region had it, and each object is decided at its region's change from its
 latest position there, whatever order the regions' streams reach this worker in.
 
@@ -67,7 +67,6 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 import shapely
-from shapely.geometry.base import BaseGeometry
 
 from exchanges import filters
 from exchanges.fence_def import FenceDef, crosses, hysteresis_zones
@@ -206,7 +205,7 @@ class XFence:
         self._created = np.zeros(0, bool)  # by code: that version created the fence (not a replace)
         # by code, while a change is in transition (not every region it was sent to has
         # forwarded it yet): the replaced version's geometry, and the regions still to come
-        self._prev: dict[int, tuple[int, BaseGeometry]] = {}
+        self._prev: dict[int, FenceDef] = {}
         self._pending: dict[int, set[str]] = {}
         self._geoms = np.empty(0, dtype=object)
         # by code: the hysteresis band (metres; 0: none) and, with one, the fence shrunk and grown
@@ -268,7 +267,7 @@ class XFence:
         else:
             old = self._fences[code]
             if old is not None:
-                self._prev[code] = (old.version, old.geometry)
+                self._prev[code] = old
         self._install(code, fence, ts, created=not replacing)
         self._pending[code] = set(regions) - {region}
         self._end_transitions()
@@ -285,7 +284,7 @@ class XFence:
         held = self._held.fence_versions()
         for c in done:
             prev = self._prev.get(c)
-            if prev is not None and (self._fence_names[c], prev[0]) in held:
+            if prev is not None and (self._fence_names[c], prev.version) in held:
                 continue
             del self._pending[c]
             if self._prev.pop(c, None) is not None:
@@ -761,7 +760,11 @@ class XFence:
     def _inside(self, wb: WorkerBatch, obs: _Observations, codes: I64) -> tuple[I64, I64, I64, I64]:
         """Candidate (position, fence code) pairs of fresh positions that pass the exact
         test (skipped on interior blocks), and those in a fence's hysteresis band (decided
-        by `_band`); candidates of unknown fences are counted, dropped."""
+        by `_band`); candidates of unknown fences are counted, dropped. A candidate x-geo
+        routed with the version of its fence replaced last (a region that had not applied the
+        change yet) is judged as that version: its filter, its band or its geometry (its
+        interior flags hold for it); one routed with any other version than the current, by
+        the current version exactly."""
         n = len(wb.positions)
         c_pos = np.repeat(np.arange(n), np.diff(wb.ptr))
         if wb.fences:
@@ -775,51 +778,73 @@ class XFence:
         none = np.empty(0, np.int64)
         if not c_fence.size:
             return c_pos, c_fence, none, none
-        interior = wb.interior
         keep &= obs.pos_seq[c_pos] >= 0  # stale positions have no observation
-        w = np.flatnonzero(keep & self._has_where[np.maximum(c_fence, 0)])
+        f = np.maximum(c_fence, 0)
+        interior = wb.interior
+        old = np.zeros(c_fence.size, bool)  # judged as the version replaced last
+        if wb.versions is not None:  # candidates routed with another version than defined here
+            said = wb.versions[wb.cand]
+            other = np.flatnonzero(keep & (said != 0) & (said != self._version_of[f]))
+            if other.size:
+                kept = self._prev
+                old[other] = np.fromiter((c in kept and kept[c].version == v for c, v in
+                                          zip(c_fence[other].tolist(), said[other].tolist(), strict=True)),
+                                         bool, other.size)
+                interior = interior.copy()
+                interior[other[~old[other]]] = False  # blocks of a version gone: the current one, exactly
+        o = np.flatnonzero(keep & old)
+        prev = [self._prev[c] for c in c_fence[o].tolist()]
+        filtered = self._has_where[f] & ~old
+        filtered[o] = [bool(d.where) for d in prev]
+        w = np.flatnonzero(keep & filtered)
         if w.size:  # a fence's filter: a position that fails it is outside (past any band)
-            keep[w] = self._passes(c_fence[w], c_pos[w], wb.positions.extra)
-        banded = keep & (self._hyst[np.maximum(c_fence, 0)] > 0)
+            keep[w] = self._passes(c_fence[w], c_pos[w], wb.positions.extra, old[w])
+        banded = (self._hyst[f] > 0) & ~old
+        banded[o] = [d.hysteresis_m > 0 for d in prev]
+        banded &= keep
         b_pos, b_fence = none, none
-        if banded.any():  # judged by zone against the current version (x-geo covers the grown fence)
+        if banded.any():  # judged by zone (x-geo covers the grown fence)
             at = np.flatnonzero(banded)
-            zone = self._zones(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
+            zone = self._zones(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]], old[at])
             keep[at] = zone == 2
             b_pos, b_fence = c_pos[at[zone == 1]], c_fence[at[zone == 1]]
         exact = keep & ~interior & ~banded
-        if wb.versions is not None:  # candidates routed with another version than defined here
-            said = wb.versions[wb.cand]
-            older = np.flatnonzero(keep & ~banded & (said != 0)
-                                   & (said != self._version_of[np.maximum(c_fence, 0)]))
-            if older.size:
-                exact[older] = False
-                keep[older] = self._contains_as_routed(c_fence[older], said[older], interior[older],
-                                                       wb.positions.lon[c_pos[older]],
-                                                       wb.positions.lat[c_pos[older]])
-        at = np.flatnonzero(exact)
+        at = np.flatnonzero(exact & ~old)
         if at.size:
             keep[at] = self._contains(c_fence[at], wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
+        at = np.flatnonzero(exact & old)
+        if at.size:  # rare: only positions in flight across a change
+            geoms = np.array([self._prev[c].geometry for c in c_fence[at].tolist()], dtype=object)
+            keep[at] = shapely.contains_xy(geoms, wb.positions.lon[c_pos[at]], wb.positions.lat[c_pos[at]])
         return c_pos[keep], c_fence[keep], b_pos, b_fence
 
-    def _passes(self, fences: I64, rows: I64,
-                extra: Sequence[Mapping[str, Any] | None]) -> npt.NDArray[np.bool_]:
+    def _passes(self, fences: I64, rows: I64, extra: Sequence[Mapping[str, Any] | None],
+                old: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
         """Per (fence with a filter, position row): whether the row's fields pass the filter
-        (exchanges/filters.py; one call per fence of the batch)."""
+        (exchanges/filters.py; one call per fence of the batch); `old`: of the version
+        replaced last."""
         out = np.ones(fences.size, bool)
-        for code in np.unique(fences).tolist():
-            at = np.flatnonzero(fences == code)
+        was = old if old is not None else np.zeros(fences.size, bool)
+        for code, o in {(c, bool(b)) for c, b in zip(fences.tolist(), was.tolist(), strict=True)}:
+            at = np.flatnonzero((fences == code) & (was == o))
             fields = [extra[r] if extra else None for r in rows[at].tolist()]
-            out[at] = filters.matches(self._where[code], fields)
+            out[at] = filters.matches(self._prev[code].where if o else self._where[code], fields)
         return out
 
-    def _zones(self, fences: I64, x: F64, y: F64) -> npt.NDArray[np.int8]:
+    def _zones(self, fences: I64, x: F64, y: F64, old: npt.NDArray[np.bool_] | None = None
+               ) -> npt.NDArray[np.int8]:
         """Per (fence with a band, point): 2 past the band inward (in `inner`), 1 within the
-        band, 0 past it outward (not in `outer`)."""
-        zone: npt.NDArray[np.int8] = shapely.contains_xy(self._outer[fences], x, y).astype(np.int8)
+        band, 0 past it outward (not in `outer`); `old`: by the version replaced last."""
+        inner, outer = self._inner[fences], self._outer[fences]
+        if old is not None and old.any():
+            inner, outer = inner.copy(), outer.copy()
+            for i in np.flatnonzero(old).tolist():
+                d = self._prev[int(fences[i])]
+                inner[i], outer[i] = hysteresis_zones(d.geometry, d.hysteresis_m)
+        zone: npt.NDArray[np.int8] = shapely.contains_xy(outer, x, y).astype(np.int8)
         maybe = np.flatnonzero(zone)
         if maybe.size:
-            zone[maybe] += shapely.contains_xy(self._inner[fences[maybe]], x[maybe], y[maybe])
+            zone[maybe] += shapely.contains_xy(inner[maybe], x[maybe], y[maybe])
         return zone
 
     def _band(self, obs: _Observations, stored_at: I64, c_pos: I64, c_fence: I64, b_pos: I64,
@@ -830,8 +855,8 @@ class XFence:
         candidate for the fence was past the band outward (x-geo covers the grown fence)."""
         s_keys = self._keys[stored_at]
         s_fence = (s_keys & _LOW).astype(np.int64)
-        s = np.flatnonzero(self._hyst[s_fence] > 0)
-        i = np.flatnonzero(self._hyst[c_fence] > 0)
+        s = np.flatnonzero(np.isin(s_fence, b_fence))  # the anchors of the fences with band candidates
+        i = np.flatnonzero(np.isin(c_fence, b_fence))
         group = np.r_[np.searchsorted(obs.objs, (s_keys[s] >> _SHIFT).astype(np.int64)),
                       obs.pos_group[c_pos[i]], obs.pos_group[b_pos]]
         fence = np.r_[s_fence[s], c_fence[i], b_fence]
@@ -848,26 +873,6 @@ class XFence:
         out = np.zeros(b_pos.size, bool)
         mine = order >= s.size + i.size
         out[order[mine] - s.size - i.size] = inside[mine]
-        return out
-
-    def _contains_as_routed(self, fences: I64, versions: I64, interior: npt.NDArray[np.bool_], x: F64,
-                            y: F64) -> npt.NDArray[np.bool_]:
-        """Candidates x-geo routed with another version of their fence than this worker has
-        (a region that had not applied a change yet): judged against that version's
-        geometry when it is the one replaced last (its interior flags hold for it), else
-        exactly against the current one. Rare: only positions in flight across a change."""
-        kept = self._prev
-        pairs = zip(fences.tolist(), versions.tolist(), strict=True)
-        as_old = np.fromiter((c in kept and kept[c][0] == v for c, v in pairs), bool, fences.size)
-        out = np.zeros(fences.size, bool)
-        now = np.flatnonzero(~as_old)
-        if now.size:  # that version is gone: the current one, exactly (one call)
-            out[now] = self._contains(fences[now], x[now], y[now])
-        old = np.flatnonzero(as_old & ~interior)
-        if old.size:
-            geoms = np.array([kept[c][1] for c in fences[old].tolist()], dtype=object)
-            out[old] = shapely.contains_xy(geoms, x[old], y[old])
-        out[as_old & interior] = True
         return out
 
     def _contains(self, fences: I64, x: F64, y: F64) -> npt.NDArray[np.bool_]:

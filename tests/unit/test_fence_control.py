@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 from shapely.geometry import MultiPolygon, box, mapping
 
-from exchanges import control
-from exchanges.batch import pack, unpack
+from exchanges import control, filters
+from exchanges.batch import PositionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
 from exchanges.control import DEFINE, DROP, Define, Drop
 from exchanges.fence_def import FenceDef
+from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import FenceBinding
 from fence.spec import from_feature
+from fence.x_fence.core import XFence
 
 YARD = box(9.500, 47.100, 9.510, 47.110)
 TS = 1_700_000_000.25
@@ -307,3 +309,37 @@ def test_a_fence_filter_goes_on_the_wire_and_into_the_journal() -> None:
     msg = fence_msg()
     msg["fence"] = {**msg["fence"], "where": [["speed", "~", 3]]}
     assert "where op" in refusal(msg)
+
+
+def _routed(oid: str, where: tuple[float, float], ts: float, version: int,
+            extra: dict[str, object] | None = None) -> WorkerBatch:
+    """One position x-geo routed with `version` of fence F (its candidate)."""
+    pos = PositionBatch([oid], np.array([where[0]]), np.array([where[1]]), np.array([ts]),
+                        np.zeros(1, np.uint64), [extra] if extra else [])
+    return WorkerBatch("w0", pos, np.array([0, 1], np.int64), ["F"], np.zeros(1, np.int32), np.zeros(1, bool),
+                       versions=np.array([version], np.int64))
+
+
+def test_a_position_routed_with_the_replaced_version_is_judged_by_its_band_and_filter() -> None:
+    """A region that had not applied a change yet routes with the old version: its band, its
+    filter and its geometry decide, not the new version's (fence/x_fence/core.py `_inside`)."""
+    square = box(9.50, 47.10, 9.51, 47.11)
+    m = 1.0 / 111_195.0 / np.cos(np.radians(47.105))  # degrees of longitude per metre
+    just_out = (9.50 - 10 * m, 47.105)  # 10 m outside the west side: within a 30 m band
+    deep_in = (9.505, 47.105)
+    x = XFence("w0")
+    x.define(FenceDef("F", 1, square, 600.0, hysteresis_m=30.0), 0.0)
+    assert [e.event for e in x.route(_routed("o", deep_in, 10.0, 1))] == ["enter"]
+    x.define(FenceDef("F", 2, square, 600.0), 20.0, regions=["a", "b"], region="a")  # b still on v1
+    assert x.route(_routed("o", just_out, 30.0, 1)) == []  # v1's band: still inside
+    left = x.route(_routed("o", just_out, 31.0, 2))  # v2 has no band
+    assert [(e.event, e.ts) for e in left] == [("leave", 31.0)]
+    # a filter: v1 takes trucks only, v2 everyone
+    y = XFence("w0")
+    y.define(FenceDef("F", 1, square, 600.0, where=filters.parse([["type", "==", "truck"]])), 0.0)
+    y.define(FenceDef("F", 2, square, 600.0), 20.0, regions=["a", "b"], region="a")
+    assert y.route(_routed("car", deep_in, 30.0, 1, {"type": "car"})) == []  # v1 refuses a car
+    assert [e.event for e in y.route(_routed("car", deep_in, 31.0, 2, {"type": "car"}))] == ["enter"]
+    # once every region forwarded the change, the replaced version is gone (judged as the current)
+    y.define(FenceDef("F", 2, square, 600.0), 20.0, region="b")
+    assert 0 not in y._prev

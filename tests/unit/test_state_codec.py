@@ -200,7 +200,8 @@ def test_a_change_in_transition_survives_the_snapshot_and_the_journal() -> None:
     copy = XFence.restore(x.snapshot())
     assert codec.differences(x.state(), copy.state()) == []
     code = x._fence_code["f"]
-    assert copy._pending[code] == {"b", "c"} and copy._prev[code][0] == 1 and copy._changed_at[code] == 200.0
+    assert copy._pending[code] == {"b", "c"} and copy._prev[code].version == 1
+    assert copy._changed_at[code] == 200.0
     assert not copy._created[code]
     replayed = XFence("w0")
     replayed.define(FenceDef("f", 1, box(9.50, 47.10, 9.51, 47.11), 60.0), 100.0)
