@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,11 @@ from hilbert_c import kernel
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
+
+
+def fields_key(extra: Mapping[str, Any] | None) -> str:
+    """A row's extra fields in one canonical text (sorted keys; "" for none)."""
+    return json.dumps(extra, sort_keys=True, separators=(",", ":"), default=str) if extra else ""
 
 
 @dataclass(frozen=True)
@@ -74,9 +80,13 @@ class RoamEvent:
 
 
 def roam_event_id(subscription: str, obj: str, kind: str, ts: float, mover: str, lon: float,
-                  lat: float) -> str:
-    """Stable over replays: the pair, the kind and the update that caused it (who moved, when, where)."""
+                  lat: float, fields: str = "") -> str:
+    """Stable over replays: the pair, the kind and the update that caused it (who moved, when,
+    where, and with which extra fields: `fields_key`; two rows of one object at one ts and
+    place whose fields differ are two updates)."""
     text = f"{subscription}\x1f{obj}\x1f{kind}\x1f{ts!r}\x1f{mover}\x1f{lon!r}\x1f{lat!r}"
+    if fields:
+        text += f"\x1f{fields}"
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
@@ -384,7 +394,7 @@ class RoamMatcher:
         names = [self._ids[s] for s in ms.tolist()]
         old_pass = [f.of(names, prev_extra) if f.where else f.passes[ms] for f in filt]
         new_pass = [f.of(names, extra) if f.where else f.passes[ms] for f in filt]
-        events = self._pairs(ms, nlon, nlat, ts, olon, olat, old_pass, new_pass) if self._subs else []
+        events = self._pairs(ms, nlon, nlat, ts, olon, olat, old_pass, new_pass, extra) if self._subs else []
         # the movers' new state, then what this worker keeps
         self._lon[ms], self._lat[ms] = nlon, nlat
         self._known[ms] = False
@@ -409,7 +419,8 @@ class RoamMatcher:
         self._lat[gone] = np.nan
 
     def _pairs(self, ms: I64, nlon: F64, nlat: F64, ts: F64, olon: F64, olat: F64,
-               old_pass: list[B], new_pass: list[B]) -> list[RoamEvent]:
+               old_pass: list[B], new_pass: list[B],
+               extra: Sequence[Mapping[str, Any] | None]) -> list[RoamEvent]:
         n, m = len(self._ids), ms.size
         grid = self._index
         side = grid.side
@@ -483,11 +494,15 @@ class RoamMatcher:
         order = np.lexsort((j, d, k))
         ids, movers = self._ids, [self._ids[s] for s in ms.tolist()]
         events = []
+        keys: dict[int, str] = {}  # each mover row's fields_key, made once
         for kr, jr, ar, br, nr, dr in zip(k[order].tolist(), j[order].tolist(), a_slot[order].tolist(),
                                           b_slot[order].tolist(), near[order].tolist(), d[order].tolist(),
                                           strict=True):
             kind, sid, b, t = ("nearby" if nr else "faraway"), sub_ids[jr], ids[br], float(ts[kr])
-            eid = roam_event_id(sid, b, kind, t, movers[kr], float(nlon[kr]), float(nlat[kr]))
+            fk = keys.get(kr)
+            if fk is None:
+                fk = keys[kr] = fields_key(extra[kr])
+            eid = roam_event_id(sid, b, kind, t, movers[kr], float(nlon[kr]), float(nlat[kr]), fk)
             events.append(RoamEvent(kind, sid, ids[ar], b, dr, t, eid))
         return events
 

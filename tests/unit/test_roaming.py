@@ -480,3 +480,21 @@ def test_a_subscription_on_a_fixed_point() -> None:
     assert all("@gate" not in m.held() for m in wire.matchers.values())
     wire.rows(_batch(["bus-1"], [9.52], [47.12], [9.0], None))
     assert not [e for e in wire.events if e.subscription == "gate" and e.ts >= 8.0]
+
+
+def test_rows_at_one_time_and_place_with_other_fields_are_other_updates() -> None:
+    """An object sending one position and ts three times with fields that pass, fail, pass a
+    subscription's filter: three events, three ids (the fields are part of the update's id;
+    found by the hypothesis test above, seed 249)."""
+    wire = Wire(["w0"])
+    wire.put(Subscription("speedy", "a", 500.0, where=filters.parse([["speed", ">", 20]])), 1.0)
+    wire.rows(_batch(["a"], [9.52], [47.12], [2.0], None))
+    rows = [{"speed": 30}, {"speed": 10}, {"speed": 40}]
+    wire.rows(_batch(["b"] * 3, [9.521] * 3, [47.12] * 3, [3.0] * 3, rows))
+    assert [(e.kind, e.ts) for e in wire.events] == [("nearby", 3.0), ("faraway", 3.0), ("nearby", 3.0)]
+    assert len({e.id for e in wire.events}) == 3
+    again = Wire(["w0"])  # the same input: the same ids
+    again.put(Subscription("speedy", "a", 500.0, where=filters.parse([["speed", ">", 20]])), 1.0)
+    again.rows(_batch(["a"], [9.52], [47.12], [2.0], None))
+    again.rows(_batch(["b"] * 3, [9.521] * 3, [47.12] * 3, [3.0] * 3, rows))
+    assert [e.id for e in again.events] == [e.id for e in wire.events]
