@@ -580,8 +580,9 @@ class XFence:
                 return []
         obs = self._observations(codes, pos.ts)
         self._dirty_objs.append(obs.objs)
-        crossed = self._crossed(wb, obs, codes) if wb.prev is not None else []
-        c_pos, c_fence, b_pos, b_fence = self._inside(wb, obs, codes)
+        cands = self._candidates(wb)
+        crossed = self._crossed(wb, obs, codes, *cands) if wb.prev is not None else []
+        c_pos, c_fence, b_pos, b_fence = self._inside(wb, obs, *cands)
         if obs.objs.size == 0:
             return crossed
         stored_at = self._stored_pairs(obs.objs)
@@ -600,15 +601,21 @@ class XFence:
             events = sorted(events + crossed, key=lambda e: (e.ts, e.object_id, e.fence_id, e.event))
         return events
 
-    def _crossed(self, wb: WorkerBatch, obs: _Observations, codes: I64) -> list[Event]:
-        """CROSS events of the batch (see the module's docstring, "Cross"): per fresh position
-        and candidate fence that detects CROSS, with the position before it known."""
-        if not wb.fences or not self._cross.any():
-            return []
+    def _candidates(self, wb: WorkerBatch) -> tuple[I64, I64]:
+        """Each candidate's position row and fence code (-1: a fence not defined here)."""
+        c_pos = np.repeat(np.arange(len(wb.positions)), np.diff(wb.ptr))
+        if not wb.fences:
+            return c_pos, np.empty(0, np.int64)
         code = self._fence_code.get
         fmap = np.fromiter((code(f, -1) for f in wb.fences), np.int64, len(wb.fences))
-        c_fence = fmap[wb.cand]
-        c_pos = np.repeat(np.arange(len(wb.positions)), np.diff(wb.ptr))
+        return c_pos, fmap[wb.cand]
+
+    def _crossed(self, wb: WorkerBatch, obs: _Observations, codes: I64, c_pos: I64, c_fence: I64
+                 ) -> list[Event]:
+        """CROSS events of the batch (see the module's docstring, "Cross"): per fresh position
+        and candidate fence that detects CROSS, with the position before it known."""
+        if not c_fence.size or not self._cross.any():
+            return []
         prev = wb.previous()
         at = np.flatnonzero((c_fence >= 0) & self._cross[np.maximum(c_fence, 0)] & (obs.pos_seq[c_pos] >= 1)
                             & np.isfinite(prev[c_pos, 0]))
@@ -653,11 +660,12 @@ class XFence:
             entering, group_in = entering[keep_in], group_in[keep_in]
             leaving, left_since = leaving[keep_out], left_since[keep_out]
             dwelled, d_since = new[stays], since[stays]
-            reached = self._dwelled(dwelled, obs.obs_ts[np.searchsorted(obs.objs, (dwelled >> _SHIFT)
-                                                                        .astype(np.int64))], d_since)
-            dwelled, d_since = dwelled[reached], d_since[reached]
+            group_d = np.searchsorted(obs.objs, (dwelled >> _SHIFT).astype(np.int64))
+            reached = self._dwelled(dwelled, obs.obs_ts[group_d], d_since)
+            dwelled, d_since, group_d = dwelled[reached], d_since[reached], group_d[reached]
+        else:
+            group_d = np.empty(0, np.int64)
         group_out = np.searchsorted(obs.objs, (leaving >> _SHIFT).astype(np.int64))
-        group_d = np.searchsorted(obs.objs, (dwelled >> _SHIFT).astype(np.int64))
         groups = np.r_[group_in, group_out, group_d]
         events = self._events(
             np.r_[np.zeros(entering.size, np.int8), np.ones(leaving.size, np.int8),
@@ -757,7 +765,8 @@ class XFence:
         return _Observations(objs, seq[ends], base, t[new_obs], order[ends], pos_group, pos_seq,
                              single=bool((seq == 1).all()))
 
-    def _inside(self, wb: WorkerBatch, obs: _Observations, codes: I64) -> tuple[I64, I64, I64, I64]:
+    def _inside(self, wb: WorkerBatch, obs: _Observations, c_pos: I64, c_fence: I64
+                ) -> tuple[I64, I64, I64, I64]:
         """Candidate (position, fence code) pairs of fresh positions that pass the exact
         test (skipped on interior blocks), and those in a fence's hysteresis band (decided
         by `_band`); candidates of unknown fences are counted, dropped. A candidate x-geo
@@ -765,14 +774,6 @@ class XFence:
         change yet) is judged as that version: its filter, its band or its geometry (its
         interior flags hold for it); one routed with any other version than the current, by
         the current version exactly."""
-        n = len(wb.positions)
-        c_pos = np.repeat(np.arange(n), np.diff(wb.ptr))
-        if wb.fences:
-            code = self._fence_code.get
-            fmap = np.fromiter((code(f, -1) for f in wb.fences), np.int64, len(wb.fences))
-            c_fence = fmap[wb.cand]
-        else:
-            c_fence = np.empty(0, np.int64)
         keep = c_fence >= 0
         self.unknown_fence_candidates += c_fence.size - int(np.count_nonzero(keep))
         none = np.empty(0, np.int64)
