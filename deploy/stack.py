@@ -12,7 +12,9 @@ the users rabbitmq, postgres and nobody); running `up` twice changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import urllib.request
 from dataclasses import dataclass
 
 from deploy import sidecars
@@ -128,6 +130,36 @@ class StatusRow:
     running: bool
     started_by_us: bool
     address: str
+    # a running sidecar that does not serve: "NOT CONSUMING" (its session lost its consumer),
+    # "no /metrics answer", or why it does not consume on purpose (recovering, paused, standby)
+    note: str = ""
+
+    @property
+    def serving(self) -> bool:
+        return self.running and self.note not in (NOT_CONSUMING, NO_METRICS)
+
+
+NOT_CONSUMING, NO_METRICS = "NOT CONSUMING", "no /metrics answer"
+_WAITING = ("recovering", "paused", "standby")  # exchanges/shell/lifecycle.py WAITING
+
+
+def consumer_note(metrics_url: str, timeout: float = 2.0) -> str:
+    """What a sidecar's /metrics says of its consumer (StatusRow.note): "" when it consumes
+    (or has no input queue)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout) as r:
+            text = r.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return NO_METRICS
+    gauges: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name.startswith("geofence_") and not line.startswith("#"):
+            with contextlib.suppress(ValueError, IndexError):
+                gauges[name.removeprefix("geofence_")] = float(rest.rsplit(" ", 1)[1])
+    if gauges.get("consuming", 1.0) == 1.0:
+        return ""
+    return next((w for w in _WAITING if gauges.get(w) == 1.0), NOT_CONSUMING)
 
 
 @dataclass(frozen=True)
@@ -137,7 +169,7 @@ class Status:
 
     @property
     def all_running(self) -> bool:
-        return all(r.running for r in self.rows)
+        return all(r.serving for r in self.rows)
 
 
 def status(settings: Settings, pw: Secrets | None) -> Status:
@@ -168,9 +200,10 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
     )
     alive = sidecars.running(settings)
     metrics = settings.metrics_ports()
-    rows += tuple(StatusRow(name, ok, True, f"log {settings.log_dir / (name + '.log')}, metrics "
-                            f"http://{h}:{metrics[name]}/metrics" if name in metrics else
-                            f"log {settings.log_dir / (name + '.log')}")
+    urls = {name: f"http://{h}:{port}/metrics" for name, port in metrics.items()}
+    rows += tuple(StatusRow(name, ok, True, f"log {settings.log_dir / (name + '.log')}, metrics {urls[name]}"
+                            if name in urls else f"log {settings.log_dir / (name + '.log')}",
+                            consumer_note(urls[name]) if ok and name in urls else "")
                   for name, ok in alive.items())
     return Status(rows, pw.values() if pw else ())
 
@@ -178,7 +211,8 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
 def format_status(st: Status) -> str:
     """The human table; passwords masked."""
     header = ("SERVICE", "RUNNING", "STARTED BY US", "ADDRESS")
-    body = [(r.service, "yes" if r.running else "NO", "yes" if r.started_by_us else "no",
+    body = [(r.service, ("yes" if r.running else "NO") + (f" ({r.note})" if r.note else ""),
+             "yes" if r.started_by_us else "no",
              mask(r.address, st.hidden)) for r in st.rows]
     widths = [max(len(row[i]) for row in (header, *body)) for i in range(3)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3]

@@ -116,19 +116,37 @@ class RoamGrid:
         return x0, x1, y0, y1
 
     def box_keys(self, lon: F64, lat: F64, radius_m: F64) -> tuple[I64, I64]:
-        """(row, key) for every block a point's circle box touches, each pair once, by row."""
+        """(row, key) for every block a point's circle box touches, each pair once, by row.
+        Computed per block, not per cell (a block is an aligned square of cells, and its key
+        the Hilbert index at `level - block_bits` of the square: hilbert_c's curve has the same
+        quadrant order at every order), so a box costs its blocks."""
+        return self.keys_of_blocks(np.arange(np.asarray(lon).size, dtype=np.int64),
+                                *self.block_boxes(lon, lat, radius_m))
+
+    def block_boxes(self, lon: F64, lat: F64, radius_m: F64) -> tuple[I64, I64, I64, I64]:
+        """`boxes` in blocks: bx0..bx1 (past the antimeridian as `boxes`, at most a whole
+        circle of latitude), by0..by1, inclusive."""
         x0, x1, y0, y1 = self.boxes(lon, lat, radius_m)
-        nx, ny = x1 - x0 + 1, y1 - y0 + 1
+        bb = self.block_bits
+        bx0, bx1 = x0 >> bb, x1 >> bb  # floor division: x0 may be negative
+        bx1 = np.minimum(bx1, bx0 + (self.side >> bb) - 1)
+        return bx0, bx1, y0 >> bb, y1 >> bb
+
+    def keys_of_blocks(self, rows: I64, bx0: I64, bx1: I64, by0: I64, by1: I64) -> tuple[I64, I64]:
+        """(row, key) of every block of each row's block box, each pair once, by row."""
+        nx, ny = bx1 - bx0 + 1, by1 - by0 + 1
         counts = nx * ny
-        row = np.repeat(np.arange(lon.size, dtype=np.int64), counts)
+        row = np.repeat(rows, counts)
         if row.size == 0:
             return row, np.zeros(0, np.int64)
         start = np.cumsum(counts) - counts
         k = np.arange(row.size, dtype=np.int64) - np.repeat(start, counts)
         nxr = np.repeat(nx, counts)
-        x = np.repeat(x0, counts) + k % nxr
-        y = np.repeat(y0, counts) + k // nxr
-        return unique_pairs(row, self.keys(x, y))
+        bx = np.repeat(bx0, counts) + k % nxr
+        by = np.repeat(by0, counts) + k // nxr
+        bits = self.level - self.block_bits
+        h = kernel.encode_many(np.mod(bx, 1 << bits).astype(np.uint32), by.astype(np.uint32), bits)
+        return unique_pairs(row, h.astype(np.int64))
 
 
 def unique_pairs(a: I64, b: I64) -> tuple[I64, I64]:
@@ -180,6 +198,29 @@ class BlockOwners:
         self._fill([k for k in u if k not in cache])
         owners = np.fromiter((cache[k] for k in u), np.int64, len(u))
         return owners[inv]
+
+    # A circle's box over more blocks than this reaches every worker: with a handful of workers
+    # such a box touches all of them anyway, and it bounds what one position costs the router
+    # and the workers whatever its radius or latitude (a box near a pole spans every longitude).
+    WIDE_BLOCKS = 256
+
+    def box_workers(self, lon: F64, lat: F64, radius_m: F64) -> tuple[I64, I64]:
+        """(row, worker number) for every worker a point's circle box reaches, each pair once,
+        by row: the owners of the blocks the box touches, or every worker for a box over more
+        than WIDE_BLOCKS blocks. The one rule by which the router sends a subscriber's row and
+        a worker keeps a subscriber's position (exchanges/roam_routing.py, fence/x_fence/
+        roaming.py): the two must agree, or a worker would hold a position it gets no news of."""
+        lon, lat = np.asarray(lon, np.float64), np.asarray(lat, np.float64)
+        bx0, bx1, by0, by1 = self.grid.block_boxes(lon, lat, radius_m)
+        wide = (bx1 - bx0 + 1) * (by1 - by0 + 1) > self.WIDE_BLOCKS
+        narrow = np.flatnonzero(~wide)
+        row, key = self.grid.keys_of_blocks(narrow, bx0[narrow], bx1[narrow], by0[narrow], by1[narrow])
+        wr = np.flatnonzero(wide)
+        if not wr.size:
+            return unique_pairs(row, self.of(key))
+        nw = len(self.workers)
+        return unique_pairs(np.concatenate([row, np.repeat(wr, nw)]),
+                            np.concatenate([self.of(key), np.tile(np.arange(nw, dtype=np.int64), wr.size)]))
 
     def _fill(self, missing: list[int]) -> None:
         """Ring lookups for the blocks not met before."""

@@ -4,7 +4,9 @@ A row goes to the owners of:
 - its object's cell, now and at the object's previous position (the publisher side: the worker
   that owned the old cell learns the object left, and reports what that ends);
 - when the object carries subscriptions, every block its largest circle's box touches, now and
-  at the previous position with the radius it had then (the subscriber side).
+  at the previous position with the radius it had then (the subscriber side); a box over more
+  than `BlockOwners.WIDE_BLOCKS` blocks goes to every worker (roam_cells.py).
+A far jump is two places, not the area between them: a row costs the blocks of its two boxes.
 
 Each row travels with its object's previous position and extra fields, so a worker that did not
 hold the object can still tell what the move changed (fence/x_fence/roaming.py). Rows keep the batch's order
@@ -143,25 +145,23 @@ class RoamRouter:
         fresh = np.ones(n, bool)
         fresh[stale] = False
         had = ~np.isnan(prev[:, 0])
-        grid = self.grid
+        grid, owners = self.grid, self.owners
         f = np.flatnonzero(fresh)
-        rows = [f]
-        keys = [grid.point_keys(lon[f], lat[f])]
         h = np.flatnonzero(had)
-        rows.append(h)
-        keys.append(grid.point_keys(prev[h, 0], prev[h, 1]))
+        rows = [f, h]
+        workers = [owners.of(grid.point_keys(lon[f], lat[f])),
+                   owners.of(grid.point_keys(prev[h, 0], prev[h, 1]))]
         s = np.flatnonzero(rad > 0)
         if s.size:
-            br, bk = grid.box_keys(lon[s], lat[s], rad[s])
+            br, bw = owners.box_workers(lon[s], lat[s], rad[s])
             rows.append(s[br])
-            keys.append(bk)
+            workers.append(bw)
         ps = np.flatnonzero(had & (prev[:, 2] > 0))
         if ps.size:
-            br, bk = grid.box_keys(prev[ps, 0], prev[ps, 1], prev[ps, 2])
+            br, bw = owners.box_workers(prev[ps, 0], prev[ps, 1], prev[ps, 2])
             rows.append(ps[br])
-            keys.append(bk)
-        all_keys = np.concatenate(keys)
-        worker, row = unique_pairs(self.owners.of(all_keys), np.concatenate(rows))
+            workers.append(bw)
+        worker, row = unique_pairs(np.concatenate(workers), np.concatenate(rows))
         out: dict[int, RoamRows] = {}
         if row.size == 0:
             return out
@@ -296,8 +296,8 @@ class RoamStream:
         pairs_w, pairs_row = [home], [np.arange(n, dtype=np.int64)]
         s = np.flatnonzero(rad > 0)
         if s.size:
-            row, key = self.grid.box_keys(pos[s, 0], pos[s, 1], rad[s])
-            pairs_w.append(r.owners.of(key))
+            row, w = r.owners.box_workers(pos[s, 0], pos[s, 1], rad[s])
+            pairs_w.append(w)
             pairs_row.append(s[row])
         worker, row = unique_pairs(np.concatenate(pairs_w), np.concatenate(pairs_row))
         subs = [v.to_wire() for _, v in sorted(self.subs.items())]

@@ -10,7 +10,9 @@ Writes are coalesced as in RabbitMQ's message store: one record per batch of mes
 fdatasync per record, and the sidecar acks the batch only after that sync (the events it
 caused were confirmed before). A crash can leave a torn record at the end of the newest
 journal: its batch was never acked, so the broker redelivers it, and the torn bytes are cut
-off at the next start.
+off at the next start. A torn record is only ever the last thing in the file: a bad record
+followed by an intact one is damage (disk, a copy, a hand), not a crash, and the records
+after it were acknowledged: the worker refuses to start (JournalDamaged) and keeps the file.
 
 Rotation (when the journal passes `max_journal_bytes` or `max_records`, and at a clean stop): journal <gen+1>
 is opened first, then the snapshot of the state at that instant is written beside it
@@ -79,16 +81,47 @@ def frame(payload: bytes) -> bytes:
 
 
 def read_frames(data: bytes) -> tuple[list[bytes], int]:
-    """The complete, intact frames at the start of `data`, and where they end."""
+    """The complete, intact frames at the start of `data`, and where they end (a frame is
+    never empty: zeros, as a torn write may leave, are no frame)."""
     out, at = [], 0
     while at + _FRAME.size <= len(data):
         n, crc = _FRAME.unpack_from(data, at)
         end = at + _FRAME.size + n
-        if end > len(data) or zlib.crc32(data[at + _FRAME.size:end]) != crc:
+        if n == 0 or end > len(data) or zlib.crc32(data[at + _FRAME.size:end]) != crc:
             break
         out.append(data[at + _FRAME.size:end])
         at = end
     return out, at
+
+
+SCAN_LIMIT = 16 << 20  # bytes after a bad record searched for an intact one
+
+
+def intact_after(data: bytes, bad: int) -> int | None:
+    """Where an intact record (a frame whose payload is a msgpack map) starts after the bad
+    one at `bad`, or None: what tells damage from a torn tail. The bad record's own length is
+    tried first, then every offset (its length field may be what is damaged), up to
+    SCAN_LIMIT bytes."""
+    def intact(at: int) -> bool:
+        if at + _FRAME.size > len(data):
+            return False
+        n, crc = _FRAME.unpack_from(data, at)
+        end = at + _FRAME.size + n
+        if n == 0 or end > len(data) or zlib.crc32(data[at + _FRAME.size:end]) != crc:
+            return False
+        try:
+            return isinstance(unpack(data[at + _FRAME.size:end]), dict)
+        except Exception:  # msgpack raises a zoo of types on garbage
+            return False
+
+    if bad + _FRAME.size <= len(data):
+        declared: int = bad + _FRAME.size + _FRAME.unpack_from(data, bad)[0]
+        if declared < len(data) and intact(declared):
+            return declared
+    for at in range(bad + 1, min(len(data), bad + SCAN_LIMIT)):
+        if intact(at):
+            return at
+    return None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -167,6 +200,13 @@ class StateDir:
                 if i != len(journals) - 1:
                     raise JournalDamaged(f"{self._file('journal', g)}: damaged at byte {end} of "
                                          f"{len(data)}, and newer journals follow")
+                good = intact_after(data, end)
+                if good is not None:
+                    raise JournalDamaged(
+                        f"{self._file('journal', g)}: the record at byte {end} is damaged and an intact "
+                        f"one follows at byte {good} (of {len(data)}): not a torn last write but damage; "
+                        "the records after it were acknowledged. The file is kept as it is: restore the "
+                        "directory from a copy, or move it aside to start this worker empty")
                 torn = len(data) - end
             records += [unpack(f) for f in frames]
         self.generation = max([gen, *journals]) if journals or gen else 0

@@ -20,6 +20,7 @@ from exchanges.shell import Counters
 from exchanges.x_geo import queries
 from fence.auth import AuthUnavailable, Unauthenticated, User
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService, parse_bbox
+from fence.store import MAX_CURSOR_CHARS
 from fence.venues import owner_store as os_
 from fence.venues import user_store as us
 from fence.venues.commands import SensorCommands
@@ -49,6 +50,32 @@ FEATURE_EXAMPLE = {
                                                      [9.518, 47.143], [9.518, 47.137]]]},
 }
 FOLLOW_EXAMPLE = {"follow": "car-0042", "radius_m": 150}
+EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "event_id": {"type": "string", "description": "stable id: an event delivered twice is stored once"},
+        "fence_id": {"type": "string"},
+        "object_id": {"type": "string"},
+        "event": {"type": "string", "enum": ["enter", "leave", "cross"]},
+        "reason": {"type": "string"},
+        "ts": {"type": "number", "description": "epoch seconds"},
+        "visit_id": {"type": ["string", "null"], "description": "shared by a stay's ENTER and LEAVE"},
+        "inside_s": {"type": ["number", "null"],
+                     "description": "a LEAVE's (or a dwelled ENTER's) seconds inside"},
+    },
+}
+EVENTS_PAGE_SCHEMA = {
+    "type": "object",
+    "title": "EventsPage",
+    "required": ["fence_id", "since", "events", "next"],
+    "properties": {
+        "fence_id": {"type": "string"},
+        "since": {"type": "number", "description": "the request's since"},
+        "events": {"type": "array", "items": EVENT_SCHEMA, "description": "oldest first, by (ts, event_id)"},
+        "next": {"type": ["string", "null"],
+                 "description": "an opaque cursor: pass it as `cursor` for the next page; null at the end"},
+    },
+}
 SUBSCRIPTION_EXAMPLE = {"object": "car-0042", "radius_m": 300, "match": "truck-*",
                         "where": [["speed", ">", 20]]}
 
@@ -228,11 +255,26 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                               ) -> dict[str, Any]:
         return await service.loitering(who, fence_id, min_s)
 
-    @app.get("/fences/{fence_id}/events", tags=["events"], summary="The fence's archived events")
+    @app.get("/fences/{fence_id}/events", tags=["events"],
+             summary="The fence's archived events, a page at a time",
+             description="Oldest first, in the order (ts, event_id). A page holds at most `limit` events; "
+                         "`next` is an opaque cursor while more follow (null at the end): ask again with "
+                         "`cursor=<next>` (and the same `since`) for the events strictly after this page, "
+                         "so events sharing one ts (a delete's LEAVEs, a creation's ENTERs) are paged "
+                         "through, each once. A cursor this API did not give for this fence is a 400.",
+             responses={200: {"description": "A page of events",
+                              "content": {"application/json": {"schema": EVENTS_PAGE_SCHEMA}}},
+                        400: {"description": "a malformed or altered cursor, or another fence's"}})
     async def fence_events(who: Who, fence_id: str,
-                           since: Annotated[float, Query(description="epoch seconds, inclusive")] = 0.0,
-                           limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 1000) -> dict[str, Any]:
-        return await service.events(who, fence_id, since, limit)
+                           since: Annotated[float, Query(description="epoch seconds, inclusive: where "
+                                                                     "the first page starts")] = 0.0,
+                           limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 1000,
+                           cursor: Annotated[str | None, Query(
+                               description="the previous page's `next` (opaque, at most "
+                                           f"{MAX_CURSOR_CHARS} characters): continue strictly after it")
+                           ] = None
+                           ) -> dict[str, Any]:
+        return await service.events(who, fence_id, since, limit, cursor)
 
     @app.get("/objects/within", tags=["live state"],
              summary="Objects last seen in a bbox (an operator's query), or within one of your fences")

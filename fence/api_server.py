@@ -138,7 +138,8 @@ async def serve_amqp(config: ApiConfig, rpc: RpcServer, follower: Follower, coun
                  shell.run_batches(follows, follower.handle, counters, follow_dlx)],
                 [shell.periodic(stop, REFRESH_S, follower.refresh),
                  shell.periodic(stop, DUE_EVERY_S, follower.due),
-                 shell.periodic(stop, 30, lambda: log.info("%s", counters.line()))], cfg.drain_s)
+                 shell.periodic(stop, 30, lambda: log.info("%s", counters.line()))], cfg.drain_s,
+                counters=counters)
 
     await shell.serve(cfg, session, stop, counters, extra)
 

@@ -116,7 +116,7 @@ class Archiver:
             await shell.run_session(stop, [conn], [intake],
                                     [shell.run_batches(intake, self.handle, self.counters, self.dlx)],
                                     [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
-                                    cfg.drain_s)
+                                    cfg.drain_s, counters=self.counters)
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         per_message: list[tuple[AbstractIncomingMessage, list[Row]]] = []

@@ -4,6 +4,7 @@
         client.request("get", {"fence_id": "f1"}, on_reply)   # on_reply(Reply) when it comes
         reply = await client.call("create", feature=feature)   # or await the reply
         fence = await client.create(feature)                   # or raise FenceApiError
+        events = [e async for e in client.all_events("f1")]    # every archived event, page by page
 
 One connection, one channel with publisher confirms; replies come by direct reply-to
 (no reply queue to declare or clean up) and are matched on the correlation id. A request
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -162,9 +163,28 @@ class FenceClient:
         result: dict[str, Any] = await self._ok("object_fences", object_id=object_id)
         return result
 
-    async def events(self, fence_id: str, since: float = 0.0, limit: int = 1000) -> dict[str, Any]:
-        result: dict[str, Any] = await self._ok("events", fence_id=fence_id, since=since, limit=limit)
+    async def events(self, fence_id: str, since: float = 0.0, limit: int = 1000,
+                     cursor: str | None = None) -> dict[str, Any]:
+        """One page of the fence's archived events: `{"fence_id", "since", "events", "next"}`;
+        pass `next` back as `cursor` for the events strictly after it (None: the end)."""
+        args: dict[str, Any] = {"fence_id": fence_id, "since": since, "limit": limit}
+        if cursor is not None:
+            args["cursor"] = cursor
+        result: dict[str, Any] = await self._ok("events", **args)
         return result
+
+    async def all_events(self, fence_id: str, since: float = 0.0,
+                         limit: int = 1000) -> AsyncIterator[dict[str, Any]]:
+        """Every archived event of the fence from `since`, oldest first, each once: the pages
+        one after the other, following their `next` cursors (a page of `limit` per request)."""
+        cursor: str | None = None
+        while True:
+            page = await self.events(fence_id, since, limit, cursor)
+            for event in page["events"]:
+                yield event
+            cursor = page.get("next")
+            if cursor is None:
+                return
 
     async def loitering(self, fence_id: str, min_s: float = 0.0) -> dict[str, Any]:
         """Who has been inside the fence at least min_s seconds, longest first."""

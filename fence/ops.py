@@ -32,6 +32,12 @@ QUERIES = {
     "objects": "geofence_objects_tracked",
     "fences": "geofence_fences_bound",
     "held": "geofence_held_positions",
+    # a process whose session lost its consumer is down though it answers its scrape
+    # (exchanges/shell/lifecycle.py): consuming, and why not on purpose
+    "consuming": "geofence_consuming",
+    "recovering": "geofence_recovering == 1",
+    "paused": "geofence_paused == 1",
+    "standby": "geofence_standby == 1",
     "ready": "rabbitmq_detailed_queue_messages_ready",
     "unacked": "rabbitmq_detailed_queue_messages_unacked",
     "dead_letters": "sum by (role, reason) (geofence_dead_letters_total)",
@@ -96,17 +102,34 @@ def _by(rows: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...], float
     return {tuple(r["metric"].get(k, "") for k in labels): _number(r["value"][1]) for r in rows}
 
 
+WAITING = ("recovering", "paused", "standby")  # not consuming on purpose (exchanges/shell/lifecycle.py)
+
+
+def process_state(scraped: bool, consuming: float | None, waiting: str | None) -> str:
+    """"up", "DOWN" (no scrape answer), "not consuming" (its session lost its consumer), or
+    why it does not consume on purpose ("recovering", "paused", "standby"). A process without
+    the gauge (no input queue) is up when it answers."""
+    if not scraped:
+        return "DOWN"
+    if consuming is None or consuming == 1.0:
+        return "up"
+    return waiting or "not consuming"
+
+
 def shape(got: dict[str, list[dict[str, Any]]], ranges: dict[str, dict[float, float | None]],
           alerts: list[dict[str, Any]], now: float, start: float) -> dict[str, Any]:
     """The page's JSON from Prometheus' answers (pure: the tests feed it answers)."""
     up = _by(got["up"], "name")
     received = {k[0]: (k[1], v) for k, v in _by(got["received"], "name", "role").items()}
     per = {k: _by(got[k], "name") for k in ("positions", "events", "objects", "fences", "held")}
+    consuming = _by(got.get("consuming", []), "name")
+    waiting = {r["metric"].get("name", ""): why for why in WAITING for r in got.get(why, [])}
     processes = []
-    for (name,), state in sorted(up.items()):
+    for (name,), scraped in sorted(up.items()):
         role, rate = received.get(name, ("", None))
-        processes.append({"name": name, "role": role, "up": state == 1.0, "received_per_s": rate,
-                          **{k: per[k].get((name,)) for k in per}})
+        state = process_state(scraped == 1.0, consuming.get((name,)), waiting.get(name))
+        processes.append({"name": name, "role": role, "up": state in ("up", *WAITING), "state": state,
+                          "received_per_s": rate, **{k: per[k].get((name,)) for k in per}})
     ready, unacked = _by(got["ready"], "vhost", "queue"), _by(got["unacked"], "vhost", "queue")
     deepest = sorted({*ready, *unacked}, key=lambda k: (-((ready.get(k) or 0) + (unacked.get(k) or 0)), k))
     queues = [{"vhost": k[0], "queue": k[1], "ready": ready.get(k), "unacked": unacked.get(k)}

@@ -2,7 +2,8 @@
 (a hive's owner: live occupancy from both sources, today by hour, popular times, forecast
 against what happened, sensor health), their static files (fence/web/static) and the JS
 libraries npm installed under fence/web/node_modules (deploy/setup.sh runs `npm ci` there:
-served from this host, no CDN).
+served from this host, no CDN). Without them (a checkout where `npm ci` has not run) the API
+warns at start, and each page shows a message in place of its map or charts.
 
 /ops and /ops/data need no token: bind the API to an internal address, or put /ops behind the
 proxy's authentication, where the figures must not be public. /venues/{id} is a static page:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +35,15 @@ from fence.map_feed import MAX_FENCES_PAGE, ClientGone, MapClient, MapFeed
 from fence.ops import OpsFigures, Unavailable
 from fence.service import ApiError
 
+log = logging.getLogger("geofence")
+
 WEB = Path(__file__).resolve().parent / "web"
 STATIC = WEB / "static"
 # URL /vendor/<name>/ -> directory (npm packages)
 VENDOR = {name: WEB / "node_modules" / name / "dist" for name in ("uplot", "leaflet")}
+# what the pages load from each (their <script> and <link>), and what they draw with it
+VENDOR_FILES = {"uplot": ("uPlot.iife.min.js", "uPlot.min.css"), "leaflet": ("leaflet.js", "leaflet.css")}
+VENDOR_USE = {"uplot": "the charts of /ops and /venues/{id}", "leaflet": "the map of /map"}
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,12 @@ def add_pages(app: FastAPI, ops: OpsFigures | None, auth: dict[str, Any], feed: 
     None), "api_key" (the project's web API key; any with the emulator)}."""
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     for name, directory in VENDOR.items():
-        if directory.is_dir():  # missing: `bash deploy/setup.sh` installs it; the page says so
+        if directory.is_dir():
             app.mount(f"/vendor/{name}", StaticFiles(directory=directory), name=f"vendor-{name}")
+    # missing (a checkout where `npm ci` has not run): said here, once, at start; each page
+    # shows a message in place of what it would draw (fence/web/static/common.js)
+    for warning in vendor_warnings():
+        log.warning("%s", warning)
 
     @app.get("/pages/config", include_in_schema=False)
     async def pages_config() -> dict[str, Any]:
@@ -125,6 +136,18 @@ def add_pages(app: FastAPI, ops: OpsFigures | None, auth: dict[str, Any], feed: 
             feed.leave(client)
             with contextlib.suppress(Exception):
                 await ws.close(code=1001)
+
+
+def vendor_warnings() -> list[str]:
+    """What is missing of the npm libraries the pages load: one line per library."""
+    out = []
+    for name, directory in VENDOR.items():
+        absent = next((directory / f for f in VENDOR_FILES[name] if not (directory / f).is_file()), None)
+        if absent is not None:
+            out.append(f"pages: /vendor/{name}/{absent.name} is missing ({absent} not found): "
+                       f"{VENDOR_USE[name]} will show a message instead; run `bash deploy/setup.sh` "
+                       f"(or `npm ci` in {WEB}), then restart the API")
+    return out
 
 
 async def _pump(ws: WebSocket, client: MapClient, feed: MapFeed) -> None:

@@ -8,7 +8,10 @@ their arguments are the HTTP API's (fence/service.py), so both APIs behave the s
 
     create {feature}                 get {fence_id}            list {bbox?, limit?, after?}
     replace {fence_id, body, if_match?}   delete {fence_id, if_match?}
-    objects {fence_id}   object_fences {object_id}   events {fence_id, since?, limit?}
+    objects {fence_id}   object_fences {object_id}   events {fence_id, since?, limit?, cursor?}
+
+`events` answers a page as over HTTP: `{"fence_id", "since", "events", "next"}`; `next` (null
+at the end) goes back as `cursor` for the events strictly after that page.
 
 A request that is not JSON or names no known op is answered with 400 (if it has reply_to)
 and dead-lettered with the reason; the queue's batch is acked once every reply is confirmed.
@@ -44,6 +47,12 @@ def _text(a: dict[str, Any], key: str, default: str | None = None) -> str:
     return v
 
 
+def _optional_text(a: dict[str, Any], key: str) -> str | None:
+    """A string, or None when absent or null (a client that sends every argument)."""
+    v = a.get(key)
+    return None if v is None else _text(a, key)
+
+
 def _int(a: dict[str, Any], key: str, default: int) -> int:
     v = a.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int):
@@ -72,7 +81,7 @@ OPS: dict[str, Callable[[FenceService, Caller, dict[str, Any]], Awaitable[dict[s
     "objects": lambda s, c, a: s.objects(c, _text(a, "fence_id")),
     "object_fences": lambda s, c, a: s.object_fences(c, _text(a, "object_id")),
     "events": lambda s, c, a: s.events(c, _text(a, "fence_id"), _number(a, "since", 0.0),
-                                       _int(a, "limit", 1000)),
+                                       _int(a, "limit", 1000), _optional_text(a, "cursor")),
     "query": lambda s, c, a: s.query(c, a.get("query_args")),
     "loitering": lambda s, c, a: s.loitering(c, _text(a, "fence_id"), _number(a, "min_s", 0.0)),
     # proximity subscriptions (an operator's, as over HTTP)

@@ -9,18 +9,24 @@ the store ahead of the sidecars, and re-applying the change (any later version) 
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import logging
+import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
 import numpy as np
+import orjson
 from shapely.geometry import mapping
 
 from exchanges import filters
 from exchanges.control import fence_json
-from exchanges.fence_def import FenceDef, check_geometry
+from exchanges.fence_def import FenceDef, check_geometry, shown
 from exchanges.routing_store import ROAM_CHANGE_LOCK, binding_of, latest_worldmap_version
 from exchanges.subscriptions import point_object
 from exchanges.worldmap import Worldmap
@@ -259,13 +265,75 @@ async def archive_events(conn: asyncpg.Connection, rows: list[EventRow]) -> int:
     return int(done.split()[-1])
 
 
+class BadCursor(ValueError):
+    """A page cursor this API did not give out (malformed, altered, or another fence's)."""
+
+
+CURSOR_VERSION = 1
+MAX_CURSOR_CHARS = 2048  # a fence id (<= 64), an event id (<= 200 characters of UTF-8), a ts, a check
+_CURSOR_RE = re.compile(r"[A-Za-z0-9_-]+")
+_CHECK_BYTES = 6
+_CHECK_PERSON = b"gf-event-cursor"
+
+
+def _check(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=_CHECK_BYTES, person=_CHECK_PERSON).digest()
+
+
+def event_cursor(fence_id: str, ts: float, event_id: str) -> str:
+    """The opaque cursor of a fence's archived event: base64url (unpadded) of a 6-byte check
+    then the JSON `[1, fence_id, ts, event_id]`. (ts, event_id) is the archive's page order, a
+    total order (event_id is the primary key); orjson writes a float's shortest repr, which
+    reads back to the same double, so `ts` compares equal to the stored value. The check (an
+    unkeyed BLAKE2b) catches a cursor cut, mistyped or edited by hand; it is no signature,
+    and needs none: a cursor only says where to start among the events its fence's owner may
+    read anyway."""
+    payload = orjson.dumps([CURSOR_VERSION, fence_id, ts, event_id])
+    return base64.urlsafe_b64encode(_check(payload) + payload).rstrip(b"=").decode("ascii")
+
+
+def read_event_cursor(cursor: Any, fence_id: str) -> tuple[float, str]:
+    """(ts, event_id) of a cursor event_cursor gave for this fence; BadCursor says why not.
+    Only the exact text event_cursor writes is taken (checked, decoded, encoded again and
+    compared), so an altered cursor is refused, never read as something else."""
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= MAX_CURSOR_CHARS \
+            or not _CURSOR_RE.fullmatch(cursor):
+        raise BadCursor(f"cursor {shown(cursor, 60)}: not a cursor this API gave (the `next` of a page: "
+                        f"up to {MAX_CURSOR_CHARS} characters of base64url)")
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        check, payload = raw[:_CHECK_BYTES], raw[_CHECK_BYTES:]
+        if check != _check(payload):
+            raise ValueError("check")
+        data = orjson.loads(payload)
+    except (ValueError, binascii.Error):  # orjson.JSONDecodeError is a ValueError
+        raise BadCursor(f"cursor {shown(cursor, 60)}: malformed or altered (not a cursor this API gave)"
+                        ) from None
+    ok = (isinstance(data, list) and len(data) == 4 and type(data[0]) is int and data[0] == CURSOR_VERSION
+          and isinstance(data[1], str) and type(data[2]) is float and math.isfinite(data[2])
+          and isinstance(data[3], str) and 0 < len(data[3]) <= 200 and "\x00" not in data[3])
+    if not ok or event_cursor(data[1], data[2], data[3]) != cursor:
+        raise BadCursor(f"cursor {shown(cursor, 60)}: malformed or altered (not a cursor this API gave)")
+    if data[1] != fence_id:
+        raise BadCursor(f"cursor {shown(cursor, 60)}: a cursor of another fence's events, "
+                        f"not of {fence_id!r}'s")
+    return data[2], data[3]
+
+
 async def fence_events(conn: asyncpg.Connection, fence_id: str, since: float = 0.0,
-                       limit: int = 1000) -> list[dict[str, Any]]:
-    """A fence's archived events from `since` (epoch seconds, inclusive), oldest first."""
-    rows = await conn.fetch("SELECT event_id, fence_id, object_id, event, reason, ts, visit_id, inside_s "
-                            "FROM fence_event "
-                            "WHERE fence_id = $1 AND ts >= $2 ORDER BY ts, event_id LIMIT $3",
-                            fence_id, since, limit)
+                       limit: int = 1000, after: tuple[float, str] | None = None) -> list[dict[str, Any]]:
+    """A fence's archived events from `since` (epoch seconds, inclusive) and strictly after
+    `after` ((ts, event_id), a cursor's), oldest first: ordered by (ts, event_id), a total
+    order (event_id is the primary key). The index fence_event_by_fence_page (fence_id, ts,
+    event_id; migration 0022) serves it as one range scan: a page reads its own rows only,
+    however many events share a ts."""
+    columns = "SELECT event_id, fence_id, object_id, event, reason, ts, visit_id, inside_s FROM fence_event "
+    if after is None:
+        rows = await conn.fetch(columns + "WHERE fence_id = $1 AND ts >= $2 ORDER BY ts, event_id LIMIT $3",
+                                fence_id, since, limit)
+    else:
+        rows = await conn.fetch(columns + "WHERE fence_id = $1 AND ts >= $2 AND (ts, event_id) > ($3, $4) "
+                                "ORDER BY ts, event_id LIMIT $5", fence_id, since, after[0], after[1], limit)
     return [dict(r) for r in rows]
 
 

@@ -94,22 +94,32 @@ void hk_points_in_polygons(const double *ax, const double *ay, const double *bx,
 int64_t hk_match_sorted(const uint64_t *keys, size_t n_keys, const uint64_t *needles, size_t n,
                         int64_t *hit, int64_t *at);
 
-/* A segment of the roaming matcher (fence/x_fence/roaming.py): movers in row order, each at
- * most once, against the held positions. Entries are sorted by cell and are the held
- * positions (e_row -1) and each mover's old (e_ver 0) and new (e_ver 1) position (e_row = its
- * row); e_own says whether an entry's position is in a block of this worker. Subscriptions by
- * subscriber slot (CSR s_ptr over slots): radius and filter number; filter flags are
- * [filter][slot] for the held, [filter][row] before and after for the movers. */
+/* A batch of the roaming matcher (fence/x_fence/roaming.py): movers in row order (an object
+ * may move more than once) against the positions valid at each row. Entries are the held
+ * positions (e_row -1), each moving object's position before its first row (e_ver 0, e_row =
+ * that row) and each row's new position (e_ver 1, e_row = its row); entry i is the position of
+ * its object for the rows k with e_from[i] < k < e_to[i]. e_cell = x * side + y at the
+ * matcher's index grid; e_own says whether an entry's position is in a block of this worker.
+ * Two indexes of the entries, each sorted both ways (by x * side + y and by y * side + x,
+ * keys with the entry of each): `a` every entry, `s` the entries of objects that carry
+ * subscriptions. Per mover, four boxes of index cells q[k][b] = {x0, x1, y0, y1} (x may run
+ * past the antimeridian, to be taken modulo side; x0 > x1: no box): 0 / 1 the mover's own
+ * largest circle at its new / old position, searched in `a` (its subscriptions against the
+ * others), 2 / 3 the largest circle of any subscriber, searched in `s` (the others'
+ * subscriptions against the mover). Subscriptions by subscriber slot (CSR s_ptr over slots):
+ * radius and filter number; filter flags are [filter][slot] for the held, [filter][row]
+ * before and after for the movers. */
 typedef struct {
-    int64_t n_slots, n_movers, n_entries, side;
+    int64_t n_slots, n_movers, n_entries, side, n_a, n_s;
     double r_max;
     const int64_t *m_slot;
-    const double *m_olon, *m_olat, *m_nlon, *m_nlat;
+    const double *m_olon, *m_olat, *m_nlon, *m_nlat, *m_rmax;
     const uint8_t *m_had_old, *m_own_old, *m_own_new;
-    const int64_t *q_x0, *q_x1, *q_y0, *q_y1;
-    const int64_t *e_cell, *e_slot, *e_row;
+    const int64_t *q;
+    const int64_t *e_cell, *e_slot, *e_row, *e_from, *e_to;
     const double *e_lon, *e_lat;
     const uint8_t *e_ver, *e_own;
+    const int64_t *ax_key, *ax_ent, *ay_key, *ay_ent, *sx_key, *sx_ent, *sy_key, *sy_ent;
     const int64_t *s_ptr, *s_filter;
     const double *s_radius;
     const uint8_t *pass_held, *pass_old, *pass_new;
@@ -119,8 +129,10 @@ typedef struct {
  * those within 1e-6 m of a radius (flag 4: the caller decides them with its own haversine):
  * (row k, subscription j, entry i of the other object, flags: 1 the subscription is the
  * mover's, 2 near after, 4 unsure, 8 / 16 the filter passed before / after, distance after).
- * Writes up to cap; returns how many there are. */
+ * Writes up to cap; returns how many there are. work[0] counts the index searches, work[1]
+ * the entries looked at: the cost, which depends on the boxes' sizes and the entries in them,
+ * never on how far a mover went. */
 int64_t hk_roam_pairs(const hk_roam_segment *g, int64_t *o_k, int64_t *o_j, int64_t *o_i, uint8_t *o_flags,
-                      double *o_d, int64_t cap);
+                      double *o_d, int64_t cap, int64_t *work);
 
 #endif

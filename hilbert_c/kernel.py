@@ -365,14 +365,16 @@ def match_sorted(keys: U64, needles: U64) -> tuple[npt.NDArray[np.int64], npt.ND
 
 
 
-_ROAM_I64 = ("m_slot", "q_x0", "q_x1", "q_y0", "q_y1", "e_cell", "e_slot", "e_row", "s_ptr", "s_filter")
-_ROAM_F64 = ("m_olon", "m_olat", "m_nlon", "m_nlat", "e_lon", "e_lat", "s_radius")
+_ROAM_I64 = ("m_slot", "q", "e_cell", "e_slot", "e_row", "e_from", "e_to", "ax_key", "ax_ent", "ay_key",
+             "ay_ent", "sx_key", "sx_ent", "sy_key", "sy_ent", "s_ptr", "s_filter")
+_ROAM_F64 = ("m_olon", "m_olat", "m_nlon", "m_nlat", "m_rmax", "e_lon", "e_lat", "s_radius")
 _ROAM_U8 = ("m_had_old", "m_own_old", "m_own_new", "e_ver", "e_own", "pass_held", "pass_old", "pass_new")
 
 
 def roam_pairs(n_slots: int, side: int, r_max: float, **cols: npt.ArrayLike) -> dict[str, Any]:
-    """The roaming matcher's segment in one C call (proximity.c `hk_roam_pairs`; the columns
-    are hk_roam_segment's fields). Returns the columns k, j, i, flags, d."""
+    """The roaming matcher's batch in one C call (proximity.c `hk_roam_pairs`; the columns
+    are hk_roam_segment's fields). Returns the columns k, j, i, flags, d, and `work`: the
+    index searches and the entries looked at."""
     keep: list[Any] = []
     g = ffi.new("hk_roam_segment *")
     for names, dtype, ctype in ((_ROAM_I64, np.int64, "int64_t[]"), (_ROAM_F64, np.float64, "double[]"),
@@ -385,7 +387,11 @@ def roam_pairs(n_slots: int, side: int, r_max: float, **cols: npt.ArrayLike) -> 
             setattr(g, name, ffi.from_buffer(ctype, a))
     g.n_slots, g.n_movers, g.side = n_slots, np.asarray(cols["m_slot"]).size, side
     g.n_entries, g.r_max = np.asarray(cols["e_cell"]).size, r_max
+    g.n_a, g.n_s = np.asarray(cols["ax_key"]).size, np.asarray(cols["sx_key"]).size
+    if np.asarray(cols["q"]).size != 16 * g.n_movers:
+        raise ValueError("roam_pairs: q holds 4 boxes of 4 numbers per mover")
     cap = max(1024, 8 * g.n_movers)
+    work = np.zeros(2, np.int64)
     while True:
         out = {"k": np.empty(cap, np.int64), "j": np.empty(cap, np.int64), "i": np.empty(cap, np.int64),
                "flags": np.empty(cap, np.uint8), "d": np.empty(cap, np.float64)}
@@ -393,8 +399,11 @@ def roam_pairs(n_slots: int, side: int, r_max: float, **cols: npt.ArrayLike) -> 
                               ffi.from_buffer("int64_t[]", out["j"], require_writable=True),
                               ffi.from_buffer("int64_t[]", out["i"], require_writable=True),
                               ffi.from_buffer("uint8_t[]", out["flags"], require_writable=True),
-                              ffi.from_buffer("double[]", out["d"], require_writable=True), cap)
+                              ffi.from_buffer("double[]", out["d"], require_writable=True), cap,
+                              ffi.from_buffer("int64_t[]", work, require_writable=True))
         if m <= cap:
             del keep
-            return {name: a[:m] for name, a in out.items()}
+            got: dict[str, Any] = {name: a[:m] for name, a in out.items()}
+            got["work"] = (int(work[0]), int(work[1]))
+            return got
         cap = int(m)

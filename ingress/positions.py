@@ -33,6 +33,11 @@ MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
 # Timestamps: epoch seconds between 2000-01-01 and 2100-01-01 (ms by mistake is refused).
 TS_MIN, TS_MAX = 946_684_800.0, 4_102_444_800.0
 _KNOWN = ("id", "lon", "lat", "ts")
+# The latest ts accepted: (receive time, allowed skew in seconds). A position dated further
+# ahead is refused: x-fence ignores positions older than an object's latest, so one position
+# from the future (a device or gateway with a wrong clock) would silence its object until
+# then, and its timeouts would never fire. None: no receive time (only TS_MAX holds).
+Latest = tuple[float, float] | None
 _PREFIX = re.compile(r"^position \d+: ")
 
 
@@ -56,16 +61,16 @@ def object_id_from_routing_key(routing_key: str) -> str:
     return oid
 
 
-def decode_mqtt(routing_key: str, body: bytes) -> Decoded:
+def decode_mqtt(routing_key: str, body: bytes, latest: Latest = None) -> Decoded:
     """One device position: `positions.<object_id>` and a JSON object."""
     oid = object_id_from_routing_key(routing_key)
     obj = _load_json(body)
     if not isinstance(obj, dict):
         raise Refused(f"the body is a JSON {type(obj).__name__}, not an object with lon, lat, ts")
-    return _columns([{**obj, "id": oid}])
+    return _columns([{**obj, "id": oid}], latest)
 
 
-def decode_mqtt_many(messages: Sequence[tuple[str, bytes]]) -> Decoded:
+def decode_mqtt_many(messages: Sequence[tuple[str, bytes]], latest: Latest = None) -> Decoded:
     """Many device positions at once (what x-ingress does under load): one column pass.
     `refused` holds (message index, reason) for each message refused, whole or in part."""
     items: list[Any] = []
@@ -83,12 +88,12 @@ def decode_mqtt_many(messages: Sequence[tuple[str, bytes]]) -> Decoded:
             continue
         items.append({**obj, "id": oid})
         at.append(m)
-    decoded = _columns(items)
+    decoded = _columns(items, latest)
     refused += [(at[i], _PREFIX.sub("", reason, count=1)) for i, reason in decoded.refused]
     return Decoded(decoded.batch, sorted(refused))
 
 
-def decode_batch(body: bytes, content_type: str | None) -> Decoded:
+def decode_batch(body: bytes, content_type: str | None, latest: Latest = None) -> Decoded:
     """A gateway batch; positions that fail validation are refused one by one."""
     if len(body) > MAX_BODY_BYTES:
         raise Refused(f"body of {len(body):,} bytes is over the {MAX_BODY_BYTES:,}-byte limit")
@@ -104,7 +109,7 @@ def decode_batch(body: bytes, content_type: str | None) -> Decoded:
     items = obj["positions"]
     if len(items) > MAX_BATCH:
         raise Refused(f"{len(items):,} positions in one batch, over the limit of {MAX_BATCH:,}")
-    return _columns(items)
+    return _columns(items, latest)
 
 
 def _load_json(body: bytes) -> Any:
@@ -134,7 +139,7 @@ def ttl_problem(v: Any) -> str | None:
     return None
 
 
-def _columns(items: list[Any]) -> Decoded:
+def _columns(items: list[Any], latest: Latest = None) -> Decoded:
     n = len(items)
     reasons: dict[int, str] = {}
     ids: list[str] = []
@@ -183,6 +188,13 @@ def _columns(items: list[Any]) -> Decoded:
                 reasons[i] = f"position {i}: {name} is {raw!r}, not a finite number"
             else:
                 reasons[i] = f"position {i}: {name} {raw!r} is outside [{lo:g}, {hi:g}]"
+    if latest is not None:
+        now, skew = latest
+        for i in np.flatnonzero(ts > now + skew).tolist():
+            if i not in reasons:
+                ahead = float(ts[i]) - now
+                reasons[i] = (f"position {i}: ts {float(ts[i])!r} is {ahead:,.0f} s ahead of the receive "
+                              f"time (more than the {skew:g} s allowed: a device or gateway clock ahead)")
     ok = np.ones(n, bool)
     ok[list(reasons)] = False
     keep = np.flatnonzero(ok)

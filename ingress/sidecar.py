@@ -125,16 +125,24 @@ class IngressSidecar:
 
     async def session(self, stop: asyncio.Event) -> None:
         cfg = self.config
-        while self.paused and not stop.is_set():  # see __init__; watch_store lifts it
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.2)
+        self.counters.gauge("paused", 1 if self.paused else 0)  # not consuming on purpose (lifecycle)
+        try:
+            while self.paused and not stop.is_set():  # see __init__; watch_store lifts it
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.2)
+        finally:
+            self.counters.gauge("paused", 0)
         if stop.is_set():
             return
         if self.unconfirmed or self.proximity.unwritten:
             self.core.forget_objects()
             self.unconfirmed = 0
             log.warning("a session ended with batches routed and not confirmed: objects forgotten")
-            await asyncio.to_thread(self.proximity.load)  # the router as journaled
+            self.counters.gauge("recovering", 1)
+            try:
+                await asyncio.to_thread(self.proximity.load)  # the router as journaled
+            finally:
+                self.counters.gauge("recovering", 0)
         async with contextlib.AsyncExitStack() as stack:
             ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
             await self.instance_lock.acquire(ingress, stack)
@@ -180,7 +188,7 @@ class IngressSidecar:
                      shell.periodic(ending, MAP_EVERY_S, self.send_map_sample),
                      shell.periodic(ending, CHANGES_EVERY_S, self.proximity.apply_changes),
                      _first_of(stop, self.regions_changed, ending)],
-                    cfg.drain_s)
+                    cfg.drain_s, counters=self.counters)
             finally:
                 self.consuming = False
                 await self.pipeline.close()  # what was not confirmed comes back
@@ -229,15 +237,17 @@ class IngressSidecar:
 
     def decode_mqtt(self, messages: Sequence[AbstractIncomingMessage]
                     ) -> tuple[PositionBatch, list[tuple[int, str]]]:
-        decoded = decode_mqtt_many([(m.routing_key or "", m.body) for m in messages])
+        decoded = decode_mqtt_many([(m.routing_key or "", m.body) for m in messages],
+                                   (time.time(), self.config.max_future_s))
         return decoded.batch, decoded.refused
 
     def decode_gateway(self, messages: Sequence[AbstractIncomingMessage]
                        ) -> tuple[PositionBatch, list[tuple[int, str]]]:
         batches, refused = [], []
+        latest = (time.time(), self.config.max_future_s)
         for i, m in enumerate(messages):
             try:
-                d: Decoded = decode_batch(m.body, m.content_type)
+                d: Decoded = decode_batch(m.body, m.content_type, latest)
             except Refused as exc:
                 refused.append((i, str(exc)))
                 continue

@@ -67,6 +67,13 @@ class SidecarConfig:
     # host:port where the sidecar serves Prometheus' /metrics (exchanges/shell/metrics.py);
     # empty: none
     metrics_listen: str = ""
+    # A session that has not consumed its input for this long (neither recovering, paused nor
+    # standing by) is stalled: it is ended and a new one connects; if it does not end, the
+    # process exits for its supervisor to restart it (exchanges/shell/lifecycle.py).
+    stall_s: float = 120.0
+    # x-ingress refuses a position whose ts is more than this ahead of its receive time (a
+    # device with a wrong clock would otherwise silence its object until then).
+    max_future_s: float = 300.0
 
     @classmethod
     def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,
@@ -109,6 +116,9 @@ class SidecarConfig:
                 raise ConfigError(f"GEOFENCE_MEMCACHED_URL={env['GEOFENCE_MEMCACHED_URL']!r}: "
                                   "memcache://host:port expected")
             kw["memcached_url"] = env["GEOFENCE_MEMCACHED_URL"]
+        for key, name in (("GEOFENCE_STALL_S", "stall_s"), ("GEOFENCE_MAX_FUTURE_S", "max_future_s")):
+            if key in env:
+                kw[name] = positive(key, env[key], float)
         if env.get("GEOFENCE_METRICS_LISTEN"):
             try:
                 parse_listen(env["GEOFENCE_METRICS_LISTEN"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 from aio_pika.abc import AbstractConnection
 
 from exchanges.shell.config import SidecarConfig
-from exchanges.shell.connections import BROKER_GONE, Backoff, TookOver, connection_lost
+from exchanges.shell.connections import BROKER_GONE, Backoff, InstanceLocked, TookOver, connection_lost
 from exchanges.shell.counters import Counters
 from exchanges.shell.intake import Intake
 from exchanges.shell.metrics import metrics_server, registry_of
@@ -95,6 +96,20 @@ async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event,
         await _serve(config, session, stop, counters)
 
 
+# Gauges by which a role says it is not consuming on purpose (the watchdog and the
+# GeofenceRoleDown alert leave it alone): rebuilding its state, paused by a handover, standing
+# by for its instance lock.
+WAITING = ("recovering", "paused", "standby")
+EXIT_STALLED = 70  # EX_SOFTWARE: a session that would not end; the supervisor restarts the process
+WATCH_EVERY_S = 1.0
+STALLED_END_S = 30.0  # how long a stalled session has to end once cancelled
+
+
+class SessionStalled(ConnectionError):
+    """The session consumed nothing for `stall_s` (see SidecarConfig.stall_s): ended like a
+    lost connection, and a new one connects."""
+
+
 async def _serve(config: SidecarConfig, session: Session, stop: asyncio.Event, counters: Counters | None
                  ) -> None:
     backoff = Backoff()
@@ -102,9 +117,11 @@ async def _serve(config: SidecarConfig, session: Session, stop: asyncio.Event, c
         started = time.monotonic()
         lost: BaseException | None = None
         try:
-            await session(stop)
+            await _watched(session(stop), stop, counters, config.stall_s)
         except* BROKER_GONE as group:
             lost = group.exceptions[0]
+        if counters is not None:
+            counters.gauge("standby", 1 if isinstance(lost, InstanceLocked) else 0)
         if lost is None or stop.is_set():
             continue
         if counters is not None:
@@ -117,30 +134,99 @@ async def _serve(config: SidecarConfig, session: Session, stop: asyncio.Event, c
             await asyncio.wait_for(stop.wait(), delay)
 
 
+async def _watched(session: Awaitable[None], stop: asyncio.Event, counters: Counters | None,
+                   stall_s: float) -> None:
+    """Run a session and watch it: one that has not consumed for `stall_s` (gauge `consuming`
+    0, no WAITING gauge at 1) is cancelled and ends as SessionStalled, so `_serve` connects
+    again; one that does not end within STALLED_END_S of that is stuck for good, and the
+    process exits (EXIT_STALLED) for its supervisor to restart it (systemd's Restart=).
+    A role that lost its consumer is down, whether or not its /metrics still answers."""
+    task = asyncio.ensure_future(session)
+    if counters is None:
+        await task
+        return
+    idle_since = time.monotonic()
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=WATCH_EVERY_S)
+            now = time.monotonic()
+            g = counters.gauges
+            if g.get("consuming") == 1 or any(g.get(w) == 1 for w in WAITING) or stop.is_set():
+                idle_since = now
+            elif now - idle_since > stall_s:
+                log.error("the session has consumed nothing for %.0fs (stalled): ending it", now - idle_since)
+                counters.bump("stalls")
+                task.cancel()
+                done, _ = await asyncio.wait([task], timeout=STALLED_END_S)
+                if not done:
+                    log.critical("the stalled session did not end within %.0fs: exiting (%d) for a restart",
+                                 STALLED_END_S, EXIT_STALLED)
+                    logging.shutdown()
+                    os._exit(EXIT_STALLED)
+                raise SessionStalled(f"no input consumed for {stall_s:g}s")
+        task.result()
+    finally:
+        if not task.done():  # this one cancelled (a stop), or the stalled session still running
+            task.cancel()
+            await asyncio.wait([task], timeout=STALLED_END_S)
+
+
 async def run_session(stop: asyncio.Event, conns: Sequence[AbstractConnection],
                       intakes: Sequence[Intake], loops: Sequence[Coroutine[Any, Any, None]],
-                      background: Sequence[Coroutine[Any, Any, None]], drain_s: float) -> None:
+                      background: Sequence[Coroutine[Any, Any, None]], drain_s: float,
+                      prepare: Coroutine[Any, Any, None] | None = None,
+                      counters: Counters | None = None) -> None:
     """Own every task of a session (TaskGroup). Ends when `stop` is set (consumers
-    cancelled, loops drained within `drain_s`) or raises when a connection closes."""
-    async with asyncio.TaskGroup() as tg:
-        loop_tasks = [tg.create_task(c) for c in loops]
-        others: list[asyncio.Task[Any]] = [tg.create_task(c) for c in background]
-        watcher = tg.create_task(connection_lost(conns))
-        stopper = tg.create_task(stop.wait())
-        others += [watcher, stopper]
-        for intake in intakes:
-            await intake.start()
-        others.append(tg.create_task(_cancelled(intakes)))
-        await asyncio.wait([watcher, stopper, *loop_tasks, others[-1]], return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():
-            for intake in intakes:
-                await intake.stop()
-            _, pending = await asyncio.wait(loop_tasks, timeout=drain_s) if loop_tasks else ((), ())
-            if pending:
-                log.warning("drain deadline (%gs) passed with %d loops busy; their unacked "
-                            "messages will be redelivered", drain_s, len(pending))
-            for task in (*pending, *others):
-                task.cancel()
+    cancelled, loops drained within `drain_s`) or raises when a connection closes.
+
+    With `prepare` (a role's state rebuilt: x-fence's journal replayed), only the first intake
+    consumes while it runs (the role's control queue, so that `inspect` answers; the
+    connection's heartbeats go on as the loop is free) and the others start once it is done.
+    `counters` gets the gauge `consuming`: 1 while every intake consumes, 0 from the moment
+    the session starts to end (the health of the role: exchanges/shell/metrics.py, the
+    GeofenceRoleDown alert, `geofence status`)."""
+    if counters is not None:
+        counters.gauge("consuming", 0)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            loop_tasks = [tg.create_task(c) for c in loops]
+            others: list[asyncio.Task[Any]] = [tg.create_task(c) for c in background]
+            watcher = tg.create_task(connection_lost(conns))
+            stopper = tg.create_task(stop.wait())
+            others += [watcher, stopper]
+            for intake in intakes[:1] if prepare is not None else intakes:
+                await intake.start()
+            cancelled = tg.create_task(_cancelled(intakes))
+            others.append(cancelled)
+            ready = True
+            if prepare is not None:
+                prep = tg.create_task(prepare)
+                others.append(prep)
+                await asyncio.wait([watcher, stopper, prep, cancelled], return_when=asyncio.FIRST_COMPLETED)
+                ready = (prep.done() and not prep.cancelled() and prep.exception() is None
+                         and not stop.is_set())
+                if ready:
+                    for intake in intakes[1:]:
+                        await intake.start()
+            if ready:
+                if counters is not None:
+                    counters.gauge("consuming", 1)
+                await asyncio.wait([watcher, stopper, *loop_tasks, cancelled],
+                                   return_when=asyncio.FIRST_COMPLETED)
+            if counters is not None:
+                counters.gauge("consuming", 0)
+            if stop.is_set():
+                for intake in intakes:
+                    await intake.stop()
+                _, pending = await asyncio.wait(loop_tasks, timeout=drain_s) if loop_tasks else ((), ())
+                if pending:
+                    log.warning("drain deadline (%gs) passed with %d loops busy; their unacked "
+                                "messages will be redelivered", drain_s, len(pending))
+                for task in (*pending, *others):
+                    task.cancel()
+    finally:
+        if counters is not None:
+            counters.gauge("consuming", 0)
 
 
 async def _cancelled(intakes: Sequence[Intake]) -> None:

@@ -104,7 +104,8 @@ class GeoSidecar:
                 stop, [conn], [positions, controls],
                 [shell.run_batches(positions, self.handle_positions, self.counters, self.dlx),
                  shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
-                [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
+                [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s,
+                counters=self.counters)
 
     # -- positions ---------------------------------------------------------------------------
 

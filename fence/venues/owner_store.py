@@ -3,9 +3,10 @@ health, sensor configurations. The API's `/owner/...` routes call these; each re
 input with `user_store.UserError(status, message)`.
 
 Sensor health, as the owner sees it: `silent` when no report came for more than twice its
-reporting interval, `low_battery` when the last status said less than its low_battery_mv,
-`config` the newest configuration pushed and whether a status has carried its id since
-(`applied`) or not yet (`pending`).
+reporting interval (never heard from: since it was registered; sensor_alerts.is_silent),
+`low_battery` when the last status said less than its low_battery_mv, `config` the newest
+configuration pushed and whether a status has carried its id since (`applied`) or not yet
+(`pending`).
 
 Analytics: today so far, by local hour, from the sensors' reports (fence/venues/day_curve.py,
 raw: the day has not ended), then the days as the nightly job left them
@@ -29,6 +30,7 @@ import orjson
 
 from fence.venues.day_curve import HiveInput, analyse_day, day_bounds, slots
 from fence.venues.occupancy import business_day
+from fence.venues.sensor_alerts import is_silent
 from fence.venues.sensor_frames import SensorConfig
 from fence.venues.user_store import UserError
 from fence.venues.venue_store import counts_sql
@@ -138,7 +140,7 @@ async def sensors(pool: asyncpg.Pool, uid: str, hive_id: str, now: float | None 
     async with pool.acquire() as conn:
         await _owned(conn, uid, hive_id)
         rows = await conn.fetch(
-            "SELECT s.id, s.modem, s.report_interval_min, s.low_battery_mv, s.last_report_at, "
+            "SELECT s.id, s.modem, s.report_interval_min, s.low_battery_mv, s.last_report_at, s.created_at, "
             "s.last_status_at, s.counts, st.battery_mv, st.gprs_signal, st.discarded_events, "
             "st.firmware_version, st.configuration_id AS status_config, c.configuration_id, c.sent_at, "
             "c.applied_at, ARRAY(SELECT a.kind || ': ' || a.detail FROM sensor_alert a "
@@ -152,13 +154,13 @@ async def sensors(pool: asyncpg.Pool, uid: str, hive_id: str, now: float | None 
     out = []
     for r in rows:
         last = r["last_report_at"]
-        silent_s = now - last.timestamp() if last else None
         counts = r["counts"]
         counts = orjson.loads(counts) if isinstance(counts, str | bytes) else (counts or {})
         out.append({
             "id": r["id"], "modem": r["modem"],
             "last_report_at": last.timestamp() if last else None,
-            "silent": last is None or (silent_s is not None and silent_s > 2 * 60 * r["report_interval_min"]),
+            "silent": is_silent(r["report_interval_min"], r["created_at"].timestamp(),
+                                last.timestamp() if last else None, now),
             "battery_mv": r["battery_mv"],
             "low_battery": r["battery_mv"] is not None and r["battery_mv"] < r["low_battery_mv"],
             "gprs_signal": r["gprs_signal"], "discarded_events": r["discarded_events"],
@@ -169,7 +171,7 @@ async def sensors(pool: asyncpg.Pool, uid: str, hive_id: str, now: float | None 
                 "sent_at": r["sent_at"].timestamp() if r["sent_at"] else None},
             "alerts": list(r["alerts"]),
             "counts": {k: counts.get(k) for k in ("restarts", "wraps", "gaps", "lost_reports", "duplicates",
-                                                   "skewed", "reports")},
+                                                   "late", "skewed", "reports")},
         })
     return out
 

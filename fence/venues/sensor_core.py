@@ -9,6 +9,19 @@
 Refused (the shell dead-letters them with the reason; the rest of the batch goes on): an
 unknown sensor, an unknown topic kind, and every frame sensor_frames refuses.
 
+v2 event reports are one entry or exit each: an event counts once. Its key is the one
+sensor_event stores it under (sensor, timestamp, type, distance, slot); an event whose key came
+earlier in the batch, or is stored already (the shell asks the store and calls
+`Processed.uncount`), is kept as a row but counts nothing (`counted` False): a duplicated frame
+(QoS 1 sent again, a broker requeue, `geofence dlq replay`) moves neither the live figure nor
+the stored one.
+
+Device time of a legacy report: the hive's wall clock, turned into an instant with its time
+zone. In the hour a clock goes back the reading is ambiguous: the first of the two (fold 0),
+unless that is before the sensor's last report counted while the second is not and the
+totals did not go down (the repeated hour, after the first): then the second (counting.py
+takes a report older than the last one as late).
+
 Trade-off: decoding is vectorised per kind; deriving is a loop per report, in arrival order,
 because each report's meaning depends on the one before it from the same sensor (a few
 microseconds a report: far below the broker's cost per message).
@@ -16,8 +29,8 @@ microseconds a report: far below the broker's cost per message).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
@@ -85,6 +98,15 @@ class EventRow:
     device_ts: int  # the frame's timestamp (UTC seconds)
     at: float  # where it counts (the device's time, or the receive time when skewed)
     received_at: float
+    counted: bool = True  # False: a duplicate (earlier in the batch, or stored already)
+
+
+EventKey = tuple[str, int, int, int, int]
+
+
+def event_key(e: EventRow) -> EventKey:
+    """What sensor_event stores an event under: (sensor, device_ts, event_type, distance_mm, slot)."""
+    return (e.sensor_id, e.device_ts, e.event_type, e.distance_mm, e.slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +125,26 @@ class Processed:
     statuses: list[StatusRow] = field(default_factory=list)
     refused: list[tuple[int, str]] = field(default_factory=list)
 
+    def uncount(self, stored: Collection[EventKey]) -> None:
+        """The events the store has already (their frame was delivered before): counted no more."""
+        if stored:
+            self.events = [replace(e, counted=False) if e.counted and event_key(e) in stored else e
+                           for e in self.events]
+
+    def counted_events(self) -> list[EventRow]:
+        """The entries and exits that count (no status events, no duplicates)."""
+        return [e for e in self.events if e.counted and e.event_type in (sf.ENTRY, sf.EXIT)]
+
     def hives(self) -> dict[str, tuple[int, int]]:
-        """Entries and exits per hive in this batch (duplicates and baselines count zero)."""
+        """Entries and exits per hive in this batch (duplicates, late reports and baselines
+        count zero)."""
         out: dict[str, tuple[int, int]] = {}
         for r in self.counts:
             e, x = out.get(r.hive_id, (0, 0))
             out[r.hive_id] = (e + r.entries, x + r.exits)
-        for ev in self.events:
-            if ev.event_type in (sf.ENTRY, sf.EXIT):
-                e, x = out.get(ev.hive_id, (0, 0))
-                out[ev.hive_id] = (e + (ev.event_type == sf.ENTRY), x + (ev.event_type == sf.EXIT))
+        for ev in self.counted_events():
+            e, x = out.get(ev.hive_id, (0, 0))
+            out[ev.hive_id] = (e + (ev.event_type == sf.ENTRY), x + (ev.event_type == sf.EXIT))
         return out
 
 
@@ -121,11 +153,25 @@ def _zone(tz: str) -> ZoneInfo:
     return ZoneInfo(tz)
 
 
-def local_to_utc(local_s: float, tz: str) -> float:
+def local_to_utc(local_s: float, tz: str, fold: int = 0) -> float:
     """A wall-clock time of zone `tz` (seconds, read as if UTC) as an instant. In the hour a
-    clock goes back, the first of the two readings (fold 0), as the device cannot say."""
+    clock goes back, the first of the two readings (fold 0) or the second (fold 1)."""
     wall = datetime(1970, 1, 1) + timedelta(seconds=local_s)
-    return wall.replace(tzinfo=_zone(tz)).timestamp()
+    return wall.replace(tzinfo=_zone(tz), fold=fold).timestamp()
+
+
+def legacy_instant(local_s: float, tz: str, state: counting.SensorCounts, total_in: int, total_out: int,
+                   startup: bool) -> float:
+    """A legacy report's device time (the module): fold 0, or in the repeated hour fold 1
+    when that keeps the sensor's order and its totals did not go down."""
+    first = local_to_utc(local_s, tz)
+    if first >= state.device_at:
+        return first
+    second = local_to_utc(local_s, tz, fold=1)
+    went_down = total_in < state.total_in or total_out < state.total_out
+    if second >= state.device_at and (startup or not went_down):
+        return second
+    return first
 
 
 class SensorCore:
@@ -190,12 +236,13 @@ class SensorCore:
             f = frames[i]
             local_s = float(dec.local_s[k])
             version = int(dec.version[k])
+            state = self.counts_of(f.sensor_id)
+            total_in, total_out = int(dec.total_in[k]), int(dec.total_out[k])
             if version == sf.V2:
                 device_at = local_s - int(dec.tz_min[k]) * 60.0
             else:
-                device_at = local_to_utc(local_s, info.tz)
-            state = self.counts_of(f.sensor_id)
-            r = counting.Report(int(dec.total_in[k]), int(dec.total_out[k]), device_at, float(f.received_at),
+                device_at = legacy_instant(local_s, info.tz, state, total_in, total_out, bool(startup[k]))
+            r = counting.Report(total_in, total_out, device_at, float(f.received_at),
                                 bool(startup[k]), int(dec.counter[k]), int(dec.report_type[k]))
             d = counting.derive(state, r)
             out.counts.append(CountRow(i, f.sensor_id, info.hive_id, version, r.report_type, r.total_in,
@@ -206,12 +253,16 @@ class SensorCore:
     def _events(self, frames: Sequence[Frame], idx: list[int], out: Processed) -> None:
         dec = sf.decode_events([frames[i].payload for i in idx])
         out.refused += [(idx[j], why) for j, why in dec.refused]
+        seen: set[EventKey] = set()
         for j, slot, et, dist, ts in zip(dec.frame.tolist(), dec.slot.tolist(), dec.event_type.tolist(),
                                          dec.distance_mm.tolist(), dec.timestamp.tolist(), strict=True):
             f = frames[idx[j]]
             skewed = abs(ts - f.received_at) > counting.MAX_SKEW_S
+            key = (f.sensor_id, ts, et, dist, slot)
             out.events.append(EventRow(idx[j], slot, f.sensor_id, self.sensors[f.sensor_id].hive_id, et, dist,
-                                       ts, f.received_at if skewed else float(ts), f.received_at))
+                                       ts, f.received_at if skewed else float(ts), f.received_at,
+                                       counted=key not in seen))
+            seen.add(key)
 
     def _statuses(self, frames: Sequence[Frame], idx: list[int], out: Processed) -> None:
         dec = sf.decode_status([frames[i].payload for i in idx])

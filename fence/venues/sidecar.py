@@ -15,7 +15,10 @@
 
 Bad frames (wrong length, impossible date, unknown type, version or sensor) go to the vhost's
 dead-letters with the reason; the rest of the batch goes on. A batch delivered again after a
-crash counts nothing twice: the counting state committed with the reports remembers them.
+crash counts nothing twice: the counting state committed with the reports remembers them (a
+report older than the last one counted is `late`: counting.py), and the v2 events already in
+sensor_event are looked up before the batch is counted (one query, under the lock of the one
+sidecar that writes them), so the live figure adds exactly the event rows the batch stores.
 
 The receive time of a frame is when the sidecar takes its batch (the MQTT plugin stamps none):
 under a backlog it is late, and a report more than counting.MAX_SKEW_S behind it is placed at
@@ -186,7 +189,8 @@ class SensorSidecar:
                 [shell.periodic(stop, ROLL_EVERY_S, self.roll),
                  shell.periodic(stop, SENSOR_RELOAD_S, self._reload),
                  shell.periodic(stop, WATCH_EVERY_S, self.watch_sensors),
-                 shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
+                 shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s,
+                counters=self.counters)
 
     # -- a batch -------------------------------------------------------------------------------
 
@@ -208,6 +212,10 @@ class SensorSidecar:
                 self._apply_load(await venue_store.load(await self.db.connection(), sorted(unknown)),
                                  complete=False)
             done = self.core.process(frames)
+            if done.events:  # an event frame delivered before counts no more (its rows are stored)
+                events = done.events
+                done.uncount(await self.db.run(lambda conn: venue_store.stored_events(conn, events),
+                                               "look up the stored sensor events"))
             moved = self._count(done)
             closed = [(h.hive_id, d) for h in self.hives.values() for d in h.take_closed()]
             new = await self._store(done, moved, closed)
@@ -227,7 +235,7 @@ class SensorSidecar:
             h = self.hives.get(r.hive_id)
             if h is not None and h.add(r.at, r.entries, r.exits):
                 moved[h.hive_id] = h
-        for e in done.events:
+        for e in done.counted_events():
             h = self.hives.get(e.hive_id)
             if h is not None and h.add(e.at, int(e.event_type == 1), int(e.event_type == 0)):
                 moved[h.hive_id] = h

@@ -5,7 +5,13 @@ A batch is written in one transaction: its reports COPYed into a staging table a
 once (a redelivered report meets its key), its v2 events and statuses likewise, each sensor's
 counting state, the hives' live status and closed days. So the counting state in `sensor`
 always matches the reports stored: after a crash the sidecar resumes from it, and a batch
-delivered again counts nothing twice (its reports are in the state's memory of recent ones).
+delivered again counts nothing twice (its reports are in the state's memory of recent ones,
+or older than the last one counted: `late`; its events are in sensor_event, which
+`stored_events` reads before the batch is counted).
+
+`sensor.last_report_at` (what `silent` is judged by, sensor_alerts.py) is the newest receive
+time of a report new to the platform: a counter report (not a duplicate, not late) or a v2
+event report (not one stored already).
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ from typing import Any
 import asyncpg
 import orjson
 
-from fence.venues.counting import SensorCounts
+from fence.venues.counting import DUPLICATE, LATE, SensorCounts
 from fence.venues.occupancy import DayCounts, HiveOccupancy
-from fence.venues.sensor_core import CountRow, EventRow, SensorInfo, StatusRow
+from fence.venues.sensor_core import CountRow, EventKey, EventRow, SensorInfo, StatusRow, event_key
 
 REPORT_COLUMNS = ("sensor_id", "device_at", "received_at", "at", "version", "report_type", "counter",
                   "total_in", "total_out", "entries", "exits", "rule", "gap", "lost_reports", "unknowable",
@@ -93,6 +99,30 @@ async def phones(conn: asyncpg.Connection, hive_ids: Sequence[str]) -> list[tupl
     return [(r["hive_id"], r["object_id"], r["event"] == "enter", float(r["ts"])) for r in rows]
 
 
+async def stored_events(conn: asyncpg.Connection, events: Sequence[EventRow]) -> set[EventKey]:
+    """The keys of those events that sensor_event has already."""
+    keys = sorted({event_key(e) for e in events if e.counted})
+    if not keys:
+        return set()
+    rows = await conn.fetch(
+        "SELECT e.sensor_id, e.device_ts, e.event_type, e.distance_mm, e.slot FROM sensor_event e "
+        "JOIN unnest($1::text[], $2::bigint[], $3::smallint[], $4::integer[], $5::smallint[]) "
+        "AS k (sensor_id, device_ts, event_type, distance_mm, slot) USING (sensor_id, device_ts, event_type, "
+        "distance_mm, slot)", *(list(col) for col in zip(*keys, strict=True)))
+    return {(r["sensor_id"], int(r["device_ts"]), int(r["event_type"]), int(r["distance_mm"]), int(r["slot"]))
+            for r in rows}
+
+
+def last_reports(counts: Sequence[CountRow], events: Sequence[EventRow]) -> dict[str, float]:
+    """Per sensor, the newest receive time of a report new to the platform (the module)."""
+    last: dict[str, float] = {}
+    for sid, at in [(r.sensor_id, r.received_at) for r in counts if r.rule not in (DUPLICATE, LATE)] + [
+            (e.sensor_id, e.received_at) for e in events if e.counted]:
+        if at > last.get(sid, float("-inf")):
+            last[sid] = at
+    return last
+
+
 async def store_batch(conn: asyncpg.Connection, counts: Sequence[CountRow], events: Sequence[EventRow],
                       statuses: Sequence[StatusRow], states: dict[str, SensorCounts],
                       hives: Iterable[HiveOccupancy], closed: Sequence[tuple[str, DayCounts]]) -> int:
@@ -129,13 +159,17 @@ async def store_batch(conn: asyncpg.Connection, counts: Sequence[CountRow], even
             await conn.executemany(
                 "UPDATE sensor SET last_status_at = greatest(last_status_at, $2) WHERE id = $1",
                 [(s.sensor_id, _ts(s.received_at)) for s in statuses])
+        last = last_reports(counts, events)
         if states:
-            last = {r.sensor_id: r.received_at for r in counts}
             await conn.executemany(
                 "UPDATE sensor SET counts = $2::jsonb, last_report_at = greatest(last_report_at, $3) "
                 "WHERE id = $1",
                 [(sid, orjson.dumps(st.to_json()).decode(), _ts(last[sid]) if sid in last else None)
                  for sid, st in states.items()])
+        heard = [(sid, _ts(at)) for sid, at in sorted(last.items()) if sid not in states]
+        if heard:  # sensors heard from by their event reports alone in this batch
+            await conn.executemany(
+                "UPDATE sensor SET last_report_at = greatest(last_report_at, $2) WHERE id = $1", heard)
         await conn.executemany(
             "INSERT INTO hive_status (hive_id, day, entries, exits, occupancy, raw, app_occupancy, "
             "updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, now()) ON CONFLICT (hive_id) DO UPDATE "

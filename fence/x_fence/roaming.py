@@ -20,14 +20,16 @@ Every worker drops the positions it no longer needs (`_keep`), so a position hel
 object's latest: the router sends a worker every row of an object whose cell or circle touches
 one of its blocks, including the row that takes it away.
 
-A batch is evaluated in segments in which no object repeats, each segment at once: a pair
-touched at row k uses the other object's position as of k (its row's new position if that row
-came before k in the segment, its previous one otherwise).
+A batch is evaluated at once, row by row in C: a pair touched at row k uses the other object's
+position as of k (the new position of its latest row before k, or where it was before its first
+row, or the one held). A row costs the positions near its object's old and new places, never
+the distance between them: a jump is two places, not a swept area (hilbert_c/proximity.c), and
+a box too wide to search cell by cell (a large radius, near a pole) is read by rows of cells.
 
-Trade-off: candidates come from a grid of cells half the routing's, rebuilt per segment (a sort
-of the held positions), searched in C (hilbert_c/proximity.c: the cells of each mover's box,
-haversine against the largest radius): no incremental index to keep right, at the price of a
-sort per segment and of a distance per position in a circle's box.
+Trade-off: candidates come from a grid of cells half the routing's, rebuilt per batch (sorts of
+the held positions), searched in C (the cells of each mover's boxes, haversine against the
+largest radius): no incremental index to keep right, at the price of a sort per batch and of a
+distance per position in a circle's box.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ import fnmatch
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +55,11 @@ from hilbert_c import kernel
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
+# A worker applies a run of rows this many at a time, giving its event loop back between
+# slices: a slice's cost is bounded by the positions near its rows, its events by the pairs
+# they change (a crowd landing on subscribers: thousands), and heartbeats and `inspect` wait
+# for one slice at most (fence/x_fence/sidecar.py, bench/adversarial.py).
+SLICE_ROWS = 256
 
 
 def fields_key(extra: Mapping[str, Any] | None) -> str:
@@ -60,8 +67,7 @@ def fields_key(extra: Mapping[str, Any] | None) -> str:
     return json.dumps(extra, sort_keys=True, separators=(",", ":"), default=str) if extra else ""
 
 
-@dataclass(frozen=True)
-class RoamEvent:
+class RoamEvent(NamedTuple):
     kind: str  # "nearby" | "faraway"
     subscription: str
     subscriber: str
@@ -84,10 +90,18 @@ def roam_event_id(subscription: str, obj: str, kind: str, ts: float, mover: str,
     """Stable over replays: the pair, the kind and the update that caused it (who moved, when,
     where, and with which extra fields: `fields_key`; two rows of one object at one ts and
     place whose fields differ are two updates)."""
-    text = f"{subscription}\x1f{obj}\x1f{kind}\x1f{ts!r}\x1f{mover}\x1f{lon!r}\x1f{lat!r}"
-    if fields:
-        text += f"\x1f{fields}"
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    return pair_event_id(subscription, obj, kind, update_key(ts, mover, lon, lat, fields))
+
+
+def update_key(ts: float, mover: str, lon: float, lat: float, fields: str = "") -> str:
+    """The update's part of an event id's text (made once per row, shared by its events)."""
+    text = f"{ts!r}\x1f{mover}\x1f{lon!r}\x1f{lat!r}"
+    return f"{text}\x1f{fields}" if fields else text
+
+
+def pair_event_id(subscription: str, obj: str, kind: str, update: str) -> str:
+    return hashlib.blake2b(f"{subscription}\x1f{obj}\x1f{kind}\x1f{update}".encode(),
+                           digest_size=16).hexdigest()
 
 
 class _Filter:
@@ -122,6 +136,7 @@ class RoamMatcher:
         self.ring: Any = None  # the ring as the router sent it (to_dict), kept for snapshots
         self.mark: tuple[int, int] = (0, 0)  # the last router message applied (roam_routing.RoamStream)
         self._index = RoamGrid(min(grid.level + 1, 24), 0)  # candidates: cells half the routing's
+        self.work = (0, 0)  # index searches, entries looked at (hilbert_c/proximity.c): the cost so far
         self._reset()
 
     def _reset(self) -> None:
@@ -136,6 +151,10 @@ class RoamMatcher:
         self._own = np.zeros(cap, bool)
         self._cell = np.zeros(cap, np.int64)
         self._known = np.zeros(cap, bool)
+        # the held positions sorted by index cell, both ways (x * side + y, y * side + x), kept
+        # across batches: per slot the cell it is filed under (-1: not filed), and the files
+        self._ikey = np.full(cap, -1, np.int64)
+        self._ix_key = self._ix_slot = self._iy_key = self._iy_slot = np.zeros(0, np.int64)
         self._extra: list[Mapping[str, Any] | None] = []
         self._subs: dict[str, Subscription] = {}
         self._radii: dict[str, dict[str, float]] = {}  # object -> its subscriptions' radii
@@ -309,7 +328,7 @@ class RoamMatcher:
         if s >= self._lon.size:
             cap = 2 * self._lon.size
             for name, fill in (("_lon", np.nan), ("_lat", np.nan), ("_rmax", 0.0), ("_own", False),
-                               ("_cell", 0), ("_known", False)):
+                               ("_cell", 0), ("_known", False), ("_ikey", -1)):
                 a = getattr(self, name)
                 b = np.full(cap, fill, a.dtype)
                 b[: a.size] = a
@@ -351,72 +370,101 @@ class RoamMatcher:
               prev_extra: Sequence[Mapping[str, Any] | None] | None = None) -> list[RoamEvent]:
         """The rows this worker was sent, in order (with each object's previous position and
         extra fields, as the router sends them): the events it reports, in row order."""
-        slots = np.fromiter((self._slot_of(o) for o in ids), np.int64, len(ids))
-        ex: Sequence[Mapping[str, Any] | None] = extra if extra else [None] * len(ids)
-        pex: Sequence[Mapping[str, Any] | None] = prev_extra if prev_extra else [None] * len(ids)
-        events: list[RoamEvent] = []
-        start, seen = 0, set[int]()
-        for k, s in enumerate(slots.tolist()):
-            if s in seen:
-                events += self._segment(slots[start:k], lon[start:k], lat[start:k], ts[start:k],
-                                        prev_lon[start:k], prev_lat[start:k], ex[start:k], pex[start:k])
-                start, seen = k, set()
-            seen.add(s)
-        events += self._segment(slots[start:], lon[start:], lat[start:], ts[start:],
-                                prev_lon[start:], prev_lat[start:], ex[start:], pex[start:])
+        m = len(ids)
+        if m == 0:
+            return []
+        ms = np.fromiter((self._slot_of(o) for o in ids), np.int64, m)
+        ex: Sequence[Mapping[str, Any] | None] = extra if extra else [None] * m
+        pex: Sequence[Mapping[str, Any] | None] = prev_extra if prev_extra else [None] * m
+        filt = list(self._filters.values())
+        # filter flags before and after each row, from the row (a worker that did not hold the
+        # object has no flag of its own to go by)
+        names = [self._ids[s] for s in ms.tolist()]
+        old_pass = [f.of(names, pex) if f.where else f.passes[ms] for f in filt]
+        new_pass = [f.of(names, ex) if f.where else f.passes[ms] for f in filt]
+        events = (self._pairs(ms, lon, lat, ts, prev_lon, prev_lat, old_pass, new_pass, ex)
+                  if self._subs else [])
+        # each object's last row is its new state; then what this worker keeps
+        by_slot = np.lexsort((np.arange(m), ms))
+        last_of = np.ones(m, bool)
+        last_of[:-1] = ms[by_slot[1:]] != ms[by_slot[:-1]]
+        last = by_slot[last_of]
+        s = ms[last]
+        self._lon[s], self._lat[s] = lon[last], lat[last]
+        self._known[s] = False
+        for f, p in zip(filt, new_pass, strict=True):
+            f.passes[s] = p[last]
+        for slot, r in zip(s.tolist(), last.tolist(), strict=True):
+            self._extra[slot] = ex[r]
+        self._keep(s)
         return events
 
     def apply_run(self, parts: Sequence[Rows]) -> list[RoamEvent]:
         """Consecutive `rows` messages in one call, those applied already left out (their marks
         are not past this matcher's: a redelivery)."""
+        return [e for got in self.apply_sliced(parts, 0) for e in got]
+
+    def apply_sliced(self, parts: Sequence[Rows], size: int = SLICE_ROWS) -> Iterator[list[RoamEvent]]:
+        """`apply_run` a slice of `size` rows at a time (0: all at once), the events of each
+        slice as it is applied: the same events as in one call (the batch's rows in order),
+        and the caller may give its event loop back between slices. The mark is the last
+        message's once every slice is applied."""
         fresh = [p for p in parts if p.mark is None or p.mark > self.mark]
         if not fresh:
-            return []
-        events = self.apply_rows(Rows.concat(fresh))
+            return
+        rows = Rows.concat(fresh)
+        n = len(rows.batch)
+        step = size or max(n, 1)
+        for lo in range(0, n, step):
+            yield self.apply_rows(rows.slice(lo, lo + step) if step < n else rows)
         if fresh[-1].mark is not None:
             self.mark = fresh[-1].mark
-        return events
 
     def apply_rows(self, rows: Rows) -> list[RoamEvent]:
         b = rows.batch
         return self.apply(b.ids, b.lon, b.lat, b.ts, rows.prev_lon, rows.prev_lat, b.extra or None,
                           rows.prev_extra)
 
-    def _segment(self, ms: I64, nlon: F64, nlat: F64, ts: F64, olon: F64, olat: F64,
-                 extra: Sequence[Mapping[str, Any] | None],
-                 prev_extra: Sequence[Mapping[str, Any] | None]) -> list[RoamEvent]:
-        m = ms.size
-        if m == 0:
-            return []
-        filt = list(self._filters.values())
-        # filter flags before and after each mover's row, from the row (a worker that did not
-        # hold the object has no flag of its own to go by)
-        names = [self._ids[s] for s in ms.tolist()]
-        old_pass = [f.of(names, prev_extra) if f.where else f.passes[ms] for f in filt]
-        new_pass = [f.of(names, extra) if f.where else f.passes[ms] for f in filt]
-        events = self._pairs(ms, nlon, nlat, ts, olon, olat, old_pass, new_pass, extra) if self._subs else []
-        # the movers' new state, then what this worker keeps
-        self._lon[ms], self._lat[ms] = nlon, nlat
-        self._known[ms] = False
-        for f, p in zip(filt, new_pass, strict=True):
-            f.passes[ms] = p
-        for s, e in zip(ms.tolist(), extra, strict=True):
-            self._extra[s] = e
-        self._keep(ms)
-        return events
-
     def _keep(self, ms: I64) -> None:
+        """Of these slots' positions, drop those this worker will get no news of: neither in
+        its blocks nor a subscriber whose box reaches them (BlockOwners.box_workers, the
+        router's rule)."""
         lon, lat = self._lon[ms], self._lat[ms]
         keep = self._owned(lon, lat)
         r = self._rmax[ms]
         sub = np.flatnonzero(~keep & (r > 0))
         if sub.size:
-            row, key = self.grid.box_keys(lon[sub], lat[sub], r[sub])
-            mine = row[self.owners.of(key) == self.me]
-            keep[sub[np.unique(mine)]] = True
+            row, worker = self.owners.box_workers(lon[sub], lat[sub], r[sub])
+            keep[sub[np.unique(row[worker == self.me])]] = True
         gone = ms[~keep]
         self._lon[gone] = np.nan
         self._lat[gone] = np.nan
+
+    def _file(self, n: int, held: B) -> None:
+        """The index of held positions brought up to date: the slots whose position changed
+        (or went) since refiled, in time linear in the held positions (no sort of them)."""
+        side = self._index.side
+        cur = np.where(held, self._cell[:n], -1)
+        changed = np.flatnonzero(cur != self._ikey[:n])
+        if not changed.size:
+            return
+        moved = np.zeros(n, bool)
+        moved[changed] = True
+        ins = changed[cur[changed] >= 0]
+        kx = cur[ins]
+        ox = np.argsort(kx, kind="stable")
+        keep = ~moved[self._ix_slot]
+        self._ix_key, self._ix_slot = _merged(self._ix_key[keep], self._ix_slot[keep], kx[ox], ins[ox])
+        ky = (kx % side) * side + kx // side
+        oy = np.argsort(ky, kind="stable")
+        keep = ~moved[self._iy_slot]
+        self._iy_key, self._iy_slot = _merged(self._iy_key[keep], self._iy_slot[keep], ky[oy], ins[oy])
+        self._ikey[changed] = cur[changed]
+
+    def _boxes(self, lon: F64, lat: F64, radius: F64, rows: I64, q: I64, b: int) -> None:
+        """Box `b` of the given rows (index cells of the circles' bounding boxes)."""
+        if rows.size:
+            q[rows, b] = np.stack(self._index.boxes(lon[rows], lat[rows], radius[rows]), axis=1)
 
     def _pairs(self, ms: I64, nlon: F64, nlat: F64, ts: F64, olon: F64, olat: F64,
                old_pass: list[B], new_pass: list[B],
@@ -424,55 +472,81 @@ class RoamMatcher:
         n, m = len(self._ids), ms.size
         grid = self._index
         side = grid.side
-        r_max = self.max_radius()
-        mover = np.zeros(n, bool)
-        mover[ms] = True
-        held = np.flatnonzero(~np.isnan(self._lon[:n]) & ~mover)
+        big = np.iinfo(np.int64).max
+        rows = np.arange(m, dtype=np.int64)
+        # each row's next row of the same object, and each object's first row
+        by_slot = np.lexsort((rows, ms))
+        same = ms[by_slot[1:]] == ms[by_slot[:-1]]
+        nxt = np.full(m, big, np.int64)
+        nxt[by_slot[:-1][same]] = by_slot[1:][same]
+        first = np.ones(m, bool)
+        first[by_slot[1:][same]] = False
+        held_mask = ~np.isnan(self._lon[:n])
+        held = np.flatnonzero(held_mask)
         new = held[~self._known[held]]
         if new.size:  # positions set since their owner and cell were computed
             self._own[new] = self._owned(self._lon[new], self._lat[new])
             cx, cy = grid.cells(self._lon[new], self._lat[new])
             self._cell[new] = cx * side + cy
             self._known[new] = True
-        hk = np.flatnonzero(~np.isnan(olon))
-        # entries: the held positions, then each mover's old and new one
-        e_slot = np.concatenate([held, ms[hk], ms])
-        e_row = np.concatenate([np.full(held.size, -1, np.int64), hk, np.arange(m, dtype=np.int64)])
-        e_ver = np.concatenate([np.zeros(held.size + hk.size, np.uint8), np.ones(m, np.uint8)])
-        e_lon = np.concatenate([self._lon[held], olon[hk], nlon])
-        e_lat = np.concatenate([self._lat[held], olat[hk], nlat])
-        mlon, mlat = np.concatenate([olon[hk], nlon]), np.concatenate([olat[hk], nlat])
-        m_own = self._owned(mlon, mlat)
-        e_own = np.concatenate([self._own[held], m_own])
-        m_own_new = m_own[hk.size:]
+        self._file(n, held_mask)
+        had = ~np.isnan(olon)
+        hr = np.flatnonzero(had)
+        hk = np.flatnonzero(had & first)  # each moving object's place before its first row
+        # entries: the slots (entry = slot; the held ones are filed, see _file), each moving
+        # object's place before its first row, each row's new place; entry i is where its
+        # object is for the rows k in (e_from, e_to): a moving object's held place never (its
+        # rows carry its places, as the router knows them)
+        e_slot = np.concatenate([np.arange(n, dtype=np.int64), ms[hk], ms])
+        e_row = np.concatenate([np.full(n, -1, np.int64), hk, rows])
+        e_ver = np.concatenate([np.zeros(n + hk.size, np.uint8), np.ones(m, np.uint8)])
+        e_from = np.concatenate([np.full(n + hk.size, -1, np.int64), rows])
+        to_held = np.full(n, big, np.int64)
+        to_held[ms] = -1
+        e_to = np.concatenate([to_held, hk, nxt])
+        e_lon = np.concatenate([self._lon[:n], olon[hk], nlon])
+        e_lat = np.concatenate([self._lat[:n], olat[hk], nlat])
+        m_own_new = self._owned(nlon, nlat)
         m_own_old = np.zeros(m, bool)
-        m_own_old[hk] = m_own[:hk.size]
-        mx, my = grid.cells(mlon, mlat)
-        e_cell = np.concatenate([self._cell[held], mx * side + my])
-        order = np.argsort(e_cell, kind="stable")
-        e_cell = e_cell[order]
-        e_slot, e_row, e_ver = e_slot[order], e_row[order], e_ver[order]
-        e_lon, e_lat, e_own = e_lon[order], e_lat[order], e_own[order]
-        # each mover's search: the box around its new position and its old one together
-        x0, x1, y0, y1 = grid.boxes(nlon, nlat, np.full(m, r_max))
-        if hk.size:
-            a0, a1, b0, b1 = grid.boxes(olon[hk], olat[hk], np.full(hk.size, r_max))
-            # the same column numbering on both sides of the antimeridian: the smaller box wins
-            x0[hk], x1[hk] = np.minimum(x0[hk], a0), np.maximum(x1[hk], a1)
-            y0[hk], y1[hk] = np.minimum(y0[hk], b0), np.maximum(y1[hk], b1)
-            x1 = np.minimum(x1, x0 + side - 1)
+        m_own_old[hr] = self._owned(olon[hr], olat[hr])
+        e_own = np.concatenate([self._own[:n], m_own_old[hk], m_own_new])
+        mx, my = grid.cells(np.concatenate([olon[hk], nlon]), np.concatenate([olat[hk], nlat]))
+        b_cell = mx * side + my
+        e_cell = np.concatenate([self._cell[:n], b_cell])
+        # the indexes: the filed held positions merged with the batch's places (a sort of the
+        # batch's, none of the held), every entry (`a`) and the subscribers' (`s`)
+        bx = np.argsort(b_cell, kind="stable")
+        ax_key, ax_ent = _merged(self._ix_key, self._ix_slot, b_cell[bx], n + bx)
+        b_rcell = my * side + mx
+        by = np.argsort(b_rcell, kind="stable")
+        ay_key, ay_ent = _merged(self._iy_key, self._iy_slot, b_rcell[by], n + by)
         ptr, _, radius, fnum, sub_ids = self._subs_csr()
+        subscriber = (ptr[1:] > ptr[:-1])[e_slot]
+        sx, sy = subscriber[ax_ent], subscriber[ay_ent]
+        # per mover: its own largest circle at its new and old place (against every entry),
+        # the largest circle of any subscriber at both (against the subscribers' entries)
+        q = np.zeros((m, 4, 4), np.int64)
+        q[:, :, 0] = 1  # x0 > x1: no box
+        r_own = self._rmax[ms]
+        r_any = np.full(m, self.max_radius())
+        self._boxes(nlon, nlat, r_own, np.flatnonzero(r_own > 0), q, 0)
+        self._boxes(olon, olat, r_own, np.flatnonzero(had & (r_own > 0)), q, 1)
+        self._boxes(nlon, nlat, r_any, rows, q, 2)
+        self._boxes(olon, olat, r_any, hr, q, 3)
         filt = list(self._filters.values())
         f_n = max(len(filt), 1)
         pass_held = np.stack([f.passes[:n] for f in filt]) if filt else np.zeros((1, n), bool)
         pass_old = np.stack(old_pass) if filt else np.zeros((f_n, m), bool)
         pass_new = np.stack(new_pass) if filt else np.zeros((f_n, m), bool)
         out = kernel.roam_pairs(
-            n, side, r_max, m_slot=ms, m_olon=olon, m_olat=olat, m_nlon=nlon, m_nlat=nlat,
-            m_had_old=~np.isnan(olon), m_own_old=m_own_old, m_own_new=m_own_new,
-            q_x0=x0, q_x1=x1, q_y0=y0, q_y1=y1, e_cell=e_cell, e_slot=e_slot, e_row=e_row,
-            e_lon=e_lon, e_lat=e_lat, e_ver=e_ver, e_own=e_own, s_ptr=ptr, s_filter=fnum,
-            s_radius=radius, pass_held=pass_held, pass_old=pass_old, pass_new=pass_new)
+            n, side, self.max_radius(), m_slot=ms, m_olon=olon, m_olat=olat, m_nlon=nlon, m_nlat=nlat,
+            m_rmax=r_own, m_had_old=had, m_own_old=m_own_old, m_own_new=m_own_new, q=q,
+            e_cell=e_cell, e_slot=e_slot, e_row=e_row, e_from=e_from, e_to=e_to, e_lon=e_lon, e_lat=e_lat,
+            e_ver=e_ver, e_own=e_own, ax_key=ax_key, ax_ent=ax_ent, ay_key=ay_key, ay_ent=ay_ent,
+            sx_key=ax_key[sx], sx_ent=ax_ent[sx], sy_key=ay_key[sy], sy_ent=ay_ent[sy], s_ptr=ptr,
+            s_filter=fnum, s_radius=radius, pass_held=pass_held, pass_old=pass_old, pass_new=pass_new)
+        searches, looked = out["work"]
+        self.work = (self.work[0] + searches, self.work[1] + looked)
         k, j, i, fl, d = out["k"], out["j"], out["i"], out["flags"], out["d"]
         side_a = (fl & 1).astype(bool)
         near = (fl & 2).astype(bool)
@@ -492,19 +566,33 @@ class RoamMatcher:
         a_slot = np.where(side_a, ms[k], x)
         b_slot = np.where(side_a, x, ms[k])
         order = np.lexsort((j, d, k))
-        ids, movers = self._ids, [self._ids[s] for s in ms.tolist()]
-        events = []
-        keys: dict[int, str] = {}  # each mover row's fields_key, made once
-        for kr, jr, ar, br, nr, dr in zip(k[order].tolist(), j[order].tolist(), a_slot[order].tolist(),
-                                          b_slot[order].tolist(), near[order].tolist(), d[order].tolist(),
-                                          strict=True):
-            kind, sid, b, t = ("nearby" if nr else "faraway"), sub_ids[jr], ids[br], float(ts[kr])
-            fk = keys.get(kr)
-            if fk is None:
-                fk = keys[kr] = fields_key(extra[kr])
-            eid = roam_event_id(sid, b, kind, t, movers[kr], float(nlon[kr]), float(nlat[kr]), fk)
-            events.append(RoamEvent(kind, sid, ids[ar], b, dr, t, eid))
-        return events
+        if not order.size:
+            return []
+        # the events as columns, each text made once per row / subscription / object (a crowd
+        # landing on subscribers makes tens of thousands of events in one batch)
+        ids = self._ids
+        rows_k = k[order]
+        rows = np.unique(rows_k).tolist()
+        tss, lons, lats = ts.tolist(), nlon.tolist(), nlat.tolist()
+        update = dict.fromkeys(rows, "")
+        for r in rows:
+            update[r] = update_key(tss[r], ids[int(ms[r])], lons[r], lats[r], fields_key(extra[r]))
+        kinds = ["nearby" if x else "faraway" for x in near[order].tolist()]
+        subs = [sub_ids[x] for x in j[order].tolist()]
+        objs = [ids[x] for x in b_slot[order].tolist()]
+        rk = rows_k.tolist()
+        eids = [hashlib.blake2b(f"{s}\x1f{o}\x1f{kd}\x1f{update[r]}".encode(), digest_size=16).hexdigest()
+                for s, o, kd, r in zip(subs, objs, kinds, rk, strict=True)]
+        return list(map(RoamEvent._make, zip(kinds, subs, [ids[x] for x in a_slot[order].tolist()], objs,
+                                             d[order].tolist(), [tss[r] for r in rk], eids, strict=True)))
+
+
+def _merged(keys: I64, values: I64, more_keys: I64, more_values: I64) -> tuple[I64, I64]:
+    """Two key-sorted lists (keys with a value each) as one, in time linear in their sizes."""
+    if not more_keys.size:
+        return keys, values
+    at = np.searchsorted(keys, more_keys, side="right")
+    return np.insert(keys, at, more_keys), np.insert(values, at, more_values)
 
 
 # --------------------------------------------------------------------------- the wire
@@ -556,6 +644,12 @@ class Rows:
         if plon.size != n or plat.size != n or len(pex) != n:
             raise ValueError(f"roaming rows: previous positions / fields do not fit {n} rows")
         return Rows(b, plon, plat, pex, mark_of(msg))
+
+    def slice(self, lo: int, hi: int) -> Rows:
+        """Rows lo..hi (the mark stays the whole message's: see RoamMatcher.apply_sliced)."""
+        hi = min(hi, len(self.batch))
+        return Rows(self.batch.take(np.arange(lo, hi)), self.prev_lon[lo:hi], self.prev_lat[lo:hi],
+                    self.prev_extra[lo:hi], self.mark)
 
     @staticmethod
     def concat(parts: Sequence[Rows]) -> Rows:

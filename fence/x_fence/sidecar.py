@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import numpy as np
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
@@ -138,26 +139,58 @@ class FenceSidecar:
         # does not): if a session ends with some, the next one starts from the journal.
         self.unpersisted = 0
         self._rotating = False  # an entry carries a snapshot not written yet
+        self.recovered = False  # the state is rebuilt (the first session's `_prepare`)
+        self.recovering = False  # the state is being rebuilt: `inspect` and /metrics say so
+        self.replayed = (0, 0)  # journal records replayed, of
         self.pipeline = shell.Pipeline()  # the steps in flight (see the docstring)
 
     def _load(self) -> Recovered:
-        """The core from the snapshot and the journal (a new core if there are none)."""
+        """The core from the snapshot and the journal (a new core if there are none). Runs in
+        a thread (the event loop answers heartbeats, /metrics and `inspect` meanwhile, which
+        see `replayed` and touch nothing else of the state)."""
         assert self.journal is not None
         got = self.journal.load()
+        self.replayed = (0, len(got.records))
         self.core = XFence.restore(got.snapshot) if got.snapshot is not None else XFence(self.worker)
         roam = got.snapshot.get("roam") if got.snapshot is not None else None
         self.roam = roaming.matcher_of(roam, self.worker) if roam is not None else None
         self.roam_log = []
         self._rotating = False
-        for record in got.records:
+        for i, record in enumerate(got.records):
             if "roam" in record:  # the proximity messages applied, again (their events were sent)
                 for msg in record["roam"]:
                     self.roam, _ = roaming.step(self.roam, msg, self.worker)
             else:
                 self.core.apply(record)
+            self.replayed = (i + 1, len(got.records))
         return got
 
     async def recover(self, stop: asyncio.Event) -> bool:
+        """Nothing before the first session: the state is rebuilt in it (`_prepare`), while the
+        control queue is consumed, so `inspect` answers during a long journal replay and the
+        broker connection keeps its heartbeats."""
+        return not stop.is_set()
+
+    async def _prepare(self, stop: asyncio.Event) -> None:
+        """A session's first step, before its input is consumed: the state recovered (the
+        first session) or reloaded from the journal (after a session that ended with effects
+        not journaled), then the recovery's events published and a journal generation begun."""
+        self.recovering = True
+        self.counters.gauge("recovering", 1)
+        try:
+            if not self.recovered:
+                async with self.lock:
+                    if not await self._recover(stop):
+                        return
+                self.recovered = True
+            elif self.unpersisted and self.journal is not None:
+                await self._reload()
+        finally:
+            self.recovering = False
+            self.counters.gauge("recovering", 0)
+        await self._start_journal()
+
+    async def _recover(self, stop: asyncio.Event) -> bool:
         if self.journal is not None:
             got = await asyncio.to_thread(self._load)
             if got.snapshot is not None or got.records:
@@ -235,10 +268,11 @@ class FenceSidecar:
                 self.n_persisted = len(self.core._objects)
                 self.started = True
 
-    def _entry(self) -> Entry:
+    def _entry(self, counted: bool = False) -> Entry:
         """Under the lock, right after a step was applied: its journal records (the proximity
         messages applied, the core's changes), and the snapshot when a rotation is due."""
-        self.unpersisted += 1
+        if not counted:
+            self.unpersisted += 1
         if self.journal is None:
             return Entry([])
         records: list[dict[str, Any]] = []
@@ -282,18 +316,18 @@ class FenceSidecar:
 
     async def _emit(self, outs: list[shell.Out | shell.Plains], events: Sequence[Event] = (),
                     roam_events: Sequence[roaming.RoamEvent] = (), barriers: Sequence[dict[str, Any]] = (),
-                    messages: Sequence[AbstractIncomingMessage] = ()) -> None:
+                    messages: Sequence[AbstractIncomingMessage] = (), counted: bool = False) -> None:
         """Under the lock, after a step was applied: its publishes sent and its record taken
         now; its confirms awaited, its record written, its barriers answered and `messages`
-        acked in the pipeline, after the steps before it."""
-        entry = self._entry()
+        acked in the pipeline, after the steps before it. `counted`: the caller counted the
+        step in `unpersisted` before applying it."""
+        entry = self._entry(counted)
         sent = await shell.send(outs, self.counters, retry=self.pipeline.serial)
 
         async def confirmed() -> None:
             self.observe_latency(events)
             if roam_events:  # the position's time to its proximity event confirmed
-                now = time.time()
-                self.counters.observe("roam_event_latency_seconds", [now - e.ts for e in roam_events])
+                self.observe_ages("roam_event_latency_seconds", [e.ts for e in roam_events])
             await self._write(entry)
             if barriers:  # once the steps before are applied and journaled
                 held = self.core.stats()["held_now"]
@@ -335,9 +369,6 @@ class FenceSidecar:
             self.dlx = await self.out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
             map_ch = await shell.open_channel(conn, stack, confirms=False)  # samples: see above
             self.map_out = await map_ch.get_exchange(t.MAP_EVENTS_EXCHANGE, ensure=False)
-            if self.unpersisted and self.journal is not None:
-                await self._reload()
-            await self._start_journal()
             in_ch = await shell.open_channel(conn, stack)
             ctl_ch = await shell.open_channel(conn, stack)
             inputs = shell.Intake.on(await in_ch.get_queue(t.fence_queue(self.worker)), cfg.batch_max,
@@ -348,12 +379,13 @@ class FenceSidecar:
                      t.fence_control_queue(self.worker))
             try:
                 await shell.run_session(
-                    stop, [conn], [inputs, controls],
+                    stop, [conn], [controls, inputs],
                     [shell.run_batches(inputs, self.handle_inputs, self.counters, self.dlx, self.pipeline),
                      shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
                     [shell.periodic(stop, EXPIRE_EVERY_S, self.expire),
                      shell.periodic(stop, MAP_EVERY_S, self.send_map_sample),
-                     shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s)
+                     shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s,
+                    prepare=self._prepare(stop), counters=self.counters)
             finally:
                 await self.pipeline.close()  # steps not journaled: their input comes back
 
@@ -417,13 +449,24 @@ class FenceSidecar:
             events: list[Event] = []
             roam_events: list[roaming.RoamEvent] = []
             received_at = time.time()
-            for step in steps:
+            # The core holds effects the journal does not from here on: the loop is given back
+            # between steps (and between slices of a run of proximity rows) so that heartbeats,
+            # /metrics and `inspect` never wait for a whole batch; a session that ends at one
+            # of those points reloads the state from the journal (see _reload).
+            self.unpersisted += 1
+            for n_step, step in enumerate(steps):
+                if n_step:
+                    await asyncio.sleep(0)
                 if isinstance(step, RoamStep):
                     try:
                         if step.rows:
                             if self.roam is None:
                                 raise ValueError("roaming rows before any sync")
-                            got = self.roam.apply_run(step.rows)
+                            got = []
+                            for n_slice, part in enumerate(self.roam.apply_sliced(step.rows)):
+                                if n_slice:
+                                    await asyncio.sleep(0)
+                                got += part
                         else:
                             self.roam, got = roaming.step(self.roam, step.msgs[0], self.worker)
                     except (KeyError, TypeError, ValueError) as exc:
@@ -447,18 +490,33 @@ class FenceSidecar:
                     events += self.core.drop(step.fence_id, step.version, step.ts)
                     log.info("fence %s v%d deleted", step.fence_id, step.version)
             await self._emit(outs + self.event_outs(events) + self.roam_outs(roam_events), events,
-                             roam_events, barriers, messages)
+                             roam_events, barriers, messages, counted=True)
 
     def observe_latency(self, events: Sequence[Event]) -> None:
         """Device to event: from the position's own time to now, its event confirmed (ENTER /
         LEAVE decided by positions; timeouts and fence changes are not a position's)."""
         if events:
-            now = time.time()
-            self.counters.observe("event_latency_seconds", [now - e.position_ts for e in events
-                                                            if e.reason in (ENTERED, EXITED)])
+            self.observe_ages("event_latency_seconds", [e.position_ts for e in events
+                                                        if e.reason in (ENTERED, EXITED)])
+
+    def observe_ages(self, histogram: str, times: Sequence[float]) -> None:
+        """Now minus each time into `histogram`. A time ahead of now (a device clock ahead,
+        within the skew x-ingress allows) is no latency: it is counted as `clock_ahead`, never
+        observed (a negative value would drag the histogram's sum and its quantiles)."""
+        if not times:
+            return
+        ages = time.time() - np.asarray(times, np.float64)
+        ahead = int((ages < 0).sum())
+        if ahead:
+            self.counters.bump("clock_ahead", ahead)
+            ages = ages[ages >= 0]
+        self.counters.observe(histogram, ages)
 
     def gauges(self) -> dict[str, float]:
-        """Levels for /metrics, read at each scrape."""
+        """Levels for /metrics, read at each scrape (while the state is rebuilt, in a thread:
+        how far the replay is, nothing of the state)."""
+        if self.recovering:
+            return {"journal_replayed": self.replayed[0], "journal_to_replay": self.replayed[1]}
         s = self.core.stats()
         return {"objects_tracked": s["objects"], "fences_bound": s["fences"],
                 "inside_pairs": s["inside_pairs"], "held_positions": s["held_now"]}
@@ -530,6 +588,9 @@ class FenceSidecar:
         fence's objects; a copy, base64 msgpack), IMPORT this worker's share of another's export, FORGET what
         the ring gives to others once it is in force; IMPORT and FORGET are journaled before
         the answer. A bad request is answered with its error (the controller is waiting)."""
+        if self.recovering:
+            return {"worker": self.worker, "error": "the worker is rebuilding its state (journal replay): "
+                    f"{self.replayed[0]} of {self.replayed[1]} records; ask again"}
         try:
             ring = HashRing.from_dict(msg["ring"])
             async with self.lock:
@@ -556,6 +617,10 @@ class FenceSidecar:
             return {"worker": self.worker, "error": f"{type(exc).__name__}: {exc}"}
 
     def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.recovering:  # the state is being rebuilt in a thread: how far, nothing of it
+            return {"worker": self.worker, "recovering": {"replayed": self.replayed[0],
+                                                          "records": self.replayed[1]},
+                    "counters": self.counters.to_json(), "ring_version": self.ring_version}
         out: dict[str, Any] = {"worker": self.worker, "stats": self.core.stats(),
                                "counters": self.counters.to_json(), "ring_version": self.ring_version}
         if self.journal is not None:

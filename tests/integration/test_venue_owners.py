@@ -91,7 +91,9 @@ async def test_an_owner_configures_a_sensor_and_sees_it_applied(stack: Connectio
             assert (kind, topic) == ("message", f"commands/sensor/{sensor_id}")
             assert sf.SensorConfig.decode(payload) == sf.SensorConfig(120, 15, 60, 5, 1)
             view = (await http.get(f"/owner/hives/{hive_id}/sensors", headers=auth)).json()["sensors"]
-            assert view[0]["config"]["state"] == "pending" and view[0]["silent"] is True  # no report yet
+            # no report yet, but registered just now: silent only past twice its interval from then
+            assert view[0]["config"]["state"] == "pending" and view[0]["silent"] is False
+            assert view[0]["last_report_at"] is None
 
             status = sf.encode_status(int(time.time()) - 300, 3300, 1, 4, 17, 0x00020001, 1)
             sensor.client.publish(f"sensors/{sensor_id}/v2/status", status, qos=1)

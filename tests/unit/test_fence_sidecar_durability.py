@@ -4,7 +4,9 @@ batch gives its events again with the same ids; a stop then snapshots nothing un
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from shapely.geometry import box
 
-from exchanges import shell
+from exchanges import control, shell
 from exchanges.batch import PositionBatch, pack
 from exchanges.fence_def import FenceDef
 from exchanges.hash_ring import HashRing
@@ -182,3 +184,61 @@ async def test_expire_cut_off_before_its_record_is_reloaded(tmp_path: Path, geo:
     assert [e[1] for e in events(cut)] == ["leave"] and sc.unpersisted
     await sc._reload()
     assert sc.core.fences_of("car-1") == ["f-1"]
+
+
+async def test_inspect_metrics_and_the_loop_answer_while_the_journal_replays(tmp_path: Path,
+                                                                             geo: XGeo) -> None:
+    """A slow replay (issue 34: a far jump's records replayed for minutes) must not stop the
+    worker from answering: the replay runs in a thread; `inspect` and /metrics say how far it
+    is and touch nothing of the state; a handover is refused until it is done."""
+    sc = await started(tmp_path)
+    with publishing():
+        for k in range(6):
+            await settled(sc, sc.handle_inputs(positions(geo, TS + k, 5 if k % 2 == 0 else HALF + 5)))
+    again = sidecar(tmp_path)
+    again.recovered, again.unpersisted = True, 1  # what a session that ended mid-batch leaves
+    gate, entered = threading.Event(), threading.Event()
+    real_apply = again.core.__class__.apply
+
+    def slow_apply(core: Any, record: dict[str, Any]) -> None:
+        entered.set()
+        assert gate.wait(10), "the test never let the replay go on"
+        real_apply(core, record)
+
+    with mock.patch.object(again.core.__class__, "apply", slow_apply):
+        prepared = asyncio.create_task(again._prepare(asyncio.Event()))
+        while not entered.is_set():  # the loop runs while the replay thread waits
+            await asyncio.sleep(0.01)
+        seen = again.inspect({"fences": True, "object_id": "car-1"})
+        assert seen["recovering"] == {"replayed": 0, "records": 6} and "stats" not in seen
+        assert again.gauges() == {"journal_replayed": 0, "journal_to_replay": 6}
+        assert again.counters.gauges["recovering"] == 1
+        refused = await again.hand_over({"kind": "export", "ring": HashRing(["w0"]).to_dict()})
+        assert "rebuilding its state" in refused["error"]
+        gate.set()
+        with publishing():
+            await prepared
+    assert again.counters.gauges["recovering"] == 0 and not again.recovering
+    assert again.inspect({"object_id": "car-1"})["object"]["fences"] == []  # the last step: outside
+    assert again.gauges()["objects_tracked"] == 1
+
+
+async def test_a_batch_cut_off_between_two_of_its_steps_is_reloaded(tmp_path: Path, geo: XGeo) -> None:
+    """The loop is given back between a batch's steps (and a run of proximity rows' slices): a
+    session that ends at such a point has applied part of the batch, and the next session starts
+    from the journal (unpersisted counted before the first step)."""
+    sc = await started(tmp_path)
+    # positions, a fence change (a step of its own), positions again
+    drop = Msg(control.drop_message(control.Drop("f-unknown", 1, TS)))
+    steps = cast(list[AbstractIncomingMessage],
+                 [*positions(geo, TS, 5), drop, *positions(geo, TS + 1, HALF + 5)])
+    with publishing():
+        task = asyncio.create_task(sc.handle_inputs(steps))
+        await asyncio.sleep(0)  # the first step applied, the task waits at the yield
+        assert sc.core.fences_of("car-1") == ["f-1"] and not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert sc.unpersisted == 1  # so the next session reloads (see _prepare)
+    await sc._reload()
+    assert sc.core.fences_of("car-1") == [] and sc.core.last_seen("car-1") is None  # the journal's state

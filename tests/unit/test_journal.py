@@ -128,3 +128,39 @@ def test_rotation_is_wanted_by_size_or_by_number_of_records(tmp_path: Path) -> N
     d.close()
     got = StateDir(tmp_path).load()
     assert got.snapshot == {"n": 5} and got.records == [{"big": "x" * 20_000}]
+
+
+def test_a_damaged_record_followed_by_intact_ones_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
+    """Issue 34: a record whose checksum fails in the middle of the newest journal was cut off
+    as a torn tail with every acknowledged record after it. A torn write is only ever last:
+    a bad record with an intact one after it stops the worker, and the file is kept."""
+    d = started(tmp_path)
+    for i in range(4):
+        d.append({"i": i, "pad": b"p" * 40})
+    d.close()
+    journal = tmp_path / "journal-0000000001.log"
+    data = journal.read_bytes()
+    frames, _ = read_frames(data)
+    second = 8 + len(frames[0])  # where record 1 starts
+    flipped = bytearray(data)
+    flipped[second + 12] ^= 0x01  # one bit of record 1's payload
+    journal.write_bytes(bytes(flipped))
+    with pytest.raises(JournalDamaged, match="intact one follows"):
+        StateDir(tmp_path).load()
+    assert journal.read_bytes() == bytes(flipped)  # kept as it was
+    length_hit = bytearray(data)
+    length_hit[second] ^= 0x40  # record 1's length field: its end is no longer where record 2 starts
+    journal.write_bytes(bytes(length_hit))
+    with pytest.raises(JournalDamaged, match="intact one follows"):
+        StateDir(tmp_path).load()
+
+
+def test_zeros_after_the_last_record_are_a_torn_tail(tmp_path: Path) -> None:
+    """What a crash leaves when the file grew but its data never reached the disk: zeros."""
+    d = started(tmp_path)
+    d.append({"i": 0})
+    d.close()
+    journal = tmp_path / "journal-0000000001.log"
+    journal.write_bytes(journal.read_bytes() + bytes(4096))
+    got = StateDir(tmp_path).load()
+    assert [r["i"] for r in got.records] == [0] and got.torn_bytes == 4096

@@ -46,3 +46,18 @@ def test_the_answers_become_the_pages_figures() -> None:
     assert d["series"]["updates_per_s"] == [1.0, None, None, 3.0]  # gaps stay gaps
     assert d["alerts"] == [{"name": "GeofenceRoleDown", "state": "firing",
                             "summary": "x-ingress does not answer"}]
+
+
+def test_a_process_that_answers_but_consumes_nothing_is_down_unless_it_waits_on_purpose() -> None:
+    """A session that lost its consumer answers /metrics all the same: the page says it is not
+    consuming (issue 34: w1 had 0 consumers for 45 minutes and showed as up)."""
+    got = answers()
+    got["up"] = vector(({"name": "x-fence-w0"}, 1), ({"name": "x-fence-w1"}, 1), ({"name": "x-fence-w2"}, 1),
+                       ({"name": "fence-api"}, 1))
+    got["consuming"] = vector(({"name": "x-fence-w0"}, 1), ({"name": "x-fence-w1"}, 0),
+                              ({"name": "x-fence-w2"}, 0))
+    got["recovering"] = vector(({"name": "x-fence-w2", "__name__": "geofence_recovering"}, 1))
+    d = shape(got, {}, [], 1000.0, 1000.0)
+    states = {p["name"]: (p["state"], p["up"]) for p in d["processes"]}
+    assert states == {"x-fence-w0": ("up", True), "x-fence-w1": ("not consuming", False),
+                      "x-fence-w2": ("recovering", True), "fence-api": ("up", True)}

@@ -3,7 +3,10 @@ reporting interval, low battery with a margin to clear, each raised once while i
 
 from __future__ import annotations
 
+from fence.venues import counting
 from fence.venues import sensor_alerts as sa
+from fence.venues.sensor_core import COUNTER, V2_EVENT, Frame, SensorCore, SensorInfo
+from fence.venues.venue_store import last_reports
 
 NOW = 1_790_000_000.0
 
@@ -47,3 +50,28 @@ def test_both_at_once_and_the_message() -> None:
     assert [k for k, _ in up] == [sa.SILENT, sa.LOW_BATTERY]
     assert sa.message_text(h, sa.SILENT, up[0][1])[0] == "Sensor s1 at The Bar is silent"
     assert sa.message_text(h, sa.LOW_BATTERY, up[1][1])[0] == "Sensor s1 at The Bar has a low battery"
+
+
+def test_the_owners_view_and_the_alerts_share_the_rule() -> None:
+    """Issue 34: a sensor never heard from is not silent a minute after installation (the
+    owner's view, owner_store.sensors, said so at once): since its registration, as the alerts."""
+    assert not sa.is_silent(30, NOW - 60, None, NOW)
+    assert sa.is_silent(30, NOW - 3601, None, NOW) and not sa.is_silent(30, NOW - 3600, None, NOW)
+    assert not sa.is_silent(30, NOW - 86_400, NOW - 600, NOW)
+    assert sa.is_silent(30, NOW - 86_400, NOW - 3601, NOW)
+
+
+def test_event_reports_are_reports_and_late_or_duplicate_ones_are_not_news() -> None:
+    """Issue 34: last_report_at (what `silent` is judged by) moves with every report new to the
+    platform: a counter report, or a v2 event report, not a late or duplicate delivery."""
+    core = SensorCore({s: SensorInfo(s, "h1") for s in ("events", "counter")})
+    ts = int(NOW) - 10
+    frame = bytes.fromhex("01b00400") + ts.to_bytes(4, "little")  # one entry, 1200 mm
+    done = core.process([Frame("events", V2_EVENT, frame, NOW), Frame("events", V2_EVENT, frame, NOW + 5)])
+    assert last_reports(done.counts, done.events) == {"events": NOW}  # the second: a duplicate
+    done.uncount({("events", ts, 1, 1200, 0)})
+    assert last_reports(done.counts, done.events) == {}  # stored before: a replay says nothing of now
+    legacy = [bytes.fromhex(h) for h in ("0a000a000a000a001a0b1c0a0000ff", "09000a0009000a001a0b1c090000ff")]
+    done = core.process([Frame("counter", COUNTER, frame, NOW + k * 9) for k, frame in enumerate(legacy)])
+    assert [r.rule for r in done.counts] == [counting.FIRST, counting.LATE]
+    assert last_reports(done.counts, done.events) == {"counter": NOW}

@@ -5,11 +5,13 @@ makes it knowable, and what it does not is accounted for."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from deploy.demo.sensors import Faults, SimSensor, simulate
 from fence.venues import counting as c
-from fence.venues.sensor_core import Frame, SensorCore, SensorInfo
+from fence.venues.sensor_core import CountRow, Frame, SensorCore, SensorInfo
 
 T0 = 1_790_000_000.0
 
@@ -30,6 +32,10 @@ def v2(counter: int, tin: int, tout: int, at: float, startup: bool = False) -> c
 
 def rules(ds: list[c.Derived]) -> list[tuple[str, int, int]]:
     return [(d.rule, d.entries, d.exits) for d in ds]
+
+
+def totals(rows: list[CountRow]) -> tuple[int, int]:
+    return sum(r.entries for r in rows), sum(r.exits for r in rows)
 
 
 def test_the_first_report_is_a_baseline_then_differences_count() -> None:
@@ -99,8 +105,30 @@ def test_a_skewed_device_clock_gives_way_to_the_receive_time_and_time_never_goes
     c.derive(state, c.Report(1, 1, T0, T0, False))
     d = c.derive(state, c.Report(2, 1, T0 + 7200, T0 + 60, False))  # the device is 2 h ahead
     assert d.skewed and d.at == T0 + 60 and state.skewed == 1
-    d = c.derive(state, c.Report(3, 1, T0 + 30, T0 + 90, False))  # 60 s behind: within MAX_SKEW_S
-    assert not d.skewed and d.at == T0 + 60  # not before the previous report's instant
+    d = c.derive(state, c.Report(3, 1, T0 + 7230, T0 + 90, False))  # still ahead: in order, at its receipt
+    assert d.skewed and (d.rule, d.entries, d.at) == (c.INCREASE, 1, T0 + 90) and state.skewed == 2
+    # a delivery held up past MAX_SKEW_S is placed at its receive time; the next report, made
+    # before that instant but within MAX_SKEW_S of its own receipt, is placed no earlier
+    state = c.SensorCounts()
+    c.derive(state, c.Report(1, 1, T0, T0, False))
+    d = c.derive(state, c.Report(2, 1, T0 + 30, T0 + 400, False))
+    assert d.skewed and d.at == T0 + 400
+    d = c.derive(state, c.Report(3, 1, T0 + 200, T0 + 401, False))  # 201 s behind: within MAX_SKEW_S
+    assert not d.skewed and (d.rule, d.entries) == (c.INCREASE, 1)
+    assert d.at == T0 + 400  # not before the previous report's instant
+
+
+def test_a_device_clock_set_back_makes_its_reports_late_until_it_passes_the_last_time_counted() -> None:
+    """The order is the device's (counting.py, "Order"): a clock set back (it was 2 h ahead)
+    gives reports older than the last one counted; they count nothing and move nothing, and
+    the first report past that time counts the whole difference: no event lost or doubled."""
+    state = c.SensorCounts()
+    c.derive(state, c.Report(1, 1, T0, T0, False))
+    c.derive(state, c.Report(2, 1, T0 + 7200, T0 + 60, False))  # 2 h ahead
+    d = c.derive(state, c.Report(3, 1, T0 + 30, T0 + 90, False))  # set right
+    assert (d.rule, d.entries, d.exits) == (c.LATE, 0, 0) and state.late == 1
+    d = c.derive(state, c.Report(9, 4, T0 + 7260, T0 + 7260, False))
+    assert (d.rule, d.entries, d.exits) == (c.INCREASE, 7, 3) and (state.entries, state.exits) == (8, 3)
 
 
 def test_the_state_survives_a_round_trip() -> None:
@@ -140,8 +168,88 @@ def test_simulated_days_count_what_the_protocol_makes_knowable(version: int, fau
     if busy and faults == "clean":  # restarts keep the totals from reaching the modulus
         assert state.wraps >= 1 and state.modulus == sensor.modulus
         assert state.modulus_raised == (sensor.modulus == c.DOCUMENTED_MODULUS)
-    assert all(type(v) is int for k, v in state.to_json().items() if k not in ("at", "recent"))
+    assert all(type(v) is int for k, v in state.to_json().items() if k not in ("at", "device_at", "recent"))
     if truth.restarts:
         assert state.restarts >= 1 and any(r.unknowable for r in got.counts)
     if FAULTS[faults].skew_s:
         assert state.skewed > 0
+
+
+def test_a_late_report_counts_nothing_and_moves_nothing() -> None:
+    """Issue 34: a report older than the last one counted (a broker requeue, `geofence dlq
+    replay`) is `late`: 0 / 0, and the next report is judged against the last one counted."""
+    ds, s = feed([legacy(31222, 16, 0), legacy(31221, 12, -1), legacy(31230, 20, 300)])
+    assert rules(ds) == [(c.FIRST, 0, 0), (c.LATE, 0, 0), (c.INCREASE, 8, 4)]
+    assert (s.late, s.restarts, s.entries, s.exits) == (1, 0, 8, 4)
+    # v2: the counter went back with an older device time
+    ds, s = feed([v2(3, 2, 13, 0), v2(2, 1, 9, -60), v2(4, 2, 15, 60)])
+    assert rules(ds) == [(c.FIRST, 0, 0), (c.LATE, 0, 0), (c.INCREASE, 0, 2)] and s.restarts == 0
+    # a start-up report delivered again after its memory (16 reports) is gone: late, no restart
+    reports = [v2(0, 0, 0, 0, startup=True)] + [v2(k, k, k, 60.0 * k) for k in range(1, 20)]
+    ds, s = feed([*reports, reports[0], v2(20, 25, 20, 1200)])
+    assert rules(ds[-2:]) == [(c.LATE, 0, 0), (c.INCREASE, 6, 1)]
+    assert (s.entries, s.exits, s.restarts) == (25, 20, 0)
+
+
+def test_the_v2_counter_is_decided_before_the_totals() -> None:
+    """Issue 34: a restart whose 0x21 was lost with totals above the old ones is no increase."""
+    ds, s = feed([v2(3, 1, 2, 0), v2(1, 1, 4, 600)])
+    assert rules(ds)[1] == (c.RESTART_COUNTER, 1, 4) and ds[1].unknowable and s.restarts == 1
+    # a counter above 32768 that started again: more messages on than the time allows
+    ds, _ = feed([v2(40000, 2, 1, 0), v2(1, 3, 2, 600)])
+    assert rules(ds)[1] == (c.RESTART_COUNTER, 3, 2)
+    # the same jump over a long enough time: the counter came round, messages lost
+    ds, _ = feed([v2(40000, 2, 1, 0), v2(1, 900, 800, 30 * 86400)])
+    assert rules(ds)[1] == (c.INCREASE, 898, 799) and ds[1].gap == 25536
+
+
+def test_the_counter_is_a_serial_number() -> None:
+    assert c.counter_after(0, 65535) and c.counter_after(3, 65530) and c.counter_after(32767, 0)
+    assert not c.counter_after(5, 5) and not c.counter_after(32768, 0) and not c.counter_after(65535, 0)
+    assert not c.counter_after(65534, 2)
+    assert c.plausible_messages(0) == c.MESSAGE_SLACK and c.plausible_messages(600) == 480 + c.MESSAGE_SLACK
+
+
+def test_a_state_stored_before_device_at_orders_by_its_instant() -> None:
+    _, s = feed([legacy(100, 90, 0)])
+    old = s.to_json()
+    del old["device_at"], old["late"]
+    back = c.SensorCounts.from_json(old)
+    assert back.device_at == back.at == T0 and back.late == 0
+    assert c.derive(back, legacy(99, 80, -5)).rule == c.LATE
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("faults", list(FAULTS))
+def test_reports_delivered_again_later_count_nothing_twice(version: int, faults: str) -> None:
+    """Simulated days with every fifth report delivered again later (a requeue, a replay of
+    any earlier report): the counts are the simulator's knowable truth all the same."""
+    sensor = SimSensor("s1", "bar", version=version, scale=3000.0, faults=FAULTS[faults])
+    sent, truth = simulate(sensor, T0, 40.0, 7)
+    rng = random.Random(version)
+    frames = [Frame(x.sensor_id, x.topic, x.frame, x.received_at) for x in sent]
+    again = []
+    for i, f in enumerate(frames):
+        again.append(f)
+        if i and rng.random() < 0.2:
+            old = frames[rng.randrange(i)]
+            again.append(Frame(old.sensor_id, old.kind, old.payload, f.received_at + 1e-4))
+    core = SensorCore({"s1": SensorInfo("s1", "h1", tz=sensor.tz)})
+    got = core.process(again)
+    assert totals(got.counts) == (truth.entries, truth.exits)
+    state = core.state["s1"]
+    assert state.late > 0 and state.late + state.duplicates >= len(again) - len(frames)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_night_a_clock_goes_back_counts_the_truth(version: int, seed: int) -> None:
+    """2026-10-25 in Vaduz (03:00 CEST -> 02:00 CET): a legacy frame's wall clock repeats an
+    hour, taken as that hour again, not as late reports."""
+    sensor = SimSensor("s1", "bar", version=version, scale=400.0, faults=FAULTS["lossy"])
+    sent, truth = simulate(sensor, 1_792_879_200.0, 8.0, seed)  # from 22:00 UTC the evening before
+    core = SensorCore({"s1": SensorInfo("s1", "h1", tz=sensor.tz)})
+    got = core.process([Frame(x.sensor_id, x.topic, x.frame, x.received_at) for x in sent])
+    assert totals(got.counts) == (truth.entries, truth.exits)
+    assert c.LATE not in {r.rule for r in got.counts}
+    assert all(abs(r.device_at - r.received_at) < 3 for r in got.counts)

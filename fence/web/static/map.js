@@ -10,13 +10,15 @@ const SHADES = ["#ffffff00", "#fde68a", "#fbbf24", "#f97316", "#dc2626", "#7f1d1
 const LIMITS = [0, 1, 3, 10, 30, 100]; // a count >= LIMITS[i] takes SHADES[i]
 const ROAD_WEIGHT = { motorway: 3, trunk: 3, primary: 2.6, secondary: 2.2, tertiary: 1.8 };
 
-const map = L.map("map", { preferCanvas: true, zoomControl: true });
+// Leaflet missing (its script a 404: no `npm ci` on the server): a message in place of the map
+const noLeaflet = libraryMissing("L", "Leaflet", "/vendor/leaflet/leaflet.js", ["map"], "map");
+const map = noLeaflet ? null : L.map("map", { preferCanvas: true, zoomControl: true });
 // panes, bottom to top: fences (overlayPane, 400), roads over their fill, then the objects
-for (const [name, z] of [["roads", 450], ["objects", 550]]) {
+for (const [name, z] of map ? [["roads", 450], ["objects", 550]] : []) {
   map.createPane(name).style.zIndex = z;
   map.getPane(name).style.pointerEvents = name === "roads" ? "none" : "auto";
 }
-const objectsRenderer = L.canvas({ padding: 0.2, pane: "objects" });
+const objectsRenderer = map && L.canvas({ padding: 0.2, pane: "objects" });
 const fences = new Map(); // id -> {layer, name, count}
 const objects = new Map(); // id -> circle marker
 const state = { frames: 0, snapshots: 0, events: 0, lastFrame: 0, ws: null, live: false, moves: 0 };
@@ -229,8 +231,12 @@ async function main() {
   status();
 }
 
-main().catch((err) => {
-  const el = document.getElementById("status");
-  el.className = "status error";
-  el.textContent = String(err);
-});
+if (map) {
+  main().catch((err) => {
+    const el = document.getElementById("status");
+    el.className = "status error";
+    el.textContent = String(err);
+  });
+} else {
+  for (const el of document.querySelectorAll("#search input, #search button")) el.disabled = true;
+}

@@ -4,12 +4,17 @@
 
 const POLL_MS = 5000;
 const charts = {};
+// uPlot missing (its script a 404: no `npm ci` on the server): a message in place of the charts,
+// the figures and tables still shown
+const noCharts = libraryMissing("uPlot", "uPlot", "/vendor/uplot/uPlot.iife.min.js",
+                                ["chart-rates", "chart-latency"], "charts");
 
 function ms(x) {
   return x === null || x === undefined ? "–" : `${fmt(x, 1)} ms`;
 }
 
 function chart(id, series, data) {
+  if (noCharts) return;
   const el = document.getElementById(id);
   const width = Math.max(300, el.clientWidth);
   if (!charts[id]) {
@@ -34,7 +39,7 @@ function render(d) {
   ], [d.series.t, d.series.updates_per_s, d.series.events_per_s]);
   chart("chart-latency", [{ label: "p99 ms", stroke: "#7c3aed", width: 2 }], [d.series.t, d.series.p99_ms]);
   fill("processes", d.processes, (p) => [
-    [p.name], [p.up ? "up" : "DOWN", p.up ? "up" : "down"], [fmt(p.received_per_s), "n"],
+    [p.name], [p.state || (p.up ? "up" : "DOWN"), p.up ? "up" : "down"], [fmt(p.received_per_s), "n"],
     [fmt(p.positions), "n"], [fmt(p.events), "n"], [fmt(p.objects, 0), "n"], [fmt(p.fences, 0), "n"],
     [fmt(p.held, 0), "n"],
   ], "no process scraped yet");
@@ -46,6 +51,7 @@ function render(d) {
   const up = d.processes.filter((p) => p.up).length;
   document.getElementById("status").textContent =
     `${up}/${d.processes.length} processes up · updated ${new Date(d.at * 1000).toLocaleTimeString()}`;
+  if (noCharts) libraryNote("uPlot", "charts");
 }
 
 async function poll() {

@@ -10,8 +10,13 @@ const DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
 const hiveId = decodeURIComponent(location.pathname.split("/").pop());
 const charts = {};
 let token = null;
+// uPlot missing (its script a 404: no `npm ci` on the server): a message in place of the charts,
+// the figures and tables still shown
+const noCharts = libraryMissing("uPlot", "uPlot", "/vendor/uplot/uPlot.iife.min.js",
+                                ["chart-today", "chart-forecast"], "charts");
 
 function chart(id, opts, data) {
+  if (noCharts) return;
   const el = document.getElementById(id);
   if (charts[id]) charts[id].destroy();
   charts[id] = new uPlot({ width: Math.max(300, el.clientWidth), height: 220, ...opts }, data, el);
@@ -62,6 +67,7 @@ function drawNow(card, analytics) {
 }
 
 function drawToday(today) {
+  if (noCharts) return;
   const hours = today.hours;
   const xs = hours.map((_, i) => i);
   const left = uPlot.paths.bars({ size: [0.3, 30], align: -1 });  // entries left of the hour's tick
@@ -168,6 +174,7 @@ async function refresh() {
     drawDays(analytics);
     setText("status", `updated ${new Date().toLocaleTimeString()} · business day ${analytics.today.day}`);
     document.getElementById("status").classList.remove("error");
+    if (noCharts) libraryNote("uPlot", "charts");
   } catch (e) {
     if (token) {
       setText("status", `no figures: ${e.message}`);
