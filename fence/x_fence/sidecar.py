@@ -375,8 +375,8 @@ class FenceSidecar:
                                      cfg.prefetch)
             controls = shell.Intake.on(await ctl_ch.get_queue(t.fence_control_queue(self.worker)), 64, 64)
             self.inputs = inputs
-            log.info("worker %s: consuming %s and %s", self.worker, t.fence_queue(self.worker),
-                     t.fence_control_queue(self.worker))
+            log.info("worker %s: consuming %s, and %s once the state is rebuilt", self.worker,
+                     t.fence_control_queue(self.worker), t.fence_queue(self.worker))
             try:
                 await shell.run_session(
                     stop, [conn], [controls, inputs],
