@@ -59,7 +59,7 @@ B = npt.NDArray[np.bool_]
 # slices: a slice's cost is bounded by the positions near its rows, its events by the pairs
 # they change (a crowd landing on subscribers: thousands), and heartbeats and `inspect` wait
 # for one slice at most (fence/x_fence/sidecar.py, bench/adversarial.py).
-SLICE_ROWS = 256
+SLICE_ROWS = 128
 
 
 def fields_key(extra: Mapping[str, Any] | None) -> str:
