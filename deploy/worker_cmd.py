@@ -46,7 +46,8 @@ async def gather() -> dict[str, Any]:
     rows = []
     for w, a in zip(names, answers, strict=True):
         row: dict[str, Any] = {"worker": w, "on_ring": w in ring.nodes, "weight": ring.weights.get(w, 0),
-                               "share": shares.get(w, 0.0), "up": "stats" in a}
+                               "share": shares.get(w, 0.0), "up": "stats" in a,
+                               "recovering": a.get("recovering")}
         if "stats" in a:
             s = a["stats"]
             row.update(fences=s["fences"], objects=s["objects"], inside=s["inside_pairs"], held=s["held_now"],
@@ -61,6 +62,9 @@ def human(data: dict[str, Any]) -> str:
     for r in data["workers"]:
         if r["up"]:
             tail = f"{r['fences']:>9,}{r['objects']:>9,}{r['inside']:>9,}{r['held']:>6,}"
+        elif r.get("recovering"):  # answering while it replays its journal
+            done = r["recovering"]
+            tail = f"     recovering: {done['replayed']:,} of {done['records']:,} records"
         else:
             tail = "     down"
         ring = "" if r["on_ring"] else "  (not on the ring)"

@@ -19,6 +19,7 @@ import pytest
 from aio_pika.abc import AbstractConnection, AbstractQueue
 
 from deploy.stack import NO_METRICS, NOT_CONSUMING, consumer_note
+from deploy.worker_cmd import human
 from exchanges import shell
 from exchanges.shell import lifecycle
 from exchanges.shell.intake import Intake
@@ -209,3 +210,12 @@ def test_geofence_status_says_when_metrics_do_not_answer() -> None:
     server.shutdown()
     server.server_close()
     assert consumer_note(url, timeout=0.5) == NO_METRICS
+
+
+def test_geofence_worker_list_says_a_worker_is_recovering_not_down() -> None:
+    rows = [{"worker": "w0", "on_ring": True, "weight": 1, "share": 0.5, "up": False,
+             "recovering": {"replayed": 1200, "records": 4096}},
+            {"worker": "w1", "on_ring": True, "weight": 1, "share": 0.5, "up": False, "recovering": None}]
+    text = human({"ring_version": 3, "fences": 10, "workers": rows})
+    assert "recovering: 1,200 of 4,096 records" in text.splitlines()[2]
+    assert text.splitlines()[3].rstrip().endswith("down")
