@@ -23,6 +23,7 @@ from exchanges import topology as t
 from exchanges.settings import ConfigError, given, mask, positive
 
 ENV_KEYS = t.SIDECAR_ENV_KEYS
+MAX_FUTURE_S = 300.0  # GEOFENCE_MAX_FUTURE_S's default (SidecarConfig.max_future_s)
 
 
 
@@ -73,7 +74,7 @@ class SidecarConfig:
     stall_s: float = 120.0
     # x-ingress refuses a position whose ts is more than this ahead of its receive time (a
     # device with a wrong clock would otherwise silence its object until then).
-    max_future_s: float = 300.0
+    max_future_s: float = MAX_FUTURE_S
 
     @classmethod
     def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,

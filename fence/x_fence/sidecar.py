@@ -141,6 +141,9 @@ class FenceSidecar:
         self._rotating = False  # an entry carries a snapshot not written yet
         self.recovered = False  # the state is rebuilt (the first session's `_prepare`)
         self.recovering = False  # the state is being rebuilt: `inspect` and /metrics say so
+        # the session's `_prepare` is done (state rebuilt, journal generation begun): until then
+        # the timer and a handover leave the state alone (the journal may not be open)
+        self.ready = False
         self.replayed = (0, 0)  # journal records replayed, of
         self.pipeline = shell.Pipeline()  # the steps in flight (see the docstring)
 
@@ -175,6 +178,7 @@ class FenceSidecar:
         """A session's first step, before its input is consumed: the state recovered (the
         first session) or reloaded from the journal (after a session that ended with effects
         not journaled), then the recovery's events published and a journal generation begun."""
+        self.ready = False
         self.recovering = True
         self.counters.gauge("recovering", 1)
         try:
@@ -189,6 +193,7 @@ class FenceSidecar:
             self.recovering = False
             self.counters.gauge("recovering", 0)
         await self._start_journal()
+        self.ready = True
 
     async def _recover(self, stop: asyncio.Event) -> bool:
         if self.journal is not None:
@@ -387,6 +392,7 @@ class FenceSidecar:
                      shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s,
                     prepare=self._prepare(stop), counters=self.counters)
             finally:
+                self.ready = False  # the next session's _prepare says when the state may be used
                 await self.pipeline.close()  # steps not journaled: their input comes back
 
     async def send_map_sample(self) -> None:
@@ -530,6 +536,8 @@ class FenceSidecar:
         return min(now, self.stream_ts)
 
     async def expire(self) -> None:
+        if not self.ready:  # the session's state is not rebuilt yet (_prepare)
+            return
         async with self.lock:
             events = self.core.expire(self.clock())
             await self._emit(self.event_outs(events), events)
@@ -588,7 +596,7 @@ class FenceSidecar:
         fence's objects; a copy, base64 msgpack), IMPORT this worker's share of another's export, FORGET what
         the ring gives to others once it is in force; IMPORT and FORGET are journaled before
         the answer. A bad request is answered with its error (the controller is waiting)."""
-        if self.recovering:
+        if not self.ready:
             return {"worker": self.worker, "error": "the worker is rebuilding its state (journal replay): "
                     f"{self.replayed[0]} of {self.replayed[1]} records; ask again"}
         try:

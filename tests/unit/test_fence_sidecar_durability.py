@@ -108,10 +108,13 @@ def geo() -> XGeo:
 
 
 async def started(journal_dir: Path) -> FenceSidecar:
+    """A worker as its first session leaves it after `_prepare` (recovered: no PostgreSQL here)."""
     sc = sidecar(journal_dir)
     sc.core.define(FENCE, TS - 100)
+    sc.recovered = True
     with publishing():
-        await sc._start_journal()
+        await sc._prepare(asyncio.Event())
+    assert sc.ready and sc.started
     return sc
 
 
@@ -215,9 +218,14 @@ async def test_inspect_metrics_and_the_loop_answer_while_the_journal_replays(tmp
         assert again.counters.gauges["recovering"] == 1
         refused = await again.hand_over({"kind": "export", "ring": HashRing(["w0"]).to_dict()})
         assert "rebuilding its state" in refused["error"]
+        again.stream_ts = TS + 10_000  # the timer runs meanwhile (a session's periodic task): it
+        timer = asyncio.create_task(again.expire())  # must not touch the state, nor its journal
         gate.set()
-        with publishing():
+        with publishing() as during:
             await prepared
+            await timer
+            await again.pipeline.drain()  # before the fix: AssertionError('start() first') here
+        assert events(during) == [] and again.ready
     assert again.counters.gauges["recovering"] == 0 and not again.recovering
     assert again.inspect({"object_id": "car-1"})["object"]["fences"] == []  # the last step: outside
     assert again.gauges()["objects_tracked"] == 1
