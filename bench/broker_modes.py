@@ -42,8 +42,8 @@ from deploy.rabbitmq import apply as rabbit
 from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from exchanges import routing_store
 from exchanges import topology as t
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.worldmap import AREA
-from exchanges.x_geo.range_index import INDEX_BITS
 from fence import store
 from fence.manager import FenceManager
 from fence.spec import FenceSpec

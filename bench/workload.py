@@ -25,15 +25,15 @@ from shapely.geometry import Polygon
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
+from exchanges.fence_binding import INDEX_BITS, FenceBinding
 from exchanges.fence_def import FenceDef, cross_box
+from exchanges.fence_events import Event
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.core import FenceBinding, XGeo
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.x_geo.core import XGeo
 from fence import reference
 from fence.x_fence.core import XFence
-from fence.x_fence.events import Event
 from hilbert_c.covering import EARTH_RADIUS_M
 from ingress.core import XIngress
 

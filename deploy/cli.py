@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("deploy.stack_cmd", "start the local stack (RabbitMQ, PostgreSQL, memcached)"),
     "down": ("deploy.stack_cmd", "stop what `geofence up` started"),
     "status": ("deploy.stack_cmd", "show the local stack; --json for connection settings"),
-    "demo": ("deploy.demo.demo_cmd", "run the demo against the local stack"),
+    "demo": ("deploy.demo_cmd", "run the demo against the local stack"),
     "kernel": ("hilbert_c.cli", "Hilbert kernel tools: encode, decode, cover"),
     "topology": ("deploy.rabbitmq.commands", "the pipeline's RabbitMQ topology: apply, show"),
     "device": ("deploy.rabbitmq.commands", "device (MQTT) users: add, remove, list"),

@@ -38,6 +38,7 @@ from exchanges import filters
 from exchanges.batch import pack
 from exchanges.binding_diff import Diff
 from exchanges.contract import InvalidMessage
+from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import (
     FenceDef,
     InvalidFence,
@@ -51,7 +52,6 @@ from exchanges.fence_def import (
     cross_box,
 )
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo.core import FenceBinding
 
 DEFINE, REBIND, DROP, INSPECT = "define", "rebind", "drop", "inspect"
 # `geofence worker add / remove` (deploy/worker_ops.py), requests with a reply like INSPECT:

@@ -17,10 +17,10 @@ from typing import TypeVar
 import asyncpg
 import numpy as np
 
+from exchanges.backoff import Backoff
+from exchanges.fence_binding import FenceBinding
 from exchanges.hash_ring import HashRing
-from exchanges.shell import Backoff
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.core import FenceBinding
 
 log = logging.getLogger("geofence")
 T = TypeVar("T")

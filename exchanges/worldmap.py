@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 import hilbert_c as hk
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.fence_binding import INDEX_BITS
 
 U64 = npt.NDArray[np.uint64]
 TOP = (1 << (2 * INDEX_BITS)) - 1  # last index of the curve

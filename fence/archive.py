@@ -28,8 +28,8 @@ from aio_pika.abc import AbstractIncomingMessage
 from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.contract import InvalidMessage
+from exchanges.fence_events import DWELLED, KINDS, REASONS
 from fence import store
-from fence.x_fence.events import DWELLED, KINDS, REASONS
 
 log = logging.getLogger("geofence")
 Row = store.EventRow

@@ -49,7 +49,7 @@ class MapEvent:
 
 
 def parse_events(batch: Any) -> list[MapEvent]:
-    """Events on the wire (a JSON array of fence/x_fence/events.Event.to_json) as map events;
+    """Events on the wire (a JSON array of exchanges/fence_events.Event.to_json) as map events;
     ValueError when they are not."""
     if not isinstance(batch, list):
         raise ValueError("events come as a JSON array")

@@ -21,7 +21,7 @@ from shapely.geometry.base import BaseGeometry
 
 from exchanges import filters
 from exchanges.fence_def import CROSS_MAX_SEGMENT_DEG, crosses, hysteresis_zones
-from fence.x_fence.events import CROSS, CROSSED, DWELLED, ENTER, ENTERED, EXITED, LEAVE, visit_id
+from exchanges.fence_events import CROSS, CROSSED, DWELLED, ENTER, ENTERED, EXITED, LEAVE, visit_id
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
 
@@ -148,7 +148,7 @@ def compare(got: Sequence[EventTuple], want: Sequence[EventTuple], show: int = 1
 
 
 def visit_problems(events: Sequence[Any]) -> list[str]:
-    """What is wrong with the visits of events (fence.x_fence.events.Event, in the order
+    """What is wrong with the visits of events (exchanges.fence_events.Event, in the order
     emitted): each ENTER opens a stay whose visit id hashes (fence, object, its ts), or, for a
     `dwelled` one, the stay's start, inside_s before it; the next LEAVE of that (fence, object)
     carries the same id and inside_s = the time since the stay began."""

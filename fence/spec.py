@@ -19,6 +19,7 @@ import numpy.typing as npt
 from shapely.geometry import MultiPolygon, Polygon, mapping
 
 from exchanges import filters
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
     FenceDef,
@@ -33,7 +34,6 @@ from exchanges.fence_def import (
     check_where,
 )
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 from hilbert_c.covering import Covering, _flatten, coarsen, cover_flat
 
 MAX_RANGES = 4_096

@@ -26,11 +26,11 @@ from shapely.geometry import mapping
 
 from exchanges import filters
 from exchanges.control import fence_json
+from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import FenceDef, check_geometry, shown
 from exchanges.routing_store import ROAM_CHANGE_LOCK, binding_of, latest_worldmap_version
 from exchanges.subscriptions import point_object
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.core import FenceBinding
 from fence.spec import Bindings, FenceSpec, Follow
 
 log = logging.getLogger("geofence")

@@ -37,9 +37,9 @@ import numpy.typing as npt
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch, RegionBatch
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.object_codes import ObjectCodes, carry, distinct, grow
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 
 
 def entries(codes: npt.NDArray[np.int64], came_in: npt.NDArray[np.bool_], ts: npt.NDArray[np.float64],

@@ -25,8 +25,8 @@ import orjson
 import pandas as pd
 
 from exchanges import binding_diff
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 from fence.spec import MAX_RANGES, Bindings, Flat, bindings_of, choose_bits_bounds, covering
 from hilbert_c import kernel
 from hilbert_c.covering import DEFAULT_MAX_NODES, Covering, coarsen, flatten_geojson

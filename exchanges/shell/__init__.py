@@ -22,11 +22,11 @@ not the package's own (`run_batches` calls `publish.publish_all`): patch the mod
 caller looks the name up in.
 """
 
+from exchanges.backoff import Backoff
 from exchanges.settings import ConfigError
 from exchanges.shell.config import ENV_KEYS, SidecarConfig, setup_logging
 from exchanges.shell.connections import (
     BROKER_GONE,
-    Backoff,
     InstanceLock,
     InstanceLocked,
     TookOver,

@@ -1,6 +1,6 @@
 """Connections to the broker: opening connections and channels on a session's exit stack,
 the single-instance lock of a routing role, watching for a lost connection, and the
-reconnect/retry `Backoff`.
+reconnect/retry `Backoff` (exchanges/backoff.py).
 
 Invariants:
 - Everything opened is registered on the session's `AsyncExitStack` and closed with it, in
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Sequence
 
 import aio_pika
@@ -35,19 +34,6 @@ log = logging.getLogger("geofence")
 
 BROKER_GONE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
                ConnectionError, OSError)
-
-
-class Backoff:
-    def __init__(self, first: float = 0.2, cap: float = 10.0) -> None:
-        self.first, self.cap, self._next = first, cap, first
-
-    def reset(self) -> None:
-        self._next = self.first
-
-    def next(self) -> float:
-        delay = self._next * random.uniform(0.8, 1.2)
-        self._next = min(self.cap, self._next * 2)
-        return delay
 
 
 async def open_connection(config: SidecarConfig, vhost: str, stack: contextlib.AsyncExitStack,

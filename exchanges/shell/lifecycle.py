@@ -24,8 +24,9 @@ from typing import Any, Protocol
 
 from aio_pika.abc import AbstractConnection
 
+from exchanges.backoff import Backoff
 from exchanges.shell.config import SidecarConfig
-from exchanges.shell.connections import BROKER_GONE, Backoff, InstanceLocked, TookOver, connection_lost
+from exchanges.shell.connections import BROKER_GONE, InstanceLocked, TookOver, connection_lost
 from exchanges.shell.counters import Counters
 from exchanges.shell.intake import Intake
 from exchanges.shell.metrics import metrics_server, registry_of

@@ -31,8 +31,8 @@ from aiormq.abc import ChannelFrame
 from pamqp.commands import Basic
 
 from exchanges import topology as t
+from exchanges.backoff import Backoff
 from exchanges.shell import frames
-from exchanges.shell.connections import Backoff
 from exchanges.shell.counters import Counters, reason_key
 
 log = logging.getLogger("geofence")

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -66,11 +65,12 @@ import numpy.typing as npt
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.contract import InvalidMessage
+from exchanges.fence_binding import INDEX_BITS, FenceBinding
 from exchanges.fence_def import CROSS_MAX_SEGMENT_DEG
 from exchanges.object_codes import ObjectCodes, carry, distinct, grow
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo import queries
-from exchanges.x_geo.range_index import INDEX_BITS, Matches, RangeIndex
+from exchanges.x_geo.range_index import Matches, RangeIndex
 
 MAX_WORKERS = 63  # worker sets are bitmasks in an int64
 
@@ -112,19 +112,6 @@ def worker_sets(point: npt.NDArray[np.int64], worker: npt.NDArray[np.int64], n: 
         starts = np.flatnonzero(np.r_[True, point[1:] != point[:-1]])
         out[point[starts]] = np.bitwise_or.reduceat(np.left_shift(np.int64(1), worker), starts)
     return out
-
-
-@dataclass(frozen=True, eq=False)
-class FenceBinding:
-    """A fence's ranges in this region, at INDEX_BITS (26 bits per axis)."""
-
-    fence_id: str
-    version: int
-    ranges: npt.NDArray[np.uint64]
-    interior: npt.NDArray[np.bool_]
-    # the fence's bounding box when it detects CROSS (exchanges/fence_def.py `cross_box`):
-    # segments between an object's positions here are tested against it
-    cross: tuple[float, float, float, float] | None = None
 
 
 class XGeo:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from exchanges.fence_binding import INDEX_BITS
 from hilbert_c import kernel
 from hilbert_c.covering import split_ranges
 
@@ -37,7 +38,6 @@ I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 BOOL = npt.NDArray[np.bool_]
 
-INDEX_BITS = 26  # bits per axis of the indices routed (positions are encoded at 26 bits)
 LEVEL_SHIFT = np.uint64(2 * INDEX_BITS)  # composite key: level << 52 | (index >> 2 * level)
 BLOCK_MASK = (np.uint64(1) << LEVEL_SHIFT) - np.uint64(1)
 FANOUT = 8

@@ -35,10 +35,11 @@ from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, RegionBatch, pack, unpack
 from exchanges.binding_diff import DiffMismatch
 from exchanges.contract import BAD_INPUT, InvalidMessage
+from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import cross_box
 from exchanges.hash_ring import HashRing
 from exchanges.x_geo import queries
-from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.core import XGeo
 
 log = logging.getLogger("geofence")
 POSITIONS, HANDOVER = "positions", "handover"

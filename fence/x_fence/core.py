@@ -70,10 +70,7 @@ import shapely
 
 from exchanges import filters
 from exchanges.fence_def import FenceDef, crosses, hysteresis_zones
-from exchanges.object_codes import ObjectCodes, distinct, grow
-from exchanges.worker_batch import WorkerBatch
-from fence.x_fence import codec
-from fence.x_fence.events import (
+from exchanges.fence_events import (
     CODES,
     CROSSED,
     DWELLED,
@@ -87,6 +84,9 @@ from fence.x_fence.events import (
     Event,
     visit_id,
 )
+from exchanges.object_codes import ObjectCodes, distinct, grow
+from exchanges.worker_batch import WorkerBatch
+from fence.x_fence import codec
 from fence.x_fence.held import Held, pair_key
 from fence.x_fence.shapes import Edges
 from hilbert_c import kernel

@@ -67,6 +67,7 @@ from exchanges import control, routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import unpack
 from exchanges.contract import BAD_INPUT, InvalidMessage
+from exchanges.fence_events import ENTERED, EXITED, Event
 from exchanges.hash_ring import HashRing
 from exchanges.roam_routing import ROAM
 from exchanges.state_dir import Recovered, StateDir
@@ -76,7 +77,6 @@ from exchanges.worker_batch import WorkerBatch
 from fence import store
 from fence.x_fence import roaming
 from fence.x_fence.core import XFence
-from fence.x_fence.events import ENTERED, EXITED, Event
 
 log = logging.getLogger("geofence")
 MAP_EVENTS = 200  # per sample: what a map's frame shows at most (fence/map_view.FRAME_EVENTS)

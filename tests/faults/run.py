@@ -40,7 +40,7 @@ from deploy.rabbitmq.apply import management
 from deploy.settings import Secrets, Settings
 from exchanges import routing_store
 from exchanges import topology as t
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.fence_binding import INDEX_BITS
 from fence.reference import EventTuple
 from tests.faults import report
 from tests.faults.clients import Body, DeadLetter, DeadLetterWatch, EventCollector, Publisher

@@ -35,8 +35,8 @@ from deploy import sidecars
 from deploy.settings import ConnectionSettings, Settings
 from exchanges import routing_store
 from exchanges import topology as t
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 from fence import store
 from fence.manager import FenceManager
 from fence.spec import FenceSpec

@@ -17,8 +17,8 @@ import hilbert_c as hk
 from deploy.settings import ConnectionSettings, Settings
 from exchanges import routing_store
 from exchanges import topology as t
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.worldmap import AREA, Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 from fence.manager import FenceManager
 from fence.spec import MAX_RANGES, FenceSpec, bindings, choose_bits
 from hilbert_c.covering import circle

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exchanges.contract import InvalidMessage
+from exchanges.fence_events import ENTER, KINDS, LEAVE, REASONS, Event, event_id
 from fence import store
 from fence.archive import event_row, event_rows
-from fence.x_fence.events import ENTER, KINDS, LEAVE, REASONS, Event, event_id
 
 TS = 1_700_000_000.125
 GOOD: dict[str, Any] = {"event": "enter", "fence_id": "yard-1", "object_id": "truck-7", "ts": TS,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import hilbert_c as hk
 from exchanges import binding_diff as bd
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.fence_binding import INDEX_BITS
 
 
 def covering(lon: float, lat: float, radius_deg: float, bits: int = 18) -> tuple[np.ndarray, np.ndarray]:

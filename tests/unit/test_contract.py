@@ -8,13 +8,14 @@ from shapely.geometry import box
 
 from exchanges import contract
 from exchanges.batch import PositionBatch
+from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import FenceDef
+from exchanges.fence_events import Event
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.core import XGeo
 from fence.x_fence.core import XFence
-from fence.x_fence.events import Event
 from ingress.core import Routed, XIngress
 
 

@@ -13,12 +13,13 @@ from shapely.geometry import MultiPolygon, Polygon, box
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
+from exchanges.fence_binding import INDEX_BITS, FenceBinding
 from exchanges.fence_def import FenceDef
 from exchanges.hash_ring import HashRing
 from exchanges.object_codes import carry, distinct
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo.core import FenceBinding, XGeo, dense_numbers
-from exchanges.x_geo.range_index import INDEX_BITS, group_order
+from exchanges.x_geo.core import XGeo, dense_numbers
+from exchanges.x_geo.range_index import group_order
 from fence.x_fence.core import XFence
 from fence.x_fence.shapes import polygon_edges
 from hilbert_c import kernel
@@ -276,7 +277,7 @@ def test_carry_with_and_without_repeated_objects(codes: list[int]) -> None:
 
 def test_event_ids_are_those_of_event_id() -> None:
     """x-fence spells event_id()'s text itself (a tail per instant): same ids."""
-    from fence.x_fence.events import Event, event_id
+    from exchanges.fence_events import Event, event_id
 
     geo, fence = pipeline()
     events: list[Event] = []

@@ -12,8 +12,8 @@ import pytest
 import hilbert_c as hk
 from bench import workload as wl
 from exchanges import filters
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 
 BOX = wl.Box(9.55, 47.15, 2_000.0)  # dense: 2 km, so a few hundred objects meet the fences
 

@@ -14,10 +14,10 @@ from shapely.geometry import box
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.control import _fence, fence_json
+from exchanges.fence_binding import INDEX_BITS, FenceBinding
 from exchanges.fence_def import FenceDef, InvalidFence, check_cross, cross_box, crosses
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo.core import FenceBinding, XGeo
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.x_geo.core import XGeo
 from fence.archive import event_row
 from fence.x_fence.core import XFence
 from tests.unit.test_core_fast_paths import OneWorker

@@ -13,13 +13,13 @@ from shapely.geometry import box
 
 from exchanges.control import _fence, fence_json
 from exchanges.fence_def import FenceDef, InvalidFence, check_dwell
+from exchanges.fence_events import visit_id
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from fence.reference import visit_problems
 from fence.spec import from_feature
 from fence.x_fence import codec
 from fence.x_fence.core import XFence
-from fence.x_fence.events import visit_id
 from tests.unit.test_fence_changes import Sim, dated, split_worldmap
 from tests.unit.test_fence_sidecar_core import at, kinds
 from tests.unit.test_state_codec import roundtrip

@@ -33,16 +33,16 @@ from shapely.geometry import box
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch, RegionBatch
+from exchanges.fence_binding import INDEX_BITS, FenceBinding
 from exchanges.fence_def import FenceDef
+from exchanges.fence_events import Event
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.core import FenceBinding, XGeo
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.x_geo.core import XGeo
 from fence.reference import visit_problems
 from fence.spec import bindings
 from fence.x_fence.core import XFence
-from fence.x_fence.events import Event
 from ingress.core import XIngress
 
 LON0, LAT0, LON1, LAT1 = 9.50, 47.10, 9.53, 47.12  # about 2.3 km x 2.2 km

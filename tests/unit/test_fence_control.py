@@ -13,9 +13,9 @@ from exchanges import control, filters
 from exchanges.batch import PositionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
 from exchanges.control import DEFINE, DROP, Define, Drop
+from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import FenceDef
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo.core import FenceBinding
 from fence.spec import from_feature
 from fence.x_fence.core import XFence
 

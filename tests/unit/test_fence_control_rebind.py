@@ -15,8 +15,8 @@ from exchanges import binding_diff as bd
 from exchanges import control
 from exchanges.batch import unpack
 from exchanges.control import REBIND, Define
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.fence_def import FenceDef
-from exchanges.x_geo.range_index import INDEX_BITS
 from fence.follow import circle
 from tests.unit.test_fence_control import DELETE, TS, edited, refusal
 

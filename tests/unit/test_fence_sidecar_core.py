@@ -16,14 +16,14 @@ from shapely.geometry import box
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
+from exchanges.fence_binding import INDEX_BITS, FenceBinding
 from exchanges.fence_def import FenceDef
+from exchanges.fence_events import ENTER, ENTERED, EXITED, LEAVE, Event
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.core import FenceBinding, XGeo
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.x_geo.core import XGeo
 from fence.x_fence.core import XFence
-from fence.x_fence.events import ENTER, ENTERED, EXITED, LEAVE, Event
 from ingress.core import XIngress
 
 Cand = list[tuple[str, bool]]

@@ -21,9 +21,10 @@ from shapely.geometry import box
 
 from exchanges import control, shell
 from exchanges.batch import PositionBatch, pack
+from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import FenceDef
 from exchanges.hash_ring import HashRing
-from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.core import XGeo
 from fence.x_fence.sidecar import FenceSidecar
 
 TS = 1_700_000_000.0

@@ -18,6 +18,7 @@ from shapely.geometry import MultiPolygon, Polygon, box, mapping
 
 import hilbert_c as hk
 from exchanges import fence_def
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.fence_def import (
     DEFAULT_TIMEOUT_S,
     MAX_EXTENT_DEG,
@@ -27,7 +28,6 @@ from exchanges.fence_def import (
     check_geometry,
 )
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 from fence import spec
 from fence.spec import MAX_BITS, MAX_RANGES, MIN_BITS, bindings, choose_bits, from_feature
 

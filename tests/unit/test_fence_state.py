@@ -11,10 +11,10 @@ from shapely.geometry import box
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
+from exchanges.fence_binding import INDEX_BITS, FenceBinding
 from exchanges.fence_def import FenceDef
 from exchanges.hash_ring import HashRing
-from exchanges.x_geo.core import FenceBinding, XGeo
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.x_geo.core import XGeo
 from fence.x_fence.core import XFence
 
 

@@ -58,12 +58,13 @@ from exchanges import topology as t
 from exchanges.batch import PositionBatch, RegionBatch, pack, unpack
 from exchanges.binding_diff import diff as binding_diff
 from exchanges.contract import InvalidMessage
+from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import FenceDef, InvalidFence
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo import sidecar as geo_sidecar_module
-from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.core import XGeo
 from exchanges.x_geo.sidecar import GeoSidecar
 from fence import store
 from fence.auth import Reason, Unauthenticated, User

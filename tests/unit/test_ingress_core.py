@@ -6,8 +6,8 @@ import numpy as np
 
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.worldmap import Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 from ingress.core import XIngress
 
 WEST, EAST = (9.40, 47.10), (9.60, 47.10)

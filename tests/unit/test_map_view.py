@@ -252,8 +252,8 @@ def worker_with_events(n: int) -> object:
     on a stand-in for the sidecar: the code the worker runs, without a broker)."""
     from types import SimpleNamespace
 
+    from exchanges.fence_events import Event, event_id
     from exchanges.shell import Counters
-    from fence.x_fence.events import Event, event_id
     from fence.x_fence.sidecar import FenceSidecar
 
     fake = SimpleNamespace(counters=Counters(), events="events", event_batches="batches", worker="w0",

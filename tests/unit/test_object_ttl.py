@@ -14,12 +14,12 @@ from shapely.geometry import box
 
 from exchanges.batch import PositionBatch
 from exchanges.fence_def import FenceDef
+from exchanges.fence_events import EXPIRED, TIMEOUT
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from fence.reference import visit_problems
 from fence.x_fence import codec
 from fence.x_fence.core import XFence
-from fence.x_fence.events import EXPIRED, TIMEOUT
 from ingress.positions import decode_batch
 
 INSIDE = (0.5, 0.5)

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hilbert_c as hk
-from exchanges.x_geo.range_index import INDEX_BITS, RangeIndex
+from exchanges.fence_binding import INDEX_BITS
+from exchanges.x_geo.range_index import RangeIndex
 
 TOP = 4**INDEX_BITS - 1
 

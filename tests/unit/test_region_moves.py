@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from shapely.geometry import Point, box
 
 from deploy.settings import Settings, SettingsError, read_live_topology, write_live_topology
+from exchanges.fence_binding import FenceBinding
 from exchanges.worldmap import TOP, Worldmap
-from exchanges.x_geo.core import FenceBinding, XGeo
+from exchanges.x_geo.core import XGeo
 from fence import region_moves as moves
 from fence.spec import bindings
 from tests.unit.test_x_geo import FixedRing, batch, binding

@@ -13,10 +13,10 @@ from shapely.geometry import box
 
 from exchanges.batch import PositionBatch
 from exchanges.fence_def import FenceDef
+from exchanges.fence_events import Event
 from exchanges.worker_batch import WorkerBatch
 from fence.x_fence import codec
 from fence.x_fence.core import XFence
-from fence.x_fence.events import Event
 
 GEOMS = {"A": box(9.500, 47.100, 9.510, 47.110), "B": box(9.520, 47.100, 9.530, 47.110),
          "C": box(9.505, 47.105, 9.525, 47.108)}  # overlaps A and B

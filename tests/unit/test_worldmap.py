@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hilbert_c as hk
+from exchanges.fence_binding import INDEX_BITS
 from exchanges.worldmap import TOP, Worldmap
-from exchanges.x_geo.range_index import INDEX_BITS
 
 
 @st.composite

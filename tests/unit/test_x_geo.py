@@ -11,9 +11,9 @@ from shapely.geometry import box
 import hilbert_c as hk
 from exchanges.batch import PositionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
+from exchanges.fence_binding import INDEX_BITS, FenceBinding
 from exchanges.worker_batch import WorkerBatch
-from exchanges.x_geo.core import FenceBinding, XGeo
-from exchanges.x_geo.range_index import INDEX_BITS
+from exchanges.x_geo.core import XGeo
 
 
 class FixedRing:
