@@ -44,6 +44,7 @@ from deploy.settings import (
     read_live_topology,
     write_live_topology,
 )
+from exchanges.health import WAITING
 from exchanges.settings import mask
 
 
@@ -140,7 +141,6 @@ class StatusRow:
 
 
 NOT_CONSUMING, NO_METRICS = "NOT CONSUMING", "no /metrics answer"
-_WAITING = ("recovering", "paused", "standby")  # exchanges/shell/lifecycle.py WAITING
 
 
 def consumer_note(metrics_url: str, timeout: float = 2.0) -> str:
@@ -159,7 +159,7 @@ def consumer_note(metrics_url: str, timeout: float = 2.0) -> str:
                 gauges[name.removeprefix("geofence_")] = float(rest.rsplit(" ", 1)[1])
     if gauges.get("consuming", 1.0) == 1.0:
         return ""
-    return next((w for w in _WAITING if gauges.get(w) == 1.0), NOT_CONSUMING)
+    return next((w for w in WAITING if gauges.get(w) == 1.0), NOT_CONSUMING)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from exchanges.health import WAITING
+
 WINDOW_S = 900
 TOP_QUEUES = 15
 STEP_S = 5
@@ -100,9 +102,6 @@ class OpsFigures:
 
 def _by(rows: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...], float | None]:
     return {tuple(r["metric"].get(k, "") for k in labels): _number(r["value"][1]) for r in rows}
-
-
-WAITING = ("recovering", "paused", "standby")  # not consuming on purpose (exchanges/shell/lifecycle.py)
 
 
 def process_state(scraped: bool, consuming: float | None, waiting: str | None) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from aio_pika.abc import AbstractConnection
 
 from exchanges.backoff import Backoff
+from exchanges.health import WAITING
 from exchanges.shell.config import SidecarConfig
 from exchanges.shell.connections import BROKER_GONE, InstanceLocked, TookOver, connection_lost
 from exchanges.shell.counters import Counters
@@ -97,10 +98,6 @@ async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event,
         await _serve(config, session, stop, counters)
 
 
-# Gauges by which a role says it is not consuming on purpose (the watchdog and the
-# GeofenceRoleDown alert leave it alone): rebuilding its state, paused by a handover, standing
-# by for its instance lock.
-WAITING = ("recovering", "paused", "standby")
 EXIT_STALLED = 70  # EX_SOFTWARE: a session that would not end; the supervisor restarts the process
 WATCH_EVERY_S = 1.0
 STALLED_END_S = 30.0  # how long a stalled session has to end once cancelled

@@ -581,8 +581,7 @@ class RoamMatcher:
         subs = [sub_ids[x] for x in j[order].tolist()]
         objs = [ids[x] for x in b_slot[order].tolist()]
         rk = rows_k.tolist()
-        eids = [hashlib.blake2b(f"{s}\x1f{o}\x1f{kd}\x1f{update[r]}".encode(), digest_size=16).hexdigest()
-                for s, o, kd, r in zip(subs, objs, kinds, rk, strict=True)]
+        eids = [pair_event_id(s, o, kd, update[r]) for s, o, kd, r in zip(subs, objs, kinds, rk, strict=True)]
         return list(map(RoamEvent._make, zip(kinds, subs, [ids[x] for x in a_slot[order].tolist()], objs,
                                              d[order].tolist(), [tss[r] for r in rk], eids, strict=True)))
 

@@ -41,6 +41,7 @@ from fence.manager import FenceManager
 from fence.rpc import RpcServer
 from fence.service import FenceService
 from tests.integration.clients import DEADLINE
+from tests.integration.test_fence_api import Account
 
 pytestmark = pytest.mark.integration
 
@@ -50,16 +51,12 @@ T0 = 1_700_000_000.125  # a ts with a fraction: the cursor must carry it exactly
 
 
 @dataclass(frozen=True)
-class Served:
+class Served(Account):
+    """This checkout's API served in the test, and the account that asks (uid, token, auth)."""
+
     url: str
     service: FenceService
     rpc: RpcServer
-    uid: str
-    token: str
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +81,12 @@ async def served(stack: ConnectionSettings) -> AsyncIterator[Served]:
                                                    lifespan="off"))
             task = asyncio.create_task(server.serve(sockets=[sock]))
             try:
-                while not server.started:
-                    assert not task.done(), task
+                end = time.monotonic() + DEADLINE
+                while not server.started:  # polled, with a deadline
+                    assert not task.done() and time.monotonic() < end, task
                     await asyncio.sleep(0.05)
-                yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", service,
-                             RpcServer(service, verifier, shell.Counters()), uid, token)
+                yield Served(uid, token, f"http://127.0.0.1:{sock.getsockname()[1]}", service,
+                             RpcServer(service, verifier, shell.Counters()))
             finally:
                 server.should_exit = True
                 await task

@@ -211,8 +211,8 @@ async def test_inspect_metrics_and_the_loop_answer_while_the_journal_replays(tmp
 
     with mock.patch.object(again.core.__class__, "apply", slow_apply):
         prepared = asyncio.create_task(again._prepare(asyncio.Event()))
-        while not entered.is_set():  # the loop runs while the replay thread waits
-            await asyncio.sleep(0.01)
+        # the loop runs while the replay thread waits (polled, with a deadline)
+        assert await asyncio.to_thread(entered.wait, 10), "the replay never started"
         seen = again.inspect({"fences": True, "object_id": "car-1"})
         assert seen["recovering"] == {"replayed": 0, "records": 6} and "stats" not in seen
         assert again.gauges() == {"journal_replayed": 0, "journal_to_replay": 6}
