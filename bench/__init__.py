@@ -1,4 +1,4 @@
-"""The benchmarks: figures, not tests (README.md, "Benchmarks").
+"""The benchmarks: figures, not tests (docs/benchmarks.md).
 
 Each benchmark is a module of this package, run from the repository's root as
 `python -m bench.<name> [--help]` (or, as before, `python bench/<name>.py`: bench/cli.py):
@@ -12,6 +12,7 @@ Each benchmark is a module of this package, run from the repository's root as
 
 Shared, not run: `workload` (the fleet-over-fences workload, its shapely reference and the
 in-process core pipeline; also used by the tests), `broker_modes` (that workload through the
-running stack), `report` (how every benchmark prints its figures: tables, ratios to a target or
-a named reference, the SUMMARY line, progress) and `cli` (what their command lines share).
+running stack), `moving_fleet` (moving_fences's fences following cars, also soak's), `report`
+(how every benchmark prints its figures: tables, ratios to a target or a named reference, the
+SUMMARY line, progress) and `cli` (what their command lines share).
 """

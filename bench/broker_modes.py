@@ -141,7 +141,7 @@ async def put_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], paral
 
     async def put(m: FenceManager, part: Sequence[wl.Fence]) -> None:
         for f in part:
-            await m.put(FenceSpec(f.fence_id, f.geometry, timeout_s=TIMEOUT_S), create=True)
+            await m.put(FenceSpec(fence_id=f.fence_id, geometry=f.geometry, timeout_s=TIMEOUT_S), create=True)
             done[0] += 1
         await m.applied(timeout=300)
 

@@ -11,8 +11,9 @@ Against the running stack (`geofence up`), at the same time:
   largest amqp rate measured at F=1,000 in this issue (bench.versus_tile38: 74,000/s), in segments
   of a minute; the stream is generated segment by segment (the run never holds it whole) and
   the shapely reference follows it segment by segment, carrying who is inside what;
-- --moving fences following cars (bench/moving_fences.py's fleet: each car publishes a
-  position a second, the follower moves its fence): a rebind of each fence every second;
+- --moving fences following cars (bench/moving_fleet.py, moving_fences's fleet: each car
+  publishes a position a second, the follower moves its fence): a rebind of each fence every
+  second;
 - every --sample-s, the memory (Pss, see `memory_kib`) of every sidecar, RabbitMQ,
   PostgreSQL (the postmaster and its backends), memcached and this process.
 
@@ -52,7 +53,7 @@ import numpy as np
 import orjson
 
 from bench import broker_modes as bm
-from bench import moving_fences as mf
+from bench import moving_fleet as mf
 from bench import report
 from bench import workload as wl
 from deploy.settings import ConnectionSettings, Settings, load_connection_settings

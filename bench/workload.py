@@ -26,7 +26,7 @@ from shapely.geometry import Polygon
 import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.fence_binding import INDEX_BITS, FenceBinding
-from exchanges.fence_def import FenceDef, cross_box
+from exchanges.fence_def import FenceDef
 from exchanges.fence_events import Event
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
@@ -113,10 +113,10 @@ class Fence:
     lat: float
     radius_m: float
     geometry: Polygon
-    hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
-    where: tuple[Any, ...] = ()  # exchanges/fence_def.py FenceDef.where
-    dwell_s: float = 0.0  # exchanges/fence_def.py FenceDef.dwell_s
-    cross: bool = False  # exchanges/fence_def.py FenceDef.cross
+    hysteresis_m: float = 0.0  # exchanges/fence_options/band.py
+    where: tuple[Any, ...] = ()  # exchanges/fence_options/where.py
+    dwell_s: float = 0.0  # exchanges/fence_options/dwell.py
+    cross: bool = False  # exchanges/fence_options/cross.py
 
     def routed_geometry(self) -> Any:
         return fence_def(self).routed_geometry()
@@ -152,13 +152,14 @@ def fence_bindings(fence: Fence, worldmap: Worldmap, version: int = 1,
     """The fence's covering at INDEX_BITS, clipped to each region that owns part of it."""
     bits = covering_bits(fence.radius_m, fence.lat, cells_per_radius)
     cov = hk.cover(fence.routed_geometry(), bits, max_ranges=max_ranges).to_bits(INDEX_BITS)
-    cross = cross_box(fence_def(fence, version))
+    cross = fence_def(fence, version).cross_box()
     return {region: FenceBinding(fence.fence_id, version, r, f, cross)
             for region, (r, f) in worldmap.clip(cov.ranges, cov.interior).items()}
 
 
 def fence_def(fence: Fence, version: int = 1, timeout_s: float = NO_TIMEOUT_S) -> FenceDef:
-    return FenceDef(fence.fence_id, version, fence.geometry, timeout_s, hysteresis_m=fence.hysteresis_m,
+    return FenceDef(fence_id=fence.fence_id, version=version, geometry=fence.geometry, timeout_s=timeout_s,
+                    hysteresis_m=fence.hysteresis_m,
                     where=fence.where, dwell_s=fence.dwell_s, cross=fence.cross)
 
 
@@ -269,12 +270,13 @@ def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_0
     crossing = [f for f in fences if f.cross]
     crossed = reference.cross_events([f.fence_id for f in crossing], [f.geometry for f in crossing],
                                      stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, region,
-                                     [f.where for f in crossing], stream.extra or None) if crossing else []
+                                     extras=stream.extra or None,
+                                     fences=[fence_def(f) for f in crossing]) if crossing else []
     return crossed + reference.reference_events([f.fence_id for f in fences], [f.geometry for f in fences],
                                       stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, chunk,
                                       hysteresis=[f.hysteresis_m for f in fences],
-                                      where=[f.where for f in fences], extras=stream.extra or None,
-                                      dwell=[f.dwell_s for f in fences])
+                                      extras=stream.extra or None, dwell=[f.dwell_s for f in fences],
+                                      fences=[fence_def(f) for f in fences])
 
 
 def as_tuples(events: Sequence[Event]) -> list[EventTuple]:

@@ -23,8 +23,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("deploy.stack_cmd", "show the local stack; --json for connection settings"),
     "demo": ("deploy.demo_cmd", "run the demo against the local stack"),
     "kernel": ("hilbert_c.cli", "Hilbert kernel tools: encode, decode, cover"),
-    "topology": ("deploy.rabbitmq.commands", "the pipeline's RabbitMQ topology: apply, show"),
-    "device": ("deploy.rabbitmq.commands", "device (MQTT) users: add, remove, list"),
+    "topology": ("deploy.topology_cmd", "the pipeline's RabbitMQ topology: apply, show"),
+    "device": ("deploy.topology_cmd", "device (MQTT) users: add, remove, list"),
     "sensor": ("deploy.venue_cmd", "presence sensors of hives: add, remove, list"),
     "x-ingress": ("deploy.sidecar_cmd", "run the x-ingress sidecar (MQTT / AMQP positions in)"),
     "x-geo": ("deploy.sidecar_cmd", "run the x-geo sidecar of one region"),
@@ -35,6 +35,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fence": ("deploy.fence_cmd", "add, replace, remove, list fences (GeoJSON)"),
     "subscription": ("deploy.subscription_cmd", "proximity subscriptions: add, list, show, remove"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
+    "settings": ("deploy.settings_cmd", "every environment variable: type, default, roles, secret; "
+                 "--markdown, --json"),
     "host": ("deploy.host_units", "render the systemd units and environment files for a host"),
     "region": ("deploy.region_cmd", "the x-geo regions: list; add or remove one while positions flow"),
     "worker": ("deploy.worker_cmd", "the x-fence workers: list; add or remove one while positions flow"),
@@ -47,7 +49,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 # `geofence inspect TARGET`: target -> (module, one-line help)
 INSPECT_TARGETS: dict[str, tuple[str, str]] = {
-    "topology": ("deploy.rabbitmq.inspect_cmd",
+    "topology": ("deploy.inspect_topology_cmd",
                  "vhosts, queues (messages, consumers, policy), federation links"),
     "fence": ("deploy.inspect_cmd", "a fence: definition, worker, occupants (live, from x-fence)"),
     "object": ("deploy.inspect_cmd", "an object: the fences it is in (live, from x-fence)"),

@@ -89,10 +89,12 @@ def demo_pois(pois: int) -> list[tuple[str, str, float, float, str]]:
 
 def demo_fences(pois: int) -> list[Any]:
     """FenceSpecs: municipalities (li-<name>) and `pois` points of interest (poi-<name>)."""
-    specs = [FenceSpec(f"li-{slug(name)}", geom, name, TIMEOUT_S, OWNER, hysteresis_m=BORDER_BAND_M)
+    specs = [FenceSpec(fence_id=f"li-{slug(name)}", geometry=geom, name=name, timeout_s=TIMEOUT_S,
+                       owner=OWNER, hysteresis_m=BORDER_BAND_M)
              for name, geom in municipalities().items()]
     for fid, name, lon, lat, kind in demo_pois(pois):
-        specs.append(FenceSpec(fid, circle(lon, lat, POI_RADIUS_M), f"{name} ({kind})", TIMEOUT_S, OWNER))
+        specs.append(FenceSpec(fence_id=fid, geometry=circle(lon, lat, POI_RADIUS_M),
+                               name=f"{name} ({kind})", timeout_s=TIMEOUT_S, owner=OWNER))
     return specs
 
 

@@ -48,6 +48,7 @@ from pamqp.commands import Basic
 from deploy import dead_letters as dl
 from deploy.processes import StackError
 from deploy.settings import Settings, SettingsError, load_connection_settings
+from exchanges import settings_registry
 from exchanges import topology as t
 from exchanges.settings import mask
 
@@ -131,7 +132,7 @@ def targets(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         raise UsageError(f"{', '.join(map(repr, unknown))}: not a vhost of the topology "
                          f"({', '.join(vhosts)}; GEOFENCE_REGIONS sets the regions)")
     wanted = [v for v in vhosts if not args.vhost or v in args.vhost]
-    base = args.amqp_url or env.get("GEOFENCE_AMQP_URL")
+    base = args.amqp_url or settings_registry.read("GEOFENCE_AMQP_URL", env)
     if base:
         if urlsplit(base).scheme not in ("amqp", "amqps"):
             raise UsageError(f"{mask(base)!r} is not an amqp:// URL")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,10 @@ from typing import Any
 import asyncpg
 
 from deploy.settings import Settings, amqp_url, load_secrets, postgres_dsn
-from exchanges import routing_store
+from exchanges import routing_store, settings_registry
 from exchanges import topology as t
-from exchanges.fence_def import InvalidFence, check_timeout
+from exchanges.fence_def import InvalidFence
+from exchanges.fence_options.timeout import check_timeout
 from fence import store
 from fence.manager import FenceManager
 from fence.spec import FenceSpec, from_feature
@@ -74,7 +74,7 @@ def specs_from(path: str, fence_id: str | None, timeout: float | None) -> list[F
 def connection() -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     """(fence-manager AMQP URL, PostgreSQL URL, regions, workers)."""
     settings = Settings.from_env()
-    amqp, pg = os.environ.get("GEOFENCE_AMQP_URL"), os.environ.get("GEOFENCE_POSTGRES_URL")
+    amqp, pg = settings_registry.read("GEOFENCE_AMQP_URL"), settings_registry.read("GEOFENCE_POSTGRES_URL")
     if not (amqp and pg):
         pw = load_secrets(settings)
         amqp = amqp or amqp_url(settings, pw.users[t.MANAGER_USER], "/", t.MANAGER_USER)

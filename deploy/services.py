@@ -28,7 +28,6 @@ import base64
 import functools
 import json
 import os
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +52,7 @@ from deploy.processes import (
     wait_gone,
     wait_until,
 )
+from deploy.rabbitmq.nodes import broker2_node
 from deploy.settings import FIREBASE_PROJECT, USER, Secrets, Settings, management_url
 
 PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel",
@@ -204,10 +204,6 @@ def rabbitmq_stop(settings: Settings, proc: ProcessId) -> None:
 
 BROKER2_PLUGINS = ("rabbitmq_federation", "rabbitmq_management", "rabbitmq_prometheus",
                    "rabbitmq_federation_management")
-
-
-def broker2_node() -> str:
-    return f"geofence2@{socket.gethostname().split('.')[0]}"
 
 
 def broker2_dir(settings: Settings) -> Path:

@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 from deploy.processes import StackError
 from deploy.rabbitmq import definitions as rabbit_defs
+from exchanges import settings_registry
 from exchanges import topology as topo
 from exchanges.settings import ConfigError, given, positive
 
@@ -87,8 +88,10 @@ def _names(key: str, raw: str) -> tuple[str, ...]:
     return names
 
 
-# GEOFENCE_<KEY> -> (Settings field, parser). The one registry of the keys the local stack
-# accepts: a key missing here is rejected, so a typo never falls back to a default silently.
+# GEOFENCE_<KEY> -> (Settings field, parser): how the local stack reads its keys, the ones
+# exchanges/settings_registry.py declares for the role "stack" (ENV_KEYS; a unit test holds the
+# two equal). A key the stack does not know is rejected, so a typo never falls back to a default
+# silently.
 _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_STATE_DIR": ("state_dir", _abs_path),
     "GEOFENCE_HOST": ("host", _ipv4),
@@ -109,7 +112,7 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_MAP_TILES": ("map_tiles", _tile_url),
     "GEOFENCE_BROKERS": ("brokers", lambda key, raw: _brokers(key, raw)),
 }
-ENV_KEYS = tuple(_ENV_KEYS)
+ENV_KEYS = settings_registry.keys_for("stack")
 WORKER_PORTS = 16  # metrics ports kept for x-fence workers (see Settings.metrics_ports)
 
 
@@ -153,7 +156,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         try:
-            env = given(environ, {*_ENV_KEYS, *topo.SIDECAR_ENV_KEYS})
+            env = given(environ, {*ENV_KEYS, *topo.SIDECAR_ENV_KEYS})
         except ConfigError as exc:
             raise SettingsError(str(exc)) from None
         try:
@@ -310,7 +313,7 @@ def read_live_topology(state_dir: Path) -> dict[str, Any] | None:
 def overriding(key: str, what: str) -> str | None:
     """Why a live change of the stack's `what` (regions, workers) is refused: `key` set in
     the environment would override what the change records (None: it is not set)."""
-    if os.environ.get(key):
+    if settings_registry.read(key):
         return (f"{key} is set, and it would override the {what} this command records: unset it "
                 f"(the stack keeps its {what} in its state dir)")
     return None

@@ -10,7 +10,7 @@ pids kept in <state dir>/spark/ and their logs in the log dir, as for Prometheus
 
 Executors import the project: they run the driver's Python (`spark.pyspark.python`, the
 virtualenv where the project and its C kernel are installed). On other machines, workers need
-the same checkout and virtualenv at the same path (README, "Spark on a cluster").
+the same checkout and virtualenv at the same path (docs/reference.md, "Spark on a cluster").
 """
 
 from __future__ import annotations

@@ -34,23 +34,12 @@ import numpy as np
 import numpy.typing as npt
 import shapely.geometry
 
-from exchanges import filters
 from exchanges.batch import pack
 from exchanges.binding_diff import Diff
 from exchanges.contract import InvalidMessage
 from exchanges.fence_binding import FenceBinding
-from exchanges.fence_def import (
-    FenceDef,
-    InvalidFence,
-    check_cross,
-    check_dwell,
-    check_fence_id,
-    check_geometry,
-    check_hysteresis,
-    check_timeout,
-    check_where,
-    cross_box,
-)
+from exchanges.fence_def import FenceDef, InvalidFence, check_fence_id, check_geometry
+from exchanges.fence_options import check_options, encode_options
 from exchanges.worker_batch import WorkerBatch
 
 DEFINE, REBIND, DROP, INSPECT = "define", "rebind", "drop", "inspect"
@@ -90,7 +79,7 @@ class Define:
         if self.ranges is None or self.interior is None or not len(self.ranges):
             return None
         return FenceBinding(self.fence.fence_id, self.fence.version, self.ranges, self.interior,
-                            cross_box(self.fence))
+                            self.fence.cross_box())
 
 
 @dataclass(frozen=True)
@@ -101,18 +90,8 @@ class Drop:
 
 
 def fence_json(fence: FenceDef) -> dict[str, Any]:
-    out = {"id": fence.fence_id, "version": fence.version, "name": fence.name,
-           "timeout_s": fence.timeout_s, "geometry": dict(shapely.geometry.mapping(fence.geometry))}
-    if fence.hysteresis_m:
-        out["hysteresis_m"] = fence.hysteresis_m
-    if fence.where:
-        out["where"] = filters.to_wire(fence.where)
-    if fence.dwell_s:
-        out["dwell_s"] = fence.dwell_s
-    if fence.cross:
-        out["cross"] = True
-    return out
-
+    return {"id": fence.fence_id, "version": fence.version, "name": fence.name, **encode_options(fence),
+            "geometry": dict(shapely.geometry.mapping(fence.geometry))}
 
 
 def define_for_region(fence: FenceDef, ts: float, bits: int, ranges: npt.NDArray[np.uint64],
@@ -161,10 +140,8 @@ def parse(msg: dict[str, Any]) -> Define | Drop:
 
 def _fence(f: dict[str, Any]) -> FenceDef:
     geometry = check_geometry(f["geometry"])
-    return FenceDef(check_fence_id(f["id"]), _version(f["version"]), geometry, check_timeout(f["timeout_s"]),
-                    str(f.get("name", "")), check_hysteresis(f.get("hysteresis_m", 0), geometry),
-                    check_where(f.get("where")), check_dwell(f.get("dwell_s", 0)),
-                    check_cross(f.get("cross", False)))
+    return FenceDef(fence_id=check_fence_id(f["id"]), version=_version(f["version"]), geometry=geometry,
+                    name=str(f.get("name", "")), **check_options(f, geometry, strict=True))
 
 
 def _flags(raw: Any, n: int, what: str) -> npt.NDArray[np.bool_]:

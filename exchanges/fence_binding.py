@@ -24,6 +24,6 @@ class FenceBinding:
     version: int
     ranges: npt.NDArray[np.uint64]
     interior: npt.NDArray[np.bool_]
-    # the fence's bounding box when it detects CROSS (exchanges/fence_def.py `cross_box`):
+    # the fence's bounding box when it detects CROSS (FenceDef.cross_box, exchanges/fence_options/cross.py):
     # segments between an object's positions here are tested against it
     cross: tuple[float, float, float, float] | None = None

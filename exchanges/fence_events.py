@@ -24,13 +24,20 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from exchanges.fence_options import REASONS as OPTION_REASONS
+from exchanges.fence_options.cross import CROSSED as CROSSED
+from exchanges.fence_options.dwell import DWELLED as DWELLED
+from exchanges.fence_options.timeout import TIMEOUT as TIMEOUT
+from exchanges.fence_options.ttl import EXPIRED as EXPIRED
+
 ENTER, LEAVE = "enter", "leave"
 CROSS = "cross"  # positions both sides of a fence that detects CROSS, none inside
-ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED, CROSSED = (
-    "entered", "exited", "timeout", "fence_changed", "fence_deleted", "expired", "dwelled", "crossed")
-# timeout: silent longer than the fence's timeout_s; expired: past the object's own TTL (the
-# `ttl` of its latest position), when that comes first
-REASONS = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED, CROSSED)
+ENTERED, EXITED, FENCE_CHANGED, FENCE_DELETED = "entered", "exited", "fence_changed", "fence_deleted"
+# The reasons the fence options give (each in its module of exchanges/fence_options/): timeout,
+# silent longer than the fence's timeout_s; expired, past the object's own TTL (the `ttl` of
+# its latest position) when that comes first; dwelled; crossed; and any a new option adds.
+_OWN = (ENTERED, EXITED, TIMEOUT, FENCE_CHANGED, FENCE_DELETED, EXPIRED, DWELLED, CROSSED)
+REASONS = (*_OWN, *(r for r in OPTION_REASONS if r not in _OWN))
 KINDS = (ENTER, LEAVE, CROSS)  # the event kinds
 # the core's event codes 0-3 (also their order among equal ts, object, fence): 2 is the ENTER
 # of a stay that reached its fence's dwell time (reason `dwelled`), 3 a CROSS (`crossed`)

@@ -116,7 +116,7 @@ def binding_of(row: asyncpg.Record) -> FenceBinding:
 
 # a binding and, for a fence that detects CROSS, its bounding box (x-geo tests segments on it)
 _BINDING = """SELECT r.fence_id, r.version, r.ranges, r.interior,
-                     coalesce(f.detect_cross, false) AS detect_cross,
+                     coalesce((f.options->>'cross')::boolean, false) AS detect_cross,
                      f.min_lon, f.min_lat, f.max_lon, f.max_lat
               FROM fence_range r LEFT JOIN fence f ON f.id = r.fence_id"""
 

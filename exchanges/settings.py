@@ -5,7 +5,9 @@ sidecar's `SidecarConfig` (exchanges/shell/config.py), the API's `ApiConfig`, a 
 `JobConfig`, the local stack's `Settings` (deploy/). They all take their GEOFENCE_* keys
 through `given`, which refuses a key that no part of the process knows (a typo fails loudly
 instead of being ignored), raise `ConfigError` with the key and what is wrong, and show URLs
-and secrets only through `mask`.
+and secrets only through `mask`. Every key is declared once, with its type, default and the
+processes that read it, in exchanges/settings_registry.py; each process's known keys are views
+of it (`geofence settings` lists them).
 """
 
 from __future__ import annotations

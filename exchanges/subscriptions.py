@@ -1,6 +1,6 @@
 """A proximity subscription as the API takes it and the wire carries it (issue 20): a circle of
 `radius_m` that follows one object, matching the other objects whose id matches the glob `match`
-and whose latest position's extra fields pass `where` (exchanges/filters.py). The router
+and whose latest position's extra fields pass `where` (exchanges/fence_options/filters.py). The router
 (exchanges/roam_routing.py) and the workers' matchers (fence/x_fence/roaming.py) hold them.
 
 A subscription on a fixed point (`point`: [lon, lat], no `object`) is a circle that stays put:
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exchanges import filters
+from exchanges.fence_options import filters
 from exchanges.ids import check_object_id
 
 MAX_RADIUS_M = 50_000.0

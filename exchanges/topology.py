@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exchanges.settings_registry import SIDECAR_KEYS
+
 INGRESS_VHOST = "gf-ingress"
 FENCES_VHOST = "gf-fences"
 REGION_VHOST_PREFIX = "gf-region-"
@@ -114,11 +116,8 @@ GATEWAY_USER = "gateway"
 
 
 # The settings a sidecar reads (exchanges.shell.SidecarConfig); the local stack accepts them too.
-SIDECAR_ENV_KEYS = ("GEOFENCE_AMQP_URL", "GEOFENCE_POSTGRES_URL", "GEOFENCE_REGIONS",
-                    "GEOFENCE_WORKERS", "GEOFENCE_DRAIN_S", "GEOFENCE_BATCH_MAX", "GEOFENCE_PREFETCH",
-                    "GEOFENCE_LOG_LEVEL", "GEOFENCE_JOURNAL_DIR", "GEOFENCE_PERSISTENCE",
-                    "GEOFENCE_MEMCACHED_URL", "GEOFENCE_METRICS_LISTEN", "GEOFENCE_STALL_S",
-                    "GEOFENCE_MAX_FUTURE_S")
+# A view of exchanges/settings_registry.py, where every key is declared.
+SIDECAR_ENV_KEYS = SIDECAR_KEYS
 
 
 def region_vhost(region: str) -> str:

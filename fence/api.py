@@ -483,7 +483,7 @@ def add_venue_routes(app: FastAPI, venues: VenueReads) -> None:
              description="Public (no token). `near=lon,lat` and `radius_m` (default 1000, at most "
                          f"{MAX_RADIUS_M:g}) sort by distance; `type` (restaurant, bar, cafe, shop, "
                          "supermarket, other) and `q` (words of the name, any case or accent) filter. "
-                         "Occupancy is at most a minute or two old (see the README).")
+                         "Occupancy is at most a minute or two old (see docs/reference.md).")
     async def list_hives(near: Annotated[str | None, Query(description="lon,lat")] = None,
                          radius_m: Annotated[float | None, Query(gt=0, le=MAX_RADIUS_M)] = None,
                          type: Annotated[str | None, Query(max_length=32)] = None,

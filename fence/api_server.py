@@ -32,6 +32,7 @@ import uvicorn
 from exchanges import shell
 from exchanges import topology as t
 from exchanges.settings import positive
+from exchanges.settings_registry import keys_for
 from fence.api import create_app
 from fence.auth import FirebaseVerifier
 from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
@@ -45,8 +46,8 @@ from fence.venues.commands import SensorCommands
 from fence.venues.reads import VenueCache, VenueReads
 
 log = logging.getLogger("geofence")
-API_KEYS = ("GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT", "GEOFENCE_PROMETHEUS_URL",
-            "GEOFENCE_FIREBASE_WEB_API_KEY", "GEOFENCE_MAP_ROADS", "GEOFENCE_MAP_TILES")
+# Every GEOFENCE_* key the API reads (exchanges/settings_registry.py), the sidecar ones among them
+API_KEYS = keys_for("api")
 ROLE = "fence-api"
 RPC_BATCH = 64
 

@@ -73,6 +73,8 @@ from firebase_admin import auth as fb_auth
 from firebase_admin import credentials as fb_credentials
 from firebase_admin import exceptions as fb_exceptions
 
+from exchanges import settings_registry
+
 EMULATOR_HOST_ENV = "FIREBASE_AUTH_EMULATOR_HOST"
 # The project-specific variable wins over Google's generic one.
 PROJECT_ENV_VARS = ("GEOFENCE_FIREBASE_PROJECT", "GOOGLE_CLOUD_PROJECT")
@@ -297,7 +299,7 @@ class FirebaseVerifier:
 
     def check_mode(self) -> None:
         """Raise FirebaseConfigError unless os.environ puts firebase-admin in this verifier's mode."""
-        current = os.environ.get(EMULATOR_HOST_ENV, "")
+        current = settings_registry.read(EMULATOR_HOST_ENV) or ""
         if self.emulator_host is None and current:
             raise FirebaseConfigError(
                 f"{EMULATOR_HOST_ENV}={current} is set: firebase-admin would skip signature checks; "

@@ -96,8 +96,7 @@ class Follower:
             log.warning("fence %s cannot follow %s to (%s, %s): %s", f.fence_id, move.object_id, move.lon,
                         move.lat, exc)
             return
-        spec = FenceSpec(f.fence_id, geometry, f.name, f.timeout_s, record.owner, record.follow,
-                         f.hysteresis_m, f.where, f.dwell_s, f.cross)
+        spec = FenceSpec.of(f, record.owner, record.follow, geometry=geometry)
         async with self._slots:
             try:
                 await self.manager.put(spec, create=False, owner=record.owner, follow_ts=move.ts)

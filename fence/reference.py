@@ -19,9 +19,11 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from exchanges import filters
-from exchanges.fence_def import CROSS_MAX_SEGMENT_DEG, crosses, hysteresis_zones
+from exchanges.fence_def import FenceDef
 from exchanges.fence_events import CROSS, CROSSED, DWELLED, ENTER, ENTERED, EXITED, LEAVE, visit_id
+from exchanges.fence_options import filters, refused_one, refusing
+from exchanges.fence_options.band import hysteresis_zones
+from exchanges.fence_options.cross import CROSS_MAX_SEGMENT_DEG, crosses
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
 
@@ -33,19 +35,22 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
                      hysteresis: Sequence[float] | None = None,
                      where: Sequence[Sequence[filters.Clause]] | None = None,
                      extras: Sequence[Any] | None = None, dwell: Sequence[float] | None = None,
-                     waiting: dict[int, dict[int, float]] | None = None) -> list[EventTuple]:
+                     waiting: dict[int, dict[int, float]] | None = None,
+                     fences: Sequence[FenceDef] | None = None) -> list[EventTuple]:
     """Events of positions (obj[i] indexes object_ids), taken in the order given (sort them
     by ts per object first). Every object starts outside every fence, or, with `inside`
     (per object, the fence indexes it is in; updated here), where an earlier call left it.
     With `hysteresis` (metres per fence, 0: none), a fence with a band holds a position
     inside only past the band inward, outside only past it outward, and within it as the
-    object was at its position before (exchanges/fence_def.py `hysteresis_zones`). With
+    object was at its position before (exchanges/fence_options/band.py `hysteresis_zones`). With
     `where` (clauses per fence, () for none) and `extras` (each position's extra fields), a
     position that fails its fence's filter is outside it (past any band). With `dwell` (seconds
     per fence, 0: none), a stay in a fence with a dwell time is reported only at its first
     position at least that long after the stay began (ENTER `dwelled`), and a stay that ends
     before has no event; `waiting` (per object, fence: when the stay began; updated here) holds
-    the stays not reported yet across calls."""
+    the stays not reported yet across calls. With `fences` (per fence, its definition), a
+    position an option of its fence refuses (exchanges/fence_options/: its filter, its expiry,
+    ...; each option's `outside_one`) is outside it, as with `where`, which it replaces."""
     geoms = np.array(list(geometries), dtype=object)
     band = [float(m) for m in hysteresis] if hysteresis is not None else [0.0] * len(geoms)
     zones = [hysteresis_zones(g, m) if m else (g, g) for g, m in zip(geoms, band, strict=True)]
@@ -55,6 +60,7 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
     if inside is None:
         inside = [frozenset()] * len(object_ids)
     dwell_s = [float(d) for d in dwell] if dwell is not None else [0.0] * len(geoms)
+    refuses = np.array([bool(refusing(f)) for f in fences] if fences is not None else [], bool)
     if waiting is None:
         waiting = {}
     events: list[EventTuple] = []
@@ -64,7 +70,12 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
         pt, fi = tree.query(shapely.points(x, y))
         zone = shapely.contains_xy(outer[fi], x[pt], y[pt]).astype(np.int8) + \
             shapely.contains_xy(inner[fi], x[pt], y[pt])  # without a band: 0 or 2
-        if where is not None:  # a fence's filter failed: outside
+        if fences is not None:  # an option of the fence refuses the position: outside
+            for j in np.flatnonzero((zone > 0) & refuses[fi]).tolist():
+                i = lo + int(pt[j])
+                if refused_one(fences[int(fi[j])], float(ts[i]), extras[i] if extras else None):
+                    zone[j] = 0
+        elif where is not None:  # a fence's filter failed: outside
             for j in np.flatnonzero(zone > 0).tolist():
                 clauses = where[int(fi[j])]
                 if clauses and not filters.matches(clauses, [extras[lo + int(pt[j])] if extras else None])[0]:
@@ -105,13 +116,14 @@ def cross_events(names: Sequence[str], geometries: Sequence[BaseGeometry], objec
                  lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
                  region: npt.NDArray[np.integer[Any]] | None = None,
                  where: Sequence[Sequence[filters.Clause]] | None = None,
-                 extras: Sequence[Any] | None = None) -> list[EventTuple]:
+                 extras: Sequence[Any] | None = None, fences: Sequence[FenceDef] | None = None
+                 ) -> list[EventTuple]:
     """CROSS events of positions (each object's in time order) for the fences given (those
     that detect it): an object's consecutive positions, in one region (`region`, per
     position; None: one region) and at most CROSS_MAX_SEGMENT_DEG apart on each axis, both
-    outside the fence with the segment between them through it (exchanges/fence_def.py
-    `crosses`); the second position passes the fence's filter. Every pair of positions and
-    fence is tested (no bounding-box step)."""
+    outside the fence with the segment between them through it (exchanges/fence_options/cross.py
+    `crosses`); the second position passes the fence's filter (with `fences`: no option of
+    the fence refuses it). Every pair of positions and fence is tested (no bounding-box step)."""
     order = np.lexsort((np.arange(len(obj)), obj))  # each object's positions, in the order given
     o = np.asarray(obj)[order]
     cur = order[1:][o[1:] == o[:-1]]
@@ -126,8 +138,11 @@ def cross_events(names: Sequence[str], geometries: Sequence[BaseGeometry], objec
         hit = np.flatnonzero(crosses(np.full(cur.size, g, dtype=object), lon[before], lat[before], lon[cur],
                                      lat[cur]))
         for i in cur[hit].tolist():
-            clauses = where[f] if where is not None else ()
-            if clauses and not filters.matches(clauses, [extras[i] if extras else None])[0]:
+            fields = extras[i] if extras else None
+            if fences is not None and refused_one(fences[f], float(ts[i]), fields):
+                continue
+            clauses = where[f] if where is not None and fences is None else ()
+            if clauses and not filters.matches(clauses, [fields])[0]:
                 continue
             events.append((CROSS, name, object_ids[int(obj[i])], float(ts[i]), CROSSED))
     return events

@@ -24,16 +24,8 @@ import asyncpg
 import shapely.geometry
 
 from exchanges import control
-from exchanges.fence_def import (
-    DEFAULT_TIMEOUT_S,
-    InvalidFence,
-    check_dwell,
-    check_fence_id,
-    check_hysteresis,
-    check_name,
-    check_timeout,
-    shown,
-)
+from exchanges.fence_def import InvalidFence, check_fence_id, check_name, shown
+from exchanges.fence_options import check_options, encode_options
 from exchanges.ids import OBJECT_ID_RULE, is_object_id
 from exchanges.subscriptions import InvalidSubscription, Subscription
 from exchanges.x_geo import queries
@@ -396,20 +388,20 @@ class FenceService:
             current = await self._owned(conn, caller, fence_id)
         f = current.fence
         try:
-            timeout = check_timeout(body.get("timeout_s", f.timeout_s or DEFAULT_TIMEOUT_S))
             geometry = f.geometry
             if "lon" in body or "lat" in body:
                 geometry = circle(_degrees(body, "lon", 180), _degrees(body, "lat", 90), float(radius))
-            band = check_hysteresis(body.get("hysteresis_m", f.hysteresis_m), geometry)
-            dwell = check_dwell(body.get("dwell_s", f.dwell_s))
+            # the options the body gives, the fence's own for the others: all checked (a band
+            # must fit the new circle)
+            options = check_options(encode_options(f) | dict(body), geometry)
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
         try:
             name = check_name(body.get("name", f.name))
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
-        return FenceSpec(fence_id, geometry, name, timeout, caller.uid, Follow(object_id, float(radius)),
-                         band, f.where, dwell, f.cross)
+        return FenceSpec(fence_id=fence_id, geometry=geometry, name=name, owner=caller.uid,
+                         follow=Follow(object_id, float(radius)), **options)
 
     async def _put(self, spec: FenceSpec, caller: Caller, create: bool, expected: int | None = None
                    ) -> dict[str, Any]:

@@ -11,28 +11,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from shapely.geometry import MultiPolygon, Polygon, mapping
+from shapely.geometry import mapping
+from shapely.geometry.base import BaseGeometry
 
-from exchanges import filters
 from exchanges.fence_binding import INDEX_BITS
-from exchanges.fence_def import (
-    DEFAULT_TIMEOUT_S,
-    FenceDef,
-    InvalidFence,
-    check_cross,
-    check_dwell,
-    check_fence_id,
-    check_geometry,
-    check_hysteresis,
-    check_name,
-    check_timeout,
-    check_where,
-)
+from exchanges.fence_def import FenceDef, InvalidFence, check_fence_id, check_geometry, check_name
+from exchanges.fence_options import check_options
 from exchanges.worldmap import Worldmap
 from hilbert_c.covering import Covering, _flatten, coarsen, cover_flat
 
@@ -52,30 +41,32 @@ class Follow:
         return {"object_id": self.object_id, "radius_m": self.radius_m}
 
 
-@dataclass(frozen=True, eq=False)
-class FenceSpec:
-    fence_id: str
-    geometry: Polygon | MultiPolygon
-    name: str = ""
-    timeout_s: float = DEFAULT_TIMEOUT_S
+@dataclass(frozen=True, eq=False, kw_only=True)
+class FenceSpec(FenceDef):
+    """A fence as a user gives it, before the store numbers it: FenceDef's fields (the
+    vocabulary: exchanges/fence_def.py, the options in exchanges/fence_options/) at version 0,
+    with its owner and the object it follows, if any."""
+
+    version: int = 0
     owner: str = ""
     follow: Follow | None = None
-    hysteresis_m: float = 0.0  # exchanges/fence_def.py `hysteresis_zones`
-    where: tuple[filters.Clause, ...] = ()  # exchanges/fence_def.py FenceDef.where
-    dwell_s: float = 0.0  # exchanges/fence_def.py FenceDef.dwell_s
-    cross: bool = False  # exchanges/fence_def.py FenceDef.cross
 
-    def cover_geometry(self) -> Polygon | MultiPolygon:
+    def cover_geometry(self) -> BaseGeometry:
         """What the bindings cover: the fence grown by its hysteresis band (or itself)."""
-        return self.definition(0).routed_geometry()
+        return self.routed_geometry()
 
     def geojson(self) -> dict[str, Any]:
         return dict(mapping(self.geometry))
 
+    @classmethod
+    def of(cls, fence: FenceDef, owner: str = "", follow: Follow | None = None, **changes: Any) -> FenceSpec:
+        """A stored fence as a spec again (its fields, with `changes`), to put a new version."""
+        given = {f.name: getattr(fence, f.name) for f in fields(FenceDef)} | {"version": 0}
+        return cls(**(given | changes), owner=owner, follow=follow)
+
     def definition(self, version: int) -> FenceDef:
         """The fence as the roles carry it, at `version`."""
-        return FenceDef(self.fence_id, version, self.geometry, self.timeout_s, self.name, self.hysteresis_m,
-                        self.where, self.dwell_s, self.cross)
+        return FenceDef(**{f.name: getattr(self, f.name) for f in fields(FenceDef)} | {"version": version})
 
     def bbox(self) -> tuple[float, float, float, float]:
         x0, y0, x1, y1 = self.geometry.bounds
@@ -111,11 +102,8 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
     if not isinstance(geometry, Mapping):
         raise InvalidFence("the Feature has no geometry object")
     geom = check_geometry(geometry)
-    timeout = check_timeout(props.get("timeout_s", DEFAULT_TIMEOUT_S))
-    return FenceSpec(check_fence_id(fid), geom, name, timeout, owner,
-                     hysteresis_m=check_hysteresis(props.get("hysteresis_m", 0), geom),
-                     where=check_where(props.get("where")), dwell_s=check_dwell(props.get("dwell_s", 0)),
-                     cross=check_cross(props.get("cross", False)))
+    return FenceSpec(fence_id=check_fence_id(fid), geometry=geom, name=name, owner=owner,
+                     **check_options(props, geom))
 
 
 # --------------------------------------------------------------------------- bindings
@@ -133,7 +121,7 @@ class Bindings:
         return sum(len(r) for r, _ in self.per_region.values())
 
 
-def choose_bits(geometry: Polygon | MultiPolygon) -> int:
+def choose_bits(geometry: BaseGeometry) -> int:
     """The level whose cells are about 1/CELLS_ACROSS of the fence's larger extent."""
     return choose_bits_bounds(*geometry.bounds)
 
@@ -154,7 +142,7 @@ def covering(flat: Flat, budget: int = MAX_RANGES) -> tuple[int, Covering]:
     return bits, cover_flat(lon, lat, ends, bits, max_ranges=budget).to_bits(INDEX_BITS)
 
 
-def bindings(geometry: Polygon | MultiPolygon, worldmap: Worldmap) -> Bindings:
+def bindings(geometry: BaseGeometry, worldmap: Worldmap) -> Bindings:
     return bindings_flat(_flatten(geometry), worldmap)
 
 

@@ -24,10 +24,10 @@ import numpy as np
 import orjson
 from shapely.geometry import mapping
 
-from exchanges import filters
 from exchanges.control import fence_json
 from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import FenceDef, check_geometry, shown
+from exchanges.fence_options import decode_options, encode_options
 from exchanges.routing_store import ROAM_CHANGE_LOCK, binding_of, latest_worldmap_version
 from exchanges.subscriptions import point_object
 from exchanges.worldmap import Worldmap
@@ -125,28 +125,24 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
             raise VersionConflict(f"fence {spec.fence_id!r} is at version {have}, "
                                   f"not {expected_version}")
         stored = await conn.fetchrow(
-            """INSERT INTO fence (id, name, owner, geometry, timeout_s, version,
+            """INSERT INTO fence (id, name, owner, geometry, options, version,
                                   min_lon, min_lat, max_lon, max_lat, follow_object, follow_radius_m,
-                                  follow_ts, hysteresis_m, cover_geometry, where_clauses, dwell_s,
-                                  detect_cross)
-               VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                                  follow_ts, cover_geometry)
+               VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11, $12, $13)
                ON CONFLICT (id) DO UPDATE SET
                    name = EXCLUDED.name, owner = EXCLUDED.owner, geometry = EXCLUDED.geometry,
-                   timeout_s = EXCLUDED.timeout_s, version = fence.version + 1,
+                   options = EXCLUDED.options, version = fence.version + 1,
                    min_lon = EXCLUDED.min_lon, min_lat = EXCLUDED.min_lat,
                    max_lon = EXCLUDED.max_lon, max_lat = EXCLUDED.max_lat,
                    follow_object = EXCLUDED.follow_object, follow_radius_m = EXCLUDED.follow_radius_m,
-                   follow_ts = EXCLUDED.follow_ts, hysteresis_m = EXCLUDED.hysteresis_m,
-                   cover_geometry = EXCLUDED.cover_geometry, where_clauses = EXCLUDED.where_clauses,
-                   dwell_s = EXCLUDED.dwell_s, detect_cross = EXCLUDED.detect_cross,
+                   follow_ts = EXCLUDED.follow_ts, cover_geometry = EXCLUDED.cover_geometry,
                    created_at = CASE WHEN fence.deleted_at IS NULL THEN fence.created_at ELSE now() END,
                    updated_at = now(), deleted_at = NULL
                RETURNING version, created_at, updated_at""",
-            spec.fence_id, spec.name, spec.owner, spec.geojson(), spec.timeout_s, x0, y0, x1, y1,
+            spec.fence_id, spec.name, spec.owner, spec.geojson(), encode_options(spec), x0, y0, x1, y1,
             spec.follow.object_id if spec.follow else None, spec.follow.radius_m if spec.follow else None,
-            follow_ts if spec.follow else None, spec.hysteresis_m,
-            dict(mapping(spec.cover_geometry())) if spec.hysteresis_m else None,
-            filters.to_wire(spec.where) if spec.where else None, spec.dwell_s, spec.cross)
+            follow_ts if spec.follow else None,
+            dict(mapping(spec.cover_geometry())) if spec.hysteresis_m else None)
         version = stored["version"]
         previous = {r["region"]: binding_of(r) for r in await conn.fetch(
             "DELETE FROM fence_range WHERE fence_id = $1 "
@@ -186,18 +182,17 @@ async def delete_fence(conn: asyncpg.Connection, fence_id: str, expected_version
 
 
 def _record(row: asyncpg.Record) -> FenceRecord:
-    fence = FenceDef(row["id"], int(row["version"]), check_geometry(row["geometry"]),
-                     float(row["timeout_s"]), row["name"], float(row["hysteresis_m"]),
-                     filters.parse(row["where_clauses"]), float(row["dwell_s"]), bool(row["detect_cross"]))
+    fence = FenceDef(fence_id=row["id"], version=int(row["version"]),
+                     geometry=check_geometry(row["geometry"]), name=row["name"],
+                     **decode_options(row["options"]))
     follow = (None if row["follow_object"] is None
               else Follow(row["follow_object"], float(row["follow_radius_m"])))
     return FenceRecord(fence, row["owner"], row["created_at"], row["updated_at"],
                        tuple(row["regions"] or ()), follow, row["follow_ts"])
 
 
-_SELECT = """SELECT f.id, f.name, f.owner, f.geometry, f.timeout_s, f.hysteresis_m, f.where_clauses,
-                    f.dwell_s, f.detect_cross, f.version, f.created_at, f.updated_at, f.follow_object,
-                    f.follow_radius_m, f.follow_ts,
+_SELECT = """SELECT f.id, f.name, f.owner, f.geometry, f.options, f.version, f.created_at, f.updated_at,
+                    f.follow_object, f.follow_radius_m, f.follow_ts,
                     ARRAY(SELECT region FROM fence_range r WHERE r.fence_id = f.id
                           ORDER BY region) AS regions
              FROM fence f WHERE f.deleted_at IS NULL"""

@@ -70,6 +70,8 @@ def _options() -> dict[str, object]:
         "include_dirs": ["hilbert_c"],
         "extra_compile_args": ["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-math-errno",
                                "-ffp-contract=off",
+                               # declared in exchanges/settings_registry.py; read here, the one
+                               # read outside it, as setup.py builds this before the package exists
                                *os.environ.get("GEOFENCE_KERNEL_CFLAGS", "").split()],
         "libraries": ["m"],
     }

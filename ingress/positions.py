@@ -1,6 +1,6 @@
 """Decoding and validating what devices and gateways send (the x-ingress core's input side).
 
-Wire contracts (README, "Wire contracts"):
+Wire contracts (docs/reference.md, "Wire contracts"):
 - MQTT: topic `positions/<object_id>` (AMQP routing key `positions.<object_id>`), body JSON
   `{"lon": float, "lat": float, "ts": epoch_seconds, ...}`; other fields pass through.
 - AMQP gateways: `{"positions": [{"id", "lon", "lat", "ts", ...}, ...]}` as JSON, or msgpack
@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from exchanges.batch import PositionBatch, extra_problem
+from exchanges.fence_options.ttl import ttl_problem
 from exchanges.ids import is_object_id
 from hilbert_c import clamp_lonlat
 
@@ -126,17 +127,6 @@ def _number(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return math.nan
     return float(v)
-
-
-MAX_TTL_S = 7 * 86400.0
-
-
-def ttl_problem(v: Any) -> str | None:
-    """Why a position's `ttl` (seconds the object lives without a new position: past it, it
-    LEAVEs every fence, reason `expired`) is refused, or None."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= MAX_TTL_S:
-        return f"ttl {str(v)[:40]!r}: seconds in (0, {MAX_TTL_S:g}]"
-    return None
 
 
 def _columns(items: list[Any], latest: Latest = None) -> Decoded:

@@ -10,7 +10,8 @@ passed as spark.jars), so the executors do the I/O in parallel and nothing but s
 goes through the driver; the driver uses asyncpg only for the few statements JDBC cannot do
 (DELETE of a day, transactions around a swap). The Python the executors run is the driver's
 own interpreter (spark.pyspark.python), so they import the same compiled kernel; on a cluster
-the project's venv must exist at that path on every node, or be shipped (see the README).
+the project's venv must exist at that path on every node, or be shipped (see docs/reference.md,
+"On a real cluster").
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from exchanges import settings_registry
 from exchanges import topology as t
 from exchanges.settings import ConfigError, given, mask
 
@@ -29,8 +31,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"  # Debian's libpostgresql-jdbc-java
-ENV_KEYS = ("GEOFENCE_POSTGRES_URL", "GEOFENCE_AMQP_URL", "GEOFENCE_REGIONS", "GEOFENCE_WORKERS",
-            "GEOFENCE_SPARK_MASTER", "GEOFENCE_JDBC_JAR", "GEOFENCE_SPARK_PARTITIONS")
+ENV_KEYS = settings_registry.keys_for("spark")  # declared in exchanges/settings_registry.py
 SPARK_PREFIX = "GEOFENCE_SPARK_"  # the jobs' own namespace: only ENV_KEYS' keys start with it
 
 
@@ -140,7 +141,7 @@ def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings_registry.setdefault("PYSPARK_PYTHON", sys.executable)
     master = cfg.master or SparkConf().get("spark.master", None) or "local[*]"
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.jars", cfg.jdbc_jar)

@@ -9,6 +9,9 @@
   `geofence up` use it. Idempotent: a second run finds nothing to do.
 - `devices`: per-device MQTT users (`geofence device add|remove|list`).
 - `management`: a small client of the management HTTP API.
-- `commands` (`geofence topology`, `geofence device`) and `inspect_cmd`
-  (`geofence inspect topology`): the command-line side.
+- `nodes`: what this package needs of the local stack (its settings and secrets, as
+  protocols; the second node's name): it sits below the rest of deploy/ and imports nothing
+  from there but `deploy.processes`. The command-line side is above it:
+  deploy/topology_cmd.py (`geofence topology`, `geofence device`) and
+  deploy/inspect_topology_cmd.py (`geofence inspect topology`).
 """

@@ -15,6 +15,7 @@ from pathlib import Path
 from deploy.processes import POLL_INTERVAL, Say, StackError, run
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.management import Management, ManagementError
+from deploy.rabbitmq.nodes import StackSecrets, StackSettings, broker2_node
 from deploy.rabbitmq.plan import (
     FEDERATION_COMPONENTS,
     Ctl,
@@ -27,8 +28,6 @@ from deploy.rabbitmq.plan import (
     set_topic_permissions,
     wrapper_safe,
 )
-from deploy.services import broker2_node
-from deploy.settings import Secrets, Settings, management_url
 from exchanges import topology as t
 from exchanges.settings import mask
 
@@ -39,14 +38,13 @@ class TopologyError(StackError):
     """The topology could not be read or applied."""
 
 
-def management(settings: Settings, pw: Secrets, broker: int = 1) -> Management:
+def management(settings: StackSettings, pw: StackSecrets, broker: int = 1) -> Management:
     """The management API of the first node, or of the second (`broker` 2)."""
-    url = management_url(settings) if broker == 1 else \
-        f"http://{settings.host}:{settings.broker_management_port(broker)}/"
+    url = f"http://{settings.host}:{settings.broker_management_port(broker)}/"
     return Management(url, t.ADMIN_USER, pw.rabbitmq_password)
 
 
-def broker_of_vhost(settings: Settings, vhost: str) -> int:
+def broker_of_vhost(settings: StackSettings, vhost: str) -> int:
     return settings.broker_of(vhost.removeprefix(t.REGION_VHOST_PREFIX)) \
         if vhost.startswith(t.REGION_VHOST_PREFIX) else 1
 
@@ -58,7 +56,7 @@ def on_node(step: Step, broker: int) -> Step:
     return Ctl((step.argv[0], "-n", broker2_node(), *step.argv[1:]), step.stdin)
 
 
-def passwords(pw: Secrets) -> dict[str, str]:
+def passwords(pw: StackSecrets) -> dict[str, str]:
     found = {t.ADMIN_USER: pw.rabbitmq_password, **pw.users}
     missing = [u for u in d.SIDECAR_USERS if u not in found]
     if missing:
@@ -67,7 +65,7 @@ def passwords(pw: Secrets) -> dict[str, str]:
     return found
 
 
-def definitions_for(settings: Settings, pw: Secrets) -> d.Definitions:
+def definitions_for(settings: StackSettings, pw: StackSecrets) -> d.Definitions:
     """The whole topology (the federation upstream of a region placed on the second node
     connects there)."""
     elsewhere = {t.region_vhost(r): d.Endpoint(settings.host, settings.broker_amqp_port(b))
@@ -76,7 +74,7 @@ def definitions_for(settings: Settings, pw: Secrets) -> d.Definitions:
                    passwords(pw)[t.FEDERATION_USER], elsewhere)
 
 
-def per_broker(settings: Settings, pw: Secrets) -> list[tuple[int, d.Definitions]]:
+def per_broker(settings: StackSettings, pw: StackSecrets) -> list[tuple[int, d.Definitions]]:
     """What each node holds: the second its placed regions' vhosts (and every user), the
     first everything else, with the federation upstreams."""
     defs = definitions_for(settings, pw)
@@ -166,11 +164,11 @@ def run_steps(steps: list[Step], mgmt: Management, hidden: tuple[str, ...], say:
             raise TopologyError(mask(str(exc), hidden)) from None
 
 
-def _stamp_path(settings: Settings) -> Path:
+def _stamp_path(settings: StackSettings) -> Path:
     return settings.state_dir / STAMP_NAME
 
 
-def apply(settings: Settings, pw: Secrets, say: Say, dry_run: bool = False) -> list[Step]:
+def apply(settings: StackSettings, pw: StackSecrets, say: Say, dry_run: bool = False) -> list[Step]:
     """Compare everything and run what differs, on each node; returns the steps (run, or
     not if dry_run)."""
     pws = passwords(pw)
@@ -196,12 +194,12 @@ def apply(settings: Settings, pw: Secrets, say: Say, dry_run: bool = False) -> l
     return done
 
 
-def digest(settings: Settings, pw: Secrets) -> str:
+def digest(settings: StackSettings, pw: StackSecrets) -> str:
     pws = passwords(pw)
     return "-".join(f"{b}:{defs.digest(pws)}" for b, defs in per_broker(settings, pw))
 
 
-def write_stamp(settings: Settings, digest: str) -> None:
+def write_stamp(settings: StackSettings, digest: str) -> None:
     path = _stamp_path(settings)
     tmp = path.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
@@ -211,14 +209,14 @@ def write_stamp(settings: Settings, digest: str) -> None:
     os.replace(tmp, path)
 
 
-def read_stamp(settings: Settings) -> str | None:
+def read_stamp(settings: StackSettings) -> str | None:
     try:
         return str(_stamp_path(settings).read_text().strip())
     except FileNotFoundError:
         return None
 
 
-def ensure(settings: Settings, pw: Secrets, say: Say) -> None:
+def ensure(settings: StackSettings, pw: StackSecrets, say: Say) -> None:
     """`geofence up`: apply the topology unless nothing changed since the last apply."""
     if read_stamp(settings) == digest(settings, pw) and all(
             quick_check(management(settings, pw, b), defs) for b, defs in per_broker(settings, pw)):

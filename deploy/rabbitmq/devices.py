@@ -17,8 +17,8 @@ from deploy.processes import Say, StackError
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.apply import management, run_steps, tags_of
 from deploy.rabbitmq.management import Management, ManagementError
+from deploy.rabbitmq.nodes import StackSecrets, StackSettings
 from deploy.rabbitmq.plan import api_path, ctl, device_steps
-from deploy.settings import Secrets, Settings
 from exchanges import topology as t
 from exchanges.ids import check_object_id
 
@@ -49,21 +49,22 @@ def _checked(object_id: str) -> str:
     return object_id
 
 
-def add(settings: Settings, pw: Secrets, object_id: str, password: str | None,
+def add(settings: StackSettings, pw: StackSecrets, object_id: str, password: str | None,
         say: Say) -> str:
     """Create the device user; returns its password (generated unless given)."""
     return _add_user(settings, pw, object_id, password, say, t.DEVICE_TAG,
                      "`geofence device remove` it first")
 
 
-def add_sensor(settings: Settings, pw: Secrets, sensor_id: str, password: str | None, say: Say) -> str:
+def add_sensor(settings: StackSettings, pw: StackSecrets, sensor_id: str, password: str | None,
+               say: Say) -> str:
     """A presence sensor's user (tag gf-sensor): it publishes sensors/<sensor_id>/<kind> and
     subscribes to commands/sensor/<sensor_id>; returns its password (generated unless given)."""
     return _add_user(settings, pw, sensor_id, password, say, t.SENSOR_TAG,
                      "`geofence sensor remove` it first")
 
 
-def _add_user(settings: Settings, pw: Secrets, name: str, password: str | None, say: Say, tag: str,
+def _add_user(settings: StackSettings, pw: StackSecrets, name: str, password: str | None, say: Say, tag: str,
               hint: str) -> str:
     """A device's or a sensor's user, with the rights of its kind (tag)."""
     _checked(name)
@@ -81,12 +82,13 @@ def _add_user(settings: Settings, pw: Secrets, name: str, password: str | None, 
     return password
 
 
-def remove_sensor(settings: Settings, pw: Secrets, sensor_id: str, say: Say) -> None:
+def remove_sensor(settings: StackSettings, pw: StackSecrets, sensor_id: str, say: Say) -> None:
     """Delete a presence sensor's user (tag gf-sensor), as `remove` does a device's."""
     remove(settings, pw, sensor_id, say, tag=t.SENSOR_TAG)
 
 
-def remove(settings: Settings, pw: Secrets, object_id: str, say: Say, tag: str = t.DEVICE_TAG) -> None:
+def remove(settings: StackSettings, pw: StackSecrets, object_id: str, say: Say,
+           tag: str = t.DEVICE_TAG) -> None:
     """Delete the device user, close its connections, delete its MQTT subscription queues."""
     _checked(object_id)
     mgmt = management(settings, pw)
@@ -106,7 +108,7 @@ def remove(settings: Settings, pw: Secrets, object_id: str, say: Say, tag: str =
             say(f"  deleted queue {queue} in {t.INGRESS_VHOST}")
 
 
-def list_devices(settings: Settings, pw: Secrets) -> list[str]:
+def list_devices(settings: StackSettings, pw: StackSecrets) -> list[str]:
     users = management(settings, pw).get("api/users")
     return sorted(str(u["name"]) for u in users if t.DEVICE_TAG in tags_of(u.get("tags")))
 

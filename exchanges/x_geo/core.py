@@ -51,6 +51,9 @@ the segment meets becomes a candidate of the new position (not interior), which 
 the previous position to the worker (WorkerBatch.prev) for the exact test. Trade-off: only
 segments within one region are tested (a segment whose ends are in two regions has its first
 end in the other region's memory), and none longer than `CROSS_MAX_SEGMENT_DEG`.
+
+Beside this module: the objects' latest positions (latest.py), the CROSS segment test
+(crossings.py) and the Hilbert range index (range_index.py).
 """
 
 from __future__ import annotations
@@ -66,10 +69,11 @@ import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.contract import InvalidMessage
 from exchanges.fence_binding import INDEX_BITS, FenceBinding
-from exchanges.fence_def import CROSS_MAX_SEGMENT_DEG
 from exchanges.object_codes import ObjectCodes, carry, distinct, grow
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo import queries
+from exchanges.x_geo.crossings import with_crossings
+from exchanges.x_geo.latest import LatestPositions
 from exchanges.x_geo.range_index import Matches, RangeIndex
 
 MAX_WORKERS = 63  # worker sets are bitmasks in an int64
@@ -150,15 +154,8 @@ class XGeo:
         be trusted."""
         self._objects = ObjectCodes()
         self._last_mask = np.zeros(0, dtype=np.int64)  # object code -> workers routed to last
-        # object code -> its latest position here (ts, lon, lat, h, gate) and whether it is
-        # still here (False once a notice said it left, or never seen)
-        self._lts = np.zeros(0, np.float64)
-        self._llon = np.zeros(0, np.float64)
-        self._llat = np.zeros(0, np.float64)
-        self._lh = np.zeros(0, np.uint64)
-        self._lgate = np.zeros(0, np.float64)
-        self._present = np.zeros(0, bool)
-        self._lextra = np.empty(0, dtype=object)  # the extra fields of that position (None: none)
+        # object code -> its latest position here and whether it is still here (latest.py)
+        self._latest = LatestPositions()
         self.forget_walks()
 
     def forget_walks(self) -> None:
@@ -264,8 +261,8 @@ class XGeo:
         if old is None and binding is None:
             return none
         n = len(self._objects)
-        here = np.flatnonzero(self._present[:n])
-        h = self._lh[here]
+        here = np.flatnonzero(self._latest.present[:n])
+        h = self._latest.h[here]
         pick = hk.ranges_contain(old.ranges, h) if old is not None else np.zeros(here.size, bool)
         row = hk.ranges_lookup(binding.ranges, h) if binding is not None else np.full(here.size, -1)
         pick |= row >= 0
@@ -354,27 +351,24 @@ class XGeo:
         has = row >= 0
         ptr = np.zeros(objs.size + 1, np.int64)
         np.cumsum(has, out=ptr[1:])
-        ids = self._objects.ids
-        pos = PositionBatch([ids[c] for c in objs.tolist()], self._llon[objs], self._llat[objs],
-                            self._lts[objs], self._lh[objs])
+        ids, latest = self._objects.ids, self._latest
+        pos = PositionBatch([ids[c] for c in objs.tolist()], latest.lon[objs], latest.lat[objs],
+                            latest.ts[objs], latest.h[objs])
         return WorkerBatch(worker, pos, ptr, [fence_id], np.zeros(int(ptr[-1]), np.int32), interior,
-                           None, self._lgate[objs], None, np.full(objs.size, self._origin, np.int64),
+                           None, latest.gate[objs], None, np.full(objs.size, self._origin, np.int64),
                            np.array([version], np.int64), np.zeros(objs.size, np.int32))
 
     def latest(self, object_id: str) -> dict[str, float] | None:
         """The object's latest position in this region, or None (never seen, or it left)."""
-        c = self._objects.get(object_id)
-        if c is None or c >= self._present.size or not self._present[c]:
-            return None
-        return {"ts": float(self._lts[c]), "lon": float(self._llon[c]), "lat": float(self._llat[c])}
+        return self._latest.of(self._objects.get(object_id))
 
     def query(self, q: queries.Query) -> list[dict[str, Any]]:
         """A spatial query over the latest positions of the objects in this region
         (exchanges/x_geo/queries.py; the caller merges the regions' answers)."""
-        n = len(self._objects)
-        here = self._present[:n]
-        return queries.answer(q, self._objects.ids, np.where(here, self._llon[:n], np.nan),
-                              np.where(here, self._llat[:n], np.nan), self._lts[:n], self._lextra[:n])
+        n, latest = len(self._objects), self._latest
+        here = latest.present[:n]
+        return queries.answer(q, self._objects.ids, np.where(here, latest.lon[:n], np.nan),
+                              np.where(here, latest.lat[:n], np.nan), latest.ts[:n], latest.extra[:n])
 
     def binding(self, fence_id: str) -> FenceBinding | None:
         """What is bound for `fence_id` (at the version last applied), or None."""
@@ -483,7 +477,7 @@ class XGeo:
             barrier = announced & notice if notice is not None else None
             if barrier is not None and not barrier.any():
                 barrier = None
-        self._remember(batch, codes, notice, gate)
+        self._latest.remember(batch, codes, len(self._objects), notice, gate)
         out = {}
         local = np.empty(n, np.int64)
         for wi, worker in enumerate(self.workers):
@@ -506,98 +500,14 @@ class XGeo:
     def _with_crossings(self, batch: PositionBatch, codes: npt.NDArray[np.int64],
                         notice: npt.NDArray[np.bool_] | None, m: Matches
                         ) -> tuple[Matches, npt.NDArray[np.float64] | None]:
-        """CROSS tests: each position whose object's position before it in this region is
-        known (its row before in the batch, else the latest remembered) gets as candidates
-        the fences that detect CROSS whose bounding box the segment between the two meets
-        (not already candidates; never a block's interior). Returns the matches and, when
-        any segment met a box, each position's previous one (lon, lat, ts; NaN: none)."""
+        """CROSS tests against the fences that detect CROSS (crossings.py): the matches, and
+        each position's previous one when any segment met a box."""
         if self._cross_table is None:
             ids = [f for f in self._cross if f in self._index]
             slots = np.array([self._index.slot_of(f) for f in ids], np.int32)
             self._cross_table = slots, np.array([self._cross[f] for f in ids], np.float64).reshape(-1, 4)
         slots, box = self._cross_table
-        n = len(batch)
-        if not slots.size:
-            return m, None
-        order = np.argsort(codes, kind="stable")  # an object's rows are in time order
-        c = codes[order]
-        after = np.flatnonzero(np.r_[False, c[1:] == c[:-1]])
-        before = np.full(n, -1, np.int64)
-        before[order[after]] = order[after - 1]
-        prev = np.full((n, 3), np.nan)
-        inner = np.flatnonzero(before >= 0)
-        if notice is not None:  # a notice's position is in another region: not a segment here
-            inner = inner[~notice[before[inner]]]
-        b = before[inner]
-        prev[inner] = np.column_stack([batch.lon[b], batch.lat[b], batch.ts[b]])
-        first = np.flatnonzero(before < 0)
-        first = first[codes[first] < self._present.size]
-        first = first[self._present[codes[first]]]
-        o = codes[first]
-        prev[first] = np.column_stack([self._llon[o], self._llat[o], self._lts[o]])
-        ok = np.isfinite(prev[:, 0]) & (prev[:, 2] < batch.ts)
-        if notice is not None:
-            ok &= ~notice
-        rows = np.flatnonzero(ok)
-        x0, x1 = np.minimum(prev[rows, 0], batch.lon[rows]), np.maximum(prev[rows, 0], batch.lon[rows])
-        y0, y1 = np.minimum(prev[rows, 1], batch.lat[rows]), np.maximum(prev[rows, 1], batch.lat[rows])
-        short = (x1 - x0 <= CROSS_MAX_SEGMENT_DEG) & (y1 - y0 <= CROSS_MAX_SEGMENT_DEG)
-        rows, x0, x1, y0, y1 = rows[short], x0[short], x1[short], y0[short], y1[short]
-        points, hit_slots = [np.empty(0, np.int64)], [np.empty(0, np.int32)]
-        step = max(1, 4_000_000 // slots.size)  # rows x fences booleans per step
-        for lo in range(0, rows.size, step):
-            s = slice(lo, lo + step)
-            i, j = np.nonzero((x0[s, None] <= box[:, 2]) & (x1[s, None] >= box[:, 0])
-                              & (y0[s, None] <= box[:, 3]) & (y1[s, None] >= box[:, 1]))
-            points.append(rows[lo + i])
-            hit_slots.append(slots[j])
-        p, sl = np.concatenate(points), np.concatenate(hit_slots)
-        if not p.size:
-            return m, None
-        # a position already a candidate (in the fence's ranges) keeps its match; the worker
-        # needs the position before all the same
-        width = np.int64(self._index.slot_count())
-        new = ~np.isin(p * width + sl, m.point.astype(np.int64) * width + m.slot)
-        p, sl = p[new], sl[new]
-        if not p.size:
-            return m, prev
-        point = np.r_[m.point, p]
-        at = np.argsort(point, kind="stable")
-        merged = Matches(point[at], np.r_[m.slot, sl].astype(m.slot.dtype)[at],
-                         np.r_[m.interior, np.zeros(p.size, bool)][at])
-        return merged, prev
-
-    def _remember(self, batch: PositionBatch, codes: npt.NDArray[np.int64],
-                  notice: npt.NDArray[np.bool_] | None, gate: npt.NDArray[np.float64] | None) -> None:
-        """Each object's latest position here (its last row in the batch, if not older than
-        the one known); a notice says it is no longer here."""
-        m = len(self._objects)
-        self._lts = grow(self._lts, m, -np.inf)
-        self._llon, self._llat = grow(self._llon, m, np.nan), grow(self._llat, m, np.nan)
-        self._lh, self._lgate = grow(self._lh, m, 0), grow(self._lgate, m, 0.0)
-        self._present = grow(self._present, m, False)
-        if self._lextra.size < m:
-            more = np.empty(m - self._lextra.size, dtype=object)
-            self._lextra = np.concatenate([self._lextra, more])
-        if distinct(codes, m):
-            last = np.arange(codes.size)
-        else:
-            order = np.argsort(codes, kind="stable")
-            c = codes[order]
-            last = order[np.r_[c[1:] != c[:-1], True]]
-        obj = codes[last]
-        newer = batch.ts[last] >= self._lts[obj]
-        last, obj = last[newer], obj[newer]
-        self._lts[obj] = batch.ts[last]
-        self._llon[obj], self._llat[obj], self._lh[obj] = batch.lon[last], batch.lat[last], batch.h[last]
-        self._lgate[obj] = 0.0 if gate is None else gate[last]
-        if batch.extra:
-            fields = np.empty(last.size, dtype=object)
-            fields[:] = [batch.extra[i] for i in last.tolist()]
-            self._lextra[obj] = fields
-        else:
-            self._lextra[obj] = None
-        self._present[obj] = True if notice is None else ~notice[last]
+        return with_crossings(batch, codes, notice, m, slots, box, self._latest, self._index.slot_count())
 
     # -- state for `geofence inspect geo` ---------------------------------------------------
 

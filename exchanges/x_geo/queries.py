@@ -13,7 +13,7 @@ Kinds, all with the distance on the sphere (haversine, metres) where one is invo
   judged), by id, paged;
 - `nearby`: objects within `radius_m` of a point, nearest first, at most `k`.
 
-Each may carry `where` (exchanges/filters.py): conditions on the extra fields of the objects'
+Each may carry `where` (exchanges/fence_options/filters.py): conditions on the extra fields of the objects'
 latest positions (which the rows return as `fields`), applied before the page or the k.
 
 Trade-off: the regions answer from memory, so a query costs a scan of the region's present
@@ -32,7 +32,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from exchanges import filters
+from exchanges.fence_options import filters
 
 EARTH_RADIUS_M = 6_371_008.8
 MAX_LIMIT = 10_000

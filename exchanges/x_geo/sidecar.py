@@ -36,7 +36,6 @@ from exchanges.batch import CONTENT_TYPE, PositionBatch, RegionBatch, pack, unpa
 from exchanges.binding_diff import DiffMismatch
 from exchanges.contract import BAD_INPUT, InvalidMessage
 from exchanges.fence_binding import FenceBinding
-from exchanges.fence_def import cross_box
 from exchanges.hash_ring import HashRing
 from exchanges.x_geo import queries
 from exchanges.x_geo.core import XGeo
@@ -224,7 +223,7 @@ class GeoSidecar:
                                    f"is against {change.base_version}")
             ranges, interior = binding_diff.apply(have.ranges, have.interior, change.diff)
             self.counters.bump("rebinds")
-            return FenceBinding(fid, version, ranges, interior, cross_box(change.fence))
+            return FenceBinding(fid, version, ranges, interior, change.fence.cross_box())
         except DiffMismatch as exc:
             self.counters.bump("rebinds_from_store")
             log.warning("fence %s v%d: %s; reading its bindings from the store", fid, version, exc)
@@ -234,7 +233,7 @@ class GeoSidecar:
             finally:
                 await conn.close()
             return None if stored is None else FenceBinding(fid, version, stored.ranges, stored.interior,
-                                                            cross_box(change.fence))
+                                                            change.fence.cross_box())
 
     async def take_ring(self, version: int) -> dict[str, Any]:
         """Route with the stored worker ring `version` (`geofence worker add / remove`, once

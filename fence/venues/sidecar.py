@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -43,7 +42,7 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
-from exchanges import routing_store, shell
+from exchanges import routing_store, settings_registry, shell
 from exchanges import topology as t
 from fence.venues import push, venue_store
 from fence.venues.notifier import WATCH_EVERY_S, Notifier
@@ -386,7 +385,7 @@ def live_status(h: HiveOccupancy, now: float) -> dict[str, object]:
 
 async def main(config: shell.SidecarConfig) -> int:
     sender: push.Sender = push.LocalSender()
-    credentials = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    credentials = settings_registry.read("GOOGLE_APPLICATION_CREDENTIALS")
     if credentials:  # real Firebase Cloud Messaging (a service account)
         import firebase_admin
 

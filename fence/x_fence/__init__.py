@@ -1,4 +1,6 @@
-"""x-fence, the stateful fence exchange type of one worker: its core (`core`: who is inside
-which fence, the ENTER / LEAVE decisions), the events it emits (`events`), the fences'
-polygons for the exact test (`shapes`), its durable state (`codec`: formats, `journal`:
-snapshot and journal files) and its sidecar (`sidecar`)."""
+"""x-fence, the stateful fence exchange type of one worker: its core `XFence` (`core`, put
+together from `table`, `decisions`, `judging`, `gates`, `handover`, `queries`,
+`persistence`: who is inside which fence, the ENTER / LEAVE decisions), the positions it holds
+for a gate (`held`), the fences' polygons for the exact test (`shapes`), its durable formats
+(`codec`), the proximity matcher (`roaming` and its `roam_*` parts) and its sidecar
+(`sidecar`, `sidecar_inputs`, `sidecar_control`)."""

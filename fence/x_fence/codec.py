@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import shapely
 
-from exchanges import filters
 from exchanges.fence_def import FenceDef
+from exchanges.fence_options import decode_options, encode_options, filters
 
 FORMAT = 2  # 2: objects have a `ttl` row (format 1, without it, is read as no TTL)
 READABLE = (1, 2)
@@ -72,13 +72,12 @@ class StoredFence:
 
 def pack_fence(f: StoredFence) -> dict[str, Any]:
     d = f.fence
-    return {"id": d.fence_id, "version": d.version, "wkb": shapely.to_wkb(d.geometry),
-            "timeout_s": d.timeout_s, "name": d.name, "ts": float(f.changed_at), "created": bool(f.created),
-            "prev": None if f.prev is None else [f.prev.version, shapely.to_wkb(f.prev.geometry),
-                                                 f.prev.hysteresis_m, filters.to_wire(f.prev.where)],
-            "pending": sorted(f.pending), **({"hysteresis_m": d.hysteresis_m} if d.hysteresis_m else {}),
-            **({"where": filters.to_wire(d.where)} if d.where else {}),
-            **({"dwell_s": d.dwell_s} if d.dwell_s else {}), **({"cross": True} if d.cross else {})}
+    return {"id": d.fence_id, "version": d.version, "wkb": shapely.to_wkb(d.geometry), "name": d.name,
+            "ts": float(f.changed_at), "created": bool(f.created),
+            "prev": None if f.prev is None else {"version": f.prev.version,
+                                                 "wkb": shapely.to_wkb(f.prev.geometry),
+                                                 **encode_options(f.prev)},
+            "pending": sorted(f.pending), **encode_options(d)}
 
 
 def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
@@ -86,18 +85,22 @@ def unpack_fence(d: Mapping[str, Any]) -> StoredFence:
     previous geometry); geometries prepared for the exact test."""
     geometry = shapely.from_wkb(d["wkb"])
     shapely.prepare(geometry)
+    options = decode_options(d)
     prev = d.get("prev")
     old: FenceDef | None = None
-    if prev is not None:  # [version, wkb] (before bands and filters), or with them
-        g = shapely.from_wkb(prev[1])
-        shapely.prepare(g)
-        old = FenceDef(d["id"], int(prev[0]), g, float(d["timeout_s"]), d["name"],
-                       float(prev[2]) if len(prev) > 2 else 0.0,
-                       filters.parse(prev[3]) if len(prev) > 3 else ())
+    if isinstance(prev, Mapping):
+        old = FenceDef(fence_id=d["id"], version=int(prev["version"]), geometry=shapely.from_wkb(prev["wkb"]),
+                       name=d["name"], **decode_options(prev))
+    elif prev is not None:  # before options were one vocabulary: [version, wkb, band, filter]
+        old = FenceDef(fence_id=d["id"], version=int(prev[0]), geometry=shapely.from_wkb(prev[1]),
+                       name=d["name"], timeout_s=options["timeout_s"],
+                       hysteresis_m=float(prev[2]) if len(prev) > 2 else 0.0,
+                       where=filters.parse(prev[3]) if len(prev) > 3 else ())
+    if old is not None:
+        shapely.prepare(old.geometry)
     pending = frozenset(str(r) for r in d.get("pending") or ()) if old is not None else frozenset()
-    return StoredFence(FenceDef(d["id"], int(d["version"]), geometry, float(d["timeout_s"]), d["name"],
-                                float(d.get("hysteresis_m", 0.0)), filters.parse(d.get("where")),
-                                float(d.get("dwell_s", 0.0)), bool(d.get("cross", False))),
+    return StoredFence(FenceDef(fence_id=d["id"], version=int(d["version"]), geometry=geometry,
+                                name=d["name"], **options),
                        float(d.get("ts", 0.0)), bool(d.get("created", False)), old, pending)
 
 

@@ -26,31 +26,37 @@ row, or the one held). A row costs the positions near its object's old and new p
 the distance between them: a jump is two places, not a swept area (hilbert_c/proximity.c), and
 a box too wide to search cell by cell (a large radius, near a pole) is read by rows of cells.
 
-Trade-off: candidates come from a grid of cells half the routing's, rebuilt per batch (sorts of
-the held positions), searched in C (the cells of each mover's boxes, haversine against the
-largest radius): no incremental index to keep right, at the price of a sort per batch and of a
-distance per position in a circle's box.
+Trade-off: candidates come from a grid of cells half the routing's, searched in C (the cells of
+each mover's boxes, haversine against the largest radius), at the price of a distance per
+position in a circle's box. The held positions stay filed by cell across batches
+(fence/x_fence/roam_index.py): a batch sorts its own places, never the held ones.
+
+Beside this module: the events and their ids (roam_events.py), the router's messages decoded
+(roam_rows.py: Rows, mark_of) and the index of held positions (roam_index.py); the names
+callers use are importable from here too (`__all__`).
 """
 
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from exchanges import filters
-from exchanges.batch import PositionBatch
+from exchanges.fence_options import filters
 from exchanges.hash_ring import HashRing
 from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
 from exchanges.subscriptions import Subscription, is_point_object
+from fence.x_fence.roam_events import RoamEvent, fields_key, pair_event_id, roam_event_id, update_key
+from fence.x_fence.roam_index import CellFiles
+from fence.x_fence.roam_rows import Rows, mark_of
 from hilbert_c import kernel
+
+__all__ = ["SLICE_ROWS", "RoamEvent", "RoamMatcher", "Rows", "fields_key", "mark_of", "matcher_of",
+           "pair_event_id", "roam_event_id", "snapshot_of", "step", "update_key"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -60,48 +66,6 @@ B = npt.NDArray[np.bool_]
 # they change (a crowd landing on subscribers: thousands), and heartbeats and `inspect` wait
 # for one slice at most (fence/x_fence/sidecar.py, bench/adversarial.py).
 SLICE_ROWS = 128
-
-
-def fields_key(extra: Mapping[str, Any] | None) -> str:
-    """A row's extra fields in one canonical text (sorted keys; "" for none)."""
-    return json.dumps(extra, sort_keys=True, separators=(",", ":"), default=str) if extra else ""
-
-
-class RoamEvent(NamedTuple):
-    kind: str  # "nearby" | "faraway"
-    subscription: str
-    subscriber: str
-    object: str
-    distance_m: float  # after the update
-    ts: float
-    id: str
-
-    def key(self) -> tuple[str, str, str, float]:
-        return (self.subscription, self.object, self.kind, self.ts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"event": self.kind, "subscription": self.subscription, "subscriber": self.subscriber,
-                "object": self.object, "distance_m": round(self.distance_m, 3), "ts": self.ts,
-                "event_id": self.id}
-
-
-def roam_event_id(subscription: str, obj: str, kind: str, ts: float, mover: str, lon: float,
-                  lat: float, fields: str = "") -> str:
-    """Stable over replays: the pair, the kind and the update that caused it (who moved, when,
-    where, and with which extra fields: `fields_key`; two rows of one object at one ts and
-    place whose fields differ are two updates)."""
-    return pair_event_id(subscription, obj, kind, update_key(ts, mover, lon, lat, fields))
-
-
-def update_key(ts: float, mover: str, lon: float, lat: float, fields: str = "") -> str:
-    """The update's part of an event id's text (made once per row, shared by its events)."""
-    text = f"{ts!r}\x1f{mover}\x1f{lon!r}\x1f{lat!r}"
-    return f"{text}\x1f{fields}" if fields else text
-
-
-def pair_event_id(subscription: str, obj: str, kind: str, update: str) -> str:
-    return hashlib.blake2b(f"{subscription}\x1f{obj}\x1f{kind}\x1f{update}".encode(),
-                           digest_size=16).hexdigest()
 
 
 class _Filter:
@@ -151,10 +115,8 @@ class RoamMatcher:
         self._own = np.zeros(cap, bool)
         self._cell = np.zeros(cap, np.int64)
         self._known = np.zeros(cap, bool)
-        # the held positions sorted by index cell, both ways (x * side + y, y * side + x), kept
-        # across batches: per slot the cell it is filed under (-1: not filed), and the files
-        self._ikey = np.full(cap, -1, np.int64)
-        self._ix_key = self._ix_slot = self._iy_key = self._iy_slot = np.zeros(0, np.int64)
+        # the held positions sorted by index cell, both ways, kept across batches (roam_index.py)
+        self._files = CellFiles(self._index.side, cap)
         self._extra: list[Mapping[str, Any] | None] = []
         self._subs: dict[str, Subscription] = {}
         self._radii: dict[str, dict[str, float]] = {}  # object -> its subscriptions' radii
@@ -328,11 +290,12 @@ class RoamMatcher:
         if s >= self._lon.size:
             cap = 2 * self._lon.size
             for name, fill in (("_lon", np.nan), ("_lat", np.nan), ("_rmax", 0.0), ("_own", False),
-                               ("_cell", 0), ("_known", False), ("_ikey", -1)):
+                               ("_cell", 0), ("_known", False)):
                 a = getattr(self, name)
                 b = np.full(cap, fill, a.dtype)
                 b[: a.size] = a
                 setattr(self, name, b)
+            self._files.grow(cap)
             for f in self._filters.values():
                 f.grow(self._ids, s, cap)
         else:
@@ -440,27 +403,6 @@ class RoamMatcher:
         self._lon[gone] = np.nan
         self._lat[gone] = np.nan
 
-    def _file(self, n: int, held: B) -> None:
-        """The index of held positions brought up to date: the slots whose position changed
-        (or went) since refiled, in time linear in the held positions (no sort of them)."""
-        side = self._index.side
-        cur = np.where(held, self._cell[:n], -1)
-        changed = np.flatnonzero(cur != self._ikey[:n])
-        if not changed.size:
-            return
-        moved = np.zeros(n, bool)
-        moved[changed] = True
-        ins = changed[cur[changed] >= 0]
-        kx = cur[ins]
-        ox = np.argsort(kx, kind="stable")
-        keep = ~moved[self._ix_slot]
-        self._ix_key, self._ix_slot = _merged(self._ix_key[keep], self._ix_slot[keep], kx[ox], ins[ox])
-        ky = (kx % side) * side + kx // side
-        oy = np.argsort(ky, kind="stable")
-        keep = ~moved[self._iy_slot]
-        self._iy_key, self._iy_slot = _merged(self._iy_key[keep], self._iy_slot[keep], ky[oy], ins[oy])
-        self._ikey[changed] = cur[changed]
-
     def _boxes(self, lon: F64, lat: F64, radius: F64, rows: I64, q: I64, b: int) -> None:
         """Box `b` of the given rows (index cells of the circles' bounding boxes)."""
         if rows.size:
@@ -489,11 +431,11 @@ class RoamMatcher:
             cx, cy = grid.cells(self._lon[new], self._lat[new])
             self._cell[new] = cx * side + cy
             self._known[new] = True
-        self._file(n, held_mask)
+        self._files.refile(n, held_mask, self._cell)
         had = ~np.isnan(olon)
         hr = np.flatnonzero(had)
         hk = np.flatnonzero(had & first)  # each moving object's place before its first row
-        # entries: the slots (entry = slot; the held ones are filed, see _file), each moving
+        # entries: the slots (entry = slot; the held ones are filed, see refile), each moving
         # object's place before its first row, each row's new place; entry i is where its
         # object is for the rows k in (e_from, e_to): a moving object's held place never (its
         # rows carry its places, as the router knows them)
@@ -515,11 +457,7 @@ class RoamMatcher:
         e_cell = np.concatenate([self._cell[:n], b_cell])
         # the indexes: the filed held positions merged with the batch's places (a sort of the
         # batch's, none of the held), every entry (`a`) and the subscribers' (`s`)
-        bx = np.argsort(b_cell, kind="stable")
-        ax_key, ax_ent = _merged(self._ix_key, self._ix_slot, b_cell[bx], n + bx)
-        b_rcell = my * side + mx
-        by = np.argsort(b_rcell, kind="stable")
-        ay_key, ay_ent = _merged(self._iy_key, self._iy_slot, b_rcell[by], n + by)
+        ax_key, ax_ent, ay_key, ay_ent = self._files.with_batch(n, b_cell, my * side + mx)
         ptr, _, radius, fnum, sub_ids = self._subs_csr()
         subscriber = (ptr[1:] > ptr[:-1])[e_slot]
         sx, sy = subscriber[ax_ent], subscriber[ay_ent]
@@ -586,14 +524,6 @@ class RoamMatcher:
                                              d[order].tolist(), [tss[r] for r in rk], eids, strict=True)))
 
 
-def _merged(keys: I64, values: I64, more_keys: I64, more_values: I64) -> tuple[I64, I64]:
-    """Two key-sorted lists (keys with a value each) as one, in time linear in their sizes."""
-    if not more_keys.size:
-        return keys, values
-    at = np.searchsorted(keys, more_keys, side="right")
-    return np.insert(keys, at, more_keys), np.insert(values, at, more_values)
-
-
 # --------------------------------------------------------------------------- the wire
 
 
@@ -609,55 +539,6 @@ def matcher_of(msg: Mapping[str, Any], worker: str) -> RoamMatcher:
     m.load(msg["state"])
     m.mark = mark_of(msg) or (0, 0)
     return m
-
-
-def mark_of(msg: Mapping[str, Any]) -> tuple[int, int] | None:
-    """A router message's [epoch, step] (exchanges/roam_routing.py RoamStream); None without one."""
-    raw = msg.get("mark")
-    if raw is None:
-        return None
-    epoch, n = raw
-    if not isinstance(epoch, int) or not isinstance(n, int) or isinstance(epoch, bool) or isinstance(n, bool):
-        raise ValueError(f"roaming mark {raw!r}: two integers")
-    return epoch, n
-
-
-@dataclass(frozen=True, eq=False)
-class Rows:
-    """A `rows` message decoded: positions with each object's previous position and fields."""
-
-    batch: PositionBatch
-    prev_lon: F64
-    prev_lat: F64
-    prev_extra: list[Mapping[str, Any] | None]
-    mark: tuple[int, int] | None = None
-
-    @staticmethod
-    def of(msg: Mapping[str, Any]) -> Rows:
-        """ValueError / KeyError / TypeError for a message that does not fit."""
-        b = PositionBatch.from_wire(msg["batch"])
-        n = len(b)
-        plon = np.frombuffer(msg["prev_lon"], "<f8").astype(np.float64)
-        plat = np.frombuffer(msg["prev_lat"], "<f8").astype(np.float64)
-        pex = list(msg["prev_extra"]) if msg.get("prev_extra") else [None] * n
-        if plon.size != n or plat.size != n or len(pex) != n:
-            raise ValueError(f"roaming rows: previous positions / fields do not fit {n} rows")
-        return Rows(b, plon, plat, pex, mark_of(msg))
-
-    def slice(self, lo: int, hi: int) -> Rows:
-        """Rows lo..hi (the mark stays the whole message's: see RoamMatcher.apply_sliced)."""
-        hi = min(hi, len(self.batch))
-        return Rows(self.batch.take(np.arange(lo, hi)), self.prev_lon[lo:hi], self.prev_lat[lo:hi],
-                    self.prev_extra[lo:hi], self.mark)
-
-    @staticmethod
-    def concat(parts: Sequence[Rows]) -> Rows:
-        """Consecutive messages as one (a worker applies a run of them in one call)."""
-        if len(parts) == 1:
-            return parts[0]
-        return Rows(PositionBatch.concat([p.batch for p in parts]),
-                    np.concatenate([p.prev_lon for p in parts]), np.concatenate([p.prev_lat for p in parts]),
-                    [e for p in parts for e in p.prev_extra], parts[-1].mark)
 
 
 def step(matcher: RoamMatcher | None, msg: Mapping[str, Any], worker: str) -> tuple[RoamMatcher | None,

@@ -41,13 +41,14 @@ queue is answered once everything before it is applied; on the control queue, EX
 the state of the fences a new ring gives to others, IMPORT takes this worker's share of
 another's export, FORGET lets go of what was given away; IMPORT and FORGET are journaled
 before they are answered. Which fences are this worker's at `recover` is the stored ring's.
+
+Beside this module: the input queue read into steps (sidecar_inputs.py) and the control
+queue's answers, `inspect` and the handover steps (sidecar_control.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
 import math
@@ -65,25 +66,21 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 
 from exchanges import control, routing_store, shell
 from exchanges import topology as t
-from exchanges.batch import unpack
-from exchanges.contract import BAD_INPUT, InvalidMessage
 from exchanges.fence_events import ENTERED, EXITED, Event
 from exchanges.hash_ring import HashRing
-from exchanges.roam_routing import ROAM
 from exchanges.state_dir import Recovered, StateDir
 from exchanges.state_dir import pack as journal_pack
-from exchanges.state_dir import unpack as journal_unpack
 from exchanges.worker_batch import WorkerBatch
 from fence import store
-from fence.x_fence import roaming
+from fence.x_fence import roaming, sidecar_control
 from fence.x_fence.core import XFence
+from fence.x_fence.sidecar_inputs import RoamStep, read_inputs
 
 log = logging.getLogger("geofence")
 MAP_EVENTS = 200  # per sample: what a map's frame shows at most (fence/map_view.FRAME_EVENTS)
 MAP_EVERY_S = 0.5
 EXPIRE_EVERY_S = 1.0
 EVENTS_PER_BATCH_MESSAGE = 2_000  # a batch message stays well under a megabyte
-POSITIONS = "positions"
 
 
 @dataclass(frozen=True)
@@ -93,21 +90,6 @@ class Entry:
 
     records: list[dict[str, Any]]
     snapshot: bytes | None = None
-
-
-@dataclass
-class RoamStep:
-    """Proximity messages applied as one step: one message, or a run of `rows` decoded (a
-    message that does not fit is dead-lettered when read)."""
-
-    messages: list[AbstractIncomingMessage]
-    msgs: list[dict[str, Any]]
-    rows: list[roaming.Rows]
-
-    def add(self, message: AbstractIncomingMessage, msg: dict[str, Any], rows: roaming.Rows) -> None:
-        self.messages.append(message)
-        self.msgs.append(msg)
-        self.rows.append(rows)
 
 
 class FenceSidecar:
@@ -410,47 +392,10 @@ class FenceSidecar:
     # -- inputs ------------------------------------------------------------------------------
 
     async def handle_inputs(self, messages: Sequence[AbstractIncomingMessage]) -> None:
-        """Runs of position parts are routed together; definitions apply between them."""
-        outs: list[shell.Out | shell.Plains] = []
-        # in queue order; a proximity message with its input message (dead-lettered if it does not fit)
-        steps: list[list[WorkerBatch] | control.Define | control.Drop | RoamStep] = []
-        barriers: list[dict[str, Any]] = []  # answered once the steps before are applied
-        for m in messages:
-            try:
-                msg = unpack(m.body)
-                if msg["kind"] == control.BARRIER:
-                    barriers.append({"barrier": str(msg["barrier"]), "region": str(msg["region"]),
-                                     "reply": str(msg["reply"])})
-                    continue
-                if msg["kind"] == ROAM:
-                    if not isinstance(msg.get("op"), str):
-                        raise InvalidMessage("a proximity message without its op")
-                    rows = roaming.Rows.of(msg) if msg["op"] == "rows" else None
-                    if rows is not None and steps and isinstance(steps[-1], RoamStep) and steps[-1].rows:
-                        steps[-1].add(m, msg, rows)  # a run of rows: one matcher call
-                    else:
-                        steps.append(RoamStep([m], [msg], [rows] if rows is not None else []))
-                    continue
-                if msg["kind"] == POSITIONS:
-                    parts = [WorkerBatch.from_wire(p) for p in msg["parts"]]
-                    if not parts or any(p.worker != self.worker for p in parts):
-                        raise InvalidMessage(f"a positions message whose parts are not all for worker "
-                                             f"{self.worker} ({len(parts)} parts)")
-                    if steps and isinstance(steps[-1], list):
-                        steps[-1] += parts
-                    else:
-                        steps.append(parts)
-                else:
-                    change = control.parse(msg)
-                    recheck = change.recheck if isinstance(change, control.Define) else None
-                    if recheck is not None and recheck.worker != self.worker:
-                        raise InvalidMessage(f"re-check rows for worker {recheck.worker}, not {self.worker}")
-                    steps.append(change)
-                    if recheck is not None:
-                        steps.append([recheck])  # right behind its definition
-            except BAD_INPUT as exc:
-                outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "message"),
-                                              t.fence_queue(self.worker), self.counters))
+        """Runs of position parts are routed together; definitions apply between them
+        (the steps, the barriers and the dead letters: sidecar_inputs.py)."""
+        read = read_inputs(messages, self.worker, self.dlx, self.counters)
+        outs, steps, barriers = read.outs, read.steps, read.barriers
         async with self.lock:
             events: list[Event] = []
             roam_events: list[roaming.RoamEvent] = []
@@ -572,92 +517,14 @@ class FenceSidecar:
     # -- control (inspect) ---------------------------------------------------------------------
 
     async def handle_controls(self, messages: Sequence[AbstractIncomingMessage]) -> None:
-        outs = []
-        for m in messages:
-            try:
-                msg = unpack(m.body)
-                if msg["kind"] == control.INSPECT:
-                    answer = self.inspect(msg)
-                elif msg["kind"] in (control.EXPORT, control.IMPORT, control.FORGET):
-                    answer = await self.hand_over(msg)
-                else:
-                    raise InvalidMessage(f"unknown control kind {msg['kind']!r}")
-                out = shell.reply(self.out_ch, m, answer)
-                if out is not None:
-                    outs.append(out)
-            except BAD_INPUT as exc:
-                outs.append(shell.dead_letter(self.dlx, m, shell.reason_of(exc, "control"),
-                                              t.fence_control_queue(self.worker), self.counters))
-        await shell.publish_all(outs, self.counters)
+        await sidecar_control.handle_controls(self, messages)
 
     async def hand_over(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """`geofence worker add / remove / hot` (deploy/worker_ops.py), with x-ingress paused and
-        the pipeline drained: EXPORT the state the ring given gives to others (fences, or a hot
-        fence's objects; a copy, base64 msgpack), IMPORT this worker's share of another's export, FORGET what
-        the ring gives to others once it is in force; IMPORT and FORGET are journaled before
-        the answer. A bad request is answered with its error (the controller is waiting)."""
-        if not self.ready:
-            return {"worker": self.worker, "error": "the worker is rebuilding its state (journal replay): "
-                    f"{self.replayed[0]} of {self.replayed[1]} records; ask again"}
-        try:
-            ring = HashRing.from_dict(msg["ring"])
-            async with self.lock:
-                if msg["kind"] == control.EXPORT:
-                    data = self.core.export(ring, bool(msg.get("gates", True)))
-                    return {"worker": self.worker, "fences": len(data["whole"]),
-                            "names": [name for name, _ in data["fences"]], "gates": len(data["gate_ids"]),
-                            "pairs": len(data["since"]) // 8,
-                            "state": base64.b64encode(journal_pack(data)).decode()}
-                if msg["kind"] == control.IMPORT:
-                    data = journal_unpack(base64.b64decode(msg["state"]))
-                    n = self.core.take(data, ring)
-                else:
-                    n = self.core.forget(ring)
-                    self.ring, self.ring_version = ring, int(msg.get("version", self.ring_version))
-                await self._emit([])
-                await self.pipeline.drain()  # journaled before the answer
-            log.info("handover (%s): %d %s", msg["kind"], n,
-                     "inside pairs taken" if msg["kind"] == control.IMPORT else "fences let go")
-            return {"worker": self.worker, "fences" if msg["kind"] == control.FORGET else "pairs": n,
-                    "stats": self.core.stats()}
-        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
-            log.error("handover request refused: %s: %s", type(exc).__name__, exc)
-            return {"worker": self.worker, "error": f"{type(exc).__name__}: {exc}"}
+        """A handover step (EXPORT / IMPORT / FORGET): sidecar_control.hand_over."""
+        return await sidecar_control.hand_over(self, msg)
 
     def inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if self.recovering:  # the state is being rebuilt in a thread: how far, nothing of it
-            return {"worker": self.worker, "recovering": {"replayed": self.replayed[0],
-                                                          "records": self.replayed[1]},
-                    "counters": self.counters.to_json(), "ring_version": self.ring_version}
-        out: dict[str, Any] = {"worker": self.worker, "stats": self.core.stats(),
-                               "counters": self.counters.to_json(), "ring_version": self.ring_version}
-        if self.journal is not None:
-            out["journal"] = {"dir": str(self.journal.path), "generation": self.journal.generation,
-                              "journal_bytes": self.journal.journal_bytes,
-                              "records_written": self.journal.records_written}
-        fence_id = msg.get("fence_id")
-        if fence_id is not None:
-            d = self.core.fence(str(fence_id))
-            out["fence"] = None if d is None else {
-                "id": d.fence_id, "version": d.version, "name": d.name, "timeout_s": d.timeout_s,
-                "hysteresis_m": d.hysteresis_m, "dwell_s": d.dwell_s,
-                "occupants": self.core.occupants(d.fence_id)}
-        object_id = msg.get("object_id")
-        if object_id is not None:
-            out["object"] = {"id": object_id, "fences": self.core.fences_of(str(object_id)),
-                             "last_seen": self.core.last_seen(str(object_id))}
-        if msg.get("fences"):
-            out["fences"] = self.core.fences()
-        if msg.get("counts"):
-            out["counts"] = self.core.counts()
-        if self.roam is not None:
-            out["proximity"] = {"subscriptions": len(self.roam.subscriptions()),
-                                "held": len(self.roam.held())}
-            if msg.get("roam"):
-                out["proximity"].update(ids=[s.id for s in self.roam.subscriptions()],
-                                        near_pairs=sorted(map(list, self.roam.near_pairs())),
-                                        positions=self.roam.held())
-        return out
+        return sidecar_control.inspect(self, msg)
 
 
 async def main(config: shell.SidecarConfig) -> int:

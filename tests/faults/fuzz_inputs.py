@@ -32,7 +32,7 @@ from ingress.positions import MAX_BATCH, MAX_BODY_BYTES, TS_MAX, TS_MIN
 TS = 1_700_000_000.0
 KNOWN = ("id", "lon", "lat", "ts")
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
-ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # object and fence ids (README)
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # object and fence ids (docs/reference.md)
 ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
 ODD_CHARS = ".#/+* \t\n\r\x00\x7f\u00e9\u00df\u8eca\u200b\u00a0\U0001f4a5\"\\'%?&=:;,{}[]"
 BAD_IDS = ["", ".", "a.b", "car.1", "#", "a#b", "/", "a/b", "+", "*", "a b", " ", "-a", "_a", "a\n", "a\x00",
@@ -40,7 +40,8 @@ BAD_IDS = ["", ".", "a.b", "car.1", "#", "a#b", "/", "a/b", "+", "*", "a b", " "
 EDGES: list[Any] = [91, -91, 90.0000001, 180.0000001, -181, -180.5, 1e308, -1e308, 5e-324, -0.0, 0,
                     TS_MIN - 1, TS_MAX + 1, TS * 1000, 2**63 - 1, -(2**63), 2**64 - 1, 10**30, -(10**30)]
 DATE_STRINGS = ["9.5", "47.1", "1700000000", "", "NaN", "Infinity", "2023-11-14T22:13:20Z", "1e3", "0x10"]
-# Depth of a list nested in an extra field: 16 passes (README), deeper is refused. Bug 1 was
+# Depth of a list nested in an extra field: 16 passes (docs/reference.md, "Wire contracts"),
+# deeper is refused. Bug 1 was
 # 1,019-1,023 passing x-ingress, then breaking x-fence's unpack (1,019), x-geo's pack (1,020),
 # x-geo's unpack (1,021), x-ingress's pack (1,022-1,023, MQTT only).
 MQTT_DEPTHS = (1, 2, 15, 17, 64, 500, 1000, 1018, 1019, 1020, 1021, 1022, 1024, 1100)

@@ -27,275 +27,49 @@ still gives its ENTER event. At the end the run's messages are taken out of the 
 `dead-letters` queues (others' are left there), so reruns are independent.
 
 The inputs include those of the bugs this fuzzing found (the unit file names each, fixed).
+
+The run's inputs and predictions: tests/faults/fuzz_run_inputs.py; its dead letters:
+tests/faults/fuzz_dead_letters.py; sending the inputs: tests/faults/fuzz_senders.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import random
-import re
 import time
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import aio_pika
 import asyncpg
 import httpx
 import orjson
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractQueue
 
 from deploy import firebase_emulator as fe
 from deploy import sidecars
 from deploy.settings import ConnectionSettings, Settings
 from exchanges import topology as t
-from exchanges.shell.config import MAX_FUTURE_S
 from fence import store
 from fence.manager import FenceManager
-from ingress.positions import Refused, decode_batch, decode_mqtt_many
 from tests.faults import report
-from tests.faults.fuzz_inputs import RPC_OPS, Fuzzer
+from tests.faults.fuzz_dead_letters import DEADLINE_S, DeadLetters, Seen, drain_own, sentinel
+from tests.faults.fuzz_run_inputs import COUNTS, make_inputs
+from tests.faults.fuzz_senders import (
+    HttpResults,
+    RpcResults,
+    http_requests,
+    publish_amqp,
+    publish_mqtt,
+    rpc_requests,
+)
 from tests.integration.clients import Device, MqttDevice, api, geofence, q
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-# the inputs are the same on every run (a failure replays); FUZZ_SEED=N explores others
-SEED = int(os.environ.get("FUZZ_SEED", "20240505"))
-COUNTS = {"mqtt": 3_500, "topic": 1_500, "gateway": 2_500, "http": 1_500, "rpc": 1_000}
-RUN_HEADER = "x-geofence-fuzz-run"  # on every AMQP message of a run: the run's marker
-STREAM_HEADER = "x-geofence-fuzz-stream"
-DEADLINE_S = 240.0  # for all the dead letters of the run to be seen
-HTTP_CONCURRENCY = 4
 VADUZ = (9.5209, 47.1410)
-
-
-def text(v: Any) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
-
-
-# --------------------------------------------------------------------------- the inputs
-
-
-@dataclass
-class Inputs:
-    """The run's inputs and what the contract says of them."""
-
-    mqtt: list[bytes] = field(default_factory=list)
-    topic: list[tuple[str, bytes]] = field(default_factory=list)
-    gateway: list[tuple[bytes, str | None]] = field(default_factory=list)
-    http: list[tuple[str, str, bytes, str]] = field(default_factory=list)  # method, path, body, expectation
-    rpc: list[bytes] = field(default_factory=list)
-    dead: Counter[str] = field(default_factory=Counter)  # per stream, messages to be dead-lettered
-    unroutable: int = 0  # topic messages no binding takes (returned to the publisher)
-    updates: int = 0  # valid positions among the inputs
-
-    @property
-    def total(self) -> int:
-        return len(self.mqtt) + len(self.topic) + len(self.gateway) + len(self.http) + len(self.rpc)
-
-
-def make_inputs(run: str, token: str, device_id: str) -> Inputs:
-    """The same inputs for every run but the ids: positions' objects start with fz<run>, HTTP
-    fences with fh<run>, AMQP API fences with fr<run>."""
-    z = Fuzzer(random.Random(SEED), id_prefix=f"fz{run}")
-    out = Inputs()
-    # x-ingress refuses a ts more than its skew ahead of when it takes the position (the fuzzer's
-    # ts fall anywhere in 2000-2100: none within the minutes between now and when it is taken)
-    latest = (time.time(), MAX_FUTURE_S)
-    for _ in range(COUNTS["mqtt"]):
-        body = z.mqtt_payload()
-        out.mqtt.append(body)
-        d = decode_mqtt_many([(f"positions.{device_id}", body)], latest)
-        out.dead["mqtt"] += bool(d.refused)
-        out.updates += len(d.batch)
-    for _ in range(COUNTS["topic"]):
-        key = z.routing_key().encode()[:255].decode(errors="ignore")  # an AMQP short string
-        body = z.mqtt_payload()
-        out.topic.append((key, body))
-        words = key.split(".")
-        if len(words) != 2 or words[0] != "positions":  # x-ingress.positions is bound with positions.*
-            out.unroutable += 1
-            continue
-        d = decode_mqtt_many([(key, body)], latest)
-        out.dead["topic"] += bool(d.refused)
-        out.updates += len(d.batch)
-    for _ in range(COUNTS["gateway"]):
-        body, ct = z.gateway_batch()
-        out.gateway.append((body, ct))
-        try:
-            decoded = decode_batch(body, ct, latest)
-        except Refused:
-            out.dead["gateway"] += 1
-            continue
-        out.dead["gateway"] += bool(decoded.refused)  # the good positions go on, the message to DLQ too
-        out.updates += len(decoded.batch)
-    # HTTP: what to expect of a request depends on the others only through the fence ids valid
-    # creations use (the requests run concurrently, in no set order): a fence id created once and
-    # named by no other request gives 201; a request naming a fence that may exist, anything but
-    # a 5xx; the rest a 4xx (refused, or no such fence)
-    z = Fuzzer(random.Random(SEED + 1), id_prefix=f"fh{run}")
-    r = z.rng
-    planned: list[tuple[str, str, bytes, str | None, bool]] = []  # method, path, body, fence id, valid
-    for _ in range(COUNTS["http"]):
-        fid = z.object_id() if r.random() < 0.5 else z.bad_id()
-        path_id = "/fences/" + quote(fid, safe="")
-        k = r.randint(0, 5)
-        if k == 0 and "/" not in fid and fid.strip("."):
-            planned.append((r.choice(["GET", "DELETE"]), path_id, b"", fid, False))
-        elif k <= 1:
-            junk = z.raw(60) if r.random() < 0.5 else z.mqtt_payload()
-            planned.append(("POST", "/fences", junk, None, False))
-        else:
-            feature, broken = z.feature()
-            body = orjson.dumps(feature, option=orjson.OPT_NON_STR_KEYS) if _json_ready(feature) else b"{oops"
-            if k == 2 and "/" not in fid and fid.strip("."):
-                planned.append(("PUT", path_id, body, fid, broken is None))
-            else:
-                planned.append(("POST", "/fences", body, feature["id"] if broken is None else None,
-                                broken is None))
-    created = Counter(f for m, _, _, f, valid in planned if m == "POST" and valid)
-    named = Counter(f for m, _, _, f, _ in planned if m != "POST")
-    for m, path, data, f, valid in planned:
-        if m == "POST" and valid:
-            expect = "201" if created[f] == 1 and not named[f] else "any"
-        elif m != "POST" and f in created and (valid or m != "PUT"):
-            expect = "any"
-        else:
-            expect = "4xx"
-        out.http.append((m, path, data, expect))
-    z = Fuzzer(random.Random(SEED + 2), id_prefix=f"fr{run}", token=token)
-    for _ in range(COUNTS["rpc"]):
-        body = z.rpc_request()
-        out.rpc.append(body)
-        try:
-            request = orjson.loads(body)
-            malformed = not isinstance(request, dict) or request.get("op") not in RPC_OPS
-        except orjson.JSONDecodeError:
-            malformed = True
-        out.dead["rpc"] += malformed
-    return out
-
-
-def _json_ready(v: Any) -> bool:
-    """orjson writes NaN as null and refuses integers over 64 bits: such a body goes broken."""
-    if isinstance(v, float):
-        return v == v and abs(v) != float("inf")
-    if isinstance(v, dict):
-        return all(_json_ready(x) for x in v.values())
-    if isinstance(v, list):
-        return all(_json_ready(x) for x in v)
-    if isinstance(v, bytes):
-        return False
-    return not isinstance(v, int) or -(2**63) <= v < 2**64
-
-
-# --------------------------------------------------------------------------- dead letters
-
-
-@dataclass
-class Seen:
-    """Dead letters of the run, per stream, from a private queue on a dead-letters exchange."""
-
-    by_stream: Counter[str] = field(default_factory=Counter)
-    no_reason: list[str] = field(default_factory=list)
-    sentinels: set[str] = field(default_factory=set)
-    sources: Counter[str] = field(default_factory=Counter)
-    downstream: list[str] = field(default_factory=list)  # what they are (source, reason)
-
-
-class DeadLetters:
-    """An exclusive queue bound to a vhost's `dead-letters` exchange: a copy of every dead
-    letter from now on (the shared `dead-letters` queue gets its own copy)."""
-
-    def __init__(self, url: str, run: str, device: str, seen: Seen) -> None:
-        self.url, self.run, self.device, self.seen = url, run, device, seen
-
-    async def __aenter__(self) -> DeadLetters:
-        self.conn = await aio_pika.connect(self.url, timeout=30)
-        ch = await self.conn.channel()
-        await ch.set_qos(prefetch_count=2000)
-        self.queue = await ch.declare_queue("", exclusive=True, auto_delete=True)
-        await self.queue.bind(t.DEAD_LETTER_EXCHANGE, "")
-        await self.queue.consume(self.on_message)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.conn.close()
-
-    async def on_message(self, m: AbstractIncomingMessage) -> None:
-        stream = classify(m, self.run, self.device)
-        if stream is not None:
-            reason = text((m.headers or {}).get(t.REASON_HEADER, ""))
-            if stream.startswith("sentinel-"):
-                self.seen.sentinels.add(stream)
-            else:
-                self.seen.by_stream[stream] += 1
-                self.seen.sources[text((m.headers or {}).get("x-geofence-source", ""))] += 1
-                if stream == "downstream":
-                    self.seen.downstream.append(
-                        f"{text((m.headers or {}).get('x-geofence-source', '?'))}: {reason[:300]}")
-                if not reason.strip():
-                    self.seen.no_reason.append(f"{stream}: {m.body[:100]!r}")
-        await m.ack()
-
-
-def classify(m: AbstractIncomingMessage, run: str, device: str) -> str | None:
-    """The run's stream of a dead letter, or None if it is not the run's. What the sidecars
-    after x-ingress dead-letter of the run (its object / fence ids in the body) is
-    "downstream": there should be none."""
-    h = m.headers or {}
-    if RUN_HEADER in h:
-        return text(h.get(STREAM_HEADER, "?")) if text(h[RUN_HEADER]) == run else None
-    if text(h.get("x-geofence-routing-key", "")) == f"positions.{device}":
-        return "sentinel-mqtt" if m.body == sentinel(run, "mqtt") else "mqtt"
-    if any(marker.encode() in m.body for marker in (f"fz{run}", f"fh{run}", f"fr{run}", device)):
-        return "downstream"
-    return None
-
-
-def sentinel(run: str, stream: str) -> bytes:
-    return f"fuzz sentinel {run} {stream}".encode()  # not JSON: dead-lettered
-
-
-EARLIER = re.compile(rb"fuzz-[0-9a-f]{10}|f[zhr][0-9a-f]{8}")  # a run's device and its ids
-
-
-def earlier_run(m: AbstractIncomingMessage) -> bool:
-    """A dead letter of an earlier fuzz run (one that stopped before taking its own out)."""
-    h = m.headers or {}
-    return RUN_HEADER in h or text(h.get("x-geofence-routing-key", "")).startswith("positions.fuzz-") \
-        or EARLIER.search(m.body) is not None
-
-
-async def drain_own(url: str, run: str, device: str) -> int:
-    """Ack the run's messages (and earlier fuzz runs' left behind) out of the shared
-    dead-letters queue; others' go back untouched. Returns how many of the run's were taken."""
-    taken = 0
-    async with await aio_pika.connect(url, timeout=30) as conn:
-        ch = await conn.channel()
-        queue = await ch.declare_queue(t.DEAD_LETTER_QUEUE, passive=True)
-        ready = queue.declaration_result.message_count or 0
-        held: list[AbstractIncomingMessage] = []
-        for _ in range(ready):
-            m = await queue.get(no_ack=False, fail=False, timeout=30)
-            if m is None:
-                break
-            if classify(m, run, device) is not None:
-                await m.ack()
-                taken += 1
-            elif earlier_run(m):
-                await m.ack()
-            else:
-                held.append(m)  # unacked until the end, so that get() moves on
-        for m in held:
-            await m.nack(requeue=True)
-    return taken
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -325,117 +99,7 @@ def token(stack: ConnectionSettings) -> str:
     return tok
 
 
-# --------------------------------------------------------------------------- publishing
-
-
-def publish_mqtt(dev: MqttDevice, device_id: str, payloads: list[bytes]) -> None:
-    """QoS 1, every PUBACK awaited (each payload is in x-ingress.positions then)."""
-    for body in payloads:
-        dev.client.publish(f"positions/{device_id}", body, qos=1)
-    for _ in payloads:
-        assert dev.expect("puback") is not None
-
-
-async def publish_amqp(ch: AbstractChannel, exchange: str, messages: list[tuple[str, bytes, str | None]],
-                       run: str, stream: str) -> int:
-    """Persistent, mandatory, confirmed; returns how many came back unroutable."""
-    ex = await ch.get_exchange(exchange, ensure=False)
-    returned = 0
-
-    async def one(i: int, key: str, body: bytes, ct: str | None) -> None:
-        nonlocal returned
-        msg = aio_pika.Message(body, content_type=ct, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                               headers={RUN_HEADER: run, STREAM_HEADER: stream, "x-geofence-fuzz-n": i})
-        try:
-            await ex.publish(msg, key, mandatory=True, timeout=60)
-        except aio_pika.exceptions.DeliveryError:
-            returned += 1
-
-    for at in range(0, len(messages), 200):
-        await asyncio.gather(*(one(at + i, k, b, ct) for i, (k, b, ct) in enumerate(messages[at:at + 200])))
-    return returned
-
-
-@dataclass
-class HttpResults:
-    statuses: Counter[int] = field(default_factory=Counter)
-    problems: list[str] = field(default_factory=list)
-    created: list[str] = field(default_factory=list)
-
-
-async def http_requests(base: str, token: str, requests: list[tuple[str, str, bytes, str]],
-                        res: HttpResults) -> None:
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    todo = list(enumerate(requests))
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        while todo:
-            i, (method, path, body, expect) = todo.pop(0)
-            try:
-                r = await client.request(method, path, content=body, headers=headers)
-            except httpx.TransportError as exc:
-                res.problems.append(f"#{i} {method} {path}: {type(exc).__name__}: {exc}")
-                continue
-            res.statuses[r.status_code] += 1
-            if r.status_code == 201:
-                res.created.append(r.json()["id"])
-            reason = _reason(r)
-            wrong = (expect == "201" and r.status_code != 201) or \
-                (expect == "4xx" and not 400 <= r.status_code < 500)
-            if r.status_code >= 500 or wrong or (r.status_code >= 400 and not reason):
-                res.problems.append(f"#{i} {method} {path} {body[:160]!r}: {r.status_code} {r.text[:200]}")
-
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=base, timeout=60))
-                   for _ in range(HTTP_CONCURRENCY)]
-        await asyncio.gather(*(worker(c) for c in clients))
-
-
-def _reason(r: httpx.Response) -> str:
-    try:
-        answer = r.json()
-    except ValueError:
-        return ""
-    return str(answer.get("error") or answer.get("detail") or "") if isinstance(answer, dict) else ""
-
-
-@dataclass
-class RpcResults:
-    replies: dict[str, dict[str, Any]] = field(default_factory=dict)
-    created: list[str] = field(default_factory=list)
-
-
-async def rpc_requests(url: str, run: str, bodies: list[bytes], res: RpcResults) -> None:
-    """Every request with reply_to (direct reply-to) and a correlation id; all replies awaited."""
-    done = asyncio.Event()
-    async with await aio_pika.connect(url, timeout=30) as conn:
-        ch = await conn.channel(publisher_confirms=True)
-        replies = await ch.get_queue("amq.rabbitmq.reply-to", ensure=False)
-
-        async def on_reply(m: AbstractIncomingMessage) -> None:
-            answer = orjson.loads(m.body)
-            res.replies[m.correlation_id or "?"] = answer
-            if answer.get("status") == 201 and isinstance(answer.get("result"), dict):
-                res.created.append(str(answer["result"].get("id")))
-            if len(res.replies) >= len(bodies):
-                done.set()
-
-        await replies.consume(on_reply, no_ack=True)
-        ex = await ch.get_exchange(t.API_EXCHANGE, ensure=False)
-        for at in range(0, len(bodies), 100):
-            await asyncio.gather(*(ex.publish(aio_pika.Message(
-                body, reply_to="amq.rabbitmq.reply-to", correlation_id=str(at + i),
-                headers={RUN_HEADER: run, STREAM_HEADER: "rpc"}), "", timeout=60)
-                for i, body in enumerate(bodies[at:at + 100])))
-        try:
-            await asyncio.wait_for(done.wait(), DEADLINE_S)
-        except TimeoutError:
-            missing = sorted(set(map(str, range(len(bodies)))) - set(res.replies), key=int)
-            raise AssertionError(f"{len(missing)} fence API requests not answered within {DEADLINE_S:g}s, "
-                                 f"e.g. {[bodies[int(i)][:120] for i in missing[:3]]}") from None
-        # the sentinel: once its dead letter is seen, every earlier one is (same queue, in order)
-        await ex.publish(aio_pika.Message(sentinel(run, "rpc"), headers={RUN_HEADER: run,
-                                                                         STREAM_HEADER: "sentinel-rpc"}), "")
+# --------------------------------------------------------------------------- the stack
 
 
 @contextlib.asynccontextmanager

@@ -94,7 +94,8 @@ async def test_every_process_serves_its_metrics_and_positions_move_them(stack: C
     fid, obj = f"mx-{uuid.uuid4().hex[:8]}", f"mo-{uuid.uuid4().hex[:8]}"
     amqp = stack["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
     async with FenceManager(amqp, stack["postgres"]["dsn"], settings.regions, settings.workers) as m:
-        await m.put(FenceSpec(fid, box(9.500, 47.100, 9.510, 47.110), timeout_s=600), create=True)
+        await m.put(FenceSpec(fence_id=fid, geometry=box(9.500, 47.100, 9.510, 47.110), timeout_s=600),
+                    create=True)
         await m.applied()
         try:
             async with await aio_pika.connect(stack["amqp"][t.INGRESS_VHOST], timeout=DEADLINE) as conn:

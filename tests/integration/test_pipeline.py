@@ -279,7 +279,7 @@ async def test_device_crosses_two_adjacent_fences(pipeline: ConnectionSettings, 
     a, b = uid("fa"), uid("fb")
     geoms = {a: box(9.500, 47.100, 9.510, 47.110), b: box(9.510, 47.100, 9.520, 47.110)}
     for fid, g in geoms.items():
-        await fences.put(FenceSpec(fid, g, timeout_s=600), create=True)
+        await fences.put(FenceSpec(fence_id=fid, geometry=g, timeout_s=600), create=True)
     points = [(9.495, 47.105), (9.502, 47.105), (9.508, 47.1049), (9.5121, 47.1051), (9.518, 47.105),
               (9.525, 47.105), (9.515, 47.108), (9.505, 47.108)]  # ends inside A: a last event each
     steps = trajectory(points)
@@ -319,7 +319,7 @@ async def test_device_crosses_two_adjacent_fences(pipeline: ConnectionSettings, 
 async def test_silence_ends_in_a_timeout_leave(pipeline: ConnectionSettings, fences: FenceManager) -> None:
     fid, obj = uid("ft"), uid("obj")
     geom = box(9.530, 47.100, 9.540, 47.110)
-    await fences.put(FenceSpec(fid, geom, timeout_s=2.0), create=True)
+    await fences.put(FenceSpec(fence_id=fid, geometry=geom, timeout_s=2.0), create=True)
     steps = trajectory([(9.525, 47.105), (9.535, 47.105)])
     async with AmqpEvents(pipeline) as amqp:
         await amqp.watch(fid)
@@ -332,7 +332,7 @@ async def test_silence_ends_in_a_timeout_leave(pipeline: ConnectionSettings, fen
 async def test_fence_moved_under_an_object(pipeline: ConnectionSettings, fences: FenceManager) -> None:
     fid, obj = uid("fm"), uid("obj")
     here, elsewhere = box(9.550, 47.100, 9.560, 47.110), box(9.570, 47.100, 9.580, 47.110)
-    await fences.put(FenceSpec(fid, here, timeout_s=600), create=True)
+    await fences.put(FenceSpec(fence_id=fid, geometry=here, timeout_s=600), create=True)
     steps = trajectory([(9.545, 47.105), (9.555, 47.105)])
     async with AmqpEvents(pipeline) as amqp:
         await amqp.watch(fid)
@@ -343,12 +343,12 @@ async def test_fence_moved_under_an_object(pipeline: ConnectionSettings, fences:
         # a change's events are dated at the change, or at the position it was decided from
         # when that is later (the trajectory's clock runs ahead of the manager's)
         last = steps[-1].ts
-        moved = await fences.put(FenceSpec(fid, elsewhere, timeout_s=600), create=False)
+        moved = await fences.put(FenceSpec(fence_id=fid, geometry=elsewhere, timeout_s=600), create=False)
         changed_at = max(await change_time(pipeline, fid), last)
         await amqp.until({fid: (fid, "leave", obj, changed_at, "fence_changed")})
         assert moved.version == 2
 
-        await fences.put(FenceSpec(fid, here, timeout_s=600), create=False)
+        await fences.put(FenceSpec(fence_id=fid, geometry=here, timeout_s=600), create=False)
         back_at = max(await change_time(pipeline, fid), last)
         await amqp.until({fid: (fid, "enter", obj, back_at, "fence_changed")})
 
@@ -386,7 +386,7 @@ async def test_object_crossing_from_one_region_to_another(pipeline: ConnectionSe
              r_: box(lon - 0.01, split - 0.01, lon + 0.01, split + 0.01),    # across the split
              p_: box(lon - 0.01, split + 0.015, lon + 0.01, split + 0.03)}   # north only
     for fid, g in geoms.items():
-        await fences.put(FenceSpec(fid, g, timeout_s=600), create=True)
+        await fences.put(FenceSpec(fence_id=fid, geometry=g, timeout_s=600), create=True)
     obj = uid("obj")
     points = [(lon, split - 0.02), (lon, split - 0.005), (lon, split + 0.005), (lon, split + 0.02),
               (lon, split - 0.02), (lon, split + 0.005)]
@@ -476,7 +476,8 @@ async def test_a_thousand_malformed_inputs_are_dead_lettered(pipeline: Connectio
     # the sidecars are all still up and the pipeline still works
     assert all(sidecars.running(Settings.from_env()).values())
     fid, obj = uid("fok"), uid("obj")
-    await fences.put(FenceSpec(fid, box(9.590, 47.100, 9.600, 47.110), timeout_s=600), create=True)
+    await fences.put(FenceSpec(fence_id=fid, geometry=box(9.590, 47.100, 9.600, 47.110), timeout_s=600),
+                     create=True)
     steps = trajectory([(9.585, 47.105), (9.595, 47.105)])
     async with AmqpEvents(pipeline) as amqp:
         await amqp.watch(fid)

@@ -76,8 +76,9 @@ async def seed_drift(conn: Any, schema: str, wm: Worldmap) -> tuple[list[str], l
     await clone_schema(conn, schema, TABLES)
     for i, (fid, g) in enumerate(zip(ids, geoms, strict=True)):
         x0, y0, x1, y1 = g.bounds
-        await conn.execute(f'INSERT INTO "{schema}".fence (id, geometry, timeout_s, version, min_lon, '
-                           "min_lat, max_lon, max_lat) VALUES ($1, $2, 60, $3, $4, $5, $6, $7)",
+        await conn.execute(f'INSERT INTO "{schema}".fence (id, geometry, options, version, min_lon, '
+                           "min_lat, max_lon, max_lat) "
+                           "VALUES ($1, $2, '{\"timeout_s\": 60}', $3, $4, $5, $6, $7)",
                            fid, json.dumps(mapping(g)), i + 1, x0, y0, x1, y1)
         b = bindings(g, wm)
         rows = {r: to_bytes(*v) for r, v in b.per_region.items()}
@@ -98,9 +99,9 @@ async def seed_drift(conn: Any, schema: str, wm: Worldmap) -> tuple[list[str], l
             await conn.execute(f'INSERT INTO "{schema}".fence_range (fence_id, region, version, bits, '
                                "ranges, interior) VALUES ($1, $2, $3, $4, $5, $6)",
                                fid, region, i + 1, b.bits, rb, fb)
-    await conn.execute(f'INSERT INTO "{schema}".fence (id, geometry, timeout_s, version, min_lon, '
+    await conn.execute(f'INSERT INTO "{schema}".fence (id, geometry, options, version, min_lon, '
                        "min_lat, max_lon, max_lat, deleted_at) "
-                       "VALUES ('rb-gone', $1, 60, 3, 0, 0, 1, 1, now())",
+                       "VALUES ('rb-gone', $1, '{\"timeout_s\": 60}', 3, 0, 0, 1, 1, now())",
                        json.dumps(mapping(geoms[0])))
     return ids, geoms, expected
 
@@ -144,7 +145,7 @@ async def test_a_fence_with_a_lost_binding_is_repaired_and_routes_again(
     settings = Settings.from_env()
     fid, obj = uid("frb"), uid("obj")
     geom = box(9.590, 47.100, 9.600, 47.110)
-    change = await fences.put(FenceSpec(fid, geom, timeout_s=600), create=True)
+    change = await fences.put(FenceSpec(fence_id=fid, geometry=geom, timeout_s=600), create=True)
     wm = await routing_store.read_worldmap(pipeline["postgres"]["dsn"])
     assert wm is not None
     b = bindings(geom, wm)
@@ -217,7 +218,7 @@ async def test_a_live_resplit_balances_the_regions_and_every_fence_still_routes(
             break
         fid = uid(f"frs{i}")
         made[fid] = circle(lon, lat, float(rng.uniform(200.0, 600.0)))
-        await fences.put(FenceSpec(fid, made[fid], timeout_s=600), create=True)
+        await fences.put(FenceSpec(fence_id=fid, geometry=made[fid], timeout_s=600), create=True)
         for region, (ranges, _) in bindings(made[fid], wm0).per_region.items():
             first, others = (first + len(ranges), others) if region == wm0.regions[0] else \
                 (first, others + len(ranges))

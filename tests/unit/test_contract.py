@@ -53,7 +53,8 @@ def test_x_ingress_is_a_router() -> None:
 
 def test_x_fence_is_a_stateful_exchange() -> None:
     fence: contract.StatefulExchange[FenceDef, WorkerBatch, list[Event]] = XFence("w0")
-    assert fence.define(FenceDef("f", 1, box(9.0, 47.0, 10.0, 48.0), 60.0), 0.0) == []
+    assert fence.define(FenceDef(fence_id="f", version=1, geometry=box(9.0, 47.0, 10.0, 48.0),
+                                 timeout_s=60.0), 0.0) == []
     record = fence.changes(0)
     assert record is not None and fence.changes(0) is None
     copy = XFence("w0")

@@ -51,7 +51,7 @@ def pipeline(single_path: bool = True) -> tuple[XGeo, XFence]:
     for fid, g in FENCES.items():
         cov = hk.cover(g, 21).to_bits(INDEX_BITS)
         geo.add_binding(FenceBinding(fid, 1, cov.ranges, cov.interior))
-        fence.define(FenceDef(fid, 1, g, 60.0), 0.0)
+        fence.define(FenceDef(fence_id=fid, version=1, geometry=g, timeout_s=60.0), 0.0)
     return geo, fence
 
 
@@ -61,7 +61,7 @@ def change(geo: XGeo, fence: XFence, fid: str, version: int, geom: shapely.Geome
     which follow the definition to the worker."""
     cov = hk.cover(geom, 21).to_bits(INDEX_BITS)
     rechecks = geo.change(fid, version, FenceBinding(fid, version, cov.ranges, cov.interior))
-    events = fence.define(FenceDef(fid, version, geom, timeout), ts)
+    events = fence.define(FenceDef(fence_id=fid, version=version, geometry=geom, timeout_s=timeout), ts)
     return events + (fence.route(rechecks[fence.worker]) if rechecks is not None else [])
 
 
@@ -232,7 +232,7 @@ def test_fence_edges_survive_redefinitions_and_drops() -> None:
     for v in range(1, 60):
         for i in range(5):
             c = hk.circle(9.5 + rng.uniform(-0.01, 0.01), 47.1 + rng.uniform(-0.01, 0.01), 400, 32)
-            fence.define(FenceDef(f"m{i}", v, c, 60.0), float(v))
+            fence.define(FenceDef(fence_id=f"m{i}", version=v, geometry=c, timeout_s=60.0), float(v))
         if v % 7 == 0:
             fence.drop("m4", v, float(v))
     edges = fence._edges

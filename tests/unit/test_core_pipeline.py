@@ -11,8 +11,8 @@ import pytest
 
 import hilbert_c as hk
 from bench import workload as wl
-from exchanges import filters
 from exchanges.fence_binding import INDEX_BITS
+from exchanges.fence_options import filters
 from exchanges.worldmap import Worldmap
 
 BOX = wl.Box(9.55, 47.15, 2_000.0)  # dense: 2 km, so a few hundred objects meet the fences
@@ -116,7 +116,7 @@ def banded() -> tuple[list[wl.Fence], wl.Stream, list[wl.EventTuple]]:
 
 @pytest.mark.parametrize("batch", [200, 73, 1_000])
 def test_hysteresis_bands_give_the_reference_events(banded, batch: int) -> None:  # type: ignore[no-untyped-def]
-    """Fences with hysteresis bands (exchanges/fence_def.py): x-geo covers the grown fence,
+    """Fences with hysteresis bands (exchanges/fence_options/band.py): x-geo covers the grown fence,
     x-fence keeps a pair's state through the band, within a batch and across batches, as the
     reference (fence/reference.py, position by position) does."""
     fences, stream, reference = banded
@@ -156,7 +156,7 @@ def filtered() -> tuple[list[wl.Fence], wl.Stream, list[wl.EventTuple]]:
 
 @pytest.mark.parametrize("batch", [200, 1_000])
 def test_fence_filters_give_the_reference_events(filtered, batch: int) -> None:  # type: ignore[no-untyped-def]
-    """A fence's `where` (exchanges/filters.py): a position that fails it is outside, so an
+    """A fence's `where` (exchanges/fence_options/filters.py): a position that fails it is outside, so an
     object inside LEAVEs when its fields stop matching and ENTERs when they match again; x-fence
     filters each batch's candidates per fence, the reference position by position."""
     fences, stream, reference = filtered

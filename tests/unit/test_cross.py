@@ -1,4 +1,4 @@
-"""CROSS on a fence (issue 20, part 2): the rule (exchanges/fence_def.py `crosses`), x-geo's
+"""CROSS on a fence (issue 20, part 2): the rule (exchanges/fence_options/cross.py `crosses`), x-geo's
 segment candidates with the previous position (exchanges/x_geo/core.py, "CROSS"), the wire,
 and x-fence's events. The bulk comparison with the reference is in test_core_pipeline.py
 (`test_cross_gives_the_reference_events`)."""
@@ -15,7 +15,8 @@ import hilbert_c as hk
 from exchanges.batch import PositionBatch
 from exchanges.control import _fence, fence_json
 from exchanges.fence_binding import INDEX_BITS, FenceBinding
-from exchanges.fence_def import FenceDef, InvalidFence, check_cross, cross_box, crosses
+from exchanges.fence_def import FenceDef, InvalidFence
+from exchanges.fence_options.cross import check_cross, crosses
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import XGeo
 from fence.archive import event_row
@@ -39,7 +40,7 @@ def test_the_rule() -> None:
 def binding(fence: FenceDef, bits: int = 24) -> FenceBinding:
     """Fine (24 bits, cells of about 2 m): the test's positions 35 m off are outside its ranges."""
     cov = hk.cover(fence.geometry, bits).to_bits(INDEX_BITS)
-    return FenceBinding(fence.fence_id, fence.version, cov.ranges, cov.interior, cross_box(fence))
+    return FenceBinding(fence.fence_id, fence.version, cov.ranges, cov.interior, fence.cross_box())
 
 
 def positions(rows: list[tuple[str, tuple[float, float], float]]) -> PositionBatch:
@@ -51,7 +52,7 @@ def positions(rows: list[tuple[str, tuple[float, float], float]]) -> PositionBat
 
 def test_x_geo_sends_segments_meeting_the_box_with_the_position_before() -> None:
     geo = XGeo("a", ["w0"], OneWorker())
-    geo.add_binding(binding(FenceDef("F", 1, F, 60.0, cross=True)))
+    geo.add_binding(binding(FenceDef(fence_id="F", version=1, geometry=F, timeout_s=60.0, cross=True)))
     assert geo.route(positions([("o", WEST, 10.0), ("far", (9.6, 47.2), 10.0)])) == {}  # nothing before
     out = geo.route(positions([("o", EAST, 20.0), ("far", (9.61, 47.2), 20.0)]))["w0"]
     assert out.positions.ids == ["o"] and out.candidates(0) == [("F", False)]
@@ -61,7 +62,7 @@ def test_x_geo_sends_segments_meeting_the_box_with_the_position_before() -> None
     assert two.prev is not None and two.prev[1].tolist() == [WEST[0], WEST[1], 30.0]
     assert [two.candidates(i) for i in range(len(two.positions))] == [[("F", False)], [("F", False)], []]
     # a fence without cross, or no more cross: no segments
-    geo.add_binding(binding(FenceDef("F", 2, F, 60.0)))
+    geo.add_binding(binding(FenceDef(fence_id="F", version=2, geometry=F, timeout_s=60.0)))
     assert geo.route(positions([("o", WEST, 40.0)])) == {} and geo.binding("F").cross is None  # type: ignore[union-attr]
 
 
@@ -69,7 +70,8 @@ def test_a_candidate_by_its_ranges_gets_the_position_before_too() -> None:
     """Coarse ranges (cells of about 150 m) hold the positions beside the fence: they are
     candidates already, and the worker still needs the position before for CROSS."""
     geo = XGeo("a", ["w0"], OneWorker())
-    geo.add_binding(binding(FenceDef("F", 1, F, 60.0, cross=True), bits=17))
+    geo.add_binding(binding(FenceDef(fence_id="F", version=1, geometry=F, timeout_s=60.0, cross=True),
+                            bits=17))
     geo.route(positions([("o", WEST, 10.0)]))
     out = geo.route(positions([("o", EAST, 20.0)]))["w0"]
     assert out.candidates(0) == [("F", False)] and out.prev is not None
@@ -78,7 +80,7 @@ def test_a_candidate_by_its_ranges_gets_the_position_before_too() -> None:
 
 def test_wire_carries_the_previous_positions() -> None:
     geo = XGeo("a", ["w0"], OneWorker())
-    geo.add_binding(binding(FenceDef("F", 1, F, 60.0, cross=True)))
+    geo.add_binding(binding(FenceDef(fence_id="F", version=1, geometry=F, timeout_s=60.0, cross=True)))
     geo.route(positions([("o", WEST, 10.0)]))
     wb = geo.route(positions([("o", EAST, 20.0)]))["w0"]
     back = WorkerBatch.from_wire(wb.to_wire())
@@ -94,7 +96,7 @@ def test_wire_carries_the_previous_positions() -> None:
 
 def test_x_fence_reports_a_crossing_once_and_nothing_else() -> None:
     geo, x = XGeo("a", ["w0"], OneWorker()), XFence("w0")
-    fence = FenceDef("F", 1, F, 60.0, cross=True)
+    fence = FenceDef(fence_id="F", version=1, geometry=F, timeout_s=60.0, cross=True)
     geo.add_binding(binding(fence))
     x.define(fence, 0.0)
     events = []
@@ -119,7 +121,7 @@ def test_cross_is_checked_and_carried() -> None:
     for bad in (1, "true", None, 0.0):
         with pytest.raises(InvalidFence, match="cross"):
             check_cross(bad)
-    f = FenceDef("F", 1, F, 60.0, cross=True)
+    f = FenceDef(fence_id="F", version=1, geometry=F, timeout_s=60.0, cross=True)
     assert fence_json(f)["cross"] is True and _fence(fence_json(f)).cross
     assert "cross" not in fence_json(dataclasses.replace(f, cross=False))
-    assert cross_box(f) == F.bounds and cross_box(dataclasses.replace(f, cross=False)) is None
+    assert f.cross_box() == F.bounds and dataclasses.replace(f, cross=False).cross_box() is None

@@ -12,8 +12,9 @@ import pytest
 from shapely.geometry import box
 
 from exchanges.control import _fence, fence_json
-from exchanges.fence_def import FenceDef, InvalidFence, check_dwell
+from exchanges.fence_def import FenceDef, InvalidFence
 from exchanges.fence_events import visit_id
+from exchanges.fence_options.dwell import check_dwell
 from exchanges.hash_ring import HashRing
 from exchanges.worker_batch import WorkerBatch
 from fence.reference import visit_problems
@@ -30,7 +31,7 @@ F = box(0, 0, 1, 1)
 
 def worker(dwell_s: float = 5.0, timeout_s: float = 60.0) -> XFence:
     x = XFence("w0")
-    x.define(FenceDef("F", 1, F, timeout_s, dwell_s=dwell_s), 0.0)
+    x.define(FenceDef(fence_id="F", version=1, geometry=F, timeout_s=timeout_s, dwell_s=dwell_s), 0.0)
     return x
 
 
@@ -89,7 +90,8 @@ def test_the_timer_and_a_delete_are_silent_for_a_stay_not_reported(reported: boo
 def test_a_replaced_fence_keeps_the_waiting_stay_and_its_new_dwell_time_counts() -> None:
     x = worker(dwell_s=30.0)
     walk(x, [(IN, 100.0), (IN, 110.0)])
-    x.define(FenceDef("F", 2, F, 60.0, dwell_s=0.0), 111.0)  # no dwell any more: next position reports it
+    x.define(FenceDef(fence_id="F", version=2, geometry=F, timeout_s=60.0, dwell_s=0.0),
+             111.0)  # no dwell any more: next position reports it
     got = walk(x, [(IN, 112.0)])
     assert kinds(got) == [("enter", "F", "o", "dwelled", 112.0)] and got[0].inside_s == 12.0
 
@@ -127,7 +129,7 @@ def test_dwell_s_is_checked_and_carried() -> None:
     for bad in (-1, 86_401, True, "5", float("nan"), None):
         with pytest.raises(InvalidFence, match="dwell_s"):
             check_dwell(bad)
-    f = FenceDef("F", 3, F, 60.0, dwell_s=45.0)
+    f = FenceDef(fence_id="F", version=3, geometry=F, timeout_s=60.0, dwell_s=45.0)
     assert fence_json(f)["dwell_s"] == 45.0 and _fence(fence_json(f)).dwell_s == 45.0
     assert "dwell_s" not in fence_json(dataclasses.replace(f, dwell_s=0.0))
     with pytest.raises(InvalidFence, match="dwell_s"):

@@ -29,7 +29,8 @@ from fence.service import ApiError, Caller, FenceService
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 YARD = box(9.500, 47.100, 9.510, 47.110)
-STORED = store.FenceRecord(FenceDef("f-1", 3, YARD, 300.0, "yard"), "uid-1", NOW, NOW, ("a",), None)
+STORED = store.FenceRecord(FenceDef(fence_id="f-1", version=3, geometry=YARD, timeout_s=300.0, name="yard"),
+                           "uid-1", NOW, NOW, ("a",), None)
 
 
 class Pool:

@@ -106,7 +106,7 @@ class Sim:
         if fid not in self.bound:
             self.created.add((fid, v))
         b = bindings(geometry, self.worldmap)
-        fence = FenceDef(fid, v, geometry, timeout_s, dwell_s=dwell_s)
+        fence = FenceDef(fence_id=fid, version=v, geometry=geometry, timeout_s=timeout_s, dwell_s=dwell_s)
         told = [r for r in self.regions if r in b.per_region or r in self.bound.get(fid, set())]
         for r in told:
             self.ctl_q[r].append(("define", fence, ts, b.per_region.get(r), told))
@@ -176,7 +176,7 @@ class Sim:
 
     def settled(self, fid: str) -> bool:
         """No change of `fid` in flight, nor a position routed with an older version of it:
-        a fence's successive changes are not in flight together (see the README's limits)."""
+        a fence's successive changes are not in flight together (see docs/reference.md, "Fence changes")."""
         if any(m[0] != "pos" and (m[1].fence_id if m[0] == "define" else m[1]) == fid
                for q in self.ctl_q.values() for m in q):
             return False

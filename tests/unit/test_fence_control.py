@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from shapely.geometry import MultiPolygon, box, mapping
 
-from exchanges import control, filters
+from exchanges import control
 from exchanges.batch import PositionBatch, pack, unpack
 from exchanges.contract import InvalidMessage
 from exchanges.control import DEFINE, DROP, Define, Drop
 from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import FenceDef
+from exchanges.fence_options import filters
 from exchanges.worker_batch import WorkerBatch
 from fence.spec import from_feature
 from fence.x_fence.core import XFence
@@ -282,7 +283,8 @@ def test_a_hysteresis_band_goes_on_the_wire_and_into_the_journal() -> None:
     x-fence's journal form of a fence; a fence without one carries no field at all."""
     from fence.x_fence import codec
 
-    banded = FenceDef("yard-1", 3, YARD, 90.0, "Yard", hysteresis_m=25.0)
+    banded = FenceDef(fence_id="yard-1", version=3, geometry=YARD, timeout_s=90.0, name="Yard",
+                      hysteresis_m=25.0)
     d = round_trip(control.define_for_region(banded, TS, 21, RANGES, INTERIOR))
     assert isinstance(d, Define) and d.fence.hysteresis_m == 25.0
     assert "hysteresis_m" not in control.fence_json(fence())
@@ -296,11 +298,11 @@ def test_a_hysteresis_band_goes_on_the_wire_and_into_the_journal() -> None:
 
 
 def test_a_fence_filter_goes_on_the_wire_and_into_the_journal() -> None:
-    from exchanges import filters
+    from exchanges.fence_options import filters
     from fence.x_fence import codec
 
     where = filters.parse([["type", "in", ["truck", "van"]], ["speed", ">", 20]])
-    f = FenceDef("yard-1", 3, YARD, 90.0, "Yard", where=where)
+    f = FenceDef(fence_id="yard-1", version=3, geometry=YARD, timeout_s=90.0, name="Yard", where=where)
     d = round_trip(control.define_for_region(f, TS, 21, RANGES, INTERIOR))
     assert isinstance(d, Define) and d.fence.where == where
     assert "where" not in control.fence_json(fence())
@@ -328,18 +330,21 @@ def test_a_position_routed_with_the_replaced_version_is_judged_by_its_band_and_f
     just_out = (9.50 - 10 * m, 47.105)  # 10 m outside the west side: within a 30 m band
     deep_in = (9.505, 47.105)
     x = XFence("w0")
-    x.define(FenceDef("F", 1, square, 600.0, hysteresis_m=30.0), 0.0)
+    x.define(FenceDef(fence_id="F", version=1, geometry=square, timeout_s=600.0, hysteresis_m=30.0), 0.0)
     assert [e.event for e in x.route(_routed("o", deep_in, 10.0, 1))] == ["enter"]
-    x.define(FenceDef("F", 2, square, 600.0), 20.0, regions=["a", "b"], region="a")  # b still on v1
+    x.define(FenceDef(fence_id="F", version=2, geometry=square, timeout_s=600.0), 20.0, regions=["a", "b"],
+             region="a")  # b still on v1
     assert x.route(_routed("o", just_out, 30.0, 1)) == []  # v1's band: still inside
     left = x.route(_routed("o", just_out, 31.0, 2))  # v2 has no band
     assert [(e.event, e.ts) for e in left] == [("leave", 31.0)]
     # a filter: v1 takes trucks only, v2 everyone
     y = XFence("w0")
-    y.define(FenceDef("F", 1, square, 600.0, where=filters.parse([["type", "==", "truck"]])), 0.0)
-    y.define(FenceDef("F", 2, square, 600.0), 20.0, regions=["a", "b"], region="a")
+    y.define(FenceDef(fence_id="F", version=1, geometry=square, timeout_s=600.0,
+                      where=filters.parse([["type", "==", "truck"]])), 0.0)
+    y.define(FenceDef(fence_id="F", version=2, geometry=square, timeout_s=600.0), 20.0, regions=["a", "b"],
+             region="a")
     assert y.route(_routed("car", deep_in, 30.0, 1, {"type": "car"})) == []  # v1 refuses a car
     assert [e.event for e in y.route(_routed("car", deep_in, 31.0, 2, {"type": "car"}))] == ["enter"]
     # once every region forwarded the change, the replaced version is gone (judged as the current)
-    y.define(FenceDef("F", 2, square, 600.0), 20.0, region="b")
+    y.define(FenceDef(fence_id="F", version=2, geometry=square, timeout_s=600.0), 20.0, region="b")
     assert 0 not in y._prev

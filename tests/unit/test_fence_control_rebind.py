@@ -35,7 +35,8 @@ DIFF = bd.diff(*OLD, *NEW)
 
 
 def fence(version: int = 5, geometry: Any = NEW_C) -> FenceDef:
-    return FenceDef("truck-zone", version, geometry, 90.0, "Truck zone")
+    return FenceDef(fence_id="truck-zone", version=version, geometry=geometry, timeout_s=90.0,
+                    name="Truck zone")
 
 
 def rebind_msg(**change: Any) -> dict[str, Any]:

@@ -182,7 +182,7 @@ OUTSIDE = (9.515, 47.105)  # between A and B
 def core() -> XFence:
     x = XFence("w0")
     for fid, geom in (("A", A), ("B", B), ("C", C)):
-        assert x.define(FenceDef(fid, 1, geom, 300.0), 0.0) == []
+        assert x.define(FenceDef(fence_id=fid, version=1, geometry=geom, timeout_s=300.0), 0.0) == []
     return x
 
 
@@ -389,7 +389,7 @@ class Scenario:
         x = XFence(w)
         for fid, geom in self.fences.items():
             if self.ring.node_for(fid) == w:
-                x.define(FenceDef(fid, 1, geom, 1e9), 0.0)
+                x.define(FenceDef(fence_id=fid, version=1, geometry=geom, timeout_s=1e9), 0.0)
         return x
 
 

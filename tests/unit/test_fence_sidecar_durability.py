@@ -28,7 +28,8 @@ from exchanges.x_geo.core import XGeo
 from fence.x_fence.sidecar import FenceSidecar
 
 TS = 1_700_000_000.0
-FENCE = FenceDef("f-1", 1, box(-20.0, -10.0, 20.0, 10.0), 300.0, "near 0,0")
+FENCE = FenceDef(fence_id="f-1", version=1, geometry=box(-20.0, -10.0, 20.0, 10.0), timeout_s=300.0,
+                 name="near 0,0")
 HALF = 1 << 51  # Hilbert indices below are inside f-1's (interior) binding, above outside
 BINDING = FenceBinding("f-1", 1, np.array([[0, HALF - 1]], np.uint64), np.array([True]))
 

@@ -20,13 +20,13 @@ import hilbert_c as hk
 from exchanges import fence_def
 from exchanges.fence_binding import INDEX_BITS
 from exchanges.fence_def import (
-    DEFAULT_TIMEOUT_S,
     MAX_EXTENT_DEG,
     MAX_VERTICES,
     InvalidFence,
     check_fence_id,
     check_geometry,
 )
+from exchanges.fence_options.timeout import DEFAULT_TIMEOUT_S
 from exchanges.worldmap import Worldmap
 from fence import spec
 from fence.spec import MAX_BITS, MAX_RANGES, MIN_BITS, bindings, choose_bits, from_feature
@@ -566,38 +566,3 @@ def test_each_region_stays_within_the_budget_for_a_coarsened_fence() -> None:
 def test_total_ranges_stay_within_the_budget_when_a_region_boundary_cuts_a_range() -> None:
     b = bindings(COMB, TWO)
     assert b.ranges <= MAX_RANGES
-
-
-def test_a_hysteresis_band_is_metres_and_must_leave_an_inside() -> None:
-    """properties.hysteresis_m: metres in [0, 1000]; the fence shrunk by it must not be empty;
-    the bindings cover the fence grown by it (positions in the band outside decide a LEAVE)."""
-    square = box(9.50, 47.10, 9.51, 47.11)  # ~760 x 1,110 m
-    feature = {"type": "Feature", "geometry": mapping(square), "properties": {"id": "sq", "hysteresis_m": 40}}
-    s = from_feature(feature)
-    assert s.hysteresis_m == 40.0 and s.definition(2).hysteresis_m == 40.0
-    inner, outer = fence_def.hysteresis_zones(square, 40.0)
-    assert inner.within(square) and square.within(outer) and s.cover_geometry().equals(outer)
-    # 40 m in metres of the local projection: 40 / (111,195 cos 47.105) degrees of longitude
-    dx = 40.0 / (111_194.93 * math.cos(math.radians(47.105)))
-    assert inner.bounds[0] == pytest.approx(9.50 + dx, rel=1e-9)
-    assert outer.bounds[2] == pytest.approx(9.51 + dx, rel=1e-9)
-    for bad, said in ((-5, "hysteresis_m -5"), (1001, "hysteresis_m 1001"), (True, "hysteresis_m True"),
-                      ("10", "hysteresis_m '10'"), (400, "nowhere 400 m wide")):
-        with pytest.raises(InvalidFence, match=said):
-            from_feature({**feature, "properties": {"id": "sq", "hysteresis_m": bad}})
-    plain = from_feature({**feature, "properties": {"id": "sq"}})
-    assert plain.hysteresis_m == 0.0 and plain.cover_geometry() is plain.geometry
-
-
-def test_a_fence_filter_is_checked_where_it_comes_in() -> None:
-    square = box(9.50, 47.10, 9.51, 47.11)
-    feature = {"type": "Feature", "geometry": mapping(square),
-               "properties": {"id": "sq", "where": [["type", "==", "truck"], ["speed", "between", 0, 90]]}}
-    s = from_feature(feature)
-    assert s.where == (("type", "==", ("truck",)), ("speed", "between", (0.0, 90.0)))
-    assert s.definition(1).where == s.where
-    for bad, said in (([["speed", "<"]], "where clause"), ("type", "a list of at most"),
-                      ([["speed", "<", "fast"]], "< value 'fast'")):
-        with pytest.raises(InvalidFence, match=said):
-            from_feature({**feature, "properties": {"id": "sq", "where": bad}})
-    assert from_feature({**feature, "properties": {"id": "sq", "where": None}}).where == ()

@@ -48,7 +48,8 @@ class Pipeline:
         v = self.version[fid] = self.version.get(fid, 0) + 1
         cov = hk.cover(geom, 21).to_bits(INDEX_BITS)
         rechecks = self.geo.change(fid, v, FenceBinding(fid, v, cov.ranges, cov.interior))
-        events = self.fence.define(FenceDef(fid, v, geom, self.timeout), ts)
+        events = self.fence.define(FenceDef(fence_id=fid, version=v, geometry=geom, timeout_s=self.timeout),
+                                   ts)
         return events + (self.fence.route(rechecks[self.fence.worker]) if rechecks is not None else [])
 
     def feed(self, points: list[tuple[str, float, float, float]]) -> list[tuple[str, str, str, float, str]]:
@@ -150,7 +151,8 @@ def test_fence_deleted_and_version_order() -> None:
     ev = p.fence.drop("west", version=2, ts=11.0)
     assert [(e.event, e.object_id, e.reason) for e in ev] == [("leave", "o", "fence_deleted")]
     assert p.fence.drop("west", version=2, ts=12.0) == []  # idempotent
-    assert p.fence.define(FenceDef("west", 1, FENCES["west"], 60.0), 13.0) == []  # stale
+    assert p.fence.define(FenceDef(fence_id="west", version=1, geometry=FENCES["west"], timeout_s=60.0),
+                          13.0) == []  # stale
     assert "west" not in p.fence.fences()
 
 
@@ -189,4 +191,4 @@ def test_candidates_of_unknown_fences_are_counted_not_fatal() -> None:
 
 def test_bad_fence_definition() -> None:
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
-        XFence("w").define(FenceDef("f", 1, FENCES["west"], 0.0), 0.0)
+        XFence("w").define(FenceDef(fence_id="f", version=1, geometry=FENCES["west"], timeout_s=0.0), 0.0)

@@ -1,4 +1,4 @@
-"""Attribute filters (exchanges/filters.py), fuzzed against a direct reading of the rules, and
+"""Attribute filters (exchanges/fence_options/filters.py), fuzzed against a direct reading of the rules, and
 spatial queries filtered by the extra fields of the objects' latest positions."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exchanges import filters
 from exchanges.batch import PositionBatch
+from exchanges.fence_options import filters
 from exchanges.hash_ring import HashRing
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo import queries

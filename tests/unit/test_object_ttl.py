@@ -38,8 +38,8 @@ def seen(x: XFence, oid: str, ts: float, ttl: float | None = None, fences: tuple
 
 def worker(timeout_f: float = 300.0, timeout_g: float = 20.0) -> XFence:
     x = XFence("w0")
-    x.define(FenceDef("F", 1, box(0, 0, 1, 1), timeout_f), 0.0)
-    x.define(FenceDef("G", 1, box(0, 0, 1, 1), timeout_g), 0.0)
+    x.define(FenceDef(fence_id="F", version=1, geometry=box(0, 0, 1, 1), timeout_s=timeout_f), 0.0)
+    x.define(FenceDef(fence_id="G", version=1, geometry=box(0, 0, 1, 1), timeout_s=timeout_g), 0.0)
     return x
 
 

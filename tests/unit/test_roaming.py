@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exchanges import filters
 from exchanges.batch import PositionBatch, pack, unpack
+from exchanges.fence_options import filters
 from exchanges.hash_ring import HashRing
 from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
 from exchanges.roam_routing import ROAM, RoamRouter, RoamStream

@@ -1,5 +1,5 @@
 """Golden frames: presence-sensor frames written byte by byte, by hand, from the documented
-layouts (README "Venue occupancy", BRIEF s.5, fence/venues/sensor_frames.py), never through
+layouts (docs/reference.md "Venue occupancy", BRIEF s.5, fence/venues/sensor_frames.py), never through
 the project's encoders, then decoded and counted end to end by the pure core
 (fence/venues/sensor_core.py -> counting.py) with the exact entries, exits and rules.
 

@@ -130,7 +130,8 @@ def test_bad_object_ids(raw: Any) -> None:
 
 def record(geometry: Any = YARD, follow: Follow | None = None, follow_ts: float | None = None,
            regions: tuple[str, ...] = ("eu-central",)) -> FenceRecord:
-    return FenceRecord(FenceDef("yard-1", 4, geometry, 90.0, "Yard"), "alice", CREATED,
+    return FenceRecord(FenceDef(fence_id="yard-1", version=4, geometry=geometry, timeout_s=90.0,
+                                name="Yard"), "alice", CREATED,
                        CREATED + timedelta(minutes=5, microseconds=250), regions, follow, follow_ts)
 
 

@@ -59,7 +59,8 @@ class Ops:
             fid = self.rng.choice("ABC")
             self.versions[fid] += 1
             g = GEOMS[fid].buffer(self.rng.choice([0.0, 0.002, -0.002]))
-            return "define", FenceDef(fid, self.versions[fid], g, self.rng.choice([30.0, 300.0]),
+            return "define", FenceDef(fence_id=fid, version=self.versions[fid], geometry=g,
+                                      timeout_s=self.rng.choice([30.0, 300.0]),
                                       dwell_s=self.rng.choice([0.0, 0.0, 2.0, 5.0]))
         if r < 0.09:
             fid = self.rng.choice("ABC")
@@ -102,7 +103,8 @@ def fresh(dwell: bool = False) -> XFence:
     """The three fences; with `dwell`, B has a dwell time of 3 s."""
     x = XFence("w0")
     for fid, g in GEOMS.items():
-        x.define(FenceDef(fid, 1, g, 300.0, dwell_s=3.0 if dwell and fid == "B" else 0.0), 0.0)
+        x.define(FenceDef(fence_id=fid, version=1, geometry=g, timeout_s=300.0,
+                          dwell_s=3.0 if dwell and fid == "B" else 0.0), 0.0)
     return x
 
 
@@ -191,10 +193,11 @@ def test_a_change_in_transition_survives_the_snapshot_and_the_journal() -> None:
     """The change time, whether the version created the fence, and while not every region
     has forwarded a change, the replaced geometry and the regions still to come."""
     x = XFence("w0")
-    x.define(FenceDef("f", 1, box(9.50, 47.10, 9.51, 47.11), 60.0), 100.0)
+    x.define(FenceDef(fence_id="f", version=1, geometry=box(9.50, 47.10, 9.51, 47.11), timeout_s=60.0), 100.0)
     n = len(x._objects)
     x.snapshot()
-    x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "a")
+    x.define(FenceDef(fence_id="f", version=2, geometry=box(9.52, 47.10, 9.53, 47.11), timeout_s=60.0),
+             200.0, ("a", "b", "c"), "a")
     record = x.changes(n)
     assert record is not None
     copy = XFence.restore(x.snapshot())
@@ -204,16 +207,19 @@ def test_a_change_in_transition_survives_the_snapshot_and_the_journal() -> None:
     assert copy._changed_at[code] == 200.0
     assert not copy._created[code]
     replayed = XFence("w0")
-    replayed.define(FenceDef("f", 1, box(9.50, 47.10, 9.51, 47.11), 60.0), 100.0)
+    replayed.define(FenceDef(fence_id="f", version=1, geometry=box(9.50, 47.10, 9.51, 47.11),
+                             timeout_s=60.0), 100.0)
     replayed.apply(msgpack.unpackb(msgpack.packb(record)))
     assert codec.differences(x.state(), replayed.state()) == []
     # the other regions forward it: recorded one by one, and the transition ends
-    x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "b")
+    x.define(FenceDef(fence_id="f", version=2, geometry=box(9.52, 47.10, 9.53, 47.11), timeout_s=60.0),
+             200.0, ("a", "b", "c"), "b")
     one = x.changes(len(x._objects))
     assert one is not None
     replayed.apply(msgpack.unpackb(msgpack.packb(one)))
     assert replayed._pending[code] == {"c"}
-    x.define(FenceDef("f", 2, box(9.52, 47.10, 9.53, 47.11), 60.0), 200.0, ("a", "b", "c"), "c")
+    x.define(FenceDef(fence_id="f", version=2, geometry=box(9.52, 47.10, 9.53, 47.11), timeout_s=60.0),
+             200.0, ("a", "b", "c"), "c")
     assert code not in x._prev and code not in x._pending
     end = x.changes(len(x._objects))
     assert end is not None

@@ -105,7 +105,7 @@ def test_a_ring_change_mid_stream_loses_and_repeats_no_event(change: str, seed: 
     workers = {n: XFence(n) for n in {*before.nodes, *after.nodes}}
     for fid, geom in w.fences.items():
         for n in before.masters(fid):
-            workers[n].define(FenceDef(fid, 1, geom, 1e9), 0.0)
+            workers[n].define(FenceDef(fence_id=fid, version=1, geometry=geom, timeout_s=1e9), 0.0)
     journal = {n: [x.snapshot()] for n, x in workers.items()}
     persisted = dict.fromkeys(workers, 0)
 
@@ -168,7 +168,7 @@ def test_a_ring_change_mid_stream_loses_and_repeats_no_event(change: str, seed: 
 
 def test_take_again_changes_nothing_and_refuses_another_format() -> None:
     a, b = XFence("w0"), XFence("w1")
-    a.define(FenceDef("F", 1, box(0, 0, 1, 1), 60.0), 0.0)
+    a.define(FenceDef(fence_id="F", version=1, geometry=box(0, 0, 1, 1), timeout_s=60.0), 0.0)
     from tests.unit.test_fence_sidecar_core import at
     entered = a.route(dataclasses.replace(at("o", (0.5, 0.5), 10.0, ["F"]), worker="w0"))
     to_b, elsewhere = HashRing(["w1"]), HashRing(["w2"])
@@ -192,7 +192,7 @@ def test_a_hot_fence_spreads_its_objects_over_its_masters_and_gathers_them_again
     one, hot = HashRing(["w0", "w1", "w2"]), HashRing(["w0", "w1", "w2"], hot={"F": 3})
     workers = {n: XFence(n) for n in one.nodes}
     first = one.node_for("F")
-    workers[first].define(FenceDef("F", 1, box(0, 0, 1, 1), 60.0), 0.0)
+    workers[first].define(FenceDef(fence_id="F", version=1, geometry=box(0, 0, 1, 1), timeout_s=60.0), 0.0)
     ids = [f"o{i}" for i in range(60)]
     for i, o in enumerate(ids):
         workers[first].route(dataclasses.replace(at(o, (0.5, 0.5), 10.0 + i, ["F"]), worker=first))

@@ -1,4 +1,5 @@
-"""`geofence topology apply|show` and `geofence device add|remove|list`."""
+"""`geofence topology apply|show` and `geofence device add|remove|list`: the command-line side
+of deploy/rabbitmq/ (which sits below the rest of deploy/ and imports nothing from it)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,9 @@
 Holds process identity (pid plus start time), state.json (what `geofence up` started), the
 StackError every part of the stack raises, and the small helpers to run a tool, launch a
 daemon, wait for a port or a process, and stop one. No settings: paths and timeouts are
-passed in.
+passed in. It imports nothing of the project, and is a package of its own so that every part
+of deploy/ can build on it, deploy/rabbitmq/ included, without a circle (the import-layer test
+checks sub-packages).
 
 Trade-offs: "running" is a TCP connect (cheap, no subprocess, the test a client makes); "ours"
 is a pid plus the process start time recorded in state.json, so `down` never stops a process

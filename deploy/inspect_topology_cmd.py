@@ -1,6 +1,7 @@
 """`geofence inspect topology`: the topology's vhosts, their queues (messages, consumers,
 policy) and the federation links, read from the management API. Exit status 1 when a vhost
-or queue of the topology is missing or a federation link is not running."""
+or queue of the topology is missing or a federation link is not running. The command-line side
+of deploy/rabbitmq/ (which sits below the rest of deploy/ and imports nothing from it)."""
 
 from __future__ import annotations
 
