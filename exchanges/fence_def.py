@@ -8,6 +8,7 @@ can act on.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class FenceDef:
     where: tuple[filters.Clause, ...] = ()  # fence_options/where.py
     dwell_s: float = 0.0  # fence_options/dwell.py
     cross: bool = False  # fence_options/cross.py
+    expires_at: float = math.inf  # fence_options/expiry.py
 
     def routed_geometry(self) -> BaseGeometry:
         """What x-geo covers: the fence, grown by its hysteresis band (positions in the band

@@ -166,7 +166,7 @@ def test_bad_kind(kind: Any) -> None:
 def test_bad_reason(reason: Any) -> None:
     assert refusal(body(reason=reason)) == (
         f"event reason {reason!r}: one of entered, exited, timeout, fence_changed, fence_deleted, expired, "
-        "dwelled, crossed")
+        "dwelled, crossed, fence_expired")
 
 
 @pytest.mark.parametrize("ts", [True, False, None, "1700000000", [TS], {"s": TS}])
