@@ -274,9 +274,7 @@ def reference_events(fences: Sequence[Fence], stream: Stream, chunk: int = 100_0
                                      fences=[fence_def(f) for f in crossing]) if crossing else []
     return crossed + reference.reference_events([f.fence_id for f in fences], [f.geometry for f in fences],
                                       stream.object_ids, stream.obj, stream.lon, stream.lat, stream.ts, chunk,
-                                      hysteresis=[f.hysteresis_m for f in fences],
-                                      extras=stream.extra or None, dwell=[f.dwell_s for f in fences],
-                                      fences=[fence_def(f) for f in fences])
+                                      extras=stream.extra or None, fences=[fence_def(f) for f in fences])
 
 
 def as_tuples(events: Sequence[Event]) -> list[EventTuple]:

@@ -50,8 +50,12 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
     before has no event; `waiting` (per object, fence: when the stay began; updated here) holds
     the stays not reported yet across calls. With `fences` (per fence, its definition), a
     position an option of its fence refuses (exchanges/fence_options/: its filter, its expiry,
-    ...; each option's `outside_one`) is outside it, as with `where`, which it replaces."""
+    ...; each option's `outside_one`) is outside it, as with `where`, which it replaces; its
+    band and dwell time are the definitions' unless `hysteresis` / `dwell` are given."""
     geoms = np.array(list(geometries), dtype=object)
+    if fences is not None:  # the definitions say the band and the dwell time too
+        hysteresis = [f.hysteresis_m for f in fences] if hysteresis is None else hysteresis
+        dwell = [f.dwell_s for f in fences] if dwell is None else dwell
     band = [float(m) for m in hysteresis] if hysteresis is not None else [0.0] * len(geoms)
     zones = [hysteresis_zones(g, m) if m else (g, g) for g, m in zip(geoms, band, strict=True)]
     inner = np.array([z[0] for z in zones], dtype=object)
