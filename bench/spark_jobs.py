@@ -76,7 +76,7 @@ def fence_rows(n: int, seed: int) -> list[tuple[Any, ...]]:
         ring = np.round(np.column_stack([xs, ys]), 7).tolist()
         ring.append(ring[0])
         geometry = json.dumps({"type": "Polygon", "coordinates": [ring]})
-        rows.append((f"bench-f{i:07d}", "", "bench", geometry, 300.0, 1,
+        rows.append((f"bench-f{i:07d}", "", "bench", geometry, '{"timeout_s": 300}', 1,
                      float(min(xs)), float(min(ys)), float(max(xs)), float(max(ys))))
     return rows
 
@@ -90,7 +90,7 @@ async def load_fences(dsn: str, n: int, seed: int) -> float:
         rows = fence_rows(n, seed)
         await conn.copy_records_to_table(
             "fence", schema_name=SCHEMA, records=rows,
-            columns=["id", "name", "owner", "geometry", "timeout_s", "version", "min_lon", "min_lat",
+            columns=["id", "name", "owner", "geometry", "options", "version", "min_lon", "min_lat",
                      "max_lon", "max_lat"])
         await conn.execute(f"ANALYZE {SCHEMA}.fence")
     finally:

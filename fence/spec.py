@@ -102,8 +102,8 @@ def from_feature(feature: Any, fence_id: str | None = None, owner: str = "") -> 
     if not isinstance(geometry, Mapping):
         raise InvalidFence("the Feature has no geometry object")
     geom = check_geometry(geometry)
-    return FenceSpec(fence_id=check_fence_id(fid), geometry=geom, name=name, owner=owner,
-                     **check_options(props, geom))
+    options = check_options(props, geom)  # (before the id, as the timeout always was)
+    return FenceSpec(fence_id=check_fence_id(fid), geometry=geom, name=name, owner=owner, **options)
 
 
 # --------------------------------------------------------------------------- bindings

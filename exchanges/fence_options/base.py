@@ -82,6 +82,9 @@ class FenceOption:
     required: ClassVar[bool] = False
     # the option has a refusal step (`outside`)
     refuses: ClassVar[bool] = False
+    # its refusal needs only its column (an expiry): x-fence judges every candidate at once,
+    # `value` being the candidates' columns (else one call per fence, `value` the field's)
+    by_column: ClassVar[bool] = False
     # the option has a timer (`due`); its LEAVE's reason
     reason: ClassVar[str] = ""
     # the option is a field of the fence (else of the position, e.g. an object's TTL)

@@ -3,7 +3,8 @@ expiring geofences): a campaign's area, a temporary closure, an event's venue.
 
 Epoch seconds; the API also takes an RFC 3339 time with its offset ("2026-12-24T18:00:00Z").
 Its refusal: a position at or after `expires_at` is outside the fence, so nothing ENTERs it any
-more. Its timer: x-fence LEAVEs every object still inside at `expires_at`, reason
+more (x-fence judges a position at the time its event would carry: a change of the fence after
+its expiry enters no one). Its timer: x-fence LEAVEs every object still inside at `expires_at`, reason
 `fence_expired` (a stay still within its dwell time ends silently, as for every timer). The
 fence stays defined: its history stays readable, and a PUT can move `expires_at` or remove it
 (`null`); delete it to drop its bindings. As for the timeout, the timer runs when the worker's
@@ -48,6 +49,7 @@ class Expiry(FenceOption):
     key: ClassVar[str] = "expires_at"
     default: ClassVar[Any] = math.inf
     refuses: ClassVar[bool] = True
+    by_column: ClassVar[bool] = True
     reason: ClassVar[str] = FENCE_EXPIRED
 
     def check(self, raw: Any, geometry: BaseGeometry) -> float:

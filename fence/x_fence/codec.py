@@ -26,8 +26,10 @@ import shapely
 from exchanges.fence_def import FenceDef
 from exchanges.fence_options import decode_options, encode_options, filters
 
-FORMAT = 2  # 2: objects have a `ttl` row (format 1, without it, is read as no TTL)
-READABLE = (1, 2)
+# 2: objects have a `ttl` row (format 1, without it, is read as no TTL); 3: a fence's replaced
+# version is a dict with its options (2's list [version, wkb, band, filter] is still read)
+FORMAT = 3
+READABLE = (1, 2, 3)
 STATS = ("unknown_fence_candidates", "stale_positions", "held_positions", "holds_expired", "rechecks",
          "rechecks_superseded")
 ROWS = ("last_ts", "last_lon", "last_lat", "ho_ts", "ttl")  # the per-object columns

@@ -13,7 +13,7 @@ from exchanges.fence_events import (
     EXITED,
     Event,
 )
-from exchanges.fence_options import band, dwell, refusing
+from exchanges.fence_options import REFUSING, band, dwell, refusing
 from exchanges.fence_options.band import hysteresis_zones
 from exchanges.fence_options.cross import crosses
 from exchanges.worker_batch import WorkerBatch
@@ -82,18 +82,36 @@ class Judging(FenceTable):
     def _passes(self, fences: I64, rows: I64, positions: PositionBatch,
                 old: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
         """Per (fence with a refusing option, position row): whether no option of the fence
-        refuses the row (exchanges/fence_options/: its filter, ...; one call per option and
-        fence of the batch); `old`: by the version replaced last."""
-        out = np.ones(fences.size, bool)
+        refuses the row (exchanges/fence_options/: its filter, its expiry, ...), judged at the
+        time its event would carry (the position's, or the fence's change time when later: a
+        change after an expiry enters no one). An option judged by its column alone (an expiry)
+        is one array operation for every candidate; one judged by its value (a filter's
+        clauses), one call per fence of the batch. `old`: by the version replaced last."""
         was = old if old is not None else np.zeros(fences.size, bool)
-        extra = positions.extra
-        for code, o in {(c, bool(b)) for c, b in zip(fences.tolist(), was.tolist(), strict=True)}:
-            at = np.flatnonzero((fences == code) & (was == o))
-            fence = self._prev[code] if o else self._fences[code]
-            assert fence is not None
-            fields = [extra[r] if extra else None for r in rows[at].tolist()]
-            for option in refusing(fence):
-                out[at] &= ~option.outside(getattr(fence, option.key), positions.ts[rows[at]], fields)
+        when = np.maximum(positions.ts[rows], self._changed_at[fences])
+        out = np.ones(fences.size, bool)
+        for option in REFUSING:
+            column = self._opt[option.key][fences]
+            if was.any():  # rare: positions in flight across a change
+                column = column.copy()
+                for i in np.flatnonzero(was).tolist():
+                    column[i] = option.column(getattr(self._prev[int(fences[i])], option.key))
+            on = np.flatnonzero(column != option.column(option.default))
+            if not on.size:
+                continue
+            if option.by_column:
+                out[on] &= ~option.outside(column[on], when[on], ())
+                continue
+            groups, of = np.unique(fences[on] * 2 + was[on], return_inverse=True)
+            order = np.argsort(of, kind="stable")
+            bounds = np.searchsorted(of[order], np.arange(groups.size + 1))
+            extra = positions.extra
+            for g, key in enumerate(groups.tolist()):
+                at = on[order[bounds[g]:bounds[g + 1]]]
+                fence = self._prev[key // 2] if key % 2 else self._fences[key // 2]
+                assert fence is not None
+                fields = [extra[r] if extra else None for r in rows[at].tolist()]
+                out[at] &= ~option.outside(getattr(fence, option.key), when[at], fields)
         return out
 
     def _zones(self, fences: I64, x: F64, y: F64, old: npt.NDArray[np.bool_] | None = None

@@ -155,3 +155,26 @@ def test_the_core_gives_the_reference_events() -> None:
         got += [(e.event, e.fence_id, e.object_id, e.ts, e.reason) for e in x.route(wb)]
     assert any(t >= expires for *_, t, r in got if r == "exited")  # the refusal was exercised
     assert compare(got, want) == []
+
+
+def test_a_change_after_the_expiry_enters_no_one() -> None:
+    """A position is judged at the time its event would carry: after a change of the fence
+    past its expiry (a rename, a follow move), an object last seen before the expiry is not
+    entered at the change's time."""
+    x = worker()
+    x.define(dataclasses.replace(fence(), version=2, name="renamed"), AT + 100.0)
+    assert seen(x, "a", IN, AT - 10.0) == []
+    assert x.fences_of("a") == [] and x.expire(AT + 200.0) == []
+
+
+def test_a_timer_never_dates_a_leave_before_its_stay_began() -> None:
+    """A fence defined after an object's position: its stay begins at the change (ENTER dated
+    then); its timeout, counted from the position, is past already: the LEAVE comes at the
+    stay's start, inside_s 0, never before it (every timer alike)."""
+    x = XFence("w0")
+    x.define(FenceDef(fence_id="F", version=1, geometry=F, timeout_s=60.0), 1_000.0)
+    entered = seen(x, "a", IN, 5.0)
+    assert [(e.event, e.ts) for e in entered] == [("enter", 1_000.0)]
+    left = x.expire(2_000.0)
+    assert [(e.reason, e.ts, e.inside_s) for e in left] == [("timeout", 1_000.0, 0.0)]
+    assert visit_problems(entered + left) == []
