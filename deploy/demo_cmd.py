@@ -295,7 +295,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             want = reference.reference_events(
                 [s.fence_id for s in specs], [s.geometry for s in specs], ids, obj,
                 np.array([p[2] for p in positions]), np.array([p[3] for p in positions]),
-                np.array([p[1] for p in positions]), hysteresis=[s.hysteresis_m for s in specs])
+                np.array([p[1] for p in positions]), fences=specs)
             while reference.compare(received, want) and time.monotonic() < deadline:
                 screen.status(f"waiting for the last events: {len(received):,} of {len(want):,}")
                 await asyncio.sleep(0.2)  # poll for events still on their way

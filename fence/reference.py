@@ -33,7 +33,6 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
                      lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
                      chunk: int = 100_000, inside: list[frozenset[int]] | None = None,
                      hysteresis: Sequence[float] | None = None,
-                     where: Sequence[Sequence[filters.Clause]] | None = None,
                      extras: Sequence[Any] | None = None, dwell: Sequence[float] | None = None,
                      waiting: dict[int, dict[int, float]] | None = None,
                      fences: Sequence[FenceDef] | None = None) -> list[EventTuple]:
@@ -42,16 +41,15 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
     (per object, the fence indexes it is in; updated here), where an earlier call left it.
     With `hysteresis` (metres per fence, 0: none), a fence with a band holds a position
     inside only past the band inward, outside only past it outward, and within it as the
-    object was at its position before (exchanges/fence_options/band.py `hysteresis_zones`). With
-    `where` (clauses per fence, () for none) and `extras` (each position's extra fields), a
-    position that fails its fence's filter is outside it (past any band). With `dwell` (seconds
-    per fence, 0: none), a stay in a fence with a dwell time is reported only at its first
-    position at least that long after the stay began (ENTER `dwelled`), and a stay that ends
+    object was at its position before (exchanges/fence_options/band.py `hysteresis_zones`).
+    With `dwell` (seconds per fence, 0: none), a stay in a fence with a dwell time is reported
+    only at its first position at least that long after the stay began (ENTER `dwelled`), and a stay that ends
     before has no event; `waiting` (per object, fence: when the stay began; updated here) holds
-    the stays not reported yet across calls. With `fences` (per fence, its definition), a
-    position an option of its fence refuses (exchanges/fence_options/: its filter, its expiry,
-    ...; each option's `outside_one`) is outside it, as with `where`, which it replaces; its
-    band and dwell time are the definitions' unless `hysteresis` / `dwell` are given."""
+    the stays not reported yet across calls. With `fences` (per fence, its definition) and
+    `extras` (each position's extra fields), a position an option of its fence refuses
+    (exchanges/fence_options/: its filter, its expiry, ...; each option's `outside_one`) is
+    outside it (past any band); its band and dwell time are the definitions' unless
+    `hysteresis` / `dwell` are given."""
     geoms = np.array(list(geometries), dtype=object)
     if fences is not None:  # the definitions say the band and the dwell time too
         hysteresis = [f.hysteresis_m for f in fences] if hysteresis is None else hysteresis
@@ -78,11 +76,6 @@ def reference_events(names: Sequence[str], geometries: Sequence[BaseGeometry], o
             for j in np.flatnonzero((zone > 0) & refuses[fi]).tolist():
                 i = lo + int(pt[j])
                 if refused_one(fences[int(fi[j])], float(ts[i]), extras[i] if extras else None):
-                    zone[j] = 0
-        elif where is not None:  # a fence's filter failed: outside
-            for j in np.flatnonzero(zone > 0).tolist():
-                clauses = where[int(fi[j])]
-                if clauses and not filters.matches(clauses, [extras[lo + int(pt[j])] if extras else None])[0]:
                     zone[j] = 0
         ok = zone > 0
         pt, fi, zone = pt[ok], fi[ok], zone[ok]
@@ -119,15 +112,14 @@ def cross_events(names: Sequence[str], geometries: Sequence[BaseGeometry], objec
                  obj: npt.NDArray[np.integer[Any]], lon: npt.NDArray[np.float64],
                  lat: npt.NDArray[np.float64], ts: npt.NDArray[np.float64],
                  region: npt.NDArray[np.integer[Any]] | None = None,
-                 where: Sequence[Sequence[filters.Clause]] | None = None,
                  extras: Sequence[Any] | None = None, fences: Sequence[FenceDef] | None = None
                  ) -> list[EventTuple]:
     """CROSS events of positions (each object's in time order) for the fences given (those
     that detect it): an object's consecutive positions, in one region (`region`, per
     position; None: one region) and at most CROSS_MAX_SEGMENT_DEG apart on each axis, both
     outside the fence with the segment between them through it (exchanges/fence_options/cross.py
-    `crosses`); the second position passes the fence's filter (with `fences`: no option of
-    the fence refuses it). Every pair of positions and fence is tested (no bounding-box step)."""
+    `crosses`); with `fences`, no option of the fence refuses the second position (its filter,
+    ...). Every pair of positions and fence is tested (no bounding-box step)."""
     order = np.lexsort((np.arange(len(obj)), obj))  # each object's positions, in the order given
     o = np.asarray(obj)[order]
     cur = order[1:][o[1:] == o[:-1]]
@@ -142,11 +134,7 @@ def cross_events(names: Sequence[str], geometries: Sequence[BaseGeometry], objec
         hit = np.flatnonzero(crosses(np.full(cur.size, g, dtype=object), lon[before], lat[before], lon[cur],
                                      lat[cur]))
         for i in cur[hit].tolist():
-            fields = extras[i] if extras else None
-            if fences is not None and refused_one(fences[f], float(ts[i]), fields):
-                continue
-            clauses = where[f] if where is not None and fences is None else ()
-            if clauses and not filters.matches(clauses, [fields])[0]:
+            if fences is not None and refused_one(fences[f], float(ts[i]), extras[i] if extras else None):
                 continue
             events.append((CROSS, name, object_ids[int(obj[i])], float(ts[i]), CROSSED))
     return events
