@@ -12,7 +12,9 @@ Each benchmark is a module of this package, run from the repository's root as
 
 Shared, not run: `workload` (the fleet-over-fences workload, its shapely reference and the
 in-process core pipeline; also used by the tests), `broker_modes` (that workload through the
-running stack), `moving_fleet` (moving_fences's fences following cars, also soak's), `report`
-(how every benchmark prints its figures: tables, ratios to a target or a named reference, the
-SUMMARY line, progress) and `cli` (what their command lines share).
+running stack), `tenant` (the benchmarks' tenant `bench` on the stack: its creation, a gateway
+user for a run, qualified ids, events qualified again for the comparisons), `moving_fleet`
+(moving_fences's fences following cars, also soak's), `report` (how every benchmark prints its
+figures: tables, ratios to a target or a named reference, the SUMMARY line, progress) and `cli`
+(what their command lines share).
 """

@@ -147,8 +147,8 @@ class World:
                 r = share.rows
                 part = Rows(batch.take(r), share.prev_lon, share.prev_lat, share.prev_extra)
                 t0 = time.perf_counter()
-                for got in self.matchers[i].apply_sliced([part]):
-                    t.roam_events += len(got)
+                for found in self.matchers[i].apply_sliced([part]):
+                    t.roam_events += len(found)
                     t.add(f"x-fence {w}", time.perf_counter() - t0)
                     t0 = time.perf_counter()
         self.lon[rows], self.lat[rows] = lon, lat

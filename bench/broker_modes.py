@@ -1,12 +1,18 @@
 """The broker modes of bench/e2e.py: the workload through the running pipeline (`geofence up`):
 gateway batches over AMQP, or one MQTT message per update, events read back from
-`fence.events`, compared with the shapely reference, latency per event from the publish of
-the update that caused it to the event's receipt.
+`fence.event-batches`, compared with the shapely reference, latency per event from the publish
+of the update that caused it to the event's receipt.
 
-Fences go in through the production path (fence.manager: covering, PostgreSQL, control
-messages) with ids unique to the run, and are removed at the end; objects get run-unique ids
-too, so runs never see each other's state. Timestamps are the workload's rounds shifted to
-now (the fences' timeout is a week, so nothing times out during a run).
+Everything is the benchmarks' tenant's (bench/tenant.py): fences go in through the production
+path (fence.manager: covering, PostgreSQL, control messages) with ids unique to the run,
+qualified `bench:b<run>-<id>`, and are removed at the end; objects get run-unique names too
+(`b<run>-<id>`, `bench:b<run>-<id>` inside the pipeline), so runs never see each other's state.
+The positions go through a gateway user of the tenant made for the run (removed at the end):
+batches to `ingress.gateway` with the tenant as routing key, or MQTT `positions/bench/<id>`.
+The events carry the tenant and the names unqualified; they are qualified again before the
+comparison, against a reference named as the pipeline names things. Timestamps are the
+workload's rounds shifted to now (the fences' timeout is a week, so nothing times out during a
+run).
 
 Two things keep runs from measuring each other (or anyone's earlier runs):
 - before publishing, `wait_idle` waits (at most IDLE_TIMEOUT_S) until the pipeline's queues
@@ -37,12 +43,14 @@ import orjson
 
 import hilbert_c as hk
 from bench import report
+from bench import tenant as tn
 from bench import workload as wl
 from deploy.rabbitmq import apply as rabbit
 from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.fence_binding import INDEX_BITS
+from exchanges.tenancy import qualify
 from exchanges.worldmap import AREA
 from fence import store
 from fence.manager import FenceManager
@@ -98,15 +106,23 @@ class BrokerRun:
         return report.pct(self.latency_ms, q)
 
 
+def run_prefix(run: str) -> str:
+    """The names of a run's fences and objects start with this (unqualified)."""
+    return f"b{run}-"
+
+
 def renamed(fences: Sequence[wl.Fence], stream: wl.Stream, run: str) -> tuple[list[wl.Fence], wl.Stream]:
-    fs = [dataclasses.replace(f, fence_id=f"b{run}-{f.fence_id}") for f in fences]
-    st = dataclasses.replace(stream, object_ids=[f"b{run}-{o}" for o in stream.object_ids])
+    """The run's fences, ids qualified as stored (`bench:b<run>-<id>`), and its stream, objects
+    named as published (`b<run>-<id>`: x-ingress qualifies them by the gateway's tenant)."""
+    fs = [dataclasses.replace(f, fence_id=tn.qualified(f"{run_prefix(run)}{f.fence_id}")) for f in fences]
+    st = dataclasses.replace(stream, object_ids=[f"{run_prefix(run)}{o}" for o in stream.object_ids])
     return fs, st
 
 
-def update_index(stream: wl.Stream) -> dict[tuple[str, float], int]:
-    """(object id, ts) -> position in the stream (an object has one update per ts)."""
-    names = stream.object_ids
+def update_index(stream: wl.Stream, tenant: str = "") -> dict[tuple[str, float], int]:
+    """(object id, ts) -> position in the stream (an object has one update per ts); the object
+    ids qualified by `tenant` (as the events name them once qualified again)."""
+    names = [qualify(tenant, o) for o in stream.object_ids]
     return {(names[o], ts): i for i, (o, ts) in enumerate(zip(stream.obj.tolist(), stream.ts.tolist(),
                                                             strict=True))}
 
@@ -136,8 +152,10 @@ async def in_parallel(conn: ConnectionSettings, fences: Sequence[wl.Fence], para
 
 async def put_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], parallel: int = 4,
                      done: list[int] | None = None) -> None:
-    """done[0] counts the fences stored (for a progress display)."""
+    """done[0] counts the fences stored (for a progress display). Their ids are qualified: the
+    benchmarks' tenant is created first if it is missing."""
     done = done if done is not None else [0]
+    await tn.ensure_tenant(conn["postgres"]["dsn"])
 
     async def put(m: FenceManager, part: Sequence[wl.Fence]) -> None:
         for f in part:
@@ -168,7 +186,8 @@ async def remove_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], pa
 
 class EventSink:
     """fence.event-batches (every event, one message per x-fence batch: the consumer of
-    everything, as Tile38's PSUBSCRIBE * is) -> the run's events with their receipt time."""
+    everything, as Tile38's PSUBSCRIBE * is) -> the run's events with their receipt time, the
+    ids qualified again by the events' tenant (bench/tenant.py)."""
 
     def __init__(self, conn: ConnectionSettings, prefix: str) -> None:
         self.url, self.prefix = conn["amqp"][t.FENCES_VHOST], prefix
@@ -189,9 +208,7 @@ class EventSink:
         now, prefix = time.time(), self.prefix
         # this run's fences and objects: a fence defined here also sees objects of earlier
         # runs still inside it (not timed out), and says so (ENTER at its definition)
-        self.got += [((e["event"], e["fence_id"], e["object_id"], e["ts"], e["reason"]), now)
-                     for e in orjson.loads(m.body)
-                     if e["fence_id"].startswith(prefix) and e["object_id"].startswith(prefix)]
+        self.got += [(e, now) for e in tn.run_events(orjson.loads(m.body), prefix)]
         if self.want and len(self.got) >= self.want:
             self.arrived.set()
 
@@ -225,14 +242,15 @@ def gateway_bodies(stream: wl.Stream, batch: int) -> list[tuple[int, int, bytes]
 
 async def publish_gateway(conn: ConnectionSettings, bodies: Sequence[tuple[int, int, bytes]],
                           sent_at: np.ndarray, rate: float | None, window: int = 16,
-                          confirmed: list[int] | None = None) -> None:
+                          confirmed: list[int] | None = None, gateway: tn.Gateway | None = None) -> None:
     """Gateway batches with confirms, `window` in flight; paced to `rate` updates/s if given.
-    confirmed[0] counts the updates confirmed (for a progress display)."""
+    confirmed[0] counts the updates confirmed (for a progress display). `gateway`: the run's
+    gateway user (bench/tenant.py; None: one made for this call and removed after it)."""
     confirmed = confirmed if confirmed is not None else [0]
-    url = conn["users"][t.GATEWAY_USER][t.INGRESS_VHOST]
-    async with await aio_pika.connect(url) as c:
+    async with tn.run_gateway(gateway) as gw, await aio_pika.connect(gw.amqp_url) as c:
         ch = await c.channel(publisher_confirms=True, on_return_raises=True)
-        ex = await ch.get_exchange(t.BATCHES_EXCHANGE, ensure=False)
+        ex = await ch.get_exchange(t.GATEWAY_EXCHANGE, ensure=False)
+        key = gw.routing_key
         sem = asyncio.Semaphore(window)
         start = time.perf_counter()
 
@@ -240,7 +258,7 @@ async def publish_gateway(conn: ConnectionSettings, bodies: Sequence[tuple[int, 
             try:
                 sent_at[lo:hi] = time.time()
                 await ex.publish(aio_pika.Message(body, content_type="application/msgpack",
-                                                  delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "")
+                                                  delivery_mode=aio_pika.DeliveryMode.PERSISTENT), key)
                 confirmed[0] += hi - lo
             finally:
                 sem.release()
@@ -295,12 +313,13 @@ def _mqtt_publisher(args: tuple[dict[str, object], list[int], list[str], list[by
     out.put((index, sent))
 
 
-def publish_mqtt(conn: ConnectionSettings, stream: wl.Stream, sent_at: np.ndarray, rate: float | None,
+def publish_mqtt(gateway: tn.Gateway, stream: wl.Stream, sent_at: np.ndarray, rate: float | None,
                  clients: int, sent_count: object | None = None) -> None:
-    """sent_count: a multiprocessing Value("q") of the fork context counting the updates
-    handed to the clients (for a progress display), or None."""
-    cfg = {"host": conn["mqtt"]["host"], "port": conn["mqtt"]["port"],
-           "username": f"{t.INGRESS_VHOST}:{t.ADMIN_USER}", "password": conn["mqtt"]["password"]}
+    """Every update as MQTT `positions/<tenant>/<object>`, logged in as the run's gateway user
+    (bench/tenant.py: it may publish any of its tenant's objects). sent_count: a
+    multiprocessing Value("q") of the fork context counting the updates handed to the clients
+    (for a progress display), or None."""
+    cfg = gateway.mqtt()
     names = stream.object_ids
     part = stream.obj % clients  # an object always goes through the same client (its order)
     ctx = mp.get_context("fork")
@@ -310,7 +329,7 @@ def publish_mqtt(conn: ConnectionSettings, stream: wl.Stream, sent_at: np.ndarra
     jobs = []
     for p in range(clients):
         idx = np.flatnonzero(part == p).tolist()
-        topics = [f"positions/{names[stream.obj[i]]}" for i in idx]
+        topics = [f"{t.POSITIONS_TOPIC_PREFIX}/{tn.TENANT}/{names[stream.obj[i]]}" for i in idx]
         payloads = [orjson.dumps({"lon": float(stream.lon[i]), "lat": float(stream.lat[i]),
                                   "ts": float(stream.ts[i])}) for i in idx]
         jobs.append(ctx.Process(target=_mqtt_publisher,
@@ -389,10 +408,10 @@ async def parking_spots(conn: ConnectionSettings, box: wl.Box = wl.DEFAULT_BOX,
     return spots
 
 
-async def park(conn: ConnectionSettings, st: wl.Stream, batch: int) -> int:
+async def park(conn: ConnectionSettings, st: wl.Stream, batch: int, gateway: tn.Gateway | None = None) -> int:
     """Every object of the run to every parking spot in turn (gateway batches, after its last
     update): the last move crosses a region border, so its notice reaches every worker.
-    Returns the updates sent."""
+    Returns the updates sent. `gateway`: as publish_gateway's."""
     spots = await parking_spots(conn)
     if not spots:
         return 0
@@ -402,7 +421,7 @@ async def park(conn: ConnectionSettings, st: wl.Stream, batch: int) -> int:
     lat = np.repeat([s[1] for s in spots], n)
     ts = np.repeat(after + 1.0 + np.arange(len(spots)), n)
     moves = wl.Stream(st.object_ids, np.tile(np.arange(n, dtype=np.int32), len(spots)), lon, lat, ts)
-    await publish_gateway(conn, gateway_bodies(moves, batch), np.zeros(len(moves)), None)
+    await publish_gateway(conn, gateway_bodies(moves, batch), np.zeros(len(moves)), None, gateway=gateway)
     return len(moves)
 
 
@@ -417,19 +436,30 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
     "mqtt") at `rate` updates/s (None: as fast as possible), events read back and timed,
     (parking: the objects parked,) the fences removed, also when the run fails. progress, if
     given, is called every TICK_S with (phase, done, total). `run_id` (default: a fresh one)
-    names the run's fences and objects `b<run_id>-<id>`."""
+    names the run's fences and objects `b<run_id>-<id>` (`bench:b<run_id>-<id>` qualified).
+    The positions go through a gateway user made for the run (bench/tenant.py), removed
+    after it."""
+    async with tn.run_gateway() as gw:
+        return await _run(gw, mode, fences, stream, reference, batch, rate, clients, progress, idle, parking,
+                          run_id)
+
+
+async def _run(gw: tn.Gateway, mode: str, fences: Sequence[wl.Fence], stream: wl.Stream,
+               reference: Sequence[wl.EventTuple], batch: int, rate: float | None, clients: int,
+               progress: ProgressFn | None, idle: bool, parking: bool, run_id: str | None) -> BrokerRun:
     conn = load_connection_settings()
     run_id = run_id or uuid.uuid4().hex[:6]
     fs, st = renamed(fences, stream, run_id)
+    # the reference named as the events are once qualified again: bench:b<run>-<id>
     rename_f = {f.fence_id: g.fence_id for f, g in zip(fences, fs, strict=True)}
-    rename_o = dict(zip(stream.object_ids, st.object_ids, strict=True))
+    rename_o = {o: tn.qualified(n) for o, n in zip(stream.object_ids, st.object_ids, strict=True)}
     ref: list[wl.EventTuple] = []
     result = BrokerRun(mode, len(fs), len(st.object_ids), len(st), rate)
 
     stored, confirmed = [0], [0]
     status = Status("fences", len(fs), lambda: stored[0])
     ticker = asyncio.create_task(report.every(TICK_S, status.to(progress))) if progress else None
-    sink = EventSink(conn, f"b{run_id}-")
+    sink = EventSink(conn, run_prefix(run_id))
     sent_at = np.zeros(len(st))
     try:
         t0 = time.perf_counter()
@@ -450,11 +480,11 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
         t0 = time.perf_counter()
         if mode == "amqp":
             status.count = lambda: confirmed[0]
-            await publish_gateway(conn, bodies, sent_at, rate, confirmed=confirmed)
+            await publish_gateway(conn, bodies, sent_at, rate, confirmed=confirmed, gateway=gw)
         else:
             sent_count = mp.get_context("fork").Value("q", 0)
             status.count = lambda: int(sent_count.value)
-            await asyncio.to_thread(publish_mqtt, conn, st, sent_at, rate, clients, sent_count)
+            await asyncio.to_thread(publish_mqtt, gw, st, sent_at, rate, clients, sent_count)
             t0 = float(sent_at.min()) - time.time() + time.perf_counter()
         result.publish_s = time.perf_counter() - t0
         status.phase, status.total, status.count = "events", len(ref), lambda: len(sink.got)
@@ -471,7 +501,7 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
             if parking and sink.conn is not None:  # the fences are still there: parking LEAVEs
                 status.phase, status.total, status.count = "parking", 0, lambda: 0
                 try:
-                    result.parked = await park(conn, st, 1000)
+                    result.parked = await park(conn, st, 1000, gw)
                 except Exception as exc:  # the fences go anyway
                     report.warn(f"parking failed ({type(exc).__name__}: {exc})")
             status.phase = "cleanup"
@@ -481,7 +511,7 @@ async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, referenc
                 ticker.cancel()
     result.events = [e for e, _ in sink.got]
     result.arrivals = np.array([recv for _, recv in sink.got], np.float64)
-    where = update_index(st)
+    where = update_index(st, tn.TENANT)
     lat = [(recv - sent_at[where[(e[2], e[3])]]) * 1000.0 for e, recv in sink.got if (e[2], e[3]) in where]
     result.latency_ms = np.asarray(lat)
     result.reference = ref

@@ -3,8 +3,10 @@ the management API) against `geofence device add ID` (broker CLI calls), in one 
 the running local stack.
 
 Figures, not tests: `.venv/bin/python -m bench.devices [--devices 10000] [--single 10]`.
-It creates devices named `bench-dev-<run>-<i>`, checks that a sample has the rights of a
-single `device add` and that a second import changes nothing, then removes them all.
+It creates devices of the benchmarks' tenant (bench/tenant.py) named `bench-dev-<run>-<i>` (RabbitMQ
+users `bench.bench-dev-<run>-<i>`), checks that a sample has the rights of a single `device add`
+(the user's and the object's names masked) and that a second import changes nothing, then
+removes them all.
 Target (issue 16): 10,000 devices in under a minute.
 """
 
@@ -21,7 +23,10 @@ import time
 import uuid
 
 from bench import report
+from bench import tenant as tn
 from deploy.rabbitmq import apply as ap
+from deploy.rabbitmq import credentials as cred
+from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq import device_bulk, devices
 from deploy.settings import Settings, load_secrets
 
@@ -46,7 +51,7 @@ def main() -> int:
     def add_all() -> tuple[list[tuple[str, str | None]], float]:
         """device_bulk.add_many of every id, and the seconds it took."""
         t0 = time.perf_counter()
-        rows = device_bulk.add_many(broker, ids, lambda line: progress.show(line.strip()))
+        rows = device_bulk.add_many(broker, tn.TENANT, ids, lambda line: progress.show(line.strip()))
         seconds = time.perf_counter() - t0
         progress.close()
         return rows, seconds
@@ -58,21 +63,28 @@ def main() -> int:
         assert all(p is None for _, p in again), "a second import created devices"
         t0 = time.perf_counter()
         for i in singles:
-            devices.add(settings, pw, i, None, lambda s: None)
+            devices.add(settings, pw, tn.TENANT, i, None, lambda s: None)
         single_s = (time.perf_counter() - t0) / max(1, len(singles))
-        # a sample of the bulk devices has exactly the rights of a single `device add`
-        def rights(user: str) -> tuple[object, ...]:
+        # a sample of the bulk devices has exactly the rights of a single `device add`, once
+        # the names are masked: the user `<tenant>.<id>` (also regex-escaped), then the id
+        def rights(object_id: str) -> tuple[object, ...]:
+            user = cred.device_user(tn.TENANT, object_id)
+
+            def masked(text: str) -> str:
+                return text.replace(d.regex_escape(user), "U").replace(user, "U").replace(object_id, "O")
+
             perms = mgmt.get(f"api/users/{user}/permissions")
             topics = mgmt.get(f"api/users/{user}/topic-permissions")
             tags = mgmt.get(f"api/users/{user}")["tags"]
-            return (sorted((p["vhost"], p["configure"].replace(user, "U"), p["write"].replace(user, "U"),
-                            p["read"].replace(user, "U")) for p in perms),
-                    sorted((p["exchange"], p["write"], p["read"]) for p in topics), sorted(tags))
+            return (sorted((p["vhost"], masked(p["configure"]), masked(p["write"]), masked(p["read"]))
+                           for p in perms),
+                    sorted((p["exchange"], masked(p["write"]), masked(p["read"])) for p in topics),
+                    sorted(tags))
         sample = range(0, len(ids), max(1, len(ids) // 20))
         same = all(rights(ids[k]) == rights(singles[0]) for k in sample)
     finally:
         t0 = time.perf_counter()
-        removed = device_bulk.remove_many(broker, ids + singles, lambda s: None)
+        removed = device_bulk.remove_many(broker, tn.TENANT, ids + singles, lambda s: None)
         remove_s = time.perf_counter() - t0
     paths = [  # (path, devices, seconds, seconds a device)
         ("device add --file (definitions import)", len(ids), bulk_s, bulk_s / len(ids)),

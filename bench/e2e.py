@@ -17,8 +17,9 @@ run, so `--mode all --updates 20000` runs them all at U=20,000):
   per worker): the ceiling of the platform. Target 500,000 updates/s (the issue's figure, at
   F=1,000).
 - amqp: gateway batches (msgpack, `--batch` positions each, 16 in flight with confirms) into
-  the running stack (`geofence up`), events read back from `fence.events`
-  (bench/broker_modes.py). Target 50,000 updates/s at F=1,000, 40,000 above.
+  the running stack (`geofence up`) through a gateway user of the benchmarks' tenant made for
+  the run, events read back from `fence.event-batches` (bench/broker_modes.py, bench/tenant.py).
+  Target 50,000 updates/s at F=1,000, 40,000 above.
 - mqtt: one MQTT message per update (QoS 1, `--clients` publishing processes). Target 10,000
   updates/s; ~1-2k/s today, hence the small defaults.
 - durability: the amqp run with the production setting (persistent messages, publisher

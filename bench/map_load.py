@@ -16,7 +16,13 @@ drift of the machine over the rounds does not land on one side. Before a run wit
 API's tap queues must be gone (the feed keeps them `LINGER_S` after the last map closed), so
 that run pays nothing for the maps.
 
-    python -m bench.map_load --serve-maps N --api URL   (the maps' process, used by the above)
+The maps are an operator's (every tenant's fences, objects and events, as /map showed them all
+before tenants): a Firebase user with the operator claim is made in the stack's Auth emulator
+for the run (deleted at the end), each map signs in with its ID token (fence/page_data.py), and
+the workload is the benchmarks' tenant's (bench/broker_modes.py, bench/tenant.py).
+
+    python -m bench.map_load --serve-maps N --api URL   (the maps' process, used by the above;
+    the first line of its stdin is the ID token the maps sign in with)
 """
 
 from __future__ import annotations
@@ -27,21 +33,26 @@ if __name__ == "__main__" and not __package__:  # run as a file: again as a modu
     cli.run_as_module(__file__)
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 from bench import capacity, report
+from deploy import firebase_emulator as fe
 from deploy.rabbitmq.apply import management
-from deploy.settings import Settings, load_connection_settings, load_secrets
+from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets
 from exchanges import topology as t
 from fence.map_view import FRAME_EVERY_S
+from fence.service import OPERATOR_CLAIM
 
 TARGET_DROP = 0.05
 
@@ -59,14 +70,18 @@ class MapStats:
 
 
 def serve_maps(n: int, api: str) -> int:
-    """N websocket clients until stdin closes; prints one JSON line of their figures then.
-    They count what they get and do not parse it: the browsers are on other machines, and
-    their work is not the server's (this process's own CPU is printed beside)."""
+    """N websocket clients, signed in with the token of stdin's first line, until stdin closes;
+    prints one JSON line of their figures then. They count what they get and do not parse it:
+    the browsers are on other machines, and their work is not the server's (this process's own
+    CPU is printed beside)."""
     import websocket  # websocket-client: only this process needs it
 
+    token = sys.stdin.readline().strip()
     url = api.replace("http://", "ws://") + "/map/ws"
     stats = [MapStats() for _ in range(n)]
     socks = [websocket.create_connection(url, timeout=30) for _ in range(n)]
+    for ws in socks:  # the sign-in: an operator's map, of every tenant
+        ws.send(json.dumps({"token": token, "tenant": None}))
     stop = threading.Event()
 
     def read(ws: Any, s: MapStats) -> None:
@@ -89,6 +104,10 @@ def serve_maps(n: int, api: str) -> int:
     for th in threads:
         th.start()
     while any(s.first_at is None for s in stats):
+        if any(s.first_at is None and not th.is_alive() for s, th in zip(stats, threads, strict=True)):
+            print("a map's socket closed before its first frame: its sign-in refused (see the api's log)",
+                  flush=True)
+            return 1
         time.sleep(0.05)
     print("ready", flush=True)
     started = time.monotonic()
@@ -105,13 +124,49 @@ def serve_maps(n: int, api: str) -> int:
     return 0
 
 
-class Maps:
-    """The maps' process: open, ready, then closed with its figures."""
+@dataclass(frozen=True)
+class Operator:
+    """A Firebase user of the Auth emulator with the operator claim (email, password)."""
 
-    def __init__(self, n: int, api: str) -> None:
+    conn: ConnectionSettings
+    uid: str
+    email: str
+    password: str
+
+    def where(self) -> tuple[str, int, str]:
+        host, port = self.conn["firebase"]["auth_emulator_host"].rsplit(":", 1)
+        return host, int(port), self.conn["firebase"]["project"]
+
+    def token(self) -> str:
+        """A fresh ID token (they last an hour: one per map run)."""
+        host, port, project = self.where()
+        return fe.sign_in(host, port, project, self.email, self.password)
+
+
+@contextlib.contextmanager
+def operator(conn: ConnectionSettings) -> Iterator[Operator]:
+    """An operator made in the stack's Auth emulator for the run, deleted after it."""
+    host, port = conn["firebase"]["auth_emulator_host"].rsplit(":", 1)
+    project = conn["firebase"]["project"]
+    email, password = f"bench-map-{uuid.uuid4().hex[:10]}@example.org", uuid.uuid4().hex
+    uid, _ = fe.sign_up(host, int(port), project, email, password)
+    try:
+        fe.set_claims(host, int(port), project, uid, {OPERATOR_CLAIM: True})
+        yield Operator(conn, uid, email, password)
+    finally:
+        with contextlib.suppress(Exception):
+            fe.delete_user(host, int(port), project, uid)
+
+
+class Maps:
+    """The maps' process: open, signed in with `token`, ready, then closed with its figures."""
+
+    def __init__(self, n: int, api: str, token: str) -> None:
         argv = [sys.executable, "-m", "bench.map_load", "--serve-maps", str(n), "--api", api]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self.proc.stdin.write(token + "\n")
+        self.proc.stdin.flush()
         line = self.proc.stdout.readline().strip()
         if line != "ready":
             raise RuntimeError(f"the maps did not open: {line!r}")
@@ -151,10 +206,10 @@ class Run:
     map_figures: dict[str, Any] | None = None
 
 
-def one_run(args: argparse.Namespace, maps: int, api: str) -> Run:
+def one_run(args: argparse.Namespace, maps: int, api: str, op: Operator) -> Run:
     if maps == 0:
         taps_gone()
-    opened = Maps(maps, api) if maps else None
+    opened = Maps(maps, api, op.token()) if maps else None
     try:
         out, us = capacity.measure(args.fences, args.objects, args.updates, args.batch, args.seed)
     finally:
@@ -182,12 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.serve_maps:
         return serve_maps(args.serve_maps, args.api)
-    api = load_connection_settings(Settings.from_env())["api"]
+    conn = load_connection_settings(Settings.from_env())
+    api = conn["api"]
+    if api is None:
+        p.error("the local stack runs no API (`geofence up` starts it)")
     runs: list[Run] = []
-    for r in range(args.rounds):
-        for maps in ((0, args.maps) if r % 2 == 0 else (args.maps, 0)):
-            print(f"round {r + 1}/{args.rounds}: {maps} map(s) open", flush=True)
-            runs.append(one_run(args, maps, api))
+    with operator(conn) as op:
+        for r in range(args.rounds):
+            for maps in ((0, args.maps) if r % 2 == 0 else (args.maps, 0)):
+                print(f"round {r + 1}/{args.rounds}: {maps} map(s) open", flush=True)
+                runs.append(one_run(args, maps, api, op))
     rows = []
     for run in runs:
         m = run.map_figures

@@ -5,8 +5,9 @@
 The issue asks for "100 such fences each moving once per second". One run measures, side by
 side, against the running stack (`geofence up`):
 
-A. capacity, in this process (no follower): F fences (150 m circles around Vaduz, following
-   the objects `bench-mv-car-NNN`) go in through a FenceManager (the fence-manager user,
+A. capacity, in this process (no follower): F fences (150 m circles around Vaduz, the benchmarks'
+   tenant's `bench:bench-mv-NNN`, following its objects `bench:bench-mv-car-NNN`: bench/tenant.py)
+   go in through a FenceManager (the fence-manager user,
    PostgreSQL); then R rounds of moving every fence by 20-50 m (`FenceManager.put` with an
    increasing follow_ts, create=False, as the follower does), first with at most 8 moves in
    flight (the follower's MOVE_CONCURRENCY), then one at a time. Figures: moves/s, latency
@@ -15,7 +16,7 @@ A. capacity, in this process (no follower): F fences (150 m circles around Vaduz
    catching up), and the x-geo counters `rebinds` (a diff applied as a diff) and
    `rebinds_from_store` (a diff that did not fit: the bindings re-read from PostgreSQL).
 B. sustained, end to end through the pipeline and the follower (the api process): each car
-   publishes one position per second (AMQP to gf-ingress amq.topic, `positions.<id>`, JSON,
+   publishes one position per second (AMQP to gf-ingress amq.topic, `positions.bench.<id>`, JSON,
    persistent, confirmed; the cars spread over the second), moving at 15 m/s along its own
    heading; x-ingress taps them to fence.follow, the follower moves the fences. After a warm-up
    in which every fence moved once (PostgreSQL fence.follow_ts), a window of D seconds: moves

@@ -3,10 +3,12 @@ stack (`geofence up`): fences that follow cars (fence i, a circle of RADIUS_M, f
 the cars publishing their positions, and what the benchmarks read of the stack (x-geo's
 counters, the api's /health, the CPU of the recorded processes).
 
-Invariants: the fleet's fences are all the OWNER's and their ids start with FENCE_PREFIX, so a
-run that could not clean up leaves fences `remove_leftovers` finds; a process's CPU figure is
-taken only while it is the process that was recorded (same pid and start time: `Stack.alive`),
-never a restarted one's.
+Invariants: the fleet's fences are all the OWNER's and the benchmarks' tenant's (bench/tenant.py),
+their ids `bench:` + FENCE_PREFIX + a number, each following the tenant's car `bench:` +
+CAR_PREFIX + the same number (the cars publish `positions.bench.<car>`: x-ingress qualifies
+them by that tenant), so a run that could not clean up leaves fences `remove_leftovers` finds;
+a process's CPU figure is taken only while it is the process that was recorded (same pid and
+start time: `Stack.alive`), never a restarted one's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 import orjson
 
 from bench import broker_modes as bm
+from bench import tenant as tn
 from deploy import sidecars
 from deploy.inspect_cmd import ask
 from deploy.processes import StackError, load_state
@@ -145,7 +148,9 @@ def geo_delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]
 
 @dataclass
 class Fleet:
-    """The fences and their cars: fence i follows car i; `centre` is where fence i stands."""
+    """The fences and their cars: fence i follows car i; `centre` is where fence i stands.
+    `ids` are the fences' qualified ids (`bench:bench-mv-NNN`, as stored), `cars` the cars'
+    names as they publish them (`bench-mv-car-NNN`, qualified `bench:bench-mv-car-NNN`)."""
 
     ids: list[str]
     cars: list[str]
@@ -155,14 +160,15 @@ class Fleet:
     def make(cls, n: int, rng: np.random.Generator) -> Fleet:
         width = max(3, len(str(n - 1)))
         east, north = rng.uniform(-SPREAD_M, SPREAD_M, (2, n))
-        return cls([f"{FENCE_PREFIX}{i:0{width}d}" for i in range(n)],
+        return cls([tn.qualified(f"{FENCE_PREFIX}{i:0{width}d}") for i in range(n)],
                    [f"{CAR_PREFIX}{i:0{width}d}" for i in range(n)],
                    [offset(*CENTRE, float(e), float(no)) for e, no in zip(east, north, strict=True)])
 
     def spec(self, i: int) -> FenceSpec:
         lon, lat = self.centre[i]
+        follow = Follow(tn.qualified(self.cars[i]), RADIUS_M)
         return FenceSpec(fence_id=self.ids[i], geometry=circle(lon, lat, RADIUS_M), name=f"bench moving {i}",
-                         timeout_s=TIMEOUT_S, owner=OWNER, follow=Follow(self.cars[i], RADIUS_M))
+                         timeout_s=TIMEOUT_S, owner=OWNER, follow=follow)
 
 
 async def live_rows(pg: asyncpg.Connection, ids: Sequence[str]) -> dict[str, asyncpg.Record]:
@@ -172,9 +178,11 @@ async def live_rows(pg: asyncpg.Connection, ids: Sequence[str]) -> dict[str, asy
 
 
 async def remove_leftovers(pg: asyncpg.Connection, manager: FenceManager) -> int:
-    """This benchmark's fences left by a run that could not clean up."""
+    """This benchmark's fences left by a run that could not clean up. The benchmarks' tenant is
+    created first if it is missing (the fleet's fences are its own)."""
+    await tn.ensure_tenant(pg)
     ids = [r["id"] for r in await pg.fetch("SELECT id FROM fence WHERE deleted_at IS NULL AND owner = $1 "
-                                           "AND id LIKE $2", OWNER, FENCE_PREFIX + "%")]
+                                           "AND id LIKE $2", OWNER, tn.qualified(FENCE_PREFIX) + "%")]
     await bm.remove_stored(manager, ids, owner=OWNER)
     return len(ids)
 
@@ -226,7 +234,8 @@ class Cars:
                 try:
                     await ex.publish(aio_pika.Message(body, content_type="application/json",
                                                       delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                                     f"positions.{self.fleet.cars[i]}", mandatory=True)
+                                     f"{t.POSITIONS_TOPIC_PREFIX}.{tn.TENANT}.{self.fleet.cars[i]}",
+                                     mandatory=True)
                 except Exception as exc:
                     self.errors.append(f"{self.fleet.cars[i]}: {type(exc).__name__}: {exc}")
                     return

@@ -23,10 +23,13 @@ against every object, row by row). Two figures:
 No broker here: the figure is the matching path's own cost, what the sidecars add around it is
 measured by bench/e2e.py for the fence path.
 
-With --live, the same stream through the running stack (`geofence up`): the subscriptions stored
-as the API stores them, positions as gateway batches with their due time as ts, the events read
-from fence.events; the first second at full speed (its events awaited), then --live-s seconds
-paced at --live-rate, each event's latency being its receipt minus its position's time.
+With --live, the same stream through the running stack (`geofence up`), all of it the benchmarks'
+tenant's (bench/tenant.py): the subscriptions stored as the API stores them (ids and objects
+qualified, `bench:<run>-...`), positions as gateway batches of a gateway user made for the run
+(ingress.gateway, routing key the tenant) with their due time as ts, the events read from
+fence.events (`roam-events.bench.#`); the first second at full speed (its events awaited),
+then --live-s seconds paced at --live-rate, each event's latency being its receipt minus its
+position's time.
 
 Tile38 (../shared/anchors/tile38/tile38-server): the subscribers in key `subs`, the publishers in
 `pubs`; per radius two hooks, `SETCHAN ... NEARBY subs MATCH r<R>-* FENCE NODWELL ROAM pubs * R`
@@ -62,6 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench import report
+from bench import tenant as tn
 from bench.versus_tile38 import TILE38, Resp, Subscriber, encode, tile38_server
 from deploy.demo.traffic import Fleet, road_network
 from deploy.inspect_cmd import ask, ring_in_force
@@ -262,7 +266,8 @@ def _listen(url: str, run: str, ready: Any, stop: Any, last: Any, count: Any, ou
         await ch.basic_qos(prefetch_count=10_000)
         declared = await ch.queue_declare("", exclusive=True, auto_delete=True)
         queue = str(declared.queue)
-        await ch.queue_bind(queue, topology.EVENTS_EXCHANGE, f"{topology.ROAM_EVENTS_TOPIC_PREFIX}.#")
+        key = f"{topology.ROAM_EVENTS_TOPIC_PREFIX}.{tn.TENANT}.#"  # the tenant's proximity events
+        await ch.queue_bind(queue, topology.EVENTS_EXCHANGE, key)
         recv: list[float] = []
         ts: list[float] = []
         marker = b'"subscription":"' + run.encode()
@@ -304,10 +309,13 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
     conn = load_connection_settings()
     workers = list((await ring_in_force(Settings.from_env())).nodes)
     run = f"rb{os.getpid() % 10_000:04d}{int(time.time()) % 100_000:05d}"
-    ids = [f"{run}-{o}" for o in s.ids]
-    subs = [Subscription(f"{run}-{x.id}", f"{run}-{x.object}", x.radius_m, match=f"{run}-p-*")
+    ids = [f"{run}-{o}" for o in s.ids]  # as published: x-ingress qualifies them by the gateway's tenant
+    # qualified as stored; the glob matches the names within the subscription's tenant
+    subs = [Subscription(tn.qualified(f"{run}-{x.id}"), tn.qualified(f"{run}-{x.object}"), x.radius_m,
+                         match=f"{run}-p-*")
             for x in s.subscriptions]
     pg = await routing_store.connect(conn["postgres"]["dsn"])
+    await tn.ensure_tenant(pg)
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
     last, count = ctx.Value("d", time.monotonic()), ctx.Value("q", 0)
@@ -320,6 +328,7 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
         while time.monotonic() - last.value < after:
             await asyncio.sleep(0.2)
 
+    stack = contextlib.AsyncExitStack()  # the run's gateway user, removed at the end
     try:
         if not await asyncio.to_thread(ready.wait, 60):
             raise RuntimeError("the event listener did not start")
@@ -339,10 +348,11 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
             if time.monotonic() > end:
                 raise RuntimeError(f"the subscriptions did not reach every worker: {counts}")
             await asyncio.sleep(0.5)
-        gw = await aio_pika.connect(conn["users"][topology.GATEWAY_USER][topology.INGRESS_VHOST])
+        gateway = await stack.enter_async_context(tn.run_gateway())
+        gw = await aio_pika.connect(gateway.amqp_url)
         try:
             gch = await gw.channel(publisher_confirms=True)
-            ex = await gch.get_exchange(topology.BATCHES_EXCHANGE, ensure=False)
+            ex = await gch.get_exchange(topology.GATEWAY_EXCHANGE, ensure=False)
             confirms: set[asyncio.Future[Any]] = set()
 
             async def send(lo: int, hi: int, ts: F64) -> None:
@@ -356,7 +366,7 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
                     confirms.intersection_update(pending)
                 message = aio_pika.Message(body, content_type="application/msgpack",
                                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-                confirms.add(asyncio.ensure_future(ex.publish(message, "")))
+                confirms.add(asyncio.ensure_future(ex.publish(message, gateway.routing_key)))
                 await asyncio.sleep(0)  # written in order
 
             t0 = last.value = time.monotonic()
@@ -395,8 +405,9 @@ async def run_live(s: Stream, rate: float, seconds: float, first: int, batch: in
             listener.kill()
         for x in subs:
             with contextlib.suppress(Exception):
-                await store.delete_subscription(pg, "bench", x.id)
+                await store.delete_subscription(pg, x.id)
         await pg.close()
+        await stack.aclose()
 
 
 # --------------------------------------------------------------------------- Tile38

@@ -40,6 +40,7 @@ from typing import Any
 
 from bench import broker_modes as bm
 from bench import e2e, report
+from bench import tenant as tn
 from bench import workload as wl
 from deploy import region_ops, worker_ops
 from deploy.settings import Secrets, Settings, load_secrets, postgres_dsn
@@ -173,7 +174,9 @@ async def run_ops(args: argparse.Namespace, w: e2e.Workloads, f: int, settings: 
         await timed("region remove c", region_ops.remove(settings, pw, "c", "a", quiet))
         await timed("worker add w2", worker_ops.add(settings, pw, "w2", 1, quiet))
         await timed("worker remove w2", worker_ops.remove(settings, pw, "w2", quiet))
-        hot = [f"b{run_id}-{f}" for f, _ in Counter(e[1] for e in reference).most_common(HOT)]
+        # the run's ids, qualified as stored (bench/broker_modes.py renamed, bench/tenant.py)
+        hot = [tn.qualified(f"{bm.run_prefix(run_id)}{f}")
+               for f, _ in Counter(e[1] for e in reference).most_common(HOT)]
         await timed(f"{len(hot)} busiest fences hot (2 masters)", worker_ops.hot(settings, pw, hot, 2, quiet))
         await timed(f"the {len(hot)} back to 1 master", worker_ops.hot(settings, pw, hot, 1, quiet))
         r = await run

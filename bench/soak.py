@@ -17,9 +17,14 @@ Against the running stack (`geofence up`), at the same time:
 - every --sample-s, the memory (Pss, see `memory_kib`) of every sidecar, RabbitMQ,
   PostgreSQL (the postmaster and its backends), memcached and this process.
 
+Everything is the benchmarks' tenant's (bench/tenant.py): the fleet's fences `bench:s<run>-f...`,
+its objects `s<run>-o...` published by a gateway user made for the run (removed at the end),
+the cars and moving fences moving_fleet's.
+
 At the end (publishing stopped): every fleet event must have arrived once (the events of
-fence.event-batches, kept as 64-bit digests of (kind, fence, object, ts, reason): a run of
-millions of events fits in memory), none more, none missing; every moving fence must stand on
+fence.event-batches, their ids qualified again by their tenant, kept as 64-bit digests of
+(kind, fence, object, ts, reason): a run of millions of events fits in memory), none more,
+none missing; every moving fence must stand on
 its car's last position. The figures: per process, memory at the first sample after warm-up and
 at the end, and the growth per hour (a least-squares slope over the samples after the first
 --warmup-min minutes). Exit 1 if events differ or a moving fence did not settle; memory figures
@@ -55,6 +60,7 @@ import orjson
 from bench import broker_modes as bm
 from bench import moving_fleet as mf
 from bench import report
+from bench import tenant as tn
 from bench import workload as wl
 from deploy.settings import ConnectionSettings, Settings, load_connection_settings
 from exchanges import routing_store
@@ -65,7 +71,7 @@ RATE = 37_000.0  # half of the largest amqp rate at F=1,000 in this issue (74,00
 SEGMENT_S = 60.0
 SETTLE_DEADLINE_S = 300.0  # after the last publish: every expected event, at most this late
 BATCH = 1_000
-LEFTOVER = "^s[0-9a-f]{6}-f"  # the fleet fences of a run (prefix s<run id>-)
+LEFTOVER = f"^{tn.TENANT}:s[0-9a-f]{{6}}-f"  # the fleet fences of a run (bench:s<run id>-f...)
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -76,7 +82,8 @@ def digest(e: wl.EventTuple) -> int:
 
 
 class Reference:
-    """The shapely reference over the segments, carrying who is inside what between them."""
+    """The shapely reference over the segments, carrying who is inside what between them; its
+    events named as the pipeline names them (fences qualified already, objects qualified here)."""
 
     def __init__(self, fences: list[wl.Fence], n_objects: int) -> None:
         self.names = [f.fence_id for f in fences]
@@ -85,14 +92,16 @@ class Reference:
         self.digests = array.array("q")
 
     def feed(self, st: wl.Stream) -> int:
-        got = reference.reference_events(self.names, self.geoms, st.object_ids, st.obj, st.lon, st.lat,
+        ids = [tn.qualified(o) for o in st.object_ids]
+        got = reference.reference_events(self.names, self.geoms, ids, st.obj, st.lon, st.lat,
                                          st.ts, inside=self.inside)
         self.digests.extend(digest(e) for e in got)
         return len(got)
 
 
 class BatchSink:
-    """fence.event-batches -> digests of the run's events (by its prefix)."""
+    """fence.event-batches -> digests of the run's events (the tenant's, by the run's prefix),
+    their ids qualified again (bench/tenant.py)."""
 
     def __init__(self, url: str, prefix: str) -> None:
         self.url, self.prefix = url, prefix
@@ -108,10 +117,7 @@ class BatchSink:
         await q.consume(self._on, no_ack=True)
 
     async def _on(self, m: aio_pika.abc.AbstractIncomingMessage) -> None:
-        p = self.prefix
-        self.digests.extend(digest((e["event"], e["fence_id"], e["object_id"], e["ts"], e["reason"]))
-                            for e in orjson.loads(m.body)
-                            if e["fence_id"].startswith(p) and e["object_id"].startswith(p))
+        self.digests.extend(digest(e) for e in tn.run_events(orjson.loads(m.body), self.prefix))
 
     async def close(self) -> None:
         if self.conn is not None:
@@ -179,7 +185,7 @@ class Outcome:
     late_s: float = 0.0  # publishing behind its pace at the end
 
 
-async def publish_segments(args: argparse.Namespace, conn: ConnectionSettings, walk: wl.Walk,
+async def publish_segments(args: argparse.Namespace, conn: ConnectionSettings, gw: tn.Gateway, walk: wl.Walk,
                            ref: Reference, out: Outcome, status: list[str], t0: float,
                            stop: asyncio.Event) -> None:
     round_s = args.objects / args.rate
@@ -187,18 +193,27 @@ async def publish_segments(args: argparse.Namespace, conn: ConnectionSettings, w
     end = t0 + args.minutes * 60.0
     r = 0
     checking: asyncio.Task[int] | None = None
+    next_ts = 0.0  # a segment's rounds come after the previous one's: an object's ts only grow
     while time.perf_counter() < end and not stop.is_set():
         count = min(rounds_per_segment, max(1, int((end - time.perf_counter()) / round_s)))
-        base = time.time()
+        started = time.perf_counter()
+        base = max(time.time(), next_ts)
         st = walk.rounds(base + np.arange(count) * round_s)
+        next_ts = base + count * round_s
         if checking is not None:
             out.expected += await checking
         checking = asyncio.create_task(asyncio.to_thread(ref.feed, st))
         bodies = bm.gateway_bodies(st, BATCH)
         done = [0]
         status[0] = f"segment of {len(st):,} updates"
-        await bm.publish_gateway(conn, bodies, np.zeros(len(st)), args.rate, confirmed=done)
+        await bm.publish_gateway(conn, bodies, np.zeros(len(st)), args.rate, confirmed=done, gateway=gw)
         out.published += done[0]
+        # publish_gateway paces the start of each message: the segment's last message's share
+        # of the rate is waited here, else short segments (the end of a run, small runs) go
+        # out at full speed, ahead of their timestamps
+        left = len(st) / args.rate - (time.perf_counter() - started)
+        with contextlib.suppress(TimeoutError):  # pacing the load, not synchronising
+            await asyncio.wait_for(stop.wait(), max(0.0, left))
         r += count
         el = time.perf_counter() - t0
         status[0] = (f"{el / 60:.1f}/{args.minutes:g} min, {out.published:,} updates "
@@ -213,7 +228,7 @@ async def run(args: argparse.Namespace) -> int:
     stack = mf.Stack(settings, conn)
     run_id = uuid.uuid4().hex[:6]
     prefix = f"s{run_id}-"
-    fences = [dataclasses.replace(f, fence_id=f"{prefix}{f.fence_id}")
+    fences = [dataclasses.replace(f, fence_id=tn.qualified(f"{prefix}{f.fence_id}"))
               for f in wl.make_fences(args.fences, args.seed)]
     walk = wl.Walk(args.objects, args.seed, [f"{prefix}o{i:06d}" for i in range(args.objects)])
     ref = Reference(fences, args.objects)
@@ -231,7 +246,8 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     try:
-        async with stack.manager() as m:
+        await tn.ensure_tenant(pg)
+        async with tn.run_gateway(settings=settings) as gw, stack.manager() as m:
             await mf.remove_leftovers(pg, m)
             left = [r["id"] for r in await pg.fetch(
                 "SELECT id FROM fence WHERE deleted_at IS NULL AND coalesce(owner, '') = '' AND id ~ $1",
@@ -254,7 +270,7 @@ async def run(args: argparse.Namespace) -> int:
 
             sampling = asyncio.create_task(sampler())
             try:
-                await publish_segments(args, conn, walk, ref, out, status, t0, stop)
+                await publish_segments(args, conn, gw, walk, ref, out, status, t0, stop)
             finally:
                 out.wall_s = time.perf_counter() - t0
                 if cars is not None and car_task is not None:
@@ -292,7 +308,7 @@ async def run(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):  # every position of the run is older than now
                 await bm.park(conn, wl.Stream(walk.ids, np.arange(args.objects, dtype=np.int32),
                                               np.zeros(args.objects), np.zeros(args.objects),
-                                              np.full(args.objects, time.time())), BATCH)
+                                              np.full(args.objects, time.time())), BATCH, gw)
             await bm.remove_stored(m, [f.fence_id for f in fences])
             await bm.remove_stored(m, fleet.ids, owner=mf.OWNER)
     finally:

@@ -5,7 +5,8 @@
 
 1. rebuild-bindings over F generated fences (circles of 30 m to 3 km, 64 vertices, and
    rectangles, spread over the local stack's area): the job reads them over JDBC from a
-   schema of their own (`bench_spark`, a copy of the live tables' structure), covers every
+   schema of their own (`bench_spark`, a copy of the live tables' structure, its checks too: the
+   ids qualified, `bench:bench-fNNNNNNN`, the benchmarks' tenant's), covers every
    one with the C kernel in the executors, stores the coverings (fence_binding), cuts them by
    the worldmap, diffs against fence_range (empty there: every binding is an 'add') and writes
    the diff; `--dry-run` (nothing live changes) and `--resplit never`, then again with the
@@ -43,6 +44,7 @@ import asyncpg
 import numpy as np
 
 from bench import report
+from bench.tenant import qualified
 from deploy.spark_cmd import job_config
 from exchanges.worldmap import AREA
 from spark_jobs import rebuild_bindings
@@ -76,7 +78,7 @@ def fence_rows(n: int, seed: int) -> list[tuple[Any, ...]]:
         ring = np.round(np.column_stack([xs, ys]), 7).tolist()
         ring.append(ring[0])
         geometry = json.dumps({"type": "Polygon", "coordinates": [ring]})
-        rows.append((f"bench-f{i:07d}", "", "bench", geometry, '{"timeout_s": 300}', 1,
+        rows.append((qualified(f"bench-f{i:07d}"), "", "bench", geometry, '{"timeout_s": 300}', 1,
                      float(min(xs)), float(min(ys)), float(max(xs)), float(max(ys))))
     return rows
 

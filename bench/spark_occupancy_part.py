@@ -20,6 +20,10 @@ The venue part: H hives (`--hives`, default 2,000) in three time zones, one sens
 reporting every 15 minutes (a legacy sensor's timeout; counts Poisson by a day-shaped
 intensity), half of them with one of the generated fences as their fence (the phones figure);
 the job's venue phase is timed on its own (`phases_s["venues"]`).
+
+The ids are qualified as the archive stores them since tenants (fence/archive.py: the events'
+ids qualified by their tenant): fences `bench:bench-fNNNNNN`, objects `bench:bench-oNNNNNNNN`, the
+benchmarks' tenant's (bench/tenant.py); hives and sensors are the platform's, unqualified.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench import report
+from bench.tenant import qualified
 from deploy.migrate import MIGRATIONS_DIR
 from deploy.spark_cmd import job_config
 from spark_jobs import occupancy
@@ -150,6 +155,7 @@ def fixed_names(prefix: bytes, idx: I64, digits: int) -> npt.NDArray[np.bytes_]:
 # ---------------------------------------------------------------- binary COPY
 
 COLUMNS = ("event_id", "fence_id", "object_id", "event", "reason", "ts", "archived_at")
+FENCE_PREFIX, OBJECT_PREFIX = qualified("bench-f"), qualified("bench-o")  # + the number
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC).timestamp()
 HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
 TRAILER = struct.pack("!h", -1)
@@ -158,8 +164,8 @@ TRAILER = struct.pack("!h", -1)
 def copy_rows(ev: Events, lo: int, hi: int) -> bytes:
     """Rows lo..hi in PostgreSQL's binary COPY format (no header): every field has a fixed
     width once the rows are grouped by reason, so each group is one numpy record array."""
-    fid = fixed_names(b"bench-f", ev.fence[lo:hi], 6)
-    oid = fixed_names(b"bench-o", ev.obj[lo:hi], 8)
+    fid = fixed_names(FENCE_PREFIX.encode(), ev.fence[lo:hi], 6)
+    oid = fixed_names(OBJECT_PREFIX.encode(), ev.obj[lo:hi], 8)
     parts = []
     for r, name in enumerate(REASONS):
         sel = np.flatnonzero(ev.reason[lo:hi] == r)
@@ -211,7 +217,7 @@ async def load_venues(conn: Any, schema: str, hives: int, days: int, fences: int
     await conn.copy_records_to_table("hive", schema_name=schema, columns=(
         "id", "name", "type", "lon", "lat", "tz", "fence_id"), records=[
         (f"bench-h{i:06d}", f"Bench hive {i}", "bar", 9.5, 47.1, ZONES[i % len(ZONES)],
-         f"bench-f{i % fences:06d}" if i % 2 == 0 else None) for i in range(hives)])
+         f"{FENCE_PREFIX}{i % fences:06d}" if i % 2 == 0 else None) for i in range(hives)])
     await conn.copy_records_to_table("sensor", schema_name=schema, columns=("id", "hive_id"), records=[
         (f"bench-s{i:06d}", f"bench-h{i:06d}") for i in range(hives)])
     t0 = dt.datetime.combine(FIRST_DAY, dt.time(), dt.UTC)

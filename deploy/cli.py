@@ -24,7 +24,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("deploy.demo_cmd", "run the demo against the local stack"),
     "kernel": ("hilbert_c.cli", "Hilbert kernel tools: encode, decode, cover"),
     "topology": ("deploy.topology_cmd", "the pipeline's RabbitMQ topology: apply, show"),
-    "device": ("deploy.topology_cmd", "device (MQTT) users: add, remove, list"),
+    "device": ("deploy.topology_cmd", "a tenant's device (MQTT) users: add, remove, list"),
+    "gateway": ("deploy.topology_cmd", "a tenant's gateway (AMQP or MQTT) users: add, remove, list"),
+    "app": ("deploy.topology_cmd", "a tenant's application (AMQP) users: add, remove, list"),
     "sensor": ("deploy.venue_cmd", "presence sensors of hives: add, remove, list"),
     "x-ingress": ("deploy.sidecar_cmd", "run the x-ingress sidecar (MQTT / AMQP positions in)"),
     "x-geo": ("deploy.sidecar_cmd", "run the x-geo sidecar of one region"),
@@ -34,6 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "venue-sensors": ("deploy.sidecar_cmd", "run the sensor sidecar (sensor frames -> hive occupancy)"),
     "fence": ("deploy.fence_cmd", "add, replace, remove, list fences (GeoJSON)"),
     "subscription": ("deploy.subscription_cmd", "proximity subscriptions: add, list, show, remove"),
+    "tenant": ("deploy.tenant_cmd", "tenants (organisations) and their members: add, list, remove, member"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
     "settings": ("deploy.settings_cmd", "every environment variable: type, default, roles, secret; "
                  "--markdown, --json"),

@@ -1,14 +1,20 @@
 """`geofence demo`: the live fleet demo the README's first command runs.
 
-Real data ((c) OpenStreetMap contributors, ODbL 1.0): the 11 municipalities of
-Liechtenstein are fences, plus points of interest as 150 m circles. A fleet of vehicles drives
-round trips on the extract's road network (deploy/demo/traffic.py: fastest paths, speed by road
-class, Gaussian GPS noise) and publishes its positions over MQTT in real time, as devices do
-(`positions/<object_id>`, QoS 1). The demo prints the ENTER / LEAVE events the pipeline emits
-as they arrive (AMQP, exchange fence.events), a progress line, and a summary: vehicles,
-updates/s, events by fence, latency from a position to its event (p50 / p99), and whether the
-events are exactly those shapely computes from the very positions published. The stack stays
-up afterwards.
+Real data ((c) OpenStreetMap contributors, ODbL 1.0), two tenants sharing the platform:
+- `fleet` (a fleet company): the 11 municipalities of Liechtenstein are its fences, half of the
+  moving objects are its vehicles;
+- `venue-app` (the venue-occupancy app): points of interest as 150 m circles are its fences
+  (the venues among them its hives, each with a simulated door sensor), the other half of the
+  moving objects are its users' phones.
+Every object drives round trips on the extract's road network (deploy/demo/traffic.py: fastest
+paths, speed by road class, Gaussian GPS noise) and publishes its positions over MQTT in real
+time (`positions/<tenant>/<object_id>`, QoS 1), through its tenant's gateway credential, which
+may publish that tenant's positions only. The demo prints the ENTER / LEAVE events the
+pipeline emits as they arrive (AMQP, exchange fence.events), a progress line, and a summary:
+objects, updates/s, events by fence, latency from a position to its event (p50 / p99), whether
+the events are exactly those shapely computes from the very positions published, tenant by
+tenant (a fence sees its own tenant's objects only), and how many events crossed a tenant
+(none may). The stack stays up afterwards.
 
 Each run's vehicles have ids of their own (`d<run>-car-0001`...), so earlier runs' vehicles
 (still inside fences until their timeout) never mix into this run's comparison; events of
@@ -41,14 +47,19 @@ from deploy import sidecars
 from deploy.demo import venues
 from deploy.demo.osm_extract import OSM_CREDIT, municipalities, points_of_interest, road_network
 from deploy.demo.traffic import Fleet
-from deploy.settings import Settings, load_connection_settings
+from deploy.rabbitmq import devices
+from deploy.settings import Settings, load_connection_settings, load_secrets
 from exchanges import topology as t
-from fence import reference, store
+from exchanges.tenancy import qualify, tenant_of
+from fence import reference, store, tenants
 from fence.follow import circle
 from fence.manager import FenceManager
 from fence.spec import FenceSpec
 
 OWNER = "demo"
+FLEET, VENUES = "fleet", "venue-app"  # the demo's two tenants
+TENANT_NAMES = {FLEET: "A fleet company (demo)", VENUES: "The venue-occupancy app (demo)"}
+GATEWAY = "demo-gateway"  # each tenant's MQTT gateway user, made again each run (its password)
 POI_RADIUS_M = 150.0
 TIMEOUT_S = 120.0  # a vehicle silent this long leaves its fences (timeout)
 BORDER_BAND_M = 25.0  # municipalities: 5 m of GPS noise at a border gives no ENTER / LEAVE pairs (hysteresis)
@@ -88,14 +99,39 @@ def demo_pois(pois: int) -> list[tuple[str, str, float, float, str]]:
 
 
 def demo_fences(pois: int) -> list[Any]:
-    """FenceSpecs: municipalities (li-<name>) and `pois` points of interest (poi-<name>)."""
-    specs = [FenceSpec(fence_id=f"li-{slug(name)}", geometry=geom, name=name, timeout_s=TIMEOUT_S,
-                       owner=OWNER, hysteresis_m=BORDER_BAND_M)
+    """FenceSpecs: the fleet's municipalities (fleet:li-<name>) and the venue app's `pois`
+    points of interest (venue-app:poi-<name>), their ids qualified by their tenant."""
+    specs = [FenceSpec(fence_id=qualify(FLEET, f"li-{slug(name)}"), geometry=geom, name=name,
+                       timeout_s=TIMEOUT_S, owner=OWNER, hysteresis_m=BORDER_BAND_M)
              for name, geom in municipalities().items()]
     for fid, name, lon, lat, kind in demo_pois(pois):
-        specs.append(FenceSpec(fence_id=fid, geometry=circle(lon, lat, POI_RADIUS_M),
+        specs.append(FenceSpec(fence_id=qualify(VENUES, fid), geometry=circle(lon, lat, POI_RADIUS_M),
                                name=f"{name} ({kind})", timeout_s=TIMEOUT_S, owner=OWNER))
     return specs
+
+
+def object_tenant(i: int) -> str:
+    """The tenant of the demo's i-th moving object: every other one is a phone of the venue app."""
+    return FLEET if i % 2 == 0 else VENUES
+
+
+async def ensure_tenants(pg: asyncpg.Connection) -> None:
+    for tenant, name in TENANT_NAMES.items():
+        with contextlib.suppress(tenants.TenantExists):
+            await tenants.add_tenant(pg, tenant, name)
+
+
+def gateway_logins(settings: Settings) -> dict[str, tuple[str, str]]:
+    """Each tenant's MQTT gateway user for this run, made again (a new password, shown to
+    nobody): {tenant: (user, password)}."""
+    pw = load_secrets(settings)
+    out = {}
+    for tenant in TENANT_NAMES:
+        user = devices.user_of(tenant, GATEWAY)
+        with contextlib.suppress(devices.DeviceError):  # not there yet
+            devices.remove_gateway(settings, pw, tenant, GATEWAY, lambda _: None)
+        out[tenant] = (user, devices.add_gateway(settings, pw, tenant, GATEWAY, None, lambda _: None))
+    return out
 
 
 @dataclass
@@ -112,16 +148,19 @@ class Tally:
 
 
 class Publishers:
-    """A few paho MQTT connections (as the administrator, vhost gf-ingress), QoS 1."""
+    """A few paho MQTT connections (vhost gf-ingress), QoS 1: as `login` (user, password), a
+    tenant's gateway, else as the administrator."""
 
-    def __init__(self, mqtt_cfg: dict[str, Any], run: str, n: int, tally: Tally) -> None:
+    def __init__(self, mqtt_cfg: dict[str, Any], run: str, n: int, tally: Tally,
+                 login: tuple[str, str] | None = None) -> None:
         self.clients = []
         self.tally = tally
         connected = threading.Semaphore(0)
+        user, password = login or (mqtt_cfg["username"].split(":", 1)[1], mqtt_cfg["password"])
         for k in range(n):
-            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"demo-{run}-{k}", protocol=mqtt.MQTTv311)
-            c.username_pw_set(f"{mqtt_cfg['ingress_vhost']}:{mqtt_cfg['username'].split(':', 1)[1]}",
-                              mqtt_cfg["password"])
+            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"demo-{run}-{user}-{k}",
+                            protocol=mqtt.MQTTv311)
+            c.username_pw_set(f"{mqtt_cfg['ingress_vhost']}:{user}", password)
             c.max_inflight_messages_set(1000)
             c.on_connect = lambda cl, u, f, reason, p: connected.release()
             c.on_publish = lambda cl, u, mid, reason, p: tally.ack()
@@ -132,9 +171,10 @@ class Publishers:
             if not connected.acquire(timeout=20):
                 raise RuntimeError("MQTT connection not accepted within 20 s: is the stack up?")
 
-    def publish(self, i: int, object_id: str, lon: float, lat: float, ts: float) -> None:
+    def publish(self, i: int, tenant: str, object_id: str, lon: float, lat: float, ts: float) -> None:
         body = json.dumps({"lon": lon, "lat": lat, "ts": ts})
-        self.clients[i % len(self.clients)].publish(f"positions/{object_id}", body, qos=1)
+        self.clients[i % len(self.clients)].publish(f"{t.POSITIONS_TOPIC_PREFIX}/{tenant}/{object_id}", body,
+                                                    qos=1)
         self.tally.sent += 1
 
     def publish_raw(self, topic: str, payload: bytes) -> None:
@@ -176,6 +216,23 @@ class Screen:
             sys.stdout.write("\n")
 
 
+def tenant_reference(specs: list[Any], ids: list[str], owner_of: list[str],
+                     positions: list[tuple[int, float, float, float]]) -> list[reference.EventTuple]:
+    """The events shapely computes, tenant by tenant: each tenant's objects against its own
+    fences (a fence sees its tenant's objects only), as qualified names."""
+    want: list[reference.EventTuple] = []
+    for tenant in TENANT_NAMES:
+        mine = [s for s in specs if tenant_of(s.fence_id) == tenant]
+        rows = [p for p in positions if owner_of[p[0]] == tenant]
+        if not mine or not rows:
+            continue
+        want += reference.reference_events(
+            [s.fence_id for s in mine], [s.geometry for s in mine], [qualify(tenant, i) for i in ids],
+            np.array([p[0] for p in rows], np.int64), np.array([p[2] for p in rows]),
+            np.array([p[3] for p in rows]), np.array([p[1] for p in rows]), fences=mine)
+    return sorted(want, key=lambda e: (e[3], e[2], e[1], e[0]))
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -195,28 +252,36 @@ async def run_demo(args: argparse.Namespace) -> int:
     print(f"Liechtenstein, {OSM_CREDIT}")
 
     specs = demo_fences(args.pois)
-    names = {s.fence_id: s.name for s in specs}
+    names = {s.fence_id: s.name for s in specs}  # by qualified id
     amqp = conn["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
     async with FenceManager(amqp, conn["postgres"]["dsn"], settings.regions, settings.workers) as manager:
         async with manager.pool.acquire() as pg:  # the demo's fences are exactly this run's
-            stale = [r.fence.fence_id for r in await store.find_fences(pg, OWNER, limit=100_000)
-                     if r.fence.fence_id not in names]
+            await ensure_tenants(pg)
+            stale = [r.fence.fence_id for tenant in TENANT_NAMES
+                     for r in await store.find_fences(pg, tenant, limit=100_000)
+                     if r.fence.fence_id not in names and r.owner == OWNER]
         for fid in stale:
-            await manager.remove(fid, owner=OWNER)
+            await manager.remove(fid)
         ranges = 0
         for s in specs:
-            ranges += (await manager.put(s, owner=OWNER)).ranges
+            ranges += (await manager.put(s)).ranges
         await manager.applied(timeout=60)
-    n_li = sum(1 for s in specs if s.fence_id.startswith("li-"))
-    print(f"Fences: {n_li} municipalities and {len(specs) - n_li} points of interest ({POI_RADIUS_M:g} m), "
+    logins = gateway_logins(settings)
+    n_li = sum(1 for s in specs if tenant_of(s.fence_id) == FLEET)
+    print(f"Tenants: {FLEET} ({TENANT_NAMES[FLEET]}: {n_li} municipalities as fences) and {VENUES} "
+          f"({TENANT_NAMES[VENUES]}: {len(specs) - n_li} points of interest, {POI_RADIUS_M:g} m, as fences); "
           f"{ranges:,} Hilbert ranges bound in the x-geo regions {', '.join(settings.regions)}")
 
     network = road_network()
     fleet = Fleet(network, args.vehicles, args.seed, args.noise, departure_spread_s=0.0)
     fleet.true_positions(0.0)  # the first legs planned (~0.2 s) before the clock starts
-    ids = [f"d{run}-{v}" for v in fleet.ids]
-    print(f"Fleet: {args.vehicles} vehicles on {network.n_nodes:,} road nodes, reporting every "
-          f"{1 / args.rate:g} s over MQTT for {args.duration:g} s (GPS noise {args.noise:g} m)")
+    ids = [f"d{run}-{v}" if object_tenant(i) == FLEET else f"d{run}-phone-{i:04d}"
+           for i, v in enumerate(fleet.ids)]
+    owner_of = [object_tenant(i) for i in range(len(ids))]
+    n_fleet = owner_of.count(FLEET)
+    print(f"Moving: {n_fleet} vehicles of {FLEET} and {len(ids) - n_fleet} phones of {VENUES} on "
+          f"{network.n_nodes:,} road nodes, reporting every {1 / args.rate:g} s over MQTT for "
+          f"{args.duration:g} s (GPS noise {args.noise:g} m), each through its tenant's gateway user")
     print(f"Watch it live: {conn['api']}/map (the fleet moving, fences coloured by who is inside, "
           f"ENTER / LEAVE as they happen); {conn['api']}/ops (the pipeline's figures)\n")
 
@@ -226,29 +291,37 @@ async def run_demo(args: argparse.Namespace) -> int:
     by_fence: Counter[tuple[str, str]] = Counter()
     prefix = f"d{run}-"
 
+    crossed: list[str] = []  # events pairing a fence with another tenant's object: none may come
+    tenant_of_object = dict(zip(ids, owner_of, strict=True))
+
     async def on_event(message: aio_pika.abc.AbstractIncomingMessage) -> None:
         async with message.process():
             e = json.loads(message.body)
-            # this run's vehicles in the demo's fences (other users' fences may be around too)
-            if not str(e.get("object_id", "")).startswith(prefix) or e.get("fence_id") not in names:
+            fence = qualify(str(e.get("tenant", "")), str(e.get("fence_id", "")))
+            # this run's objects in the demo's fences (other tenants' fences may be around too)
+            if not str(e.get("object_id", "")).startswith(prefix) or fence not in names:
                 return
+            if tenant_of_object.get(e["object_id"]) != e.get("tenant"):
+                crossed.append(f"{e['event']} {fence} {e['object_id']}")
             now = time.time()
-            received.append((e["event"], e["fence_id"], e["object_id"], float(e["ts"]), e["reason"]))
+            received.append((e["event"], fence, qualify(e["tenant"], e["object_id"]), float(e["ts"]),
+                             e["reason"]))
             latency_ms.append((now - float(e["ts"])) * 1e3)
-            by_fence[(e["fence_id"], e["event"])] += 1
+            by_fence[(fence, e["event"])] += 1
             if not args.quiet:
                 clock = time.strftime("%H:%M:%S", time.localtime(float(e["ts"])))
                 verb = "ENTER" if e["event"] == "enter" else "LEAVE"
                 stay = f"after {e['inside_s']:.0f} s" if e.get("inside_s") is not None else ""
-                screen.line(f"{clock}  {verb}  {e['object_id'][len(prefix):]:<9} "
-                            f"{names.get(e['fence_id'], e['fence_id'])[:32]:<32} {stay:<8} "
-                            f"{latency_ms[-1]:6.0f} ms")
+                screen.line(f"{clock}  {verb}  {e['tenant']:<9} {e['object_id'][len(prefix):]:<10} "
+                            f"{names.get(fence, fence)[:32]:<32} {stay:<8} {latency_ms[-1]:6.0f} ms")
 
     tally = Tally()
     sensor_tally = Tally()
     positions: list[tuple[int, float, float, float]] = []
     pg = await asyncpg.connect(conn["postgres"]["dsn"])
-    demo_venues = await venues.prepare(pg, demo_pois(args.pois), OWNER, run, time.time() + 1.0, args.duration)
+    venue_pois = [(qualify(VENUES, fid), name, lon, lat, kind)
+                  for fid, name, lon, lat, kind in demo_pois(args.pois)]
+    demo_venues = await venues.prepare(pg, venue_pois, OWNER, run, time.time() + 1.0, args.duration)
     print(f"Venues: {len(demo_venues.venues)} of the points of interest are hives (restaurants, bars, cafés, "
           f"shops) with a simulated door sensor each, {len(demo_venues.pending):,} frames over the run; "
           f"{venues.DEMO_USER} is told when one has {venues.BUSY} people or more\n")
@@ -258,7 +331,8 @@ async def run_demo(args: argparse.Namespace) -> int:
         q = await ch.declare_queue(f"demo-events-{run}", exclusive=True, auto_delete=True)
         await q.bind(t.EVENTS_EXCHANGE, "#")
         await q.consume(on_event)
-        pubs = Publishers(dict(conn["mqtt"]), run, min(PUBLISHERS, args.vehicles), tally)
+        pubs = {tenant: Publishers(dict(conn["mqtt"]), run, min(PUBLISHERS, args.vehicles), tally, login)
+                for tenant, login in logins.items()}
         sensor_pubs = Publishers(dict(conn["mqtt"]), f"{run}-sensors", 1, sensor_tally)
         try:
             started = time.time()
@@ -272,7 +346,7 @@ async def run_demo(args: argparse.Namespace) -> int:
                 # leg planned) is not the pipeline's, nor part of the latency shown
                 now = time.time()
                 for i, oid in enumerate(ids):
-                    pubs.publish(i, oid, float(lon[i]), float(lat[i]), now)
+                    pubs[owner_of[i]].publish(i, owner_of[i], oid, float(lon[i]), float(lat[i]), now)
                     positions.append((i, now, float(lon[i]), float(lat[i])))
                 for sensor_id, topic, frame in demo_venues.due(now):  # the doors' reports due by now
                     sensor_pubs.publish_raw(f"sensors/{sensor_id}/{topic}", frame)
@@ -291,11 +365,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             while ((tally.acked < tally.sent or sensor_tally.acked < sensor_tally.sent)
                    and time.monotonic() < deadline):
                 await asyncio.sleep(0.05)  # poll: paho confirms (PUBACK) arrive on its threads
-            obj = np.array([p[0] for p in positions], np.int64)
-            want = reference.reference_events(
-                [s.fence_id for s in specs], [s.geometry for s in specs], ids, obj,
-                np.array([p[2] for p in positions]), np.array([p[3] for p in positions]),
-                np.array([p[1] for p in positions]), fences=specs)
+            want = tenant_reference(specs, ids, owner_of, positions)
             while reference.compare(received, want) and time.monotonic() < deadline:
                 screen.status(f"waiting for the last events: {len(received):,} of {len(want):,}")
                 await asyncio.sleep(0.2)  # poll for events still on their way
@@ -305,47 +375,57 @@ async def run_demo(args: argparse.Namespace) -> int:
                 await asyncio.sleep(0.2)  # poll for reports still on their way
             screen.done()
         finally:
-            pubs.close()
+            for p in pubs.values():
+                p.close()
             sensor_pubs.close()
 
     diff = reference.compare(received, want)
     enters = sum(1 for e in received if e[0] == "enter")
     print(f"\n{'fence':<44}{'ENTER':>7}{'LEAVE':>7}")
     for fid in sorted({f for f, _ in by_fence}, key=lambda f: -by_fence[(f, "enter")]):
-        print(f"{names.get(fid, fid)[:43]:<44}{by_fence[(fid, 'enter')]:>7}{by_fence[(fid, 'leave')]:>7}")
-    print(f"\nVehicles {args.vehicles}, {tally.sent:,} position updates in {sent_s:.0f} s "
-          f"({tally.sent / sent_s:,.1f}/s, {tally.acked:,} confirmed by the broker)")
+        print(f"{tenant_of(fid) + ' / ' + names.get(fid, fid)[:30]:<44}{by_fence[(fid, 'enter')]:>7}"
+              f"{by_fence[(fid, 'leave')]:>7}")
+    print(f"\nObjects {args.vehicles} ({n_fleet} of {FLEET}, {len(ids) - n_fleet} of {VENUES}), "
+          f"{tally.sent:,} position updates in {sent_s:.0f} s ({tally.sent / sent_s:,.1f}/s, {tally.acked:,} "
+          "confirmed by the broker)")
     p50, p99 = percentile(latency_ms, 50), percentile(latency_ms, 99)
     print(f"Events {len(received):,} (ENTER {enters:,}, LEAVE {len(received) - enters:,}); latency from "
           f"position to event p50 {p50:.0f} ms, p99 {p99:.0f} ms")
-    print(f"Reference (shapely on every published position): {len(want):,} events; identical: {not diff}")
+    print(f"Reference (shapely on every published position, each tenant's objects against its own "
+          f"fences): {len(want):,} events; identical: {not diff}")
     for line in diff:
         print("  " + line)
+    print(f"Tenant wall: {len(crossed)} event(s) paired a fence with another tenant's object (none may)")
+    for line in crossed[:10]:
+        print("  crossed: " + line)
     venue_lines, venues_exact, notified = await venues.report(pg, demo_venues)
     reports = await venues.stored(pg, demo_venues)
     await pg.close()
     print("\nVenues: this run's door counts as stored, against the simulator (truth in/out); today: the "
-          "hive's occupancy since its reset (earlier runs today included); phones: vehicles inside its fence")
+          f"hive's occupancy since its reset (earlier runs today included); phones: {VENUES}'s phones inside "
+          "its fence")
     for line in venue_lines:
         print("  " + line)
     print(f"Sensor reports stored {reports:,} (of {sensor_tally.sent:,} frames sent); counts identical to "
           f"the simulator: {venues_exact}; notifications to {venues.DEMO_USER}: {notified} (logged; the "
           "local stack has no FCM credentials)")
-    ok = (not diff and tally.acked == tally.sent and len(received) > 0 and venues_exact
+    ok = (not diff and not crossed and tally.acked == tally.sent and len(received) > 0 and venues_exact
           and sensor_tally.acked == sensor_tally.sent)
-    print(f"\nSUMMARY {'OK' if ok else 'MISMATCH'}: {args.vehicles} vehicles, {tally.sent:,} updates "
+    print(f"\nSUMMARY {'OK' if ok else 'MISMATCH'}: 2 tenants ({FLEET}, {VENUES}), {len(crossed)} events "
+          f"across them; {args.vehicles} objects, {tally.sent:,} updates "
           f"({tally.sent / sent_s:,.1f}/s) over MQTT, {len(received):,} events in "
           f"{len({f for f, _ in by_fence})} fences, latency p50 {p50:.0f} ms / p99 {p99:.0f} ms, "
           f"events identical to the shapely reference: {not diff}; {len(demo_venues.venues)} venues, "
           f"{reports:,} sensor reports, counts identical to the simulator: {venues_exact}, "
           f"{notified} notifications")
     api = conn["api"]
-    example = ids[0]
+    example = ids[0]  # a vehicle of the fleet
     print(f"""
 The stack stays up (`geofence down` stops it). Look at it:
   geofence status
-  geofence inspect fence li-vaduz          who is in Vaduz now
-  geofence inspect object {example}    the fences a vehicle is in
+  geofence inspect fence li-vaduz --tenant {FLEET}          who of the fleet is in Vaduz now
+  geofence inspect object {example} --tenant {FLEET}    the fences a vehicle is in
+  geofence tenant list                     the tenants, their members and fences
   geofence inspect geo {settings.regions[0]}                  an x-geo region's bindings
   geofence inspect ring / worldmap / topology
   curl {api}/hives?q=       the venues and how busy they are (no token)

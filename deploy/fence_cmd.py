@@ -1,7 +1,9 @@
-"""`geofence fence add | replace | remove | list | show`: fences from GeoJSON files.
+"""`geofence fence add | replace | remove | list | show --tenant T`: a tenant's fences from
+GeoJSON files, as an operator (this command writes the store directly).
 
 A file holds a Feature or a FeatureCollection (one fence per feature; the id comes from the
-feature's `id` or its `fence_id` / `id` property, or --id for a single feature). Connects with
+feature's `id` or its `fence_id` / `id` property, or --id for a single feature), each a fence
+of the tenant (its id qualified by it, exchanges/tenancy.py). Connects with
 GEOFENCE_AMQP_URL (the fence-manager user) and GEOFENCE_POSTGRES_URL when set, else to the
 local stack.
 """
@@ -22,7 +24,8 @@ from exchanges import routing_store, settings_registry
 from exchanges import topology as t
 from exchanges.fence_def import InvalidFence
 from exchanges.fence_options.timeout import check_timeout
-from fence import store
+from exchanges.tenancy import InvalidTenant, check_tenant, name_of, qualify
+from fence import store, tenants
 from fence.manager import FenceManager
 from fence.spec import FenceSpec, from_feature
 
@@ -35,11 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("file", help="GeoJSON Feature or FeatureCollection ('-' for stdin)")
         p.add_argument("--id", help="the fence id (a file with one feature only)")
         p.add_argument("--timeout", type=float, help="timeout_s for every fence of the file")
+        p.add_argument("--tenant", required=True, help="the tenant the fences are of")
     p = sub.add_parser("remove", help="delete fences (objects inside get LEAVE fence_deleted)")
     p.add_argument("ids", nargs="+", metavar="ID")
-    sub.add_parser("list", help="the live fences")
+    p.add_argument("--tenant", required=True)
+    p = sub.add_parser("list", help="the live fences (of one tenant, or of all)")
+    p.add_argument("--tenant", help="only this tenant's")
     p = sub.add_parser("show", help="one fence as stored (GeoJSON geometry, version, regions)")
     p.add_argument("id")
+    p.add_argument("--tenant", required=True)
 
 
 def read_features(path: str) -> list[dict[str, Any]]:
@@ -56,7 +63,8 @@ def read_features(path: str) -> list[dict[str, Any]]:
     return [doc]
 
 
-def specs_from(path: str, fence_id: str | None, timeout: float | None) -> list[FenceSpec]:
+def specs_from(path: str, fence_id: str | None, timeout: float | None, tenant: str = "") -> list[FenceSpec]:
+    """The fences of a file, their ids qualified by `tenant`."""
     features = read_features(path)
     if fence_id and len(features) != 1:
         raise InvalidFence(f"--id needs a file with one feature; {path} has {len(features)}")
@@ -65,7 +73,8 @@ def specs_from(path: str, fence_id: str | None, timeout: float | None) -> list[F
         if timeout is not None and isinstance(f, dict):
             f = {**f, "properties": {**(f.get("properties") or {}), "timeout_s": check_timeout(timeout)}}
         try:
-            specs.append(from_feature(f, fence_id))
+            spec = from_feature(f, fence_id)
+            specs.append(FenceSpec.of(spec, spec.owner, spec.follow, fence_id=qualify(tenant, spec.fence_id)))
         except InvalidFence as exc:
             raise InvalidFence(f"{path}: feature {i}: {exc}") from None
     return specs
@@ -82,26 +91,42 @@ def connection() -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     return amqp, pg, settings.regions, settings.workers
 
 
+def tenant(args: argparse.Namespace) -> str:
+    try:
+        return check_tenant(args.tenant)
+    except InvalidTenant as exc:
+        raise InvalidFence(str(exc)) from None
+
+
 async def _run(args: argparse.Namespace) -> int:
     amqp, pg, regions, workers = connection()
     if args.action in ("list", "show"):
         conn = await routing_store.connect(pg)
         try:
             if args.action == "show":
-                print(json.dumps((await store.get_fence(conn, args.id)).to_json(), indent=2))
+                print(json.dumps((await store.get_fence(conn, qualify(tenant(args), args.id))).to_json(),
+                                 indent=2))
                 return 0
-            for r in await store.live_fences(conn):
+            for r in await store.find_fences(conn, args.tenant and tenant(args), limit=1_000_000):
                 f = r.fence
                 print(f"{f.fence_id:<24} v{f.version:<4} timeout {f.timeout_s:>7g}s  regions "
                       f"{','.join(r.regions) or '-':<6} {f.name}")
         finally:
             await conn.close()
         return 0
-    specs = [] if args.action == "remove" else specs_from(args.file, args.id, args.timeout)
+    specs = [] if args.action == "remove" else specs_from(args.file, args.id, args.timeout, tenant(args))
     async with FenceManager(amqp, pg, regions, workers) as manager:
+        for spec in specs:  # both sides opt in, here as through the API (fence/service.py)
+            if spec.counts_from:
+                async with manager.pool.acquire() as conn:
+                    sharing = await tenants.sharing_with(conn, list(spec.counts_from), tenant(args))
+                missing = sorted(set(spec.counts_from) - sharing)
+                if missing:
+                    raise InvalidFence(f"{name_of(spec.fence_id)}: counts_from: tenant {missing[0]!r} does "
+                                       f"not share its objects' presence with {tenant(args)!r}")
         if args.action == "remove":
             for fid in args.ids:
-                print((await manager.remove(fid)).line() + " (deleted)")
+                print((await manager.remove(qualify(tenant(args), fid))).line() + " (deleted)")
         for spec in specs:
             print((await manager.put(spec, create=args.action == "add")).line())
     return 0

@@ -23,13 +23,15 @@ from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
 from exchanges.control import INSPECT
 from exchanges.hash_ring import HashRing
+from exchanges.tenancy import InvalidTenant, check_tenant, qualify
 
 RPC_TIMEOUT_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     if name in ("fence", "object"):
-        parser.add_argument("id")
+        parser.add_argument("id", help="its id as its tenant names it (with --tenant), or <tenant>:<id>")
+        parser.add_argument("--tenant", help="the tenant it is of")
     elif name == "geo":
         parser.add_argument("region")
     elif name == "worker":
@@ -100,6 +102,8 @@ async def _run(args: argparse.Namespace) -> Any:
             raise RuntimeError("no worldmap stored: run `geofence up`")
         return wm.to_json()
     fences_url = conn["amqp"][t.FENCES_VHOST]
+    if target in ("fence", "object") and args.tenant:
+        args.id = qualify(check_tenant(args.tenant), args.id)  # the pipeline's name of it
     if target == "fence":
         masters = ring.masters(args.id)  # more than one: a hot fence, each master has its objects
         answers = await asyncio.gather(*(ask(fences_url, t.FENCE_CONTROL_EXCHANGE, w, {"fence_id": args.id})
@@ -184,7 +188,7 @@ def _human(target: str, data: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         data = asyncio.run(_run(args))
-    except (RpcTimeout, RuntimeError, OSError, KeyError) as exc:
+    except (RpcTimeout, RuntimeError, OSError, KeyError, InvalidTenant) as exc:
         print(f"geofence inspect {args.target}: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(data, indent=2) if args.json else _human(args.target, data))

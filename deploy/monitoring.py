@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from deploy.processes import ProcessId, StackError, identify, port_open, terminate, wait_until
-from deploy.settings import Secrets, Settings
+from deploy.settings import METRICS_HOST, Secrets, Settings
 
 SOURCE = Path(__file__).resolve().parent / "prometheus"
 FILES = ("prometheus.yml", "rules.yml")
@@ -35,7 +35,7 @@ def targets(settings: Settings) -> dict[str, list[dict[str, object]]]:
     h = settings.host
     return {
         "targets-geofence.json": [
-            {"targets": [f"{h}:{port}"], "labels": {"name": name}}
+            {"targets": [f"{METRICS_HOST}:{port}"], "labels": {"name": name}}
             for name, port in settings.metrics_ports().items()],
         "targets-rabbitmq.json": [{"targets": [f"{h}:{settings.rabbitmq_metrics_port}"],
                                    "labels": {"name": "rabbitmq"}}],

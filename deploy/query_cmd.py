@@ -29,6 +29,7 @@ from deploy.region_ops import live
 from deploy.settings import Settings, load_connection_settings
 from exchanges import control, routing_store
 from exchanges import topology as t
+from exchanges.tenancy import InvalidTenant, check_tenant, name_of, qualify
 from exchanges.x_geo import queries
 from fence import store
 
@@ -37,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("kind", choices=queries.KINDS, help="bbox, within (a polygon or a fence), nearby")
     parser.add_argument("values", nargs="*", help="bbox: LON0 LAT0 LON1 LAT1; within: a GeoJSON file; "
                                                   "nearby: LON LAT")
-    parser.add_argument("--fence", help="within: the area of this fence")
+    parser.add_argument("--fence", help="within: the area of this fence (of --tenant)")
+    parser.add_argument("--tenant", help="only this tenant's objects (ids as it names them); without it, "
+                                         "every tenant's (ids <tenant>:<id>), as an operator sees them")
     parser.add_argument("--radius", type=float, help="nearby: metres")
     parser.add_argument("--limit", type=int, default=100, help="at most this many objects (a page)")
     parser.add_argument("--after", default="", help="bbox / within: the page after this object id")
@@ -48,7 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 async def request(args: argparse.Namespace) -> dict[str, Any]:
     """The query the arguments describe, as the wire has it (InvalidQuery if it is not one)."""
-    msg: dict[str, Any] = {"query": args.kind, "limit": args.limit, "after": args.after}
+    tenant = None
+    if args.tenant:
+        try:
+            tenant = check_tenant(args.tenant)
+        except InvalidTenant as exc:
+            raise queries.InvalidQuery(str(exc)) from None
+    msg: dict[str, Any] = {"query": args.kind, "limit": args.limit,
+                           "after": qualify(tenant, args.after) if tenant and args.after else args.after}
+    if tenant:
+        msg["tenant"] = tenant
     if args.where:
         try:
             msg["where"] = json.loads(args.where)
@@ -69,7 +81,7 @@ async def request(args: argparse.Namespace) -> dict[str, Any]:
     elif args.fence:
         conn = await routing_store.connect(load_connection_settings(Settings.from_env())["postgres"]["dsn"])
         try:
-            record = await store.get_fence(conn, args.fence)
+            record = await store.get_fence(conn, qualify(tenant, args.fence) if tenant else args.fence)
         except store.UnknownFence:
             raise queries.InvalidQuery(f"within: no fence {args.fence!r}") from None
         finally:
@@ -102,7 +114,14 @@ async def gather(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 async def answer(args: argparse.Namespace) -> dict[str, Any]:
-    return await gather(await request(args))
+    """The answer; with --tenant, the ids as the tenant names them (and `next_after`, which
+    goes back as --after), as the API gives them."""
+    out = await gather(await request(args))
+    if args.tenant:
+        out["objects"] = [{**r, "id": name_of(str(r["id"]))} for r in out["objects"]]
+        if "next_after" in out:
+            out["next_after"] = name_of(str(out["next_after"]))
+    return out
 
 
 def human(data: dict[str, Any]) -> str:

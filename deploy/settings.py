@@ -114,6 +114,10 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
 }
 ENV_KEYS = settings_registry.keys_for("stack")
 WORKER_PORTS = 16  # metrics ports kept for x-fence workers (see Settings.metrics_ports)
+# Every process's /metrics listens on the loopback address, whatever GEOFENCE_HOST says: its
+# figures (queue names, counts per role) are the operators', and the Prometheus of the host
+# scrapes them there (deploy/monitoring.py)
+METRICS_HOST = "127.0.0.1"
 
 
 def sidecar_ids(topology: topo.Topology) -> list[tuple[str, str]]:
@@ -486,7 +490,7 @@ def connection_settings(settings: Settings, pw: Secrets) -> ConnectionSettings:
         "memcached": {"host": settings.host, "port": settings.memcached_port},
         "management": {"url": management_url(settings)},
         "api": f"http://{settings.host}:{settings.api_port}",
-        "metrics": {name: f"http://{settings.host}:{port}/metrics"
+        "metrics": {name: f"http://{METRICS_HOST}:{port}/metrics"
                     for name, port in settings.metrics_ports().items()},
         "rabbitmq_metrics": f"http://{settings.host}:{settings.rabbitmq_metrics_port}/metrics",
         "prometheus": f"http://{settings.host}:{settings.prometheus_port}",

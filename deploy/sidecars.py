@@ -29,7 +29,15 @@ from deploy.processes import ProcessId, Say, StackError, identify, port_open, pr
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.apply import broker_of_vhost, management
 from deploy.rabbitmq.plan import api_path
-from deploy.settings import FIREBASE_PROJECT, Secrets, Settings, postgres_dsn, sidecar_amqp_url, sidecar_ids
+from deploy.settings import (
+    FIREBASE_PROJECT,
+    METRICS_HOST,
+    Secrets,
+    Settings,
+    postgres_dsn,
+    sidecar_amqp_url,
+    sidecar_ids,
+)
 from exchanges import topology as t
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +88,7 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}
     env.update(passed_on())
-    env["GEOFENCE_METRICS_LISTEN"] = f"{settings.host}:{settings.metrics_ports()[sc.name]}"
+    env["GEOFENCE_METRICS_LISTEN"] = f"{METRICS_HOST}:{settings.metrics_ports()[sc.name]}"
     if sc.role in ("api", "venue-sensors"):  # the venues' read cache
         env["GEOFENCE_MEMCACHED_URL"] = f"memcache://{settings.host}:{settings.memcached_port}"
     if sc.role in ("x-fence", "x-ingress"):  # its snapshot and journal (x-ingress: the proximity router's)

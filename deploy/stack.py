@@ -34,6 +34,7 @@ from deploy.rabbitmq import apply as rabbit_topology
 from deploy.services import SERVICES, Service
 from deploy.settings import (
     FIREBASE_PROJECT,
+    METRICS_HOST,
     USER,
     Secrets,
     Settings,
@@ -200,7 +201,7 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
     )
     alive = sidecars.running(settings)
     metrics = settings.metrics_ports()
-    urls = {name: f"http://{h}:{port}/metrics" for name, port in metrics.items()}
+    urls = {name: f"http://{METRICS_HOST}:{port}/metrics" for name, port in metrics.items()}
     rows += tuple(StatusRow(name, ok, True, f"log {settings.log_dir / (name + '.log')}, metrics {urls[name]}"
                             if name in urls else f"log {settings.log_dir / (name + '.log')}",
                             consumer_note(urls[name]) if ok and name in urls else "")

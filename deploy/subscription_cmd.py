@@ -1,12 +1,12 @@
-"""`geofence subscription add | list | show | remove`: proximity subscriptions from the command
-line, as an operator (this command writes the store directly, as `geofence fence` does; over
-HTTP and AMQP a subscription needs a token with the operator claim).
+"""`geofence subscription add | list | show | remove`: a tenant's proximity subscriptions from
+the command line, as an operator (this command writes the store directly, as `geofence fence`
+does; over HTTP and AMQP a tenant's editors make them).
 
-    geofence subscription add (--object truck-7 | --point LON LAT) --radius 300 [--match 'car-*'] \\
-        [--where '[["type", "==", "car"]]'] [--id ID] [--owner NAME]
-    geofence subscription list [--owner NAME]
-    geofence subscription show ID
-    geofence subscription remove ID...
+    geofence subscription add --tenant T (--object truck-7 | --point LON LAT) --radius 300 \\
+        [--match 'car-*'] [--where '[["type", "==", "car"]]'] [--id ID] [--owner NAME]
+    geofence subscription list [--tenant T]
+    geofence subscription show ID --tenant T
+    geofence subscription remove ID... --tenant T
 
 A subscription is stored with its change; x-ingress applies it within a second
 (exchanges/roam_routing.py). Connects with GEOFENCE_POSTGRES_URL when set, else to the local
@@ -27,6 +27,7 @@ import asyncpg
 from deploy.fence_cmd import connection
 from exchanges import routing_store
 from exchanges.subscriptions import InvalidSubscription, Subscription
+from exchanges.tenancy import InvalidTenant, check_tenant, qualify
 from fence import store
 
 OWNER = "operator"  # the owner of subscriptions made here, unless --owner says another
@@ -43,23 +44,35 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--where", help="conditions on the other objects' extra fields, JSON: "
                                    """'[["type", "==", "car"]]'""")
     p.add_argument("--id", help="the subscription's id (default: a new one)")
-    p.add_argument("--owner", default=OWNER, help=f"its owner (default {OWNER!r})")
-    p = sub.add_parser("list", help="the subscriptions (everyone's, or one owner's)")
-    p.add_argument("--owner", help="only this owner's")
+    p.add_argument("--owner", default=OWNER, help=f"who made it (default {OWNER!r})")
+    p.add_argument("--tenant", required=True, help="the tenant it is of (it sees that tenant's objects only)")
+    p = sub.add_parser("list", help="the subscriptions (every tenant's, or one tenant's)")
+    p.add_argument("--tenant", help="only this tenant's")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("show", help="one subscription as stored")
     p.add_argument("id")
+    p.add_argument("--tenant", required=True)
     p = sub.add_parser("remove", help="delete subscriptions (their pairs report nothing more)")
     p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("--tenant", required=True)
+
+
+def _tenant(raw: str) -> str:
+    try:
+        return check_tenant(raw)
+    except InvalidTenant as exc:
+        raise InvalidSubscription(str(exc)) from None
 
 
 def definition(args: argparse.Namespace) -> dict[str, Any]:
     """The subscription the `add` arguments describe (InvalidSubscription if none)."""
-    d: dict[str, Any] = {"id": args.id or f"rs-{uuid.uuid4().hex[:16]}", "radius_m": args.radius}
+    tenant = _tenant(args.tenant)
+    sub_id = args.id or f"rs-{uuid.uuid4().hex[:16]}"
+    d: dict[str, Any] = {"id": qualify(tenant, sub_id), "radius_m": args.radius}
     if args.point is not None:
         d["point"] = list(args.point)
     else:
-        d["object"] = args.object
+        d["object"] = qualify(tenant, args.object)
     if args.match != "*":
         d["match"] = args.match
     if args.where:
@@ -84,15 +97,15 @@ async def _run(args: argparse.Namespace) -> int:
         if d is not None:
             print(line(await store.put_subscription(conn, args.owner, d)))
         elif args.action == "list":
-            subs = await store.list_subscriptions(conn, args.owner)
+            subs = await store.list_subscriptions(conn, args.tenant and _tenant(args.tenant))
             print(json.dumps(subs, indent=2) if args.json else "\n".join(line(s) for s in subs)
                   or "no proximity subscription")
         elif args.action == "show":
-            print(json.dumps(await store.get_subscription(conn, args.id), indent=2))
+            print(json.dumps(await store.get_subscription(conn, qualify(_tenant(args.tenant), args.id)),
+                             indent=2))
         else:
             for sub_id in args.ids:
-                owner = (await store.get_subscription(conn, sub_id))["owner"]
-                await store.delete_subscription(conn, owner, sub_id)
+                await store.delete_subscription(conn, qualify(_tenant(args.tenant), sub_id))
                 print(f"{sub_id} removed")
     finally:
         await conn.close()

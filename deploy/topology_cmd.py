@@ -1,5 +1,7 @@
-"""`geofence topology apply|show` and `geofence device add|remove|list`: the command-line side
-of deploy/rabbitmq/ (which sits below the rest of deploy/ and imports nothing from it)."""
+"""`geofence topology apply|show`, and a tenant's credentials (`--tenant T`): `geofence device
+add|remove|list`, `geofence gateway add|remove|list`, `geofence app add|remove|list`; the
+command-line side of deploy/rabbitmq/ (which sits below the rest of deploy/ and imports
+nothing from it)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import device_bulk, devices
 from deploy.rabbitmq.plan import Current, api_function, plan, render, section
 from deploy.settings import Secrets, Settings, SettingsError, load_secrets, management_url
+from exchanges import topology as t
+from exchanges.tenancy import InvalidTenant, check_tenant
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -22,18 +26,26 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         sub.add_parser("show", help="print every command of the topology, as for an empty "
                                     "broker (passwords masked)")
         return
-    a = sub.add_parser("add", help="create a device user (prints its password once); --file: many")
-    a.add_argument("object_id", nargs="?")
+    what = {"device": "device", "gateway": "gateway", "app": "application"}[name]
+    a = sub.add_parser("add", help=f"create a tenant's {what} user (prints its password once)"
+                                   + ("; --file: many" if what == "device" else ""))
+    a.add_argument("object_id", nargs="?", metavar="ID" if what == "device" else "NAME")
+    a.add_argument("--tenant", required=True, help="the tenant it publishes for (its positions are that "
+                                                   "tenant's, whatever their body says)")
     a.add_argument("--password-stdin", action="store_true",
                    help="read the password from the first line of stdin")
-    a.add_argument("--file", help="object ids, one a line ('-' for stdin): created in bulk, "
-                                  "devices already there keep their password (idempotent)")
-    a.add_argument("--out", help="with --file: write the credentials CSV here (mode 600), "
-                                 "not to stdout")
-    r = sub.add_parser("remove", help="delete a device user, its connections and MQTT queues")
-    r.add_argument("object_id", nargs="?")
-    r.add_argument("--file", help="object ids, one a line ('-' for stdin)")
-    sub.add_parser("list", help="list the device users")
+    r = sub.add_parser("remove", help=f"delete a tenant's {what} user, its connections"
+                                      + (" and MQTT queues" if what == "device" else ""))
+    r.add_argument("object_id", nargs="?", metavar="ID" if what == "device" else "NAME")
+    r.add_argument("--tenant", required=True)
+    ls = sub.add_parser("list", help=f"list the {what} users (<tenant>.<name>)")
+    ls.add_argument("--tenant", help="one tenant's only")
+    if what == "device":
+        a.add_argument("--file", help="object ids, one a line ('-' for stdin): created in bulk, "
+                                      "devices already there keep their password (idempotent)")
+        a.add_argument("--out", help="with --file: write the credentials CSV here (mode 600), "
+                                     "not to stdout")
+        r.add_argument("--file", help="object ids, one a line ('-' for stdin)")
 
 
 def _progress(line: str) -> None:
@@ -84,14 +96,18 @@ def _topology(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
 
 
 def _bulk(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
+    try:
+        check_tenant(args.tenant)
+    except InvalidTenant as exc:
+        raise device_bulk.BulkError(str(exc)) from None
     text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
     ids = device_bulk.parse_ids(text, devices.RESERVED)
     broker = device_bulk.Broker(ap.management(settings, pw).request)
     if args.action == "remove":
-        device_bulk.remove_many(broker, ids, _progress)
+        device_bulk.remove_many(broker, args.tenant, ids, _progress)
         return 0
-    rows = device_bulk.add_many(broker, ids, _progress)
-    out = device_bulk.credentials_csv(rows)
+    rows = device_bulk.add_many(broker, args.tenant, ids, _progress)
+    out = device_bulk.credentials_csv(rows, args.tenant)
     if args.out:
         path = Path(args.out)
         path.touch(mode=0o600)
@@ -105,9 +121,41 @@ def _bulk(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     return 0
 
 
+def _gateway_or_app(args: argparse.Namespace, settings: Settings, pw: Secrets, app: bool) -> int:
+    what, tag = ("application", t.APP_TAG) if app else ("gateway", t.GATEWAY_TAG)
+    if args.action == "list":
+        for name in devices.list_devices(settings, pw, args.tenant, tag=tag):
+            print(name)
+        return 0
+    if not args.object_id:
+        raise devices.DeviceError(f"an {what} name" if app else f"a {what} name")
+    user = devices.user_of(args.tenant, args.object_id)
+    if args.action == "remove":
+        (devices.remove_app if app else devices.remove_gateway)(settings, pw, args.tenant, args.object_id,
+                                                                _progress)
+        print(f"{what} {user} removed")
+        return 0
+    given = sys.stdin.readline().rstrip("\r\n") if args.password_stdin else None
+    add = devices.add_app if app else devices.add_gateway
+    password = add(settings, pw, args.tenant, args.object_id, given, _progress)
+    if app:
+        print(f"application {user} added: AMQP user {user} in vhost {t.FENCES_VHOST}; its queues are named "
+              f"{t.app_queue_prefix(user)}<anything>, bound to {t.EVENTS_EXCHANGE} "
+              f"({t.EVENTS_TOPIC_PREFIX}.{args.tenant}.<fence>.<kind>.<object>) or "
+              f"{t.TENANT_BATCHES_EXCHANGE} (key {args.tenant}); requests to the fence API on "
+              f"{t.API_EXCHANGE}")
+    else:
+        print(f"gateway {user} added: in vhost {t.INGRESS_VHOST} it publishes batches to exchange "
+              f"{t.GATEWAY_EXCHANGE} with routing key {args.tenant} (AMQP), or positions to "
+              f"{t.POSITIONS_TOPIC_PREFIX}/{args.tenant}/<object_id> (MQTT login {devices.mqtt_login(user)})")
+    if given is None:
+        print(f"password (shown once, store it with the {what}): {password}")
+    return 0
+
+
 def _device(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     if args.action == "list":
-        for name in devices.list_devices(settings, pw):
+        for name in devices.list_devices(settings, pw, args.tenant):
             print(name)
         return 0
     if getattr(args, "file", None):
@@ -117,14 +165,15 @@ def _device(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     if not args.object_id:
         raise devices.DeviceError("an object id, or --file with one per line")
     object_id: str = args.object_id
+    user = devices.user_of(args.tenant, object_id)
     if args.action == "remove":
-        devices.remove(settings, pw, object_id, _progress)
-        print(f"device {object_id} removed")
+        devices.remove_device(settings, pw, args.tenant, object_id, _progress)
+        print(f"device {user} removed")
         return 0
     given = sys.stdin.readline().rstrip("\r\n") if args.password_stdin else None
-    password = devices.add(settings, pw, object_id, given, _progress)
-    print(f"device {object_id} added: MQTT login {devices.mqtt_login(object_id)}, "
-          f"client id {object_id}")
+    password = devices.add(settings, pw, args.tenant, object_id, given, _progress)
+    print(f"device {user} added: MQTT login {devices.mqtt_login(user)}, client id {user}, "
+          f"topic {t.POSITIONS_TOPIC_PREFIX}/{args.tenant}/{object_id}")
     if given is None:
         print(f"password (shown once, store it on the device): {password}")
     return 0
@@ -137,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
         pw = load_secrets(settings)
         if command == "topology":
             return _topology(args, settings, pw)
+        if command in ("gateway", "app"):
+            return _gateway_or_app(args, settings, pw, app=command == "app")
         return _device(args, settings, pw)
     except (SettingsError, StackError, device_bulk.BulkError, OSError) as exc:
         print(f"geofence {command} {args.action}: error: {exc}", file=sys.stderr)

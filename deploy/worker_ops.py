@@ -53,7 +53,7 @@ from deploy.settings import Secrets, Settings, connection_settings, write_live_t
 from exchanges import control, routing_store
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
-from exchanges.fence_def import check_fence_id
+from exchanges.fence_def import check_fence_key
 from exchanges.hash_ring import MAX_MASTERS, HashRing
 from fence import store
 
@@ -382,7 +382,7 @@ async def hot(settings: Settings, pw: Secrets, fence_ids: Sequence[str], masters
     shown = ", ".join(fence_ids[:3]) + (f" (+{len(fence_ids) - 3})" if len(fence_ids) > 3 else "")
     out = Outcome("hot", shown)
     for fence_id in fence_ids:
-        check_fence_id(fence_id)
+        check_fence_key(fence_id)
     if not 1 <= masters <= MAX_MASTERS:
         raise WorkerError(f"--masters {masters}: between 1 and {MAX_MASTERS}")
     version, ring, out.fences = await current_ring(settings, pw)

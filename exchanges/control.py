@@ -38,7 +38,7 @@ from exchanges.batch import pack
 from exchanges.binding_diff import Diff
 from exchanges.contract import InvalidMessage
 from exchanges.fence_binding import FenceBinding
-from exchanges.fence_def import FenceDef, InvalidFence, check_fence_id, check_geometry
+from exchanges.fence_def import FenceDef, InvalidFence, check_fence_key, check_geometry
 from exchanges.fence_options import check_options, encode_options
 from exchanges.worker_batch import WorkerBatch
 
@@ -130,7 +130,7 @@ def parse(msg: dict[str, Any]) -> Define | Drop:
         if kind == REBIND:
             return _rebind(msg)
         if kind == DROP:
-            return Drop(check_fence_id(msg["fence_id"]), _version(msg["version"]), _ts(msg["ts"]))
+            return Drop(check_fence_key(msg["fence_id"]), _version(msg["version"]), _ts(msg["ts"]))
     except InvalidFence as exc:
         raise InvalidMessage(f"bad {msg.get('kind')} message: {exc}") from None
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -140,7 +140,7 @@ def parse(msg: dict[str, Any]) -> Define | Drop:
 
 def _fence(f: dict[str, Any]) -> FenceDef:
     geometry = check_geometry(f["geometry"])
-    return FenceDef(fence_id=check_fence_id(f["id"]), version=_version(f["version"]), geometry=geometry,
+    return FenceDef(fence_id=check_fence_key(f["id"]), version=_version(f["version"]), geometry=geometry,
                     name=str(f.get("name", "")), **check_options(f, geometry, strict=True))
 
 

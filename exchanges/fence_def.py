@@ -21,9 +21,10 @@ from shapely.geometry.base import BaseGeometry
 import hilbert_c as hk
 from exchanges.fence_options import band, cross, filters, timeout
 from exchanges.fence_options.base import InvalidFence, is_storable, shown
+from exchanges.tenancy import TENANT_RULE, is_tenant
 
 __all__ = ["FENCE_ID_RE", "MAX_EXTENT_DEG", "MAX_VERTICES", "RANGE_MESSAGE", "FenceDef", "InvalidFence",
-           "check_fence_id", "check_geometry", "check_name", "is_storable", "shown"]
+           "check_fence_id", "check_fence_key", "check_geometry", "check_name", "is_storable", "shown"]
 
 FENCE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_VERTICES = 10_000
@@ -45,6 +46,7 @@ class FenceDef:
     dwell_s: float = 0.0  # fence_options/dwell.py
     cross: bool = False  # fence_options/cross.py
     expires_at: float = math.inf  # fence_options/expiry.py
+    counts_from: tuple[str, ...] = ()  # fence_options/shares.py
 
     def routed_geometry(self) -> BaseGeometry:
         """What x-geo covers: the fence, grown by its hysteresis band (positions in the band
@@ -61,6 +63,20 @@ def check_fence_id(fence_id: Any) -> str:
         raise InvalidFence(f"fence id {shown(fence_id)}: 1-64 characters from A-Z a-z 0-9 _ -, "
                            "starting with a letter or digit")
     return fence_id
+
+
+def check_fence_key(key: Any) -> str:
+    """A fence id as the pipeline names it: `<tenant>:<fence id>` (exchanges/tenancy.py), or a
+    bare fence id (the platform's own, the cores' tests)."""
+    if not isinstance(key, str):
+        raise InvalidFence(f"fence id {shown(key)}: a string")
+    tenant, sep, name = key.partition(":")
+    if not sep:
+        return check_fence_id(key)
+    if not is_tenant(tenant):
+        raise InvalidFence(f"fence id {shown(key)}: the tenant part is not a tenant ({TENANT_RULE})")
+    check_fence_id(name)
+    return key
 
 
 def check_name(name: Any) -> str:

@@ -27,8 +27,10 @@ from typing import Any
 from exchanges.fence_options import REASONS as OPTION_REASONS
 from exchanges.fence_options.cross import CROSSED as CROSSED
 from exchanges.fence_options.dwell import DWELLED as DWELLED
+from exchanges.fence_options.shares import ANON_PREFIX
 from exchanges.fence_options.timeout import TIMEOUT as TIMEOUT
 from exchanges.fence_options.ttl import EXPIRED as EXPIRED
+from exchanges.tenancy import name_of, qualify, split, tenant_of
 
 ENTER, LEAVE = "enter", "leave"
 CROSS = "cross"  # positions both sides of a fence that detects CROSS, none inside
@@ -61,8 +63,13 @@ class Event:
     inside_s: float | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"event": self.event, "fence_id": self.fence_id, "object_id": self.object_id,
+        """The wire form: the fence and object as their tenant names them, and `tenant` (the
+        fence's, absent for the platform's own names), exchanges/tenancy.py."""
+        tenant, fence = split(self.fence_id)
+        out = {"event": self.event, "fence_id": fence, "object_id": name_of(self.object_id),
                "ts": self.ts, "reason": self.reason, "event_id": self.event_id}
+        if tenant:
+            out["tenant"] = tenant
         if self.visit_id:
             out["visit_id"] = self.visit_id
         if self.inside_s is not None:
@@ -76,6 +83,34 @@ class Event:
 EVENT_SLOTS = tuple(getattr(Event, f).__set__
                      for f in ("event", "fence_id", "object_id", "ts", "reason", "event_id", "position_ts",
                                "visit_id", "inside_s"))
+
+
+def is_shared(e: Event) -> bool:
+    """A presence event: its object is of another tenant than its fence (one the fence counts
+    from, exchanges/fence_options/shares.py): a count, never an identity."""
+    return tenant_of(e.object_id) != tenant_of(e.fence_id)
+
+
+def presence_json(e: Event) -> dict[str, Any]:
+    """A presence event's wire form: the object's id replaced by a pseudonym of its stay (the
+    visit, shared by its ENTER and LEAVE; a CROSS's own id), `shared` true."""
+    out = e.to_json()
+    out["object_id"] = ANON_PREFIX + (e.visit_id or e.event_id[:24])
+    out["shared"] = True
+    return out
+
+
+def qualified_ids(wire: dict[str, Any]) -> tuple[str, str]:
+    """(fence id, object id) of an event's wire form (`Event.to_json`) as the pipeline names
+    them: qualified by the event's tenant. Values are returned as found (the caller checks
+    they are strings)."""
+    tenant = wire.get("tenant") or ""
+    fence, obj = wire.get("fence_id"), wire.get("object_id")
+    if not isinstance(tenant, str) or not isinstance(fence, str) or not isinstance(obj, str):
+        return fence, obj  # type: ignore[return-value]
+    if wire.get("shared") is True:  # a presence event's object is a pseudonym, of no tenant
+        return qualify(tenant, fence), obj
+    return qualify(tenant, fence), qualify(tenant, obj)
 
 
 def event_id(fence_id: str, version: int, object_id: str, event: str, reason: str, ts: float) -> str:

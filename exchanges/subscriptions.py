@@ -18,6 +18,7 @@ from typing import Any
 
 from exchanges.fence_options import filters
 from exchanges.ids import check_object_id
+from exchanges.tenancy import InvalidTenant, check_tenant, split, tenant_of
 
 MAX_RADIUS_M = 50_000.0
 POINT_PREFIX = "@"  # the synthetic subscriber of a subscription on a fixed point: "@<id>"
@@ -48,10 +49,15 @@ class Subscription:
         if not self.id or not self.object:
             raise InvalidSubscription("a subscription needs an id and an object (or a point)")
         for what, value in (("id", self.id), *((("object", self.object),) if self.point is None else ())):
+            tenant, name = split(value)
             try:
-                check_object_id(value)
-            except ValueError as exc:
+                check_object_id(name)
+                if tenant:
+                    check_tenant(tenant)
+            except (ValueError, InvalidTenant) as exc:
                 raise InvalidSubscription(f"{what}: {exc}") from None
+        if self.point is None and tenant_of(self.object) != self.tenant:
+            raise InvalidSubscription("a subscription follows an object of its own tenant")
         if self.point is not None:
             lon, lat = self.point
             if self.object != point_object(self.id):
@@ -87,6 +93,17 @@ class Subscription:
         sub_id = str(msg.get("id", ""))
         obj = point_object(sub_id) if point is not None and sub_id else str(msg.get("object", ""))
         return Subscription(sub_id, obj, msg.get("radius_m"), match, where, point)  # type: ignore[arg-type]
+
+    @property
+    def tenant(self) -> str:
+        """The tenant the subscription is of (its id's, exchanges/tenancy.py): it sees only
+        that tenant's objects."""
+        return tenant_of(self.id)
+
+    @property
+    def filter_key(self) -> tuple[str, str, tuple[filters.Clause, ...]]:
+        """What decides which other objects it matches: its tenant, its glob, its filter."""
+        return self.tenant, self.match, self.where
 
     def to_wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id, "radius_m": self.radius_m}

@@ -1,8 +1,10 @@
 """Names of every vhost, exchange, queue and user of the pipeline: one place, so the
 `rabbitmqctl` scripts in deploy/rabbitmq/, the sidecars and the tests agree.
 
-    devices (MQTT, vhost gf-ingress) --amq.topic "positions.<id>"--> queue x-ingress.positions
-    gateways (AMQP, gf-ingress) --exchange ingress.batches--> queue x-ingress.batches
+    devices (MQTT, vhost gf-ingress) --amq.topic "positions.<tenant>.<id>"--> queue x-ingress.positions
+    gateways (AMQP, gf-ingress) --exchange ingress.gateway, key <tenant>--> queue x-ingress.batches
+    (the tenant of a position is in its routing key; each device's and gateway's topic
+    permission allows its own tenant's keys only, exchanges/tenancy.py)
     x-ingress --(worldmap)--> vhost gf-region-<r>: exchange x-geo.in --> queue x-geo.positions
     fence management          --> vhost gf-region-<r>: exchange x-geo.control --> queue x-geo.control
     x-geo <r> --> gf-region-<r>: exchange x-fence.in (routing key = x-fence worker)
@@ -14,15 +16,20 @@
                      --> the fence service moves the fences that follow them
     x-fence --> gf-fences: exchange fence.event-batches (fanout): one message per worker batch,
                 a JSON array of its events --> queue fence.archive --> the events archiver
-                (PostgreSQL); applications that want every event bind their own queues here
+                (PostgreSQL); the platform's own (no application may read it)
+            --> gf-fences: exchange fence.tenant-batches (topic, key <tenant>): the same events
+                split by tenant, one message per tenant per batch: a tenant's applications
+                that want every event of their tenant bind their own queues here
             --> gf-fences: exchange fence.events (topic,
-                "fence-events.<fence_id>.<enter|leave>.<object_id>"): one message per event,
-                for subscribers to a fence's, a kind's or an object's events
+                "fence-events.<tenant>.<fence_id>.<enter|leave|cross>.<object_id>"): one message
+                per event, for subscribers to a fence's, a kind's or an object's events; the
+                tenant is the fence's, so a topic permission keeps a tenant's readers to its own
         ==federation==> gf-ingress: amq.topic, so MQTT clients of gf-ingress subscribe to
-                        fence-events/<fence_id>/<enter|leave>/+ (a fence's events) and
-                        fence-events/+/+/<object_id> (an object's; a device only its own)
-            --> gf-fences: exchange fence.events, "roam-events.<subscription>.<nearby|faraway>.
-                <object_id>": proximity events, one message each (same federation to MQTT)
+                        fence-events/<tenant>/<fence_id>/<kind>/+ (a fence's events) and
+                        fence-events/<tenant>/+/+/<object_id> (an object's; a device only its own)
+            --> gf-fences: exchange fence.events, "roam-events.<tenant>.<subscription>.
+                <nearby|faraway>.<object_id>": proximity events, one message each (same
+                federation to MQTT)
     x-ingress (proximity rows and subscriptions) --> gf-fences: exchange x-fence.in (key = worker)
                 --> queue x-fence.<worker>, beside what the regions' x-geo send
 
@@ -37,6 +44,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exchanges.settings_registry import SIDECAR_KEYS
+from exchanges.tenancy import name_of, split
+
+# The routing-key word of names without a tenant (the platform's own, the cores' tests): no
+# tenant id can be it (tenant ids have no "_"), so no tenant's permission matches it.
+NO_TENANT_WORD = "_"
 
 INGRESS_VHOST = "gf-ingress"
 FENCES_VHOST = "gf-fences"
@@ -44,9 +56,15 @@ REGION_VHOST_PREFIX = "gf-region-"
 
 # gf-ingress
 POSITIONS_QUEUE = "x-ingress.positions"
-POSITIONS_TOPIC_PATTERN = "positions.*"  # MQTT positions/<object_id> on amq.topic
-BATCHES_EXCHANGE = "ingress.batches"
+POSITIONS_TOPIC_PATTERN = "positions.*.*"  # MQTT positions/<tenant>/<object_id> on amq.topic
+GATEWAY_EXCHANGE = "ingress.gateway"  # topic: a gateway's batches, routing key = its tenant
+GATEWAY_TOPIC_PATTERN = "*"
 BATCHES_QUEUE = "x-ingress.batches"
+# Retired: ingress.batches (fanout, no tenant) and positions.* (MQTT positions/<object_id>, no
+# tenant): still bound to x-ingress's queues, which dead-letter what comes that way with the
+# reason; and the shared user `gateway` (deploy/rabbitmq/definitions.RETIRED_USERS)
+RETIRED_BATCHES_EXCHANGE = "ingress.batches"
+RETIRED_POSITIONS_PATTERN = "positions.*"
 MQTT_TOPIC_EXCHANGE = "amq.topic"
 
 # gf-region-<r>
@@ -60,6 +78,9 @@ FENCE_IN_EXCHANGE = "x-fence.in"  # exists in every region vhost and in gf-fence
 FENCE_CONTROL_EXCHANGE = "x-fence.control"
 EVENTS_EXCHANGE = "fence.events"  # one message per event, key event_routing_key()
 EVENT_BATCHES_EXCHANGE = "fence.event-batches"  # one message per worker batch (a JSON array)
+# the same batches split by tenant (topic, key = the tenant): a tenant's applications bind here
+# for every event of their tenant, their topic permission allowing their tenant's key only
+TENANT_BATCHES_EXCHANGE = "fence.tenant-batches"
 ARCHIVE_QUEUE = "fence.archive"  # every event batch (fence.event-batches), for the events archiver
 # Retired: fence.events.mqtt (a second, MQTT-keyed copy of every event: fence.events is now
 # keyed for MQTT and federated itself; a broker that has it keeps it, unused) and
@@ -102,6 +123,7 @@ SENSOR_TAG = "gf-sensor"  # a sensor's RabbitMQ user (MQTT login gf-ingress:<sen
 DEAD_LETTER_EXCHANGE = "dead-letters"
 DEAD_LETTER_QUEUE = "dead-letters"
 REASON_HEADER = "x-geofence-reason"
+FIRST_EXCHANGE_HEADER = "x-geofence-exchange"  # a dead letter's first exchange, kept on replay
 
 # users (one per sidecar kind, each limited to what it touches)
 INGRESS_USER = "x-ingress"
@@ -110,9 +132,11 @@ FENCE_USER = "x-fence"
 MANAGER_USER = "fence-manager"  # the fence API (HTTP and AMQP) and the follower
 ARCHIVER_USER = "fence-archiver"
 VENUES_USER = "venue-sensors"  # the sensor sidecar
-CLIENT_USER = "fence-client"  # applications: the AMQP fence API, their own event queues
+# retired: the one user every application shared (it read every tenant's events); each
+# application is a tenant's own user now, `<tenant>.<name>` tagged gf-app (`geofence app add`)
+CLIENT_USER = "fence-client"
 FEDERATION_USER = "federation"
-GATEWAY_USER = "gateway"
+GATEWAY_USER = "gateway"  # retired: the one gateway user of no tenant (deleted by the plan)
 
 
 # The settings a sidecar reads (exchanges.shell.SidecarConfig); the local stack accepts them too.
@@ -144,17 +168,35 @@ def fence_lock(worker: str) -> str:  # in gf-fences
 
 
 def event_routing_key(fence_id: str, kind: str, object_id: str) -> str:
-    """The routing key of an event on fence.events (the MQTT topic with '/' for '.'): one
-    key serves the fence's subscribers (fence-events.<fence_id>.*.*), a kind's and the
-    object's (fence-events.*.*.<object_id>), AMQP and MQTT alike, so an event is one message,
-    not one per audience."""
-    return f"{EVENTS_TOPIC_PREFIX}.{fence_id}.{kind}.{object_id}"
+    """The routing key of an event on fence.events (the MQTT topic with '/' for '.'), from the
+    qualified ids of its fence and object (exchanges/tenancy.py): one key serves the fence's
+    subscribers (fence-events.<tenant>.<fence_id>.*.*), a kind's and the object's
+    (fence-events.<tenant>.*.*.<object_id>), AMQP and MQTT alike, so an event is one message,
+    not one per audience. The tenant is the fence's: a topic permission on it keeps a tenant's
+    applications to their own events. An object of another tenant (a count shared with the
+    fence's tenant) never goes out under its id: see fence/x_fence/sidecar.py."""
+    tenant, fence = split(fence_id)
+    return f"{EVENTS_TOPIC_PREFIX}.{tenant or NO_TENANT_WORD}.{fence}.{kind}.{name_of(object_id)}"
+
+
+def presence_routing_key(fence_id: str, kind: str) -> str:
+    """The routing key of a presence event on fence.events (an object of another tenant than
+    the fence's, which the fence counts from: exchanges/fence_options/shares.py): no object in
+    it, and a prefix no tenant's permission lets it bind (the sensor sidecar's)."""
+    tenant, fence = split(fence_id)
+    return f"{PRESENCE_TOPIC_PREFIX}.{tenant or NO_TENANT_WORD}.{fence}.{kind}"
+
+
+def presence_binding_key(fence_id: str) -> str:
+    tenant, fence = split(fence_id)
+    return f"{PRESENCE_TOPIC_PREFIX}.{tenant or NO_TENANT_WORD}.{fence}.*"
 
 
 def roam_event_routing_key(subscription_id: str, kind: str, object_id: str) -> str:
     """The routing key of a proximity event on fence.events (MQTT
-    roam-events/<subscription>/<nearby|faraway>/<object>)."""
-    return f"{ROAM_EVENTS_TOPIC_PREFIX}.{subscription_id}.{kind}.{object_id}"
+    roam-events/<tenant>/<subscription>/<nearby|faraway>/<object>), from qualified ids."""
+    tenant, sub = split(subscription_id)
+    return f"{ROAM_EVENTS_TOPIC_PREFIX}.{tenant or NO_TENANT_WORD}.{sub}.{kind}.{name_of(object_id)}"
 
 
 def occupancy_routing_key(hive_id: str) -> str:
@@ -165,9 +207,13 @@ def sensor_command_key(sensor_id: str) -> str:
     return f"{COMMANDS_TOPIC_PREFIX}.{sensor_id}"
 
 
-def event_binding_key(fence_id: str = "*", kind: str = "*", object_id: str = "*") -> str:
-    """A binding key on fence.events for a fence's, a kind's or an object's events."""
-    return f"{EVENTS_TOPIC_PREFIX}.{fence_id}.{kind}.{object_id}"
+def event_binding_key(fence_id: str = "*", kind: str = "*", object_id: str = "*", tenant: str = "") -> str:
+    """A binding key on fence.events for a fence's, a kind's or an object's events: a qualified
+    fence id gives its tenant; else `tenant` ("*" for every tenant's, an operator's)."""
+    if fence_id != "*":
+        tenant, fence_id = split(fence_id)
+    word = tenant or (NO_TENANT_WORD if fence_id != "*" else "*")
+    return f"{EVENTS_TOPIC_PREFIX}.{word}.{fence_id}.{kind}.{object_id}"
 
 
 @dataclass(frozen=True)
@@ -196,7 +242,8 @@ ADMIN_USER = "geofence"  # the local stack's administrator: full rights on every
 
 # Every exchange the topology declares, with its type (amq.topic is RabbitMQ's own).
 EXCHANGE_TYPES: dict[str, str] = {
-    BATCHES_EXCHANGE: "fanout",
+    GATEWAY_EXCHANGE: "topic",
+    RETIRED_BATCHES_EXCHANGE: "fanout",
     GEO_IN_EXCHANGE: "fanout",
     GEO_CONTROL_EXCHANGE: "fanout",
     FENCE_IN_EXCHANGE: "direct",  # routing key = x-fence worker
@@ -207,6 +254,7 @@ EXCHANGE_TYPES: dict[str, str] = {
     MAP_EVENTS_EXCHANGE: "fanout",
     EVENTS_EXCHANGE: "topic",
     EVENT_BATCHES_EXCHANGE: "fanout",
+    TENANT_BATCHES_EXCHANGE: "topic",
     OCCUPANCY_EXCHANGE: "topic",
     DEAD_LETTER_EXCHANGE: "fanout",
 }
@@ -226,13 +274,33 @@ FEDERATE_EVENTS_POLICY = "gf-federate-events"  # gf-ingress amq.topic <- fence.e
 # restarts every link of the exchange, which reorders what they were carrying.
 REGIONS_UPSTREAM_SET = "all"
 
-# Devices: one RabbitMQ user per object id, in gf-ingress, tagged so that tools tell them
-# from the sidecar users. MQTT login "gf-ingress:<object_id>", MQTT client id = object id.
+# Devices: one RabbitMQ user per tenant's object, `<tenant>.<object_id>`, in gf-ingress,
+# tagged so that tools tell them from the sidecar users. MQTT login
+# "gf-ingress:<tenant>.<object_id>", MQTT client id the same user name. Gateways: one user per
+# tenant's gateway, `<tenant>.<name>`, publishing to ingress.gateway under its tenant's key.
 DEVICE_TAG = "gf-device"
+GATEWAY_TAG = "gf-gateway"
+# Applications: one user per tenant's application, `<tenant>.<name>`, in gf-fences: the AMQP
+# fence API, and its own queues `app.<tenant>.<name>.<anything>` bound to its tenant's events
+APP_TAG = "gf-app"
+APP_QUEUE_PREFIX = "app."
 MQTT_SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"  # + <client_id> + "qos0" / "qos1"
-POSITIONS_TOPIC_PREFIX = "positions"  # MQTT positions/<object_id>
-EVENTS_TOPIC_PREFIX = "fence-events"  # MQTT fence-events/<fence_id>/<kind>/<object_id>
-ROAM_EVENTS_TOPIC_PREFIX = "roam-events"  # MQTT roam-events/<subscription>/<nearby|faraway>/<object_id>
+POSITIONS_TOPIC_PREFIX = "positions"  # MQTT positions/<tenant>/<object_id>
+EVENTS_TOPIC_PREFIX = "fence-events"  # MQTT fence-events/<tenant>/<fence_id>/<kind>/<object_id>
+# MQTT roam-events/<tenant>/<subscription>/<nearby|faraway>/<object_id>
+ROAM_EVENTS_TOPIC_PREFIX = "roam-events"
+PRESENCE_TOPIC_PREFIX = "presence"  # presence.<tenant>.<fence>.<kind>: shared counts, the platform's
+
+
+def app_queue_prefix(user: str) -> str:
+    """The queues an application user (`<tenant>.<name>`) may declare: `app.<tenant>.<name>.`"""
+    return f"{APP_QUEUE_PREFIX}{user}."
+
+
+def tenant_batch_key(fence_id: str) -> str:
+    """The routing key of a batch of a tenant's events on fence.tenant-batches: its tenant."""
+    tenant, _ = split(fence_id)
+    return tenant or NO_TENANT_WORD
 
 
 def map_tap_queue(process: str, what: str) -> str:

@@ -1,8 +1,10 @@
 """The fence API over HTTP (FastAPI; OpenAPI at /openapi.json, docs at /docs).
 
-A thin shell: authenticate (Firebase ID token, fence/auth.py), call fence/service.py, map
-its ApiError to the status. Every route but /health, /docs, /openapi.json and the public venue
-reads (/hives) needs `Authorization: Bearer <Firebase ID token>`; fences belong to the token's user.
+A thin shell: authenticate (Firebase ID token, fence/auth.py), place the caller in its tenant
+(`X-Geofence-Tenant` when it is a member of several), call fence/service.py, map its ApiError
+to the status. Every route but /health, /docs, /openapi.json and the public venue reads
+(/hives) needs `Authorization: Bearer <Firebase ID token>`; fences, objects and subscriptions
+belong to the caller's tenant.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at
@@ -17,10 +19,12 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exchanges.shell import Counters
+from exchanges.tenancy import name_of
 from exchanges.x_geo import queries
 from fence.auth import AuthUnavailable, Unauthenticated, User
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService, parse_bbox
 from fence.store import MAX_CURSOR_CHARS
+from fence.tenant_routes import add_tenant_routes
 from fence.venues import owner_store as os_
 from fence.venues import user_store as us
 from fence.venues.commands import SensorCommands
@@ -155,24 +159,37 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
     app = FastAPI(
         title="geofence fence API",
         version="1",
-        description="Create, move, delete and inspect fences; read their live occupants and "
-                    "archived events. Authenticate with a Firebase ID token (`Authorization: Bearer "
-                    "...`). Events stream on RabbitMQ (exchange `fence.events`, key "
-                    "`fence-events.<fence_id>.<enter|leave>.<object_id>`, one message per event; "
-                    "exchange `fence.event-batches`, every event in batches); this API is the "
-                    "control side.",
+        description="Create, move, delete and inspect your tenant's fences; read their live occupants "
+                    "and archived events. Authenticate with a Firebase ID token (`Authorization: Bearer "
+                    "...`); a member of several tenants names one with `X-Geofence-Tenant`. Events "
+                    "stream on RabbitMQ to the tenant's applications (exchange `fence.events`, key "
+                    "`fence-events.<tenant>.<fence_id>.<enter|leave|cross>.<object_id>`, one message per "
+                    "event; exchange `fence.tenant-batches`, key `<tenant>`, its events in batches); this "
+                    "API is the control side.",
     )
 
-    async def caller(authorization: Annotated[str | None, Header()] = None) -> Caller:
+    async def caller(authorization: Annotated[str | None, Header()] = None,
+                     x_geofence_tenant: Annotated[str | None, Header(
+                         description="the tenant to act in (a member of several names one)")] = None
+                     ) -> Caller:
         try:
             user = await verifier.verify(authorization)
         except AuthUnavailable as exc:  # our side: the token service is unreachable
             raise ApiError(503, str(exc)) from None
         except Unauthenticated as exc:
             raise ApiError(401, str(exc)) from None
-        return Caller.of(user.uid, user.claims)
+        return await service.caller(user.uid, user.claims, x_geofence_tenant)
 
     Who = Annotated[Caller, Depends(caller)]
+
+    async def caller_of(token: str | None, tenant: str | None) -> Caller:
+        """The caller of a token given another way than a header (a websocket's first message)."""
+        return await caller(f"Bearer {token}" if token else None, tenant)
+
+    # for the routes other modules add (fence/page_data.py): the caller dependency, and the
+    # caller of a token a websocket sends
+    app.state.who = Who
+    app.state.caller_of = caller_of
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -277,7 +294,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         return await service.events(who, fence_id, since, limit, cursor)
 
     @app.get("/objects/within", tags=["live state"],
-             summary="Objects last seen in a bbox (an operator's query), or within one of your fences")
+             summary="Your tenant's objects last seen in a bbox, or within one of its fences")
     async def objects_within(
             who: Who,
             bbox: Annotated[str | None, Query(description="min_lon,min_lat,max_lon,max_lat")] = None,
@@ -296,7 +313,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                                          "where": _where(where)})
 
     @app.post("/objects/within", tags=["live state"],
-              summary="Objects last seen strictly inside a GeoJSON polygon (an operator's query)")
+              summary="Your tenant's objects last seen strictly inside a GeoJSON polygon")
     async def objects_within_shape(who: Who, body: Annotated[Any, Body()],
                                    limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 1000,
                                    after: str = "",
@@ -307,7 +324,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                                          "where": _where(where)})
 
     @app.get("/objects/nearby", tags=["live state"],
-             summary="The objects last seen nearest a point, within a radius (an operator's query)")
+             summary="Your tenant's objects last seen nearest a point, within a radius")
     async def objects_nearby(who: Who, lon: float, lat: float, radius_m: float,
                              limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 100,
                              where: Annotated[str | None, Query(description=WHERE_HELP)] = None
@@ -321,11 +338,11 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         return await service.object_fences(who, object_id)
 
     @app.post("/subscriptions", status_code=201, tags=["proximity"],
-              summary="Subscribe to objects coming within a radius of a moving object (an operator's)",
+              summary="Subscribe to your tenant's objects coming near one of them (an editor's)",
               description="`{\"object\": id, \"radius_m\": metres, \"match\": glob on the other ids, "
                           "\"where\": filters}`: `nearby` / `faraway` events on fence.events with key "
-                          "`roam-events.<subscription>.<nearby|faraway>.<object>` (MQTT "
-                          "`roam-events/<subscription>/+/+`).")
+                          "`roam-events.<tenant>.<subscription>.<nearby|faraway>.<object>` (an application "
+                          "of the tenant binds `roam-events.<tenant>.<subscription>.#`).")
     async def post_subscription(who: Who, response: Response,
                                 body: Annotated[dict[str, Any], Body(openapi_examples={
                                     "meet": {"value": SUBSCRIPTION_EXAMPLE}})]) -> dict[str, Any]:
@@ -351,6 +368,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
     async def delete_subscription(who: Who, sub_id: str) -> None:
         await service.delete_subscription(who, sub_id)
 
+    add_tenant_routes(app, service.manager.pool, Who, service)
     if venues is not None:
         add_venue_routes(app, venues)
         add_user_routes(app, venues, Who)
@@ -366,6 +384,20 @@ async def run(call: Any) -> Any:
         raise ApiError(exc.status, exc.message) from None
 
 
+def _hive_in(caller: Caller, body: Any) -> Any:
+    """A hive's body with its fence named in the caller's tenant (an editor's fence)."""
+    if isinstance(body, dict) and isinstance(body.get("fence_id"), str):
+        caller.scoped("editor")
+        return {**body, "fence_id": caller.name(body["fence_id"])}
+    return body
+
+
+def _hive_out(h: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(h.get("fence_id"), str):
+        return {**h, "fence_id": name_of(h["fence_id"])}
+    return h
+
+
 def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands | None, who: Any) -> None:
     """A venue owner's hives, sensors and sensor configurations (`/owner/...`, a token needed)."""
     pool = venues.pool
@@ -376,14 +408,15 @@ def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands 
                           "reset_hour the local hour the day's count starts again (4), fence_id one of your "
                           "fences (phones inside it give the app's occupancy figure).")
     async def add_hive(caller: who, response: Response, body: Annotated[Any, Body()]) -> dict[str, Any]:
-        h: dict[str, Any] = await run(os_.put_hive(pool, caller.uid, body))
+        h: dict[str, Any] = _hive_out(await run(os_.put_hive(pool, caller.uid, _hive_in(caller, body))))
         await venues.invalidate_index()
         response.headers["Location"] = f"/hives/{h['id']}"
         return h
 
     @app.put("/owner/hives/{hive_id}", tags=["venue owners"], summary="Change a hive of yours")
     async def put_hive(caller: who, hive_id: str, body: Annotated[Any, Body()]) -> dict[str, Any]:
-        h: dict[str, Any] = await run(os_.put_hive(pool, caller.uid, body, hive_id))
+        h: dict[str, Any] = _hive_out(
+            await run(os_.put_hive(pool, caller.uid, _hive_in(caller, body), hive_id)))
         await venues.invalidate_index()
         return h
 

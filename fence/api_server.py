@@ -39,6 +39,7 @@ from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
 from fence.manager import FenceManager
 from fence.map_feed import MapFeed
 from fence.ops import OpsFigures
+from fence.page_data import add_page_data
 from fence.pages import MapFiles, add_pages
 from fence.rpc import RpcServer
 from fence.service import FenceService
@@ -181,10 +182,11 @@ async def main(config: ApiConfig) -> int:
         app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
                          venues, commands, counters)
         feed = MapFeed(cfg, manager, counters)
-        add_pages(app, OpsFigures(config.prometheus_url) if config.prometheus_url else None, {
+        add_pages(app, {
             "project": config.firebase_project, "api_key": config.web_api_key or "local-emulator",
             "emulator": f"http://{config.emulator_host}" if config.emulator_host else None},
-            feed, MapFiles(Path(config.map_roads) if config.map_roads else None, config.map_tiles))
+            MapFiles(Path(config.map_roads) if config.map_roads else None, config.map_tiles))
+        add_page_data(app, OpsFigures(config.prometheus_url) if config.prometheus_url else None, feed)
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                         access_log=False, lifespan="off", http="httptools",
                                         ws="wsproto", ws_per_message_deflate=False))  # see fence/map_view.py

@@ -28,7 +28,9 @@ from aio_pika.abc import AbstractIncomingMessage
 from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.contract import InvalidMessage
-from exchanges.fence_events import DWELLED, KINDS, REASONS
+from exchanges.fence_events import DWELLED, KINDS, REASONS, qualified_ids
+from exchanges.fence_options.shares import ANON_PREFIX
+from exchanges.tenancy import TENANT_RULE, is_tenant
 from fence import store
 
 log = logging.getLogger("geofence")
@@ -74,6 +76,15 @@ def _row(e: object) -> Row:
     for k in ("event_id", "fence_id", "object_id"):
         if not isinstance(e[k], str) or not 0 < len(e[k]) <= 200 or "\x00" in e[k]:
             raise InvalidMessage(f"event {k} {e[k]!r}: a string of 1-200 characters, no NUL, expected")
+    tenant = e.get("tenant", "")
+    if not (tenant == "" or is_tenant(tenant)):
+        raise InvalidMessage(f"event tenant {str(tenant)[:80]!r}: {TENANT_RULE}")
+    shared = e.get("shared", False)
+    if shared is not False and not (shared is True and str(e["object_id"]).startswith(ANON_PREFIX)):
+        raise InvalidMessage(f"event shared {str(shared)[:20]!r}: a presence event is shared: true, "
+                             f"its object {ANON_PREFIX}<stay>")
+    fence_id, object_id = qualified_ids(e)  # stored as the pipeline names them (a presence event's
+    # object: its pseudonym, of no tenant, which the events API leaves out)
     if e["event"] not in KINDS:
         raise InvalidMessage(f"event kind {e['event']!r}: enter, leave or cross expected")
     if e["reason"] not in REASONS:
@@ -89,7 +100,7 @@ def _row(e: object) -> Row:
                                or (e["event"] != "leave" and e["reason"] != DWELLED)):
         raise InvalidMessage(f"event inside_s {str(inside)[:80]!r}: a LEAVE's or a dwelled ENTER's seconds "
                              "inside (>= 0) expected")
-    return (e["event_id"], e["fence_id"], e["object_id"], e["event"], e["reason"], float(ts), visit,
+    return (e["event_id"], fence_id, object_id, e["event"], e["reason"], float(ts), visit,
             None if inside is None else float(inside))
 
 

@@ -53,8 +53,8 @@ Callback = Callable[[Reply], Any]
 
 class FenceClient:
     def __init__(self, amqp_url: str, token: str | Callable[[], str], timeout: float = TIMEOUT_S) -> None:
-        """`amqp_url` points at the gf-fences vhost (user fence-client or any with write on
-        fence.api)."""
+        """`amqp_url` points at the gf-fences vhost (a tenant's application user, `geofence app
+        add`, or any with write on fence.api)."""
         self.amqp_url, self._token, self.timeout = amqp_url, token, timeout
         self._pending: dict[str, tuple[Callback, asyncio.TimerHandle]] = {}
 
@@ -191,7 +191,7 @@ class FenceClient:
         result: dict[str, Any] = await self._ok("loitering", fence_id=fence_id, min_s=min_s)
         return result
 
-    # proximity subscriptions (the token needs the operator claim)
+    # proximity subscriptions (an editor's of the tenant: between its own objects)
 
     async def subscribe(self, subscription: dict[str, Any], sub_id: str | None = None) -> dict[str, Any]:
         """Create (no id) or change a subscription: {"object", "radius_m", "match", "where"}."""

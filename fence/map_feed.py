@@ -12,6 +12,13 @@ Both samples are taken at the source (ingress/map_tap.py; fence/x_fence/sidecar.
 newest events): however fast positions and events come, the feed gets a few messages a second,
 and neither the broker nor this process carries the whole stream for a map.
 
+Tenants: a map is its caller's (`MapClient.tenant`: the tenant whose objects, counts and events
+it gets, names unqualified; None for an operator's map of every tenant). Each tick the one
+frame is scoped once per distinct tenant with a map open (fence/map_view.py `scoped`) and
+encoded once per tenant, whatever the number of its maps; snapshots are encoded once per
+tenant per frame period likewise. A tenant with nothing new in a tick gets nothing but the
+heartbeat.
+
 One map, one `MapClient`: a mailbox of one frame. A frame the browser did not take before the
 next one is dropped, and the map gets a snapshot when it is ready again (at most one per
 `RESYNC_S`: a map too slow even for that gets the newest delta and misses some moves). So a map
@@ -35,9 +42,10 @@ from aio_pika.abc import AbstractIncomingMessage
 from exchanges import shell
 from exchanges import topology as t
 from exchanges.batch import PositionBatch, unpack
+from exchanges.tenancy import name_of, qualify
 from fence import store
 from fence.manager import FenceManager, WorkerUnavailable
-from fence.map_view import FRAME_EVERY_S, MapView, parse_events
+from fence.map_view import FRAME_EVERY_S, MapView, has_news, parse_events, scoped
 from fence.service import feature
 
 log = logging.getLogger("geofence")
@@ -54,7 +62,8 @@ class ClientGone(Exception):
 
 
 class MapClient:
-    def __init__(self) -> None:
+    def __init__(self, tenant: str | None = None) -> None:
+        self.tenant = tenant  # whose map (None: an operator's, every tenant's)
         self._frame: bytes | None = None
         self._ready = asyncio.Event()
         self._ready.set()  # the first thing a map gets is a snapshot
@@ -96,18 +105,20 @@ class MapFeed:
     def __init__(self, config: shell.SidecarConfig, manager: FenceManager, counters: shell.Counters,
                  view: MapView | None = None) -> None:
         self.config, self.manager, self.counters = config, manager, counters
-        self.view = view or MapView()
+        self.view = view if view is not None else MapView()  # an empty view is falsy (len 0)
         self.clients: set[MapClient] = set()
         self.process = f"{socket.gethostname()}-{os.getpid()}"
         self._wanted = asyncio.Event()
         self._worker_counts: dict[str, dict[str, int]] = {}
-        self._snapshot: tuple[float, bytes] | None = None
+        self._snapshots: dict[str | None, tuple[float, bytes]] = {}  # per tenant (None: everyone's)
+        self._last_sent: dict[str | None, float] = {}  # per tenant: the last message, for heartbeats
         self.live = False  # consuming now
 
     # -- maps ------------------------------------------------------------------------------
 
-    def join(self) -> MapClient:
-        client = MapClient()
+    def join(self, tenant: str | None = None) -> MapClient:
+        """A new map of `tenant` (None: an operator's map of every tenant)."""
+        client = MapClient(tenant)
         self.clients.add(client)
         self._wanted.set()
         self.counters.gauge("map_clients", len(self.clients))
@@ -118,22 +129,40 @@ class MapFeed:
         self.counters.gauge("map_clients", len(self.clients))
         if not self.clients:
             self._wanted.clear()
+        open_ = {c.tenant for c in self.clients}
+        for gone in (self._snapshots.keys() | self._last_sent.keys()) - open_:  # no map of it left
+            self._snapshots.pop(gone, None)
+            self._last_sent.pop(gone, None)
 
-    def snapshot(self) -> bytes:
-        """The current snapshot, encoded once per frame period whoever asks."""
+    def snapshot(self, tenant: str | None = None) -> bytes:
+        """The current snapshot of `tenant`'s map (None: every tenant's), encoded once per frame
+        period per tenant whoever asks."""
         now = time.time()
-        if self._snapshot is None or now - self._snapshot[0] >= FRAME_EVERY_S:
-            self._snapshot = (now, orjson.dumps(self.view.snapshot(now) | {"live": self.live}))
+        cached = self._snapshots.get(tenant)
+        if cached is None or now - cached[0] >= FRAME_EVERY_S:
+            snap = self.view.snapshot(now, tenant)
+            if tenant is not None:
+                snap = scoped(snap, tenant, snap["stats"])
+            cached = self._snapshots[tenant] = (now, orjson.dumps(snap | {"live": self.live}))
         self.counters.bump("map_snapshots")
-        return self._snapshot[1]
+        return cached[1]
 
-    async def fences(self, after: str = "", limit: int = MAX_FENCES_PAGE) -> dict[str, Any]:
-        """Every live fence, a page at a time (by id), as GeoJSON."""
+    async def fences(self, after: str = "", limit: int = MAX_FENCES_PAGE, tenant: str | None = None
+                     ) -> dict[str, Any]:
+        """Live fences, a page at a time (by id), as GeoJSON: `tenant`'s, ids as the tenant names
+        them (`after` one of them); None: every tenant's, ids qualified so they stay unique
+        (`after` qualified too), properties.tenant saying whose."""
+        qualified_after = qualify(tenant, after) if tenant is not None and after else after
         async with self.manager.pool.acquire() as conn:
-            records = await store.find_fences(conn, None, None, limit, after)
-        out: dict[str, Any] = {"type": "FeatureCollection", "features": [feature(r) for r in records]}
+            records = await store.find_fences(conn, tenant, None, limit, qualified_after)
+        features = [feature(r) for r in records]
+        if tenant is None:
+            for f, r in zip(features, records, strict=True):
+                f["id"] = r.fence.fence_id
+        out: dict[str, Any] = {"type": "FeatureCollection", "features": features}
         if len(records) == limit:
-            out["next_after"] = records[-1].fence.fence_id
+            last = records[-1].fence.fence_id
+            out["next_after"] = last if tenant is None else name_of(last)
         return out
 
     # -- the feed --------------------------------------------------------------------------
@@ -193,17 +222,11 @@ class MapFeed:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(shell.periodic(done, COUNTS_EVERY_S, self._ask_counts))
                 await self._ask_counts()
-                last_sent = time.monotonic()
                 while not stop.is_set() and not lost.done():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), FRAME_EVERY_S)
                     now = time.monotonic()
-                    if self._broadcast(time.time()):
-                        last_sent = now
-                    elif now - last_sent >= HEARTBEAT_S:
-                        self._send(orjson.dumps({"type": "stats", "t": time.time(), "live": True,
-                                                 "stats": self.view.stats(time.time())}))
-                        last_sent = now
+                    self.tick(time.time(), now)
                     if self.clients:
                         idle_since = None
                     elif idle_since is None:
@@ -215,18 +238,36 @@ class MapFeed:
                     lost.result()  # raises: the broker went away
             log.info("map feed: %s", "stopping" if stop.is_set() else "no map open: queues closed")
 
-    def _broadcast(self, now: float) -> bool:
-        frame = self.view.frame(now)
-        if frame is None:
-            return False
-        self._send(orjson.dumps(frame))
-        return True
-
-    def _send(self, data: bytes) -> None:
+    def tick(self, wall: float, now: float) -> None:
+        """One frame period: the view's frame, scoped and encoded once per tenant with a map open
+        (the whole frame once for the operators' maps) and offered to its maps; a tenant with
+        nothing new for HEARTBEAT_S gets a stats heartbeat (the map knows the feed is alive).
+        `wall`: epoch seconds (the frame's time), `now`: monotonic seconds."""
+        groups: dict[str | None, list[MapClient]] = {}
         for client in self.clients:
+            groups.setdefault(client.tenant, []).append(client)
+        frame = self.view.frame(wall)  # taken every tick, a map open or not: the moves drain
+        tenants = [k for k in groups if k is not None]
+        stats = self.view.tenant_stats(tenants) if tenants else {}
+        for key, clients in groups.items():
+            msg: dict[str, Any] | None = None
+            if frame is not None:
+                msg = frame if key is None else scoped(frame, key, stats[key])
+                if key is not None and not has_news(msg):
+                    msg = None
+            if msg is None:
+                if now - self._last_sent.setdefault(key, now) < HEARTBEAT_S:
+                    continue
+                msg = {"type": "stats", "t": wall, "live": True,
+                       "stats": self.view.stats(wall) if key is None else stats[key]}
+            self._send(clients, orjson.dumps(msg))
+            self._last_sent[key] = now
+
+    def _send(self, clients: list[MapClient], data: bytes) -> None:
+        for client in clients:
             client.offer(data)
         self.counters.bump("map_frames")
-        self.counters.bump("map_frame_bytes", len(data) * len(self.clients))
+        self.counters.bump("map_frame_bytes", len(data) * len(clients))
 
     async def _on_sample(self, message: AbstractIncomingMessage) -> None:
         async with message.process(requeue=False):

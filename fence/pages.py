@@ -5,34 +5,28 @@ libraries npm installed under fence/web/node_modules (deploy/setup.sh runs `npm 
 served from this host, no CDN). Without them (a checkout where `npm ci` has not run) the API
 warns at start, and each page shows a message in place of its map or charts.
 
-/ops and /ops/data need no token: bind the API to an internal address, or put /ops behind the
-proxy's authentication, where the figures must not be public. /venues/{id} is a static page:
-its data comes from the owner's routes, with the owner's Firebase ID token, which the page gets
-by signing in with email and password (Firebase Auth's REST API: the Auth emulator on the local
-stack, `/pages/config` says where) or from a link's `#token=...` (the app opening it).
-
-/map (operators, like /ops: every fence and every object, no token; keep it internal) is the
-live map: the fences from `/map/fences`, the roads from `/map/roads` (a GeoJSON file set-up
-writes from the OSM extract: offline) or a tile server where there is internet, and the
-objects, counts and events from the websocket `/map/ws` (fence/map_feed.py: at most two
-messages a second per map).
+The pages are static files (they hold no data, so they are public); their data is behind
+sign-in (fence/page_data.py): each page shows a sign-in form first (email and password through
+Firebase Auth's REST API: the Auth emulator on the local stack, `/pages/config` says where; or
+a link's `#token=...`, the app opening it) and sends the Firebase ID token with every request
+(fence/web/static/common.js). /ops (`/ops/data`: a platform operator's), /venues/{id} (the
+owner's routes), /map the live map (`/map/fences`, `/map/objects/{id}` and the websocket
+`/map/ws`: a tenant's member sees its tenant's fences and objects, an operator every tenant's;
+the roads from `/map/roads`, a GeoJSON file set-up writes from the OSM extract, public: offline
+map data, or a tile server where there is internet).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from fence.map_feed import MAX_FENCES_PAGE, ClientGone, MapClient, MapFeed
-from fence.ops import OpsFigures, Unavailable
 from fence.service import ApiError
 
 log = logging.getLogger("geofence")
@@ -52,10 +46,10 @@ class MapFiles:
     tiles: str | None  # a raster tile URL template
 
 
-def add_pages(app: FastAPI, ops: OpsFigures | None, auth: dict[str, Any], feed: MapFeed | None = None,
-              map_files: MapFiles = MapFiles(None, None)) -> None:
-    """`auth`: how a page signs in (`/pages/config`): {"project", "emulator" (http://host:port or
-    None), "api_key" (the project's web API key; any with the emulator)}."""
+def add_pages(app: FastAPI, auth: dict[str, Any], map_files: MapFiles = MapFiles(None, None)) -> None:
+    """The pages (static, public) and their configuration. `auth`: how a page signs in
+    (`/pages/config`): {"project", "emulator" (http://host:port or None), "api_key" (the
+    project's web API key; any with the emulator)}. Their data: fence/page_data.py."""
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     for name, directory in VENDOR.items():
         if directory.is_dir():
@@ -78,19 +72,6 @@ def add_pages(app: FastAPI, ops: OpsFigures | None, auth: dict[str, Any], feed: 
     async def ops_page() -> FileResponse:
         return FileResponse(STATIC / "ops.html", headers={"Cache-Control": "no-cache"})
 
-    @app.get("/ops/data", tags=["operators"], summary="The pipeline's figures (from Prometheus)",
-             description="Per process: up, messages/s, positions/s, events/s, objects, fences, held "
-                         "positions; the deepest queues; dead letters by reason (all time and the last 15 "
-                         "minutes); device-to-event latency p50 / p99; updates/s, events/s and p99 over the "
-                         "last 15 minutes; the alerts firing. 503 when Prometheus does not answer.")
-    async def ops_data() -> dict[str, Any]:
-        if ops is None:
-            raise ApiError(503, "no Prometheus configured (GEOFENCE_PROMETHEUS_URL)")
-        try:
-            return await ops.take()
-        except Unavailable as exc:
-            raise ApiError(503, str(exc)) from None
-
     @app.get("/map", include_in_schema=False)
     async def map_page() -> FileResponse:
         return FileResponse(STATIC / "map.html", headers={"Cache-Control": "no-cache"})
@@ -100,42 +81,6 @@ def add_pages(app: FastAPI, ops: OpsFigures | None, auth: dict[str, Any], feed: 
         if map_files.roads is None or not map_files.roads.is_file():
             raise ApiError(404, "no road layer configured (GEOFENCE_MAP_ROADS)")
         return FileResponse(map_files.roads, media_type="application/geo+json")
-
-    @app.get("/map/fences", tags=["operators"], summary="Every live fence, a page at a time (the map's)",
-             description="GeoJSON FeatureCollection of every user's live fences by id; `next_after` when "
-                         "there are more.")
-    async def map_fences(after: str = "", limit: int = Query(MAX_FENCES_PAGE, ge=1, le=MAX_FENCES_PAGE)
-                         ) -> dict[str, Any]:
-        if feed is None:
-            raise ApiError(503, "no map feed in this process")
-        return await feed.fences(after, limit)
-
-    @app.get("/map/objects/{object_id}", tags=["operators"], summary="An object's last position on the map")
-    async def map_object(object_id: str) -> dict[str, Any]:
-        got = None if feed is None else feed.view.position(object_id)
-        if got is None:
-            raise ApiError(404, f"object {object_id!r} is not on the map (no position in the last minutes, "
-                                "or no map open to collect them)")
-        return {"object_id": object_id, "lon": got[0], "lat": got[1], "ts": got[2]}
-
-    @app.websocket("/map/ws")
-    async def map_ws(ws: WebSocket) -> None:
-        await ws.accept()
-        if feed is None:
-            await ws.close(code=1013, reason="no map feed in this process")
-            return
-        client = feed.join()
-        try:
-            async with asyncio.TaskGroup() as tg:
-                sender = tg.create_task(_pump(ws, client, feed))
-                await _until_closed(ws)
-                sender.cancel()
-        except* (WebSocketDisconnect, ClientGone):
-            pass
-        finally:
-            feed.leave(client)
-            with contextlib.suppress(Exception):
-                await ws.close(code=1001)
 
 
 def vendor_warnings() -> list[str]:
@@ -148,16 +93,3 @@ def vendor_warnings() -> list[str]:
                        f"{VENDOR_USE[name]} will show a message instead; run `bash deploy/setup.sh` "
                        f"(or `npm ci` in {WEB}), then restart the API")
     return out
-
-
-async def _pump(ws: WebSocket, client: MapClient, feed: MapFeed) -> None:
-    while True:
-        await ws.send_bytes(await client.next(feed.snapshot))
-
-
-async def _until_closed(ws: WebSocket) -> None:
-    """A map sends nothing that matters; this returns when it closes."""
-    while True:
-        message = await ws.receive()
-        if message["type"] == "websocket.disconnect":
-            return

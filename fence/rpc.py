@@ -127,7 +127,11 @@ class RpcServer:
         try:
             token = request.get("token")
             user = await self.verifier.verify(f"Bearer {token}" if isinstance(token, str) else None)
-            result = await OPS[op](self.service, Caller.of(user.uid, user.claims), request)
+            asked = request.get("tenant")
+            if asked is not None and not isinstance(asked, str):
+                raise ApiError(400, f"tenant {shown(asked)}: a string expected")
+            caller = await self.service.caller(user.uid, user.claims, asked)
+            result = await OPS[op](self.service, caller, request)
             return {"status": STATUS_OK.get(op, 200), "result": result}, None
         except AuthUnavailable as exc:
             return {"status": 503, "error": str(exc)}, None

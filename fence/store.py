@@ -216,15 +216,23 @@ async def live_fences(conn: asyncpg.Connection) -> list[FenceRecord]:
     return [_record(r) for r in await conn.fetch(_SELECT + " ORDER BY f.id")]
 
 
-async def find_fences(conn: asyncpg.Connection, owner: str | None = None,
+async def find_fences(conn: asyncpg.Connection, tenant: str | None = None,
                       bbox: tuple[float, float, float, float] | None = None, limit: int = 1000,
                       after: str = "") -> list[FenceRecord]:
-    """Live fences of `owner` (None: everyone's) whose bbox meets `bbox`, by id, after `after`."""
+    """Live fences of `tenant` (None: every tenant's) whose bbox meets `bbox`, by (qualified)
+    id, after the qualified id `after`."""
     x0, y0, x1, y1 = bbox if bbox is not None else (-180.0, -90.0, 180.0, 90.0)
     rows = await conn.fetch(
-        _SELECT + " AND ($1::text IS NULL OR f.owner = $1) AND f.id > $2 AND f.max_lon >= $3 "
+        _SELECT + " AND ($1::text IS NULL OR f.tenant = $1) AND f.id > $2 AND f.max_lon >= $3 "
         "AND f.min_lon <= $5 AND f.max_lat >= $4 AND f.min_lat <= $6 ORDER BY f.id LIMIT $7",
-        owner, after, x0, y0, x1, y1, limit)
+        tenant, after, x0, y0, x1, y1, limit)
+    return [_record(r) for r in rows]
+
+
+async def counting_from(conn: asyncpg.Connection, tenant: str, counted: str) -> list[FenceRecord]:
+    """Live fences of `tenant` that count `counted`'s objects (options counts_from)."""
+    rows = await conn.fetch(_SELECT + " AND f.tenant = $1 AND f.options -> 'counts_from' ? $2 ORDER BY f.id",
+                            tenant, counted)
     return [_record(r) for r in rows]
 
 
@@ -316,19 +324,26 @@ def read_event_cursor(cursor: Any, fence_id: str) -> tuple[float, str]:
 
 
 async def fence_events(conn: asyncpg.Connection, fence_id: str, since: float = 0.0,
-                       limit: int = 1000, after: tuple[float, str] | None = None) -> list[dict[str, Any]]:
+                       limit: int = 1000, after: tuple[float, str] | None = None,
+                       objects_of: str | None = None) -> list[dict[str, Any]]:
     """A fence's archived events from `since` (epoch seconds, inclusive) and strictly after
     `after` ((ts, event_id), a cursor's), oldest first: ordered by (ts, event_id), a total
     order (event_id is the primary key). The index fence_event_by_fence_page (fence_id, ts,
     event_id; migration 0022) serves it as one range scan: a page reads its own rows only,
-    however many events share a ts."""
-    columns = "SELECT event_id, fence_id, object_id, event, reason, ts, visit_id, inside_s FROM fence_event "
-    if after is None:
-        rows = await conn.fetch(columns + "WHERE fence_id = $1 AND ts >= $2 ORDER BY ts, event_id LIMIT $3",
-                                fence_id, since, limit)
-    else:
-        rows = await conn.fetch(columns + "WHERE fence_id = $1 AND ts >= $2 AND (ts, event_id) > ($3, $4) "
-                                "ORDER BY ts, event_id LIMIT $5", fence_id, since, after[0], after[1], limit)
+    however many events share a ts. `objects_of`: only the events of that tenant's objects
+    (a tenant reads its own; presence events of the objects of a tenant the fence counts from
+    are counts, never read one by one: exchanges/fence_options/shares.py)."""
+    where, args = ["fence_id = $1", "ts >= $2"], [fence_id, since]
+    if after is not None:
+        where.append("(ts, event_id) > ($3, $4)")
+        args += [after[0], after[1]]
+    if objects_of is not None:
+        args.append(f"{objects_of}:")
+        where.append(f"starts_with(object_id, ${len(args)})")
+    args.append(limit)
+    rows = await conn.fetch("SELECT event_id, fence_id, object_id, event, reason, ts, visit_id, inside_s "
+                            f"FROM fence_event WHERE {' AND '.join(where)} ORDER BY ts, event_id "
+                            f"LIMIT ${len(args)}", *args)
     return [dict(r) for r in rows]
 
 
@@ -402,18 +417,17 @@ def _subscription(row: asyncpg.Record) -> dict[str, Any]:
 
 async def put_subscription(conn: asyncpg.Connection, owner: str,
                            definition: dict[str, Any]) -> dict[str, Any]:
-    """Store a subscription (new, or changed by its owner) and its change, in one transaction
-    serialised with every other change (the advisory lock): x-ingress reads the changes in seq
-    order, so a seq must never commit after a higher one."""
+    """Store a subscription (new, or changed) and its change, in one transaction serialised
+    with every other change (the advisory lock): x-ingress reads the changes in seq order, so a
+    seq must never commit after a higher one. Its id is qualified by its tenant
+    (exchanges/tenancy.py): who may change it was decided by the caller; `owner` is who
+    created or last changed it."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", ROAM_CHANGE_LOCK)
-        found = await conn.fetchval("SELECT owner FROM roam_subscription WHERE id = $1", definition["id"])
-        if found is not None and found != owner:
-            raise PermissionError(f"subscription {definition['id']!r} belongs to another user")
         row = await conn.fetchrow(
             "INSERT INTO roam_subscription (id, owner, object_id, radius_m, match, where_json, point_lon, "
             "point_lat) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
-            "ON CONFLICT (id) DO UPDATE SET object_id = $3, "
+            "ON CONFLICT (id) DO UPDATE SET owner = $2, object_id = $3, "
             "radius_m = $4, match = $5, where_json = $6, point_lon = $7, point_lat = $8, "
             "updated_at = now() RETURNING *",
             definition["id"], owner, definition.get("object", point_object(definition["id"])),
@@ -424,14 +438,13 @@ async def put_subscription(conn: asyncpg.Connection, owner: str,
     return _subscription(row)
 
 
-async def delete_subscription(conn: asyncpg.Connection, owner: str, sub_id: str) -> None:
+async def delete_subscription(conn: asyncpg.Connection, sub_id: str) -> None:
+    """Delete a subscription (its qualified id) and record the change."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", ROAM_CHANGE_LOCK)
         found = await conn.fetchval("SELECT owner FROM roam_subscription WHERE id = $1", sub_id)
         if found is None:
             raise UnknownSubscription(sub_id)
-        if found != owner:
-            raise PermissionError(f"subscription {sub_id!r} belongs to another user")
         await conn.execute("DELETE FROM roam_subscription WHERE id = $1", sub_id)
         await conn.execute("INSERT INTO roam_change (subscription_id, definition) VALUES ($1, NULL)", sub_id)
 
@@ -443,9 +456,9 @@ async def get_subscription(conn: asyncpg.Connection, sub_id: str) -> dict[str, A
     return _subscription(row)
 
 
-async def list_subscriptions(conn: asyncpg.Connection, owner: str | None, limit: int = 1000
+async def list_subscriptions(conn: asyncpg.Connection, tenant: str | None, limit: int = 1000
                              ) -> list[dict[str, Any]]:
-    """The owner's subscriptions (None: everyone's, for the operator's command line)."""
-    rows = await conn.fetch("SELECT * FROM roam_subscription WHERE $1::text IS NULL OR owner = $1 "
-                            "ORDER BY id LIMIT $2", owner, limit)
+    """A tenant's subscriptions (None: every tenant's, for the operator's command line)."""
+    rows = await conn.fetch("SELECT * FROM roam_subscription WHERE $1::text IS NULL OR tenant = $1 "
+                            "ORDER BY id LIMIT $2", tenant, limit)
     return [_subscription(r) for r in rows]

@@ -1,10 +1,16 @@
 """Decoding and validating what devices and gateways send (the x-ingress core's input side).
 
 Wire contracts (docs/reference.md, "Wire contracts"):
-- MQTT: topic `positions/<object_id>` (AMQP routing key `positions.<object_id>`), body JSON
-  `{"lon": float, "lat": float, "ts": epoch_seconds, ...}`; other fields pass through.
-- AMQP gateways: `{"positions": [{"id", "lon", "lat", "ts", ...}, ...]}` as JSON, or msgpack
-  with content type `application/msgpack`.
+- MQTT: topic `positions/<tenant>/<object_id>` (AMQP routing key `positions.<tenant>.<object_id>`),
+  body JSON `{"lon": float, "lat": float, "ts": epoch_seconds, ...}`; other fields pass through.
+- AMQP gateways: exchange `ingress.gateway`, routing key `<tenant>`, body
+  `{"positions": [{"id", "lon", "lat", "ts", ...}, ...]}` as JSON, or msgpack with content type
+  `application/msgpack`.
+
+The tenant comes from the routing key, which RabbitMQ's topic permissions tie to the
+credential that published (a device may publish its own key only, a gateway its tenant's), never
+from the body: the ids that leave here are qualified, `<tenant>:<object_id>`
+(exchanges/tenancy.py), so two tenants' `car-1` never meet.
 
 Every refusal carries a reason a person can act on ("position 3: lat 91.0 is outside
 [-90, 90]"); a batch with some bad positions keeps the good ones. Validation is done on
@@ -26,6 +32,7 @@ import orjson
 from exchanges.batch import PositionBatch, extra_problem
 from exchanges.fence_options.ttl import ttl_problem
 from exchanges.ids import is_object_id
+from exchanges.tenancy import is_tenant, qualify
 from hilbert_c import clamp_lonlat
 
 MAX_BODY_BYTES = 256 * 1024  # a single MQTT position is ~100 bytes; a gateway batch ~100 KB
@@ -55,20 +62,30 @@ class Refused(ValueError):
 
 
 def object_id_from_routing_key(routing_key: str) -> str:
-    prefix, _, oid = routing_key.partition(".")
-    if prefix != "positions" or not is_object_id(oid):
-        raise Refused(f"routing key {routing_key[:80]!r} is not positions.<object_id> "
-                      "(object ids are 1-64 of A-Z a-z 0-9 _ -, starting with a letter or digit)")
-    return oid
+    """The qualified object id (`<tenant>:<object_id>`) of `positions.<tenant>.<object_id>`."""
+    parts = routing_key.split(".")
+    if len(parts) != 3 or parts[0] != "positions" or not is_tenant(parts[1]) or not is_object_id(parts[2]):
+        raise Refused(f"routing key {routing_key[:80]!r} is not positions.<tenant>.<object_id> (MQTT "
+                      "positions/<tenant>/<object_id>; tenants are 1-32 of a-z 0-9 -, object ids 1-64 "
+                      "of A-Z a-z 0-9 _ -, each starting with a letter or digit)")
+    return qualify(parts[1], parts[2])
+
+
+def tenant_from_routing_key(routing_key: str) -> str:
+    """The tenant a gateway's batch is for: its routing key on ingress.gateway."""
+    if not is_tenant(routing_key):
+        raise Refused(f"routing key {routing_key[:80]!r} is not a tenant (a gateway publishes its batches "
+                      "on ingress.gateway with its tenant as the routing key: 1-32 of a-z 0-9 -)")
+    return routing_key
 
 
 def decode_mqtt(routing_key: str, body: bytes, latest: Latest = None) -> Decoded:
-    """One device position: `positions.<object_id>` and a JSON object."""
+    """One device position: `positions.<tenant>.<object_id>` and a JSON object."""
     oid = object_id_from_routing_key(routing_key)
     obj = _load_json(body)
     if not isinstance(obj, dict):
         raise Refused(f"the body is a JSON {type(obj).__name__}, not an object with lon, lat, ts")
-    return _columns([{**obj, "id": oid}], latest)
+    return _columns([{**obj, "id": oid}], latest, qualified=True)
 
 
 def decode_mqtt_many(messages: Sequence[tuple[str, bytes]], latest: Latest = None) -> Decoded:
@@ -89,13 +106,14 @@ def decode_mqtt_many(messages: Sequence[tuple[str, bytes]], latest: Latest = Non
             continue
         items.append({**obj, "id": oid})
         at.append(m)
-    decoded = _columns(items, latest)
+    decoded = _columns(items, latest, qualified=True)
     refused += [(at[i], _PREFIX.sub("", reason, count=1)) for i, reason in decoded.refused]
     return Decoded(decoded.batch, sorted(refused))
 
 
-def decode_batch(body: bytes, content_type: str | None, latest: Latest = None) -> Decoded:
-    """A gateway batch; positions that fail validation are refused one by one."""
+def decode_batch(body: bytes, content_type: str | None, latest: Latest = None, tenant: str = "") -> Decoded:
+    """A gateway batch of `tenant` (its routing key, `tenant_from_routing_key`); positions that
+    fail validation are refused one by one. The ids that pass are qualified by the tenant."""
     if len(body) > MAX_BODY_BYTES:
         raise Refused(f"body of {len(body):,} bytes is over the {MAX_BODY_BYTES:,}-byte limit")
     if content_type in MSGPACK_TYPES:
@@ -110,7 +128,10 @@ def decode_batch(body: bytes, content_type: str | None, latest: Latest = None) -
     items = obj["positions"]
     if len(items) > MAX_BATCH:
         raise Refused(f"{len(items):,} positions in one batch, over the limit of {MAX_BATCH:,}")
-    return _columns(items, latest)
+    decoded = _columns(items, latest)
+    if tenant:
+        decoded.batch.ids[:] = [qualify(tenant, i) for i in decoded.batch.ids]
+    return decoded
 
 
 def _load_json(body: bytes) -> Any:
@@ -129,7 +150,8 @@ def _number(v: Any) -> float:
     return float(v)
 
 
-def _columns(items: list[Any], latest: Latest = None) -> Decoded:
+def _columns(items: list[Any], latest: Latest = None, qualified: bool = False) -> Decoded:
+    """`qualified`: the ids come from routing keys, checked and qualified already."""
     n = len(items)
     reasons: dict[int, str] = {}
     ids: list[str] = []
@@ -150,7 +172,7 @@ def _columns(items: list[Any], latest: Latest = None) -> Decoded:
                 ", ".join(repr(k) for k in missing)
         oid = p.get("id")
         ids.append(oid if isinstance(oid, str) else "")
-        if i not in reasons and not is_object_id(oid):
+        if i not in reasons and not qualified and not is_object_id(oid):
             reasons[i] = f"position {i}: id {str(oid)[:80]!r} is not an object id (1-64 of A-Z a-z 0-9 _ -)"
         lon[i], lat[i], ts[i] = _number(p.get("lon")), _number(p.get("lat")), _number(p.get("ts"))
         rest = {k: v for k, v in p.items() if k not in _KNOWN}

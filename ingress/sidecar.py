@@ -52,7 +52,7 @@ from exchanges.hash_ring import HashRing
 from exchanges.worldmap import Worldmap
 from ingress.core import XIngress
 from ingress.map_tap import MapSampler
-from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many
+from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many, tenant_from_routing_key
 from ingress.proximity import Proximity
 
 log = logging.getLogger("geofence")
@@ -247,7 +247,14 @@ class IngressSidecar:
         latest = (time.time(), self.config.max_future_s)
         for i, m in enumerate(messages):
             try:
-                d: Decoded = decode_batch(m.body, m.content_type, latest)
+                first = (m.headers or {}).get(t.FIRST_EXCHANGE_HEADER)  # a replay's first exchange
+                first = first.decode(errors="replace") if isinstance(first, bytes) else first
+                if t.RETIRED_BATCHES_EXCHANGE in (first, m.exchange):  # a key there is the publisher's say-so
+                    raise Refused(f"{t.RETIRED_BATCHES_EXCHANGE} carries no tenant: a gateway publishes its "
+                                  f"batches to {t.GATEWAY_EXCHANGE} with its tenant as the routing key "
+                                  "(`geofence gateway add NAME --tenant T`)")
+                tenant = tenant_from_routing_key(m.routing_key or "")
+                d: Decoded = decode_batch(m.body, m.content_type, latest, tenant)
             except Refused as exc:
                 refused.append((i, str(exc)))
                 continue

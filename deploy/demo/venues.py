@@ -1,10 +1,10 @@
 """The demo's venues: restaurants, bars, cafés and shops among the demo's points of interest
-become hives (their 150 m fence is the hive's fence, so the fleet's vehicles driving by are
-the app's figure), each with a simulated door sensor (deploy/demo/sensors.py: legacy and v2
-firmware, a lost report now and then) publishing its frames over MQTT in real time during the
-run; and a demo user who asked to be told when each gets busy. At the end: each hive's counts
-as the platform has them against the simulator's truth, the app's figure beside them, and the
-notifications the notifier logged.
+become hives (their 150 m fence, the venue app tenant's, is the hive's fence, so the app
+users' phones passing by are the app's figure), each with a simulated door sensor
+(deploy/demo/sensors.py: legacy and v2 firmware, a lost report now and then) publishing its
+frames over MQTT in real time during the run; and a demo user who asked to be told when each
+gets busy. At the end: each hive's counts as the platform has them against the simulator's
+truth, the app's figure beside them, and the notifications the notifier logged.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from deploy.demo.sensors import Faults, Sent, SimSensor, simulate
+from exchanges.tenancy import name_of
 
 HIVE_TYPES = {"amenity=restaurant": "restaurant", "amenity=fast_food": "restaurant",
               "amenity=bar": "bar", "amenity=pub": "bar", "amenity=cafe": "cafe",
@@ -57,7 +58,7 @@ def hive_type(kind: str) -> str | None:
 
 async def prepare(pg: asyncpg.Connection, pois: list[tuple[str, str, float, float, str]], owner: str,
                   run: str, start: float, duration: float) -> DemoVenues:
-    """Hives for the venue POIs among the demo's fences ((fence_id, name, lon, lat, kind)), a
+    """Hives for the venue POIs among the demo's fences ((qualified fence_id, name, lon, lat, kind)), a
     sensor each for this run (the earlier runs' sensors go, with their reports), the demo
     user's notifications, and the frames each sensor will send over the run."""
     venues: list[Venue] = []
@@ -67,7 +68,7 @@ async def prepare(pg: asyncpg.Connection, pois: list[tuple[str, str, float, floa
         htype = hive_type(kind)
         if htype is None:
             continue
-        hive_id = "demo-" + fence_id.removeprefix("poi-")
+        hive_id = "demo-" + name_of(fence_id).removeprefix("poi-")
         await pg.execute(
             "INSERT INTO hive (id, owner_uid, name, type, lon, lat, tz, capacity, fence_id) "
             "VALUES ($1, $2, $3, $4, $5, $6, 'Europe/Vaduz', 40, $7) ON CONFLICT (id) DO UPDATE SET "

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from deploy.processes import POLL_INTERVAL, Say, StackError, run
+from deploy.rabbitmq import credentials as cred
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.management import Management, ManagementError
 from deploy.rabbitmq.nodes import StackSecrets, StackSettings, broker2_node
@@ -244,7 +245,7 @@ def device_permission_steps(mgmt: Management) -> list[Step]:
         if t.DEVICE_TAG not in tags:
             continue
         try:
-            want = d.device_topic_permission(str(u["name"]))
+            want = cred.device_topic_permission(str(u["name"]))
         except ValueError:  # not an object id: not ours to fix
             continue
         if current.get((want.user, want.vhost, want.exchange)) != (want.write, want.read):

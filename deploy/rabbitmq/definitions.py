@@ -5,8 +5,10 @@ auto-deleted. The choices, in one place:
 
 Exchanges, queues, bindings (declared by the topology; the sidecars only declare passively):
 
-    gf-ingress     amq.topic --"positions.*"--> x-ingress.positions
-                   ingress.batches (fanout) --> x-ingress.batches
+    gf-ingress     amq.topic --"positions.*.*"--> x-ingress.positions (positions.<tenant>.<id>)
+                   ingress.gateway (topic) --"*"--> x-ingress.batches (key: the gateway's tenant)
+                   amq.topic --"positions.*"--> and ingress.batches (fanout) --> the same
+                   queues: the contract before tenants, dead-lettered there with the reason
                    fence.map-positions (fanout): the API binds its own map queue (below)
     gf-region-<r>  x-geo.in (fanout) --> x-geo.positions
                    x-geo.control (fanout) --> x-geo.control
@@ -69,7 +71,6 @@ from typing import Any
 from urllib.parse import quote
 
 from exchanges import topology as t
-from exchanges.ids import check_object_id
 from exchanges.topology import Topology
 
 INPUT_QUEUE_MAX_LENGTH = 1_000_000  # messages; at ~300 B each, ~300 MB of backlog per queue
@@ -178,6 +179,7 @@ class Definitions:
     retired_bindings: tuple[Binding, ...]
     parameters: tuple[Parameter, ...]
     policies: tuple[Policy, ...]
+    retired_users: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -271,7 +273,9 @@ def _exchange(vhost: str, name: str) -> Exchange:
 
 
 def exchanges(topology: Topology) -> tuple[Exchange, ...]:
-    found = [_exchange(t.INGRESS_VHOST, t.BATCHES_EXCHANGE), _exchange(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE),
+    found = [_exchange(t.INGRESS_VHOST, t.GATEWAY_EXCHANGE),
+             _exchange(t.INGRESS_VHOST, t.RETIRED_BATCHES_EXCHANGE),
+             _exchange(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE),
              _exchange(t.INGRESS_VHOST, t.OCCUPANCY_EXCHANGE),
              _exchange(t.INGRESS_VHOST, t.MAP_POSITIONS_EXCHANGE)]
     for v in region_vhosts(topology):
@@ -279,7 +283,7 @@ def exchanges(topology: Topology) -> tuple[Exchange, ...]:
                   _exchange(v, t.FENCE_IN_EXCHANGE)]
     found += [_exchange(t.FENCES_VHOST, name) for name in (
         t.FENCE_IN_EXCHANGE, t.FENCE_CONTROL_EXCHANGE, t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE,
-        t.API_EXCHANGE, t.MAP_EVENTS_EXCHANGE)]
+        t.TENANT_BATCHES_EXCHANGE, t.API_EXCHANGE, t.MAP_EVENTS_EXCHANGE)]
     found += [_exchange(v, t.DEAD_LETTER_EXCHANGE) for v in topology.vhosts]
     return tuple(found)
 
@@ -293,7 +297,12 @@ def queues(topology: Topology) -> tuple[Queue, ...]:
 def bindings(topology: Topology) -> tuple[Binding, ...]:
     found = [Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.POSITIONS_QUEUE,
                      t.POSITIONS_TOPIC_PATTERN),
-             Binding(t.INGRESS_VHOST, t.BATCHES_EXCHANGE, t.BATCHES_QUEUE, ""),
+             Binding(t.INGRESS_VHOST, t.GATEWAY_EXCHANGE, t.BATCHES_QUEUE, t.GATEWAY_TOPIC_PATTERN),
+             # the contract before tenants (MQTT positions/<id>, ingress.batches): still bound,
+             # so what a device or gateway not moved yet sends is dead-lettered by x-ingress with
+             # the reason (no tenant), never dropped as unroutable
+             Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.POSITIONS_QUEUE, t.RETIRED_POSITIONS_PATTERN),
+             Binding(t.INGRESS_VHOST, t.RETIRED_BATCHES_EXCHANGE, t.BATCHES_QUEUE, ""),
              Binding(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE, t.FOLLOW_QUEUE, ""),
              Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.SENSORS_QUEUE, t.SENSORS_TOPIC_PATTERN),
              Binding(t.INGRESS_VHOST, t.OCCUPANCY_EXCHANGE, t.NOTIFY_QUEUE, f"{t.OCCUPANCY_TOPIC_PREFIX}.#"),
@@ -315,13 +324,18 @@ RETIRED_BINDINGS = (
     # the archive took every event of fence.events one by one; it takes fence.event-batches now
     Binding(t.FENCES_VHOST, t.EVENTS_EXCHANGE, t.ARCHIVE_QUEUE, "#"),
 )
+# Users an earlier topology declared that must go (the plan deletes them where they exist):
+# the one gateway user every gateway shared, of no tenant (gateways are per tenant now,
+# `geofence gateway add NAME --tenant T`, deploy/rabbitmq/devices.py), and the one application
+# user every application shared, which read every tenant's events (`geofence app add`)
+RETIRED_USERS = (t.GATEWAY_USER, t.CLIENT_USER)
 
 
 # --------------------------------------------------------------------------- users
 
 
 SIDECAR_USERS = (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.FEDERATION_USER,
-                 t.GATEWAY_USER, t.ARCHIVER_USER, t.CLIENT_USER, t.VENUES_USER)
+                 t.ARCHIVER_USER, t.VENUES_USER)
 
 
 def users() -> tuple[User, ...]:
@@ -355,8 +369,8 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                          exactly(*input_queues(topology, v))) for v in regions]
     locks = exactly(*(t.fence_lock(w) for w in topology.workers))
     found.append(Permission(t.FENCE_USER, fences, locks,
-                            exactly(t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE, t.MAP_EVENTS_EXCHANGE, dlx,
-                                    DEFAULT_EXCHANGE),
+                            exactly(t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE, t.TENANT_BATCHES_EXCHANGE,
+                                    t.MAP_EVENTS_EXCHANGE, dlx, DEFAULT_EXCHANGE),
                             # its own input and control queues only, not the archive's nor the API's
                             exactly(*(q for w in topology.workers
                                       for q in (t.fence_queue(w), t.fence_control_queue(w))))))
@@ -379,17 +393,11 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
                             exactly(dlx, t.OCCUPANCY_EXCHANGE, t.MQTT_TOPIC_EXCHANGE, t.HIVE_EVENTS_QUEUE),
                             exactly(t.SENSORS_QUEUE, t.NOTIFY_QUEUE, t.HIVE_EVENTS_QUEUE,
                                     t.MQTT_TOPIC_EXCHANGE)))
-    # applications: requests to the fence API (answers come by direct reply-to), and their own
-    # event queues, named app.<anything>, bound to fence.events or fence.event-batches
-    found.append(Permission(t.CLIENT_USER, fences, r"^app\..*",
-                            rf"^({regex_escape(t.API_EXCHANGE)}|app\..*)$",
-                            rf"^({regex_escape(t.EVENTS_EXCHANGE)}|{regex_escape(t.EVENT_BATCHES_EXCHANGE)}"
-                            r"|app\..*)$"))
+    # applications are each a tenant's own user (`app_permission`, `geofence app add`)
     found += [Permission(t.FEDERATION_USER, v, fed, fed, federation_read(t.FENCE_IN_EXCHANGE))
               for v in regions]
     found.append(Permission(t.FEDERATION_USER, fences, fed, fed,
                             federation_read(t.EVENTS_EXCHANGE)))
-    found.append(Permission(t.GATEWAY_USER, ingress, NOTHING, exactly(t.BATCHES_EXCHANGE), NOTHING))
     return tuple(found)
 
 
@@ -470,6 +478,7 @@ def build(topology: Topology, endpoint: Endpoint, federation_password: str,
         queues=queues(topology),
         bindings=bindings(topology),
         retired_bindings=RETIRED_BINDINGS,
+        retired_users=RETIRED_USERS,
         parameters=parameters(topology, endpoint, federation_password, elsewhere),
         policies=policies(topology),
     )
@@ -482,51 +491,3 @@ def matching_policy(pols: Iterable[Policy], vhost: str, name: str, apply_to: str
              and re.search(p.pattern, name)]
     return max(found, key=lambda p: p.priority, default=None)
 
-
-# --------------------------------------------------------------------------- devices
-
-
-def device_queues(object_id: str) -> tuple[str, str]:
-    """The MQTT plugin's subscription queues of a device whose client id is its object id."""
-    base = f"{t.MQTT_SUBSCRIPTION_QUEUE_PREFIX}{check_object_id(object_id)}"
-    return f"{base}qos0", f"{base}qos1"
-
-
-def device_permission(object_id: str) -> Permission:
-    """Its own MQTT subscription queues (declare, bind, consume) and amq.topic (publish,
-    bind). What it may publish and subscribe to is narrowed by the topic permission."""
-    check_object_id(object_id)
-    own = f"{t.MQTT_SUBSCRIPTION_QUEUE_PREFIX}{object_id}qos[01]"
-    topic = regex_escape(t.MQTT_TOPIC_EXCHANGE)
-    return Permission(object_id, t.INGRESS_VHOST, f"^{own}$", f"^({topic}|{own})$",
-                      f"^({topic}|{own})$")
-
-
-def device_topic_permission(object_id: str) -> TopicPermission:
-    """Publish only positions.<itself>, subscribe only to its own events
-    (fence-events.<fence>.<kind>.<itself>, the fence and kind possibly wildcards).
-    RabbitMQ expands {username} when it checks (the MQTT login's user part)."""
-    check_object_id(object_id)
-    return TopicPermission(object_id, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
-                           f"^{regex_escape(t.POSITIONS_TOPIC_PREFIX)}\\.{{username}}$",
-                           f"^{regex_escape(t.EVENTS_TOPIC_PREFIX)}\\.[^.#]+\\.[^.#]+\\.{{username}}$")
-
-
-# --------------------------------------------------------------------------- sensors
-
-
-SENSOR_KINDS_PATTERN = r"(counter|v2\.(counter|event|status))"  # sensors/<id>/<kind> (fence/venues)
-
-
-def sensor_permission(sensor_id: str) -> Permission:
-    """A presence sensor: like a device, its own MQTT subscription queues and amq.topic."""
-    return device_permission(sensor_id)
-
-
-def sensor_topic_permission(sensor_id: str) -> TopicPermission:
-    """Publish only its own frames (sensors.<itself>.<kind>), subscribe only to its own
-    configuration (commands.sensor.<itself>)."""
-    check_object_id(sensor_id)
-    return TopicPermission(sensor_id, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
-                           f"^{regex_escape(t.SENSORS_TOPIC_PREFIX)}\\.{{username}}\\.{SENSOR_KINDS_PATTERN}$",
-                           f"^{regex_escape(t.COMMANDS_TOPIC_PREFIX)}\\.{{username}}$")

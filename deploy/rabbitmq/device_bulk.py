@@ -1,4 +1,4 @@
-"""Devices by the thousand: `geofence device add --file IDS` / `remove --file IDS`.
+"""Devices by the thousand: `geofence device add --tenant T --file IDS` / `remove --file IDS`.
 
 `geofence device add ID` costs a few broker CLI calls (about 0.85 s a device): ten thousand
 trackers would take hours. Here a whole file of ids goes in as RabbitMQ definitions imports
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from deploy.rabbitmq import definitions as d
+from deploy.rabbitmq import credentials as cred
 from deploy.rabbitmq.apply import tags_of
 from deploy.rabbitmq.plan import api_path
 from exchanges import topology as t
@@ -95,7 +95,7 @@ def definitions(new: list[tuple[str, str]], existing: list[str]) -> dict[str, An
               "tags": [t.DEVICE_TAG]} for i, p in new]
     perms, topics = [], []
     for i in [i for i, _ in new] + existing:
-        p, tp = d.device_permission(i), d.device_topic_permission(i)
+        p, tp = cred.device_permission(i), cred.device_topic_permission(i)
         perms.append({"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write,
                       "read": p.read})
         topics.append({"user": tp.user, "vhost": tp.vhost, "exchange": tp.exchange, "write": tp.write,
@@ -103,13 +103,16 @@ def definitions(new: list[tuple[str, str]], existing: list[str]) -> dict[str, An
     return {"users": users, "permissions": perms, "topic_permissions": topics}
 
 
-def credentials_csv(rows: list[tuple[str, str | None]]) -> str:
-    """object_id, mqtt_login, client_id, password ("" for a device that existed already)."""
+def credentials_csv(rows: list[tuple[str, str | None]], tenant: str) -> str:
+    """tenant, object_id, mqtt_login, client_id, topic, password ("" for a device that existed
+    already)."""
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["object_id", "mqtt_login", "client_id", "password"])
+    w.writerow(["tenant", "object_id", "mqtt_login", "client_id", "topic", "password"])
     for object_id, password in rows:
-        w.writerow([object_id, f"{t.INGRESS_VHOST}:{object_id}", object_id, password or ""])
+        user = cred.device_user(tenant, object_id)
+        w.writerow([tenant, object_id, f"{t.INGRESS_VHOST}:{user}", user,
+                    f"{t.POSITIONS_TOPIC_PREFIX}/{tenant}/{object_id}", password or ""])
     return out.getvalue()
 
 
@@ -124,10 +127,11 @@ class Broker:
         return found
 
 
-def add_many(broker: Broker, ids: list[str], say: Callable[[str], None],
+def add_many(broker: Broker, tenant: str, object_ids: list[str], say: Callable[[str], None],
              chunk: int = CHUNK) -> list[tuple[str, str | None]]:
-    """Create the new devices and set every device's rights; (id, password or None if it
-    existed) in the order given."""
+    """Create `tenant`'s new devices and set every device's rights; (object id, password or
+    None if it existed) in the order given."""
+    ids = [cred.device_user(tenant, i) for i in object_ids]
     p = plan(ids, broker.users())
     passwords = {i: secrets.token_urlsafe(24) for i in p.new}
     new, existing = list(passwords.items()), list(p.existing)
@@ -139,12 +143,13 @@ def add_many(broker: Broker, ids: list[str], say: Callable[[str], None],
         broker.request("POST", "api/definitions", definitions(part_new, part_old))
         done += len(part_new) + len(part_old)
         say(f"  {done:,} / {len(ids):,} devices")
-    return [(i, passwords.get(i)) for i in ids]
+    return [(o, passwords.get(i)) for o, i in zip(object_ids, ids, strict=True)]
 
 
-def remove_many(broker: Broker, ids: list[str], say: Callable[[str], None]) -> int:
-    """Delete the device users among `ids` (one bulk delete), close their connections and
-    delete their MQTT subscription queues; how many were devices."""
+def remove_many(broker: Broker, tenant: str, object_ids: list[str], say: Callable[[str], None]) -> int:
+    """Delete `tenant`'s device users among `object_ids` (one bulk delete), close their
+    connections and delete their MQTT subscription queues; how many were devices."""
+    ids = [cred.device_user(tenant, i) for i in object_ids]
     kinds = {str(u["name"]): tags_of(u.get("tags")) for u in broker.users()}
     gone = [i for i in ids if t.DEVICE_TAG in kinds.get(i, [])]
     for start in range(0, len(gone), CHUNK):
@@ -153,7 +158,7 @@ def remove_many(broker: Broker, ids: list[str], say: Callable[[str], None]) -> i
     for conn in broker.request("GET", "api/connections?columns=name,user") or []:
         if conn.get("user") in wanted:
             broker.request("DELETE", api_path("connections", conn["name"]))
-    queues = {q for i in gone for q in d.device_queues(i)}
+    queues = {q for i in gone for q in cred.device_queues(i)}
     for q in broker.request("GET", api_path("queues", t.INGRESS_VHOST) + "?columns=name") or []:
         if q["name"] in queues:
             broker.request("DELETE", api_path("queues", t.INGRESS_VHOST, q["name"]))

@@ -1,10 +1,15 @@
-"""Per-device users in gf-ingress: `geofence device add | remove | list`.
+"""A tenant's device and gateway users in gf-ingress: `geofence device add | remove | list`
+and `geofence gateway add | remove | list`, each `--tenant T`.
 
-A device is a RabbitMQ user named after its object id, tagged `gf-device`, with rights in
-gf-ingress only: it logs in over MQTT as `gf-ingress:<object_id>` with client id
-`<object_id>`, may publish `positions/<object_id>` and subscribe to its own events
-`fence-events/+/+/<object_id>` (or a given fence or kind in place of a `+`), nothing else
-(see `definitions.device_permission` and `device_topic_permission`). RabbitMQ is the
+A device is a RabbitMQ user `<tenant>.<object_id>`, tagged `gf-device`, with rights in
+gf-ingress only: it logs in over MQTT as `gf-ingress:<tenant>.<object_id>` with that client
+id, may publish `positions/<tenant>/<object_id>` and subscribe to its own events
+`fence-events/<tenant>/+/+/<object_id>` (or a given fence or kind in place of a `+`), nothing
+else (see deploy/rabbitmq/credentials.py). A gateway is a user
+`<tenant>.<name>`, tagged `gf-gateway`: it may publish batches to `ingress.gateway` with its
+tenant as the routing key, or its tenant's devices' positions over MQTT, nothing else. An
+application is a user `<tenant>.<name>` in gf-fences, tagged `gf-app`. So what a credential
+publishes is its tenant's, whatever the body says (exchanges/tenancy.py). RabbitMQ is the
 credentials store: the password is shown once by `add` (or read from stdin) and kept nowhere
 else.
 """
@@ -14,15 +19,17 @@ from __future__ import annotations
 import secrets
 
 from deploy.processes import Say, StackError
+from deploy.rabbitmq import credentials as cred
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq.apply import management, run_steps, tags_of
+from deploy.rabbitmq.definitions import TopicPermission
 from deploy.rabbitmq.management import Management, ManagementError
 from deploy.rabbitmq.nodes import StackSecrets, StackSettings
 from deploy.rabbitmq.plan import api_path, ctl, device_steps
 from exchanges import topology as t
 from exchanges.ids import check_object_id
 
-RESERVED = frozenset({t.ADMIN_USER, "guest", *d.SIDECAR_USERS})
+RESERVED = frozenset({t.ADMIN_USER, "guest", *d.SIDECAR_USERS, *d.RETIRED_USERS})
 
 
 class DeviceError(StackError):
@@ -49,11 +56,26 @@ def _checked(object_id: str) -> str:
     return object_id
 
 
-def add(settings: StackSettings, pw: StackSecrets, object_id: str, password: str | None,
+def user_of(tenant: str, name: str) -> str:
+    """The RabbitMQ user of a tenant's device or gateway `name`: `<tenant>.<name>`."""
+    try:
+        return cred.device_user(tenant, name)
+    except ValueError as exc:
+        raise DeviceError(str(exc)) from None
+
+
+def add(settings: StackSettings, pw: StackSecrets, tenant: str, object_id: str, password: str | None,
         say: Say) -> str:
-    """Create the device user; returns its password (generated unless given)."""
-    return _add_user(settings, pw, object_id, password, say, t.DEVICE_TAG,
+    """Create a tenant's device user; returns its password (generated unless given)."""
+    return _add_user(settings, pw, user_of(tenant, object_id), password, say, t.DEVICE_TAG,
                      "`geofence device remove` it first")
+
+
+def add_gateway(settings: StackSettings, pw: StackSecrets, tenant: str, name: str, password: str | None,
+                say: Say) -> str:
+    """Create a tenant's gateway user; returns its password (generated unless given)."""
+    return _add_user(settings, pw, user_of(tenant, name), password, say, t.GATEWAY_TAG,
+                     "`geofence gateway remove` it first")
 
 
 def add_sensor(settings: StackSettings, pw: StackSecrets, sensor_id: str, password: str | None,
@@ -67,18 +89,24 @@ def add_sensor(settings: StackSettings, pw: StackSecrets, sensor_id: str, passwo
 def _add_user(settings: StackSettings, pw: StackSecrets, name: str, password: str | None, say: Say, tag: str,
               hint: str) -> str:
     """A device's or a sensor's user, with the rights of its kind (tag)."""
-    _checked(name)
+    if "." not in name:
+        _checked(name)
     mgmt = management(settings, pw)
     if _user(mgmt, name) is not None:
         raise DeviceError(f"RabbitMQ user {name!r} exists: {hint}")
     password = secrets.token_urlsafe(24) if password is None else password
     if not password:
         raise DeviceError("empty password")
+    topics: tuple[TopicPermission, ...]
     if tag == t.SENSOR_TAG:
-        perm, topic = d.sensor_permission(name), d.sensor_topic_permission(name)
+        perm, topics = cred.sensor_permission(name), (cred.sensor_topic_permission(name),)
+    elif tag == t.GATEWAY_TAG:
+        perm, topics = cred.gateway_permission(name), cred.gateway_topic_permissions(name)
+    elif tag == t.APP_TAG:
+        perm, topics = cred.app_permission(name), cred.app_topic_permissions(name)
     else:
-        perm, topic = d.device_permission(name), d.device_topic_permission(name)
-    run_steps(list(device_steps(name, password, perm, topic, (tag,))), mgmt, (password, *pw.values()), say)
+        perm, topics = cred.device_permission(name), (cred.device_topic_permission(name),)
+    run_steps(list(device_steps(name, password, perm, topics, (tag,))), mgmt, (password, *pw.values()), say)
     return password
 
 
@@ -87,13 +115,44 @@ def remove_sensor(settings: StackSettings, pw: StackSecrets, sensor_id: str, say
     remove(settings, pw, sensor_id, say, tag=t.SENSOR_TAG)
 
 
+def add_app(settings: StackSettings, pw: StackSecrets, tenant: str, name: str, password: str | None,
+            say: Say) -> str:
+    """Create a tenant's application user (gf-fences); returns its password."""
+    return _add_user(settings, pw, user_of(tenant, name), password, say, t.APP_TAG,
+                     "`geofence app remove` it first")
+
+
+def remove_app(settings: StackSettings, pw: StackSecrets, tenant: str, name: str, say: Say) -> None:
+    """Delete a tenant's application user, close its connections and delete its queues."""
+    user = user_of(tenant, name)
+    remove(settings, pw, user, say, tag=t.APP_TAG)
+    mgmt = management(settings, pw)
+    prefix = t.app_queue_prefix(user)
+    for q in mgmt.get(api_path("queues", t.FENCES_VHOST) + "?columns=name") or []:
+        if str(q["name"]).startswith(prefix):
+            mgmt.delete(api_path("queues", t.FENCES_VHOST, q["name"]))
+            say(f"  deleted queue {q['name']} in {t.FENCES_VHOST}")
+
+
+def remove_device(settings: StackSettings, pw: StackSecrets, tenant: str, object_id: str, say: Say) -> None:
+    """Delete a tenant's device user, its connections and its MQTT subscription queues."""
+    remove(settings, pw, user_of(tenant, object_id), say)
+
+
+def remove_gateway(settings: StackSettings, pw: StackSecrets, tenant: str, name: str, say: Say) -> None:
+    """Delete a tenant's gateway user and close its connections."""
+    remove(settings, pw, user_of(tenant, name), say, tag=t.GATEWAY_TAG)
+
+
 def remove(settings: StackSettings, pw: StackSecrets, object_id: str, say: Say,
            tag: str = t.DEVICE_TAG) -> None:
-    """Delete the device user, close its connections, delete its MQTT subscription queues."""
-    _checked(object_id)
+    """Delete the user (a device's `<tenant>.<id>`, a sensor's, a gateway's), close its
+    connections, delete its MQTT subscription queues."""
+    if "." not in object_id:
+        _checked(object_id)
     mgmt = management(settings, pw)
     user = _user(mgmt, object_id)
-    what = "device" if tag == t.DEVICE_TAG else "sensor"
+    what = {t.DEVICE_TAG: "device", t.GATEWAY_TAG: "gateway", t.APP_TAG: "application"}.get(tag, "sensor")
     if user is None:
         raise DeviceError(f"no {what} {object_id!r}")
     if tag not in tags_of(user.get("tags")):
@@ -103,16 +162,23 @@ def remove(settings: StackSettings, pw: StackSecrets, object_id: str, say: Say,
         if conn.get("user") == object_id:
             say(f"  closing connection {conn['name']}")
             mgmt.delete(api_path("connections", conn["name"]))
-    for queue in d.device_queues(object_id):
+    if tag in (t.GATEWAY_TAG, t.APP_TAG):
+        return
+    for queue in cred.device_queues(object_id):
         if mgmt.delete(api_path("queues", t.INGRESS_VHOST, queue)):
             say(f"  deleted queue {queue} in {t.INGRESS_VHOST}")
 
 
-def list_devices(settings: StackSettings, pw: StackSecrets) -> list[str]:
+def list_devices(settings: StackSettings, pw: StackSecrets, tenant: str | None = None,
+                 tag: str = t.DEVICE_TAG) -> list[str]:
+    """The users of this kind (`<tenant>.<name>`), of one tenant or of all."""
     users = management(settings, pw).get("api/users")
-    return sorted(str(u["name"]) for u in users if t.DEVICE_TAG in tags_of(u.get("tags")))
+    prefix = "" if tenant is None else f"{tenant}."
+    return sorted(str(u["name"]) for u in users
+                  if tag in tags_of(u.get("tags")) and str(u["name"]).startswith(prefix))
 
 
-def mqtt_login(object_id: str) -> str:
-    return f"{t.INGRESS_VHOST}:{object_id}"
+def mqtt_login(user: str) -> str:
+    """The MQTT login of a device user (`<tenant>.<object_id>`) or a sensor's."""
+    return f"{t.INGRESS_VHOST}:{user}"
 

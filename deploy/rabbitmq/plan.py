@@ -11,7 +11,7 @@ plan never does: delete a vhost, a user, an exchange, a queue or a binding it do
 (they may hold data or belong to somebody else). It does clear what it owns and no longer
 wants: the permissions of the sidecar users in vhosts they should not use, the `gf-*`
 policies and federation parameters of the topology's vhosts, and the bindings an earlier
-topology declared (`definitions.RETIRED_BINDINGS`).
+topology declared (`definitions.RETIRED_BINDINGS`, and the users of `RETIRED_USERS`).
 """
 
 from __future__ import annotations
@@ -260,6 +260,9 @@ def _user_steps(defs: Definitions, passwords: Mapping[str, str], current: Curren
             steps.append(ctl("change_password", user.name, stdin=password))
         if sorted(user.tags) != sorted(have.tags if have else ()):
             steps.append(ctl("set_user_tags", user.name, *user.tags))
+    # a retired sidecar user had no tag: one that has a tag now is somebody else's (a device's, ...)
+    steps += [ctl("delete_user", name) for name in defs.retired_users
+              if name in current.users and not current.users[name].tags]
     return steps
 
 
@@ -336,10 +339,10 @@ def _policy_steps(defs: Definitions, current: Current) -> list[Step]:
 
 
 def device_steps(user: str, password: str, permission: Permission,
-                 topic_permission: TopicPermission, tags: tuple[str, ...]) -> list[Step]:
-    """`geofence device add`: the user, its tag, its permissions."""
+                 topic_permissions: tuple[TopicPermission, ...], tags: tuple[str, ...]) -> list[Step]:
+    """`geofence device add` (and gateway, sensor): the user, its tag, its permissions."""
     return [ctl("add_user", user, stdin=password), ctl("set_user_tags", user, *tags),
-            set_permissions(permission), set_topic_permissions(topic_permission)]
+            set_permissions(permission), *(set_topic_permissions(p) for p in topic_permissions)]
 
 
 def section(step: Step) -> str:
@@ -352,6 +355,7 @@ def section(step: Step) -> str:
     if step.argv[0] == "rabbitmq-plugins":
         return "plugins"
     return {"add_vhost": "vhosts", "add_user": "users (password on stdin)",
+            "delete_user": "users (password on stdin)",
             "change_password": "users (password on stdin)",
             "set_user_tags": "users (password on stdin)",
             "set_permissions": "permissions (configure, write, read)",

@@ -17,12 +17,13 @@ from typing import Any
 
 from shapely.geometry.base import BaseGeometry
 
-from exchanges.fence_options import band, cross, dwell, expiry, timeout, ttl, where
+from exchanges.fence_options import band, cross, dwell, expiry, shares, timeout, ttl, where
 from exchanges.fence_options.base import FenceOption
 
 # In this order: a timer's tie goes to the first (a fence's timeout before an object's TTL).
 OPTIONS: tuple[FenceOption, ...] = (
     timeout.OPTION, ttl.OPTION, band.OPTION, where.OPTION, dwell.OPTION, cross.OPTION, expiry.OPTION,
+    shares.OPTION,
 )
 FENCE_OPTIONS = tuple(o for o in OPTIONS if o.on_fence)  # the fields of FenceDef
 REFUSING = tuple(o for o in FENCE_OPTIONS if o.refuses)

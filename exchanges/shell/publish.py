@@ -291,6 +291,9 @@ def dead_letter(exchange: AbstractExchange, message: AbstractIncomingMessage, re
     headers = {**(message.headers or {}), t.REASON_HEADER: reason[:1000],
                "x-geofence-source": source, "x-geofence-routing-key": message.routing_key or "",
                "x-geofence-dead-lettered-at-ms": int(time.time() * 1000)}
+    # the exchange it was first published to, kept through replays (a replay comes through a
+    # private exchange): x-ingress refuses a batch of the retired ingress.batches, replayed too
+    headers.setdefault(t.FIRST_EXCHANGE_HEADER, getattr(message, "exchange", None) or "")
     headers.pop("x-delivery-count", None)  # the broker's, about the queue it came from
     return Out(exchange, source, message.body, message.content_type or "application/octet-stream",
                headers, mandatory=False, message_id=message.message_id)

@@ -14,7 +14,10 @@ Kinds, all with the distance on the sphere (haversine, metres) where one is invo
 - `nearby`: objects within `radius_m` of a point, nearest first, at most `k`.
 
 Each may carry `where` (exchanges/fence_options/filters.py): conditions on the extra fields of the objects'
-latest positions (which the rows return as `fields`), applied before the page or the k.
+latest positions (which the rows return as `fields`), applied before the page or the k; and
+`tenant`: only that tenant's objects (exchanges/tenancy.py; ids, `after` included, are the
+qualified ones), also before the page or the k. Without one the query sees every tenant's
+objects: the fence service sends one for every caller but an operator.
 
 Trade-off: the regions answer from memory, so a query costs a scan of the region's present
 objects (vectorised; a bbox prefilter before the exact test) and no index: a few ms per
@@ -23,6 +26,7 @@ million objects, and nothing to maintain on the hot path.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +37,7 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 
 from exchanges.fence_options import filters
+from exchanges.tenancy import NO_TENANT, TENANT_RULE, is_tenant, tenant_of
 
 EARTH_RADIUS_M = 6_371_008.8
 MAX_LIMIT = 10_000
@@ -54,9 +59,12 @@ class Query:
     limit: int = 1000
     after: str = ""
     where: tuple[filters.Clause, ...] = ()
+    tenant: str | None = None  # only this tenant's objects; None: every tenant's
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"query": self.kind, "limit": self.limit, "after": self.after}
+        if self.tenant is not None:
+            out["tenant"] = self.tenant
         if self.where:
             out["where"] = filters.to_wire(self.where)
         if self.kind == "bbox":
@@ -91,6 +99,15 @@ def parse(msg: Mapping[str, Any]) -> Query:
         where = filters.parse(msg.get("where"))
     except filters.InvalidFilter as exc:
         raise InvalidQuery(str(exc)) from None
+    tenant = msg.get("tenant")
+    if tenant is not None and not (tenant == NO_TENANT or is_tenant(tenant)):
+        raise InvalidQuery(f"tenant {str(tenant)[:60]!r}: {TENANT_RULE}")
+    q = _parse_kind(kind, msg, limit, after, where)
+    return q if tenant is None else dataclasses.replace(q, tenant=tenant)
+
+
+def _parse_kind(kind: str, msg: Mapping[str, Any], limit: int, after: str,
+                where: tuple[filters.Clause, ...]) -> Query:
     if kind == "bbox":
         b = msg.get("bbox")
         if not isinstance(b, list | tuple) or len(b) != 4:
@@ -143,12 +160,17 @@ def answer(q: Query, ids: Sequence[str], lon: F64, lat: F64, ts: F64,
     return rows
 
 
-def _matching(q: Query, sel: npt.NDArray[np.int64],
-              extra: npt.NDArray[np.object_] | None) -> npt.NDArray[np.bool_]:
-    """Which rows of `sel` have extra fields that pass the query's filter."""
+def _matching(q: Query, sel: npt.NDArray[np.int64], extra: npt.NDArray[np.object_] | None,
+              ids: Sequence[str]) -> npt.NDArray[np.bool_]:
+    """Which rows of `sel` are of the query's tenant and have extra fields that pass its filter."""
+    if q.tenant is None:
+        ok = np.ones(sel.size, bool)
+    else:
+        tenant = q.tenant
+        ok = np.fromiter((tenant_of(ids[i]) == tenant for i in sel.tolist()), bool, sel.size)
     if not q.where or not sel.size:
-        return np.ones(sel.size, bool)
-    return filters.matches(q.where, [None] * sel.size if extra is None else extra[sel].tolist())
+        return ok
+    return ok & filters.matches(q.where, [None] * sel.size if extra is None else extra[sel].tolist())
 
 
 def _picked(q: Query, ids: Sequence[str], lon: F64, lat: F64,
@@ -162,14 +184,14 @@ def _picked(q: Query, ids: Sequence[str], lon: F64, lat: F64,
         d = distance_m(x, y, lon[near], lat[near])
         keep = d <= q.radius_m
         near, d = near[keep], d[keep]
-        keep = _matching(q, near, extra)
+        keep = _matching(q, near, extra, ids)
         ranked = sorted((dd, ids[i], i) for dd, i in zip(d[keep].tolist(), near[keep].tolist(), strict=True))
         return [(i, dd) for dd, _, i in ranked[: q.limit]]
     x0, y0, x1, y1 = q.bbox if q.kind == "bbox" else q.shape.bounds  # type: ignore[union-attr]
     sel = np.flatnonzero((lon >= x0) & (lon <= x1) & (lat >= y0) & (lat <= y1))
     if q.kind == "within" and sel.size:
         sel = sel[shapely.contains_xy(q.shape, lon[sel], lat[sel])]
-    sel = sel[_matching(q, sel, extra)]
+    sel = sel[_matching(q, sel, extra, ids)]
     picked = sorted((ids[i], i) for i in sel.tolist() if ids[i] > q.after)[: q.limit]
     return [(i, None) for _, i in picked]
 

@@ -28,6 +28,7 @@ import asyncpg
 import numpy as np
 import orjson
 
+from exchanges.tenancy import name_of
 from fence.venues.day_curve import HiveInput, analyse_day, day_bounds, slots
 from fence.venues.occupancy import business_day
 from fence.venues.sensor_alerts import is_silent
@@ -101,10 +102,10 @@ async def put_hive(pool: asyncpg.Pool, uid: str, body: Any, hive_id: str | None 
         if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM hive_type WHERE id = $1)", h["type"]):
             types = [r["id"] for r in await conn.fetch("SELECT id FROM hive_type ORDER BY id")]
             raise UserError(422, f"type: one of {', '.join(types)}")
+        # fence_id comes qualified by the caller's tenant (fence/api.py): one of its live fences
         if h["fence_id"] is not None and not await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM fence WHERE id = $1 AND deleted_at IS NULL AND owner = $2)",
-                h["fence_id"], uid):
-            raise UserError(422, f"fence_id: no fence {h['fence_id']!r} of yours")
+                "SELECT EXISTS (SELECT 1 FROM fence WHERE id = $1 AND deleted_at IS NULL)", h["fence_id"]):
+            raise UserError(422, f"fence_id: no fence {name_of(str(h['fence_id']))!r} in your tenant")
         await conn.execute("INSERT INTO owner_account (uid) VALUES ($1) ON CONFLICT DO NOTHING", uid)
         args = (h["id"], uid, h["name"], h["type"], h["address"], float(h["lon"]), float(h["lat"]),
                 h["tz"], h["reset_hour"], orjson.dumps(h["opening_hours"]).decode(), h.get("capacity"),

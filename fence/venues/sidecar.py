@@ -44,6 +44,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from exchanges import routing_store, settings_registry, shell
 from exchanges import topology as t
+from exchanges.fence_events import qualified_ids
 from fence.venues import push, venue_store
 from fence.venues.notifier import WATCH_EVERY_S, Notifier
 from fence.venues.occupancy import DayCounts, HiveOccupancy
@@ -147,16 +148,19 @@ class SensorSidecar:
 
     async def _bind_fences(self) -> None:
         """venue.fence-events gets the events of every hive's fence (bound on amq.topic, where
-        fence.events is federated); a fence no hive has any more is unbound."""
+        fence.events is federated), its presence events too (the phones of a tenant the fence
+        counts from: pseudonyms, counted alike); a fence no hive has any more is unbound."""
         queue = self._events_queue
         if queue is None:
             return
         want = {h.fence_id for h in self.hives.values() if h.fence_id}
-        for fid in sorted(want - self._bound):
+        for fid in sorted(want - self._bound):  # its own tenant's phones, and the counted ones'
             await queue.bind(t.MQTT_TOPIC_EXCHANGE, t.event_binding_key(fid))
+            await queue.bind(t.MQTT_TOPIC_EXCHANGE, t.presence_binding_key(fid))
             self._bound.add(fid)
         for fid in sorted(self._bound - want):
             await queue.unbind(t.MQTT_TOPIC_EXCHANGE, t.event_binding_key(fid))
+            await queue.unbind(t.MQTT_TOPIC_EXCHANGE, t.presence_binding_key(fid))
             self._bound.discard(fid)
 
     async def session(self, stop: asyncio.Event) -> None:
@@ -254,11 +258,14 @@ class SensorSidecar:
             for m in messages:
                 try:
                     e = orjson.loads(m.body)
-                    fence_id, object_id, kind = str(e["fence_id"]), str(e["object_id"]), e["event"]
+                    kind = e["event"]
+                    if not isinstance(e["fence_id"], str) or not isinstance(e["object_id"], str):
+                        raise TypeError("fence_id and object_id must be strings")
+                    fence_id, object_id = qualified_ids(e)
                     ts = float(e["ts"])
                     if kind not in ("enter", "leave"):
                         raise ValueError(f"event kind {kind!r}")
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
                     outs.append(shell.dead_letter(self.dlx, m, f"not a fence event: {exc!r}",
                                                   t.HIVE_EVENTS_QUEUE, self.counters))
                     continue

@@ -31,7 +31,7 @@ from exchanges.fence_options import decode_options, encode_options, filters
 FORMAT = 3
 READABLE = (1, 2, 3)
 STATS = ("unknown_fence_candidates", "stale_positions", "held_positions", "holds_expired", "rechecks",
-         "rechecks_superseded")
+         "rechecks_superseded", "walled_candidates")
 ROWS = ("last_ts", "last_lon", "last_lat", "ho_ts", "ttl")  # the per-object columns
 _ROW_DEFAULT = {"ttl": np.inf}  # rows a format-1 snapshot, record or export does not have
 

@@ -15,7 +15,7 @@ from exchanges.object_codes import distinct
 from exchanges.worker_batch import WorkerBatch
 from fence.x_fence.judging import Judging
 from fence.x_fence.observations import Observations, Pairs, pair_order
-from fence.x_fence.table import _LOW, _SHIFT, F64, I64, ttls
+from fence.x_fence.table import _LOW, _SHIFT, F64, I64, WALLED, ttls
 
 
 class Decisions(Judging):
@@ -67,7 +67,8 @@ class Decisions(Judging):
         self._last_lon[obj[newer]] = wb.positions.lon[rows[newer]]
         self._last_lat[obj[newer]] = wb.positions.lat[rows[newer]]
         self._dirty_objs.append(obj)
-        inside = np.diff(wb.ptr)[rows] > 0  # the row's candidate: the fence's new ranges hold it
+        # the row's candidate: the fence's new ranges hold it (and it is the object's tenant's)
+        inside = (np.diff(wb.ptr)[rows] > 0) & self._sees(obj, fc)
         row_interior = wb.interior[np.minimum(wb.ptr[rows], wb.interior.size - 1)] if wb.interior.size \
             else np.zeros(rows.size, bool)
         at = np.searchsorted(self._keys, key)
@@ -128,7 +129,7 @@ class Decisions(Judging):
                 return []
         obs = self._observations(codes, pos.ts)
         self._dirty_objs.append(obs.objs)
-        cands = self._candidates(wb)
+        cands = self._candidates(wb, codes)
         crossed = self._crossed(wb, obs, codes, *cands) if wb.prev is not None else []
         c_pos, c_fence, b_pos, b_fence = self._inside(wb, obs, *cands)
         if obs.objs.size == 0:
@@ -149,14 +150,22 @@ class Decisions(Judging):
             events = sorted(events + crossed, key=lambda e: (e.ts, e.object_id, e.fence_id, e.event))
         return events
 
-    def _candidates(self, wb: WorkerBatch) -> tuple[I64, I64]:
-        """Each candidate's position row and fence code (-1: a fence not defined here)."""
+    def _candidates(self, wb: WorkerBatch, codes: I64) -> tuple[I64, I64]:
+        """Each candidate's position row and fence code, in the batch's candidate order (its
+        per-candidate columns, interior flags and versions, line up with them): -1 a fence not
+        defined here, WALLED a fence of another tenant than the position's object (the tenant
+        wall, exchanges/tenancy.py: never inside, never a CROSS)."""
         c_pos = np.repeat(np.arange(len(wb.positions)), np.diff(wb.ptr))
         if not wb.fences:
             return c_pos, np.empty(0, np.int64)
         code = self._fence_code.get
         fmap = np.fromiter((code(f, -1) for f in wb.fences), np.int64, len(wb.fences))
-        return c_pos, fmap[wb.cand]
+        c_fence = fmap[wb.cand]
+        wall = (c_fence >= 0) & ~self._sees(codes[c_pos], np.maximum(c_fence, 0))
+        if wall.any():
+            c_fence[wall] = WALLED
+            self.walled_candidates += int(np.count_nonzero(wall))
+        return c_pos, c_fence
 
     # The common batch (each object once, newer than what is stored) is a set difference
     # per object; any other is numbered observations and runs. Both give the same result:

@@ -34,8 +34,8 @@ class Judging(FenceTable):
         change yet) is judged as that version: its filter, its band or its geometry (its
         interior flags hold for it); one routed with any other version than the current, by
         the current version exactly."""
-        keep = c_fence >= 0
-        self.unknown_fence_candidates += c_fence.size - int(np.count_nonzero(keep))
+        keep = c_fence >= 0  # neither unknown here nor another tenant's (WALLED)
+        self.unknown_fence_candidates += int(np.count_nonzero(c_fence == -1))
         none = np.empty(0, np.int64)
         if not c_fence.size:
             return c_pos, c_fence, none, none

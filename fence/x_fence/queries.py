@@ -14,6 +14,10 @@ from fence.x_fence.table import _LOW, _SHIFT, FenceTable
 class Queries(FenceTable):
     """State for `geofence inspect fence`, the API's reads and the live map."""
 
+    def version_of(self, fence_id: str) -> int:
+        """The version this worker knows of a fence (0: none)."""
+        return self._versions.get(fence_id, 0)
+
     def fences(self) -> list[str]:
         return sorted(self._fence_code)
 
@@ -64,6 +68,7 @@ class Queries(FenceTable):
         return {"fences": len(self._fence_code), "objects": len(self._objects.ids),
                 "inside_pairs": int(self._keys.size),
                 "unknown_fence_candidates": self.unknown_fence_candidates,
+                "walled_candidates": self.walled_candidates,
                 "stale_positions": self.stale_positions, "held_positions": self.held_positions,
                 "held_now": len(self._held), "holds_expired": self.holds_expired,
                 "rechecks": self.rechecks, "rechecks_superseded": self.rechecks_superseded}

@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from exchanges.tenancy import name_of, split
+
 
 def fields_key(extra: Mapping[str, Any] | None) -> str:
     """A row's extra fields in one canonical text (sorted keys; "" for none)."""
@@ -33,9 +35,17 @@ class RoamEvent(NamedTuple):
         return (self.subscription, self.object, self.kind, self.ts)
 
     def to_json(self) -> dict[str, Any]:
-        return {"event": self.kind, "subscription": self.subscription, "subscriber": self.subscriber,
-                "object": self.object, "distance_m": round(self.distance_m, 3), "ts": self.ts,
-                "event_id": self.id}
+        """The wire form: names as the tenant gave them, and `tenant` (the subscription's;
+        absent for the platform's own names), exchanges/tenancy.py."""
+        tenant, sub = split(self.subscription)
+        subscriber = self.subscriber  # a point's synthetic subscriber "@<tenant>:<id>" stays "@<id>"
+        subscriber = "@" + name_of(subscriber[1:]) if subscriber.startswith("@") else name_of(subscriber)
+        out = {"event": self.kind, "subscription": sub, "subscriber": subscriber,
+               "object": name_of(self.object), "distance_m": round(self.distance_m, 3), "ts": self.ts,
+               "event_id": self.id}
+        if tenant:
+            out["tenant"] = tenant
+        return out
 
 
 def roam_event_id(subscription: str, obj: str, kind: str, ts: float, mover: str, lon: float,

@@ -50,6 +50,7 @@ from exchanges.fence_options import filters
 from exchanges.hash_ring import HashRing
 from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
 from exchanges.subscriptions import Subscription, is_point_object
+from exchanges.tenancy import name_of, tenant_of
 from fence.x_fence.roam_events import RoamEvent, fields_key, pair_event_id, roam_event_id, update_key
 from fence.x_fence.roam_index import CellFiles
 from fence.x_fence.roam_rows import Rows, mark_of
@@ -69,16 +70,18 @@ SLICE_ROWS = 128
 
 
 class _Filter:
-    """One (match, where) pair shared by subscriptions; per object slot whether it passes."""
+    """One (tenant, match, where) shared by subscriptions; per object slot whether it passes.
+    An object of another tenant than the subscription's never does (exchanges/tenancy.py)."""
 
-    def __init__(self, match: str, where: tuple[filters.Clause, ...]) -> None:
-        self.match, self.where = match, where
+    def __init__(self, tenant: str, match: str, where: tuple[filters.Clause, ...]) -> None:
+        self.tenant, self.match, self.where = tenant, match, where
         self.passes = np.zeros(0, bool)
 
     def by_id(self, ids: Sequence[str]) -> list[bool]:
         """Whether each id matches; a fixed point's synthetic subscriber never does."""
-        return [not is_point_object(i) and (self.match == "*" or fnmatch.fnmatchcase(i, self.match))
-                for i in ids]
+        tenant, match = self.tenant, self.match
+        return [not is_point_object(i) and tenant_of(i) == tenant
+                and (match == "*" or fnmatch.fnmatchcase(name_of(i), match)) for i in ids]
 
     def grow(self, ids: Sequence[str], start: int, cap: int) -> None:
         p = np.zeros(cap, bool)
@@ -121,7 +124,7 @@ class RoamMatcher:
         self._subs: dict[str, Subscription] = {}
         self._radii: dict[str, dict[str, float]] = {}  # object -> its subscriptions' radii
         self._r_max: float | None = None
-        self._filters: dict[tuple[str, tuple[filters.Clause, ...]], _Filter] = {}
+        self._filters: dict[tuple[str, str, tuple[filters.Clause, ...]], _Filter] = {}
         self._csr: tuple[I64, I64, F64, I64, list[str]] | None = None  # by subscriber slot
 
     # -- definitions -------------------------------------------------------------------------
@@ -133,9 +136,9 @@ class RoamMatcher:
             self._radii[old.object].pop(sub.id, None)
         self._radii.setdefault(sub.object, {})[sub.id] = sub.radius_m
         self._r_max = None
-        key = (sub.match, sub.where)
+        key = sub.filter_key
         if key not in self._filters:
-            f = _Filter(sub.match, sub.where)
+            f = _Filter(*key)
             f.grow(self._ids, 0, self._lon.size)
             if f.where:  # from the fields of the positions held
                 f.passes[: len(self._ids)] = f.of(self._ids, self._extra)
@@ -184,7 +187,7 @@ class RoamMatcher:
         if s is None or np.isnan(self._lon[s]):
             return {}
         at = np.flatnonzero(~np.isnan(self._lon[:n]))
-        f = self._filters[(sub.match, sub.where)]
+        f = self._filters[sub.filter_key]
         at = at[f.passes[at] & (at != s)]
         d = distances_m(self._lon[s], self._lat[s], self._lon[at], self._lat[at])
         near = d <= sub.radius_m
@@ -322,7 +325,7 @@ class RoamMatcher:
             ptr = np.searchsorted(slot, np.arange(len(self._ids) + 1)).astype(np.int64)
             self._csr = (ptr, np.arange(len(subs), dtype=np.int64),
                          np.array([s.radius_m for s in subs], np.float64),
-                         np.array([fnum[(s.match, s.where)] for s in subs], np.int64),
+                         np.array([fnum[s.filter_key] for s in subs], np.int64),
                          [s.id for s in subs])
         return self._csr
 

@@ -66,7 +66,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 
 from exchanges import control, routing_store, shell
 from exchanges import topology as t
-from exchanges.fence_events import ENTERED, EXITED, Event
+from exchanges.fence_events import ENTERED, EXITED, Event, is_shared, presence_json
 from exchanges.hash_ring import HashRing
 from exchanges.state_dir import Recovered, StateDir
 from exchanges.state_dir import pack as journal_pack
@@ -201,8 +201,14 @@ class FenceSidecar:
             events += self.core.define(r.fence, r.updated_at.timestamp())
         gone = sorted(set(self.core.fences()) - {r.fence.fence_id for r in mine})
         if gone:
-            for fence_id, version, deleted_at in await self._tombstones(gone, stop):
+            tombstones = await self._tombstones(gone, stop)
+            for fence_id, version, deleted_at in tombstones:
                 events += self.core.drop(fence_id, version, deleted_at)
+            # a fence the store has neither live nor deleted was renamed away (migration 0024
+            # qualified every id by its tenant): dropped, its stays ended now
+            unknown = set(gone) - {f for f, _, _ in tombstones} - {r.fence.fence_id for r in records}
+            for fence_id in sorted(unknown):
+                events += self.core.drop(fence_id, self.core.version_of(fence_id) + 1, time.time())
         self.pending = events
         log.info("%d of %d fences are on worker %s; %d events from fences changed while it was down",
                  len(mine), len(records), self.worker, len(events))
@@ -353,6 +359,7 @@ class FenceSidecar:
             self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
             self.events: AbstractExchange = await self.out_ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
             self.event_batches = await self.out_ch.get_exchange(t.EVENT_BATCHES_EXCHANGE, ensure=False)
+            self.tenant_batches = await self.out_ch.get_exchange(t.TENANT_BATCHES_EXCHANGE, ensure=False)
             self.dlx = await self.out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
             map_ch = await shell.open_channel(conn, stack, confirms=False)  # samples: see above
             self.map_out = await map_ch.get_exchange(t.MAP_EVENTS_EXCHANGE, ensure=False)
@@ -494,15 +501,31 @@ class FenceSidecar:
         if not events:
             return []
         self.counters.events_by.update((e.event, e.reason) for e in events)
-        bodies = [orjson.dumps(e.to_json()) for e in events]
-        self.map_tail.extend(bodies[-MAP_EVENTS:])
-        self.map_seen += len(bodies)
-        keys = [t.event_routing_key(e.fence_id, e.event, e.object_id) for e in events]
+        shared = [is_shared(e) for e in events]
+        bodies = [orjson.dumps(presence_json(e) if s else e.to_json())
+                  for e, s in zip(events, shared, strict=True)]
+        own = [b for b, s in zip(bodies, shared, strict=True) if not s] if any(shared) else bodies
+        self.map_tail.extend(own[-MAP_EVENTS:])  # a presence event is a count: not on the map
+        self.map_seen += len(own)
+        # a presence event goes out under a key no tenant may bind (the sensor sidecar's), and
+        # to the archive (marked shared), never to a tenant's batches
+        keys = [t.presence_routing_key(e.fence_id, e.event) if s else t.event_routing_key(e.fence_id, e.event,
+                                                                                             e.object_id)
+                for e, s in zip(events, shared, strict=True)]
         outs: list[shell.Out | shell.Plains] = [shell.Plains(self.events, keys, bodies, "application/json")]
         for at in range(0, len(bodies), EVENTS_PER_BATCH_MESSAGE):
             outs.append(shell.Out(self.event_batches, self.worker,
                                   b"[" + b",".join(bodies[at:at + EVENTS_PER_BATCH_MESSAGE]) + b"]",
                                   "application/json", mandatory=False))
+        by_tenant: dict[str, list[bytes]] = {}  # the same batches, each tenant's apart
+        for e, body, s in zip(events, bodies, shared, strict=True):
+            if not s:
+                by_tenant.setdefault(t.tenant_batch_key(e.fence_id), []).append(body)
+        for tenant, part in by_tenant.items():
+            for at in range(0, len(part), EVENTS_PER_BATCH_MESSAGE):
+                outs.append(shell.Out(self.tenant_batches, tenant,
+                                      b"[" + b",".join(part[at:at + EVENTS_PER_BATCH_MESSAGE]) + b"]",
+                                      "application/json", mandatory=False))
         return outs
 
     def roam_outs(self, events: Sequence[roaming.RoamEvent]) -> list[shell.Out | shell.Plains]:

@@ -23,10 +23,12 @@ from exchanges.fence_events import (
 from exchanges.fence_options import FENCE_OPTIONS, refusing
 from exchanges.fence_options.band import hysteresis_zones
 from exchanges.object_codes import ObjectCodes, grow
+from exchanges.tenancy import TenantCodes, tenant_of
 from fence.x_fence import codec
 from fence.x_fence.held import Held
 from fence.x_fence.shapes import Edges
 
+WALLED = -2  # a candidate's fence code when the fence is another tenant's (x_fence/decisions.py)
 _LOW = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
 I64 = npt.NDArray[np.int64]
@@ -78,6 +80,16 @@ class FenceTable:
         self._last_lat = np.zeros(0, np.float64)
         self._ttl = np.zeros(0, np.float64)  # per object: the TTL of its latest position (inf: none)
         self._fence_code: dict[str, int] = {}
+        # Tenants (exchanges/tenancy.py): a fence sees its own tenant's objects only. Codes of
+        # the fences' and the objects' tenants, compared as arrays; an object's is filled in
+        # the first time a batch needs it (`_object_tenants`), whoever numbered the object.
+        self._tenants = TenantCodes()
+        self._fence_tenant = np.zeros(0, np.int32)  # by fence code (an id's tenant never changes)
+        self._obj_tenant = np.zeros(0, np.int32)  # by object code, the first _tenant_known filled
+        self._tenant_known = 0
+        # by fence code, for a fence that counts other tenants' objects (counts_from,
+        # exchanges/fence_options/shares.py): their tenants' codes
+        self._shares: dict[int, frozenset[int]] = {}
         self._fences: list[FenceDef | None] = []
         self._fence_names: list[str] = []  # by code, kept after a drop (codes are not reused)
         self._id_prefix: list[str] = []  # by code: "fence_id \x1f version \x1f" of event ids
@@ -107,6 +119,7 @@ class FenceTable:
         self._ho_ts = np.zeros(0, np.float64)  # per object: the latest handover notice applied
         self._held = Held()  # positions waiting for a gate, in arrival order (fence/x_fence/held.py)
         self.unknown_fence_candidates = 0
+        self.walled_candidates = 0  # candidates x-geo routed to a fence of another tenant
         self.stale_positions = 0
         self.held_positions = 0
         self.holds_expired = 0
@@ -142,6 +155,7 @@ class FenceTable:
         for o in FENCE_OPTIONS:
             self._opt[o.key][code] = o.column(o.default)
         self._refusing[code] = False
+        self._shares.pop(code, None)
         self._inner[code] = self._outer[code] = None
         self._prev.pop(code, None)
         self._pending.pop(code, None)
@@ -153,6 +167,8 @@ class FenceTable:
         self._fence_code[fence_id] = code
         self._fences.append(None)
         self._fence_names.append(fence_id)
+        self._fence_tenant = grow(self._fence_tenant, code + 1, 0)
+        self._fence_tenant[code] = self._tenants.code(tenant_of(fence_id))
         self._id_prefix.append("")
         self._version_of = grow(self._version_of, code + 1, 0)
         self._changed_at = grow(self._changed_at, code + 1, 0.0)
@@ -177,6 +193,10 @@ class FenceTable:
         for o in FENCE_OPTIONS:
             self._opt[o.key][code] = o.column(getattr(fence, o.key))
         self._refusing[code] = bool(refusing(fence))
+        if fence.counts_from:
+            self._shares[code] = frozenset(self._tenants.code(t) for t in fence.counts_from)
+        else:
+            self._shares.pop(code, None)
         self._inner[code], self._outer[code] = (hysteresis_zones(fence.geometry, fence.hysteresis_m)
                                                 if fence.hysteresis_m else (None, None))
 
@@ -232,6 +252,29 @@ class FenceTable:
         self._ttl = grow(self._ttl, m, np.inf)
         self._ho_ts = grow(self._ho_ts, m, 0.0)
         return codes
+
+    def _object_tenants(self) -> npt.NDArray[np.int32]:
+        """By object code: its tenant's code (filled up to the objects known now)."""
+        known, m = self._tenant_known, len(self._objects)
+        if known < m:
+            self._obj_tenant = grow(self._obj_tenant, m, 0)
+            self._obj_tenant[known:m] = self._tenants.of_keys(self._objects.ids[known:m])
+            self._tenant_known = m
+        return self._obj_tenant
+
+    def _sees(self, objs: I64, fences: I64) -> npt.NDArray[np.bool_]:
+        """Per (object code, fence code) pair: whether the fence may see the object: its own
+        tenant's, or of a tenant it counts from (a shared pair: a count, never an identity)."""
+        obj_t = self._object_tenants()[objs]
+        out: npt.NDArray[np.bool_] = obj_t == self._fence_tenant[fences]
+        other = np.flatnonzero(~out & (self._opt["counts_from"][fences] > 0))
+        if other.size:  # one set lookup per distinct (fence, tenant) of the batch
+            pairs, of = np.unique(fences[other] * (1 << 32) + obj_t[other], return_inverse=True)
+            shares = self._shares
+            ok = np.fromiter(((p & 0xFFFFFFFF) in shares.get(p >> 32, ()) for p in pairs.tolist()), bool,
+                             pairs.size)
+            out[other] = ok[of]
+        return out
 
     def _dwell_on(self) -> bool:
         """Whether any fence has a dwell time or any stay waits for one (else no dwell work)."""

@@ -3,12 +3,15 @@ and cut connections.
 
 - `EventCollector`: the test's consumer of fence.events (a durable queue, "#"), which dedupes
   on event_id, counts raw deliveries, acks after recording and reconnects for ever (it is
-  the system's client: it must not lose events either, broker restarts included);
+  the system's client: it must not lose events either, broker restarts included); it keeps
+  the run's events with their ids qualified again by the event's tenant, and every one that
+  pairs a fence with another tenant's object (`crossed`);
 - `DeadLetterWatch`: a durable queue on a vhost's `dead-letters` exchange, to see every
   message dead-lettered during a run (with its reason header);
 - `Publisher`: the position stream as gateway batches (`Body`) over AMQP with publisher
   confirms, paced, at-least-once (reconnects with backoff and republishes, in order, every
-  batch not confirmed: a position published twice is the same observation).
+  batch not confirmed: a position published twice is the same observation); each body goes
+  to ingress.gateway under its tenant's key, through that tenant's gateway user.
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
 import numpy as np
 import orjson
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from deploy.settings import ConnectionSettings
 from exchanges import topology as t
+from exchanges.fence_events import qualified_ids
 from fence.reference import EventTuple
 from tests.faults.timing import PUBLISH_TIMEOUT_S
 
@@ -129,26 +133,37 @@ class Delivery:
 
 
 class EventCollector(ReconnectingConsumer):
-    """fence.events (all of it), kept only for the run's fences and objects (prefix)."""
+    """fence.events (all of it), kept only for the run's fences and objects: the event's tenant
+    one of the run's, its fence and object named with the run's prefix. Each kept event is
+    qualified again by its tenant (exchanges.fence_events.qualified_ids), as the reference
+    names things. `owner`: the tenant of each of the run's objects (by name, as published): an
+    event of a run's fence whose object is another tenant's, or a presence event (`shared`,
+    its object a pseudonym: the fence saw an object of another tenant), or whose routing key
+    names another tenant than the event, is recorded in `crossed` too."""
 
-    def __init__(self, conn: ConnectionSettings, queue: str, prefix: str) -> None:
+    def __init__(self, conn: ConnectionSettings, queue: str, prefix: str, owner: Mapping[str, str]) -> None:
         super().__init__(conn["amqp"][t.FENCES_VHOST], queue, [(t.EVENTS_EXCHANGE, "#")])
-        self.prefix = prefix
+        self.prefix, self.owner = prefix, dict(owner)
+        self.tenants = frozenset(self.owner.values())
         self.deliveries: list[Delivery] = []  # raw, in order of receipt
         self.distinct: dict[str, EventTuple] = {}
         self.conflicts: list[str] = []  # one event_id, two different events
+        self.crossed: dict[str, str] = {}  # event_id -> what crossed (deduped, as `distinct`)
         self.malformed = 0
         self.last_at = time.monotonic()
 
     def handle(self, message: AbstractIncomingMessage) -> None:
         try:
             e = orjson.loads(message.body)
-            fence_id, object_id = str(e["fence_id"]), str(e["object_id"])
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+            tenant, fence, obj = e.get("tenant"), str(e["fence_id"]), str(e["object_id"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             self.malformed += 1
             return
-        if not (fence_id.startswith(self.prefix) and object_id.startswith(self.prefix)):
-            return
+        shared = e.get("shared") is True
+        if tenant not in self.tenants or not fence.startswith(self.prefix) \
+                or not (shared or obj.startswith(self.prefix)):
+            return  # not the run's (an object of an earlier run inside a run's fence is not)
+        fence_id, object_id = qualified_ids(e)
         ev: EventTuple = (str(e["event"]), fence_id, object_id, float(e["ts"]), str(e["reason"]))
         eid = str(e["event_id"])
         now = time.monotonic()
@@ -157,6 +172,12 @@ class EventCollector(ReconnectingConsumer):
         seen = self.distinct.setdefault(eid, ev)
         if seen != ev:
             self.conflicts.append(f"event_id {eid}: {seen} and {ev}")
+        key_tenant = (message.routing_key or "").split(".")[1:2]
+        whose = self.owner.get(obj, tenant)
+        if shared or whose != tenant or key_tenant != [tenant]:
+            what = ("a presence event (an object of another tenant)" if shared else
+                    f"object of {whose}" if whose != tenant else f"routing key {message.routing_key}")
+            self.crossed.setdefault(eid, f"{ev}: {what}")
 
     @property
     def raw(self) -> int:
@@ -201,24 +222,30 @@ class DeadLetterWatch(ReconnectingConsumer):
 
 @dataclass(frozen=True)
 class Body:
-    lo: int  # first update of the stream it carries
+    lo: int  # first update of the stream it carries (of the batch it is cut from)
     hi: int
     data: bytes
+    key: str = ""  # its routing key on ingress.gateway: the tenant whose gateway publishes it
+    n: int | None = None  # updates it carries (None: hi - lo)
     bad: int | None = None  # a planted bad input (no valid position): its number
 
     @property
     def updates(self) -> int:
-        return 0 if self.bad is not None else self.hi - self.lo
+        if self.bad is not None:
+            return 0
+        return self.hi - self.lo if self.n is None else self.n
 
 
 class Publisher:
-    """Gateway batches (msgpack) to ingress.batches with confirms, `window` in flight, paced
-    at `rate` updates/s. At-least-once: a failed publish or a lost connection ends the
-    connection; the next one (backoff 0.1-1 s) republishes, in stream order, every body not
-    confirmed, then goes on. `set_limit` holds the stream at an update until it is raised."""
+    """Gateway batches (msgpack) to ingress.gateway with confirms, `window` in flight, paced
+    at `rate` updates/s, each body under its key through the gateway user of that key
+    (`urls`: routing key -> the AMQP URL of that tenant's gateway user). At-least-once: a
+    failed publish or a lost connection ends the session (every connection of it); the next
+    one (backoff 0.1-1 s) republishes, in stream order, every body not confirmed, then goes on.
+    `set_limit` holds the stream at an update until it is raised."""
 
-    def __init__(self, url: str, bodies: Sequence[Body], rate: float, window: int = 8) -> None:
-        self.url, self.bodies, self.rate, self.window = url, list(bodies), rate, window
+    def __init__(self, urls: Mapping[str, str], bodies: Sequence[Body], rate: float, window: int = 8) -> None:
+        self.urls, self.bodies, self.rate, self.window = dict(urls), list(bodies), rate, window
         self.confirmed = np.zeros(len(self.bodies), bool)
         self.frontier = 0  # bodies published at least once
         self.sent_updates = 0  # updates of those
@@ -240,34 +267,46 @@ class Publisher:
         return sum(b.updates for b, ok in zip(self.bodies, self.confirmed.tolist(), strict=True) if ok)
 
     async def run(self) -> None:
+        missing = sorted({b.key for b in self.bodies} - set(self.urls))
+        assert not missing, f"no gateway for the routing keys {missing}"
         delay = 0.1
         self._due = time.monotonic()
         while not self.confirmed.all():
+            conns: list[AbstractConnection] = []
             try:
-                conn = await aio_pika.connect(self.url, timeout=5)
+                for key in self.urls:
+                    conns.append(await aio_pika.connect(self.urls[key], timeout=5))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.errors.append(f"connect: {type(exc).__name__}: {exc}")
                 self.reconnects += 1
+                await self._close(conns)
                 await asyncio.sleep(delay)  # backoff while the broker is away
                 delay = min(delay * 2, 1.0)
                 continue
             delay = 0.1
             try:
-                ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
-                ex = await ch.get_exchange(t.BATCHES_EXCHANGE, ensure=False)
-                await self._session(ch, ex)
+                exchanges = {}
+                for key, conn in zip(self.urls, conns, strict=True):
+                    ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
+                    exchanges[key] = await ch.get_exchange(t.GATEWAY_EXCHANGE, ensure=False)
+                await self._session(exchanges)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.errors.append(f"session: {type(exc).__name__}: {exc}")
             finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(conn.close(), 5)
+                await self._close(conns)
             if not self.confirmed.all():
                 self.reconnects += 1
         self.done.set()
+
+    @staticmethod
+    async def _close(conns: Sequence[AbstractConnection]) -> None:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
 
     def _order(self) -> Iterator[int]:
         """Bodies to publish on this connection: first the unconfirmed ones already sent
@@ -278,7 +317,7 @@ class Publisher:
         while self.frontier < len(self.bodies):
             yield self.frontier
 
-    async def _session(self, ch: AbstractChannel, ex: aio_pika.abc.AbstractExchange) -> None:
+    async def _session(self, exchanges: Mapping[str, aio_pika.abc.AbstractExchange]) -> None:
         sem = asyncio.Semaphore(self.window)
         failed = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
@@ -286,9 +325,9 @@ class Publisher:
         async def one(k: int) -> None:
             b = self.bodies[k]
             try:
-                await asyncio.wait_for(ex.publish(aio_pika.Message(
+                await asyncio.wait_for(exchanges[b.key].publish(aio_pika.Message(
                     b.data, content_type="application/msgpack",
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT), ""), PUBLISH_TIMEOUT_S)
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT), b.key), PUBLISH_TIMEOUT_S)
                 self.confirmed[k] = True
             except Exception as exc:
                 self.errors.append(f"publish: {type(exc).__name__}: {exc}")

@@ -1,6 +1,7 @@
 """The fault suite (issue 5): its tests run after every other test of the session (they
 kill sidecars and restart the broker), its table is printed at the end, and the stack is
-left as `geofence up` leaves it (every service and sidecar running) whatever happened."""
+left as `geofence up` leaves it (every service and sidecar running) whatever happened. Its
+workload is two tenants sharing the stack (tests/faults/tenants.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from deploy.settings import ConnectionSettings
 from tests.faults import report
 from tests.faults.run import Workload, make_workload
 from tests.faults.stack import Stack
+from tests.faults.tenants import remove_leftover_gateways
 from tests.faults.timing import say
 
 FAULTS_DIR = Path(__file__).parent
@@ -36,7 +38,8 @@ SEEDS: list[int] = []  # the session's fault seed, for the summary
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if report.ROWS:
         terminalreporter.section("fault suite: faults injected, updates, events expected / received "
-                                 "(distinct event_ids) / duplicated, dead letters, recovery per fault")
+                                 "(distinct event_ids) / duplicated, dead letters, events pairing a fence "
+                                 "with another tenant's object (x-tenant), recovery per fault")
         for line in report.table():
             terminalreporter.write_line(line)
         if SEEDS:
@@ -69,6 +72,9 @@ def fault_stack(stack: ConnectionSettings) -> Iterator[Stack]:
     if dead:
         pytest.fail(f"sidecars not running: {', '.join(dead)}; start them with `.venv/bin/geofence up`",
                     pytrace=False)
+    gone = remove_leftover_gateways(s.settings, s.pw)
+    if gone:
+        say(f"removed gateway users earlier fault runs left behind: {', '.join(gone)}")
     try:
         yield s
     finally:

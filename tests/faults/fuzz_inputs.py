@@ -10,6 +10,11 @@ numbers, extra fields (nested up to 1,100 deep), ids that are empty, too long, u
 the size limit. Fences: GeoJSON Features broken in one way each (self-intersecting, unclosed,
 too few points, NaN, out of range, over 10,000 vertices, wrong types, bad ids and timeouts).
 
+Tenants (exchanges/tenancy.py): `routing_key` draws keys of the contract before tenants
+(`positions.<id>`: tests/unit/fuzz_contract.py puts a tenant word in them); the live run draws
+`tenant_routing_key` (mostly `positions.<tenant>.<id>`, some of the old contract, some odd) and,
+for ingress.gateway, `gateway_key` (mostly the tenant, some words that are none).
+
 The inputs that tripped the bugs this fuzzing found (tests/unit/test_fuzz_decoders.py names
 each, now fixed) are among them.
 """
@@ -127,6 +132,10 @@ def _msgpack_safe(obj: Any) -> Any:
 ODD_ROUTING_KEYS = ["positions", "positions.", "position.car-1", "telemetry.car-1", "positions.a.b", "",
                     ".car-1", "positions/car-1", "positions.car-1.", "Positions.car-1", "positions..car-1",
                     "positions.#", "positions.*"]
+# tenant words that are none (tenant ids: 1-32 of a-z 0-9 -, starting with a letter or digit),
+# none holding a dot (a word of a routing key)
+BAD_TENANTS = ["Acme", "-acme", "a_b", "a b", "a:b", "*", "#", "acme\n", "t" * 33, "\u00e9", "ACME", "_",
+               "a/b", "acme "]
 
 
 class Fuzzer:
@@ -284,8 +293,40 @@ class Fuzzer:
             return r.choice(ODD_ROUTING_KEYS)
         return self.text(30)
 
+    def tenant_routing_key(self, tenant: str) -> str:
+        """A routing key for amq.topic in the contract with tenants (`positions.<tenant>.<id>`
+        reaches x-ingress as the MQTT topic positions/<tenant>/<id>): mostly of `tenant`, some
+        with a word that is no tenant, some of the old contract (`positions.<id>`, still
+        bound: dead-lettered with the reason), some odd."""
+        r = self.rng
+        k = r.randint(0, 19)
+        if k <= 10:
+            return f"positions.{tenant}.{self.object_id()}"
+        if k <= 12:
+            return f"positions.{tenant}.{self.bad_id()}"
+        if k <= 14:
+            return f"positions.{r.choice(BAD_TENANTS)}.{self.object_id()}"
+        if k <= 17:
+            return f"positions.{self.object_id()}"  # the old contract
+        if k == 18:
+            return r.choice([*ODD_ROUTING_KEYS, f"positions.{tenant}", f"positions.{tenant}.", f"{tenant}.x"])
+        return self.text(30)
+
+    def gateway_key(self, tenant: str) -> str:
+        """A routing key for ingress.gateway (topic, bound with `*`: one word): the tenant, a
+        word that is no tenant, or more than one word (no binding takes it)."""
+        r = self.rng
+        k = r.randint(0, 9)
+        if k <= 3:
+            return tenant
+        if k <= 6:
+            return r.choice(BAD_TENANTS)
+        if k == 7:
+            return r.choice([f"{tenant}.x", f"positions.{tenant}", ".", f"{tenant}."])
+        return self.text(20) or tenant
+
     def gateway_batch(self) -> tuple[bytes, str | None]:
-        """(body, content type) for exchange ingress.batches."""
+        """(body, content type) for exchange ingress.gateway (or the retired ingress.batches)."""
         r = self.rng
         as_msgpack = r.random() < 0.5
         ct: str | None = r.choice(MSGPACK_TYPES) if as_msgpack else r.choice([None, "application/json"])

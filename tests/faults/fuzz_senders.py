@@ -1,5 +1,6 @@
 """The live fuzz run's inputs sent (tests/faults/test_fuzzed_inputs.py): MQTT from the run's
-device, AMQP publishes (persistent, mandatory, confirmed), HTTP requests to the fence API a few
+device (or the administrator, on a topic no device may publish), AMQP publishes (persistent,
+mandatory, confirmed; as the administrator or the tenant's gateway user), HTTP requests to the fence API a few
 at a time, AMQP fence API requests with direct reply-to; what came back is collected for the
 test to judge (nothing is asserted here but that every AMQP API request is answered).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,21 +20,21 @@ import orjson
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from exchanges import topology as t
-from tests.faults.fuzz_dead_letters import DEADLINE_S, RUN_HEADER, STREAM_HEADER, sentinel
+from tests.faults.fuzz_dead_letters import DEADLINE_S, NUMBER_HEADER, RUN_HEADER, STREAM_HEADER, sentinel
 from tests.integration.clients import MqttDevice
 
 HTTP_CONCURRENCY = 4
 
 
-def publish_mqtt(dev: MqttDevice, device_id: str, payloads: list[bytes]) -> None:
-    """QoS 1, every PUBACK awaited (each payload is in x-ingress.positions then)."""
+def publish_mqtt(dev: MqttDevice, topic: str, payloads: list[bytes]) -> None:
+    """QoS 1 on `topic`, every PUBACK awaited (each payload is in x-ingress.positions then)."""
     for body in payloads:
-        dev.client.publish(f"positions/{device_id}", body, qos=1)
+        dev.client.publish(topic, body, qos=1)
     for _ in payloads:
         assert dev.expect("puback") is not None
 
 
-async def publish_amqp(ch: AbstractChannel, exchange: str, messages: list[tuple[str, bytes, str | None]],
+async def publish_amqp(ch: AbstractChannel, exchange: str, messages: Sequence[tuple[str, bytes, str | None]],
                        run: str, stream: str) -> int:
     """Persistent, mandatory, confirmed; returns how many came back unroutable."""
     ex = await ch.get_exchange(exchange, ensure=False)
@@ -41,7 +43,7 @@ async def publish_amqp(ch: AbstractChannel, exchange: str, messages: list[tuple[
     async def one(i: int, key: str, body: bytes, ct: str | None) -> None:
         nonlocal returned
         msg = aio_pika.Message(body, content_type=ct, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                               headers={RUN_HEADER: run, STREAM_HEADER: stream, "x-geofence-fuzz-n": i})
+                               headers={RUN_HEADER: run, STREAM_HEADER: stream, NUMBER_HEADER: i})
         try:
             await ex.publish(msg, key, mandatory=True, timeout=60)
         except aio_pika.exceptions.DeliveryError:

@@ -17,6 +17,9 @@ class Row:
     dlq: int  # messages that went to the dead-letter queues during the run
     recovery_s: tuple[float, ...] = field(default=())  # per fault: until the pipeline flowed again
     ok: bool = True  # the run's assertions held
+    # events pairing a fence (or a subscription) with another tenant's object, on the wire or in
+    # the archive (None: the run has no tenants to cross, e.g. the fuzzed inputs)
+    crossed: int | None = None
 
 
 ROWS: list[Row] = []
@@ -28,13 +31,15 @@ def record(row: Row) -> None:
 
 def table(rows: list[Row] | None = None) -> list[str]:
     rows = ROWS if rows is None else rows
-    head = ("fault", "injected", "updates", "expected", "received", "dup", "dlq", "recovery s (max)", "ok")
+    head = ("fault", "injected", "updates", "expected", "received", "dup", "dlq", "x-tenant",
+            "recovery s (max)", "ok")
     body = []
     for r in rows:
         rec = (f"{', '.join(f'{s:.1f}' for s in r.recovery_s[:6])}{' …' if len(r.recovery_s) > 6 else ''}"
                f" ({max(r.recovery_s):.1f})" if r.recovery_s else "-")
         body.append((r.fault, f"{r.injected:,}", f"{r.updates:,}", f"{r.expected:,}", f"{r.received:,}",
-                     f"{r.duplicates:,}", f"{r.dlq:,}", rec, "yes" if r.ok else "NO"))
+                     f"{r.duplicates:,}", f"{r.dlq:,}", "-" if r.crossed is None else f"{r.crossed:,}", rec,
+                     "yes" if r.ok else "NO"))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
     def fmt(cells: tuple[str, ...]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)

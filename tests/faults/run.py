@@ -1,7 +1,11 @@
-"""One fault run (issue 5, "Nothing lost, nothing duplicated") against the live stack.
+"""One fault run (issue 5, "Nothing lost, nothing duplicated") against the live stack, as two
+tenants sharing it (tests/faults/tenants.py).
 
-`make_workload()`: the scripted stream (bench/workload.py) and its shapely ground truth.
-`FaultRun`: that workload renamed for one run, its fences stored, the test's consumers and
+`make_workload()`: the scripted stream (bench/workload.py), its fences and objects split
+between the two tenants, and its shapely ground truth per tenant (each tenant's objects
+against its own fences). `FaultRun`: that workload renamed for one run (fences stored
+qualified `<tenant>:b<run>-<id>`, objects published as `b<run>-<id>` by their tenant's own
+gateway user under its tenant's key), its fences stored, the test's consumers and
 the paced publisher started, faults injected by the test (`kill`, `restart_broker`, `cut`)
 while it streams, the recovery of each measured, then the last events awaited and the
 verdict (verdict.py). `execute()` is a whole test: the run, the test's faults, the verdict,
@@ -24,6 +28,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,8 +46,10 @@ from deploy.settings import Secrets, Settings
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.fence_binding import INDEX_BITS
+from exchanges.tenancy import qualify
 from fence.reference import EventTuple
 from tests.faults import report
+from tests.faults import tenants as ft
 from tests.faults.clients import Body, DeadLetter, DeadLetterWatch, EventCollector, Publisher
 from tests.faults.proxy import TcpProxy
 from tests.faults.stack import QueueProbe, Stack, sidecar_queues
@@ -57,7 +64,7 @@ from tests.faults.timing import (
     poll_until,
     say,
 )
-from tests.faults.verdict import Outcome, judge
+from tests.faults.verdict import Outcome, judge, walled_candidates
 
 HOLD_AT = 0.9  # of the stream: new positions wait there until every planned fault is in
 FLOW_MARGIN = 2_500  # updates the stream goes on for after each fault (1 s at RATE)
@@ -82,13 +89,20 @@ BAD_INPUTS = 5  # gateway batches of invalid positions mixed into every stream
 class Workload:
     fences: list[wl.Fence]
     stream: wl.Stream
-    reference: list[EventTuple]
+    reference: list[EventTuple]  # names unqualified: each tenant's objects against its own fences
+    split: ft.Split  # the tenant of each fence and object
 
 
 def make_workload() -> Workload:
-    fences = wl.make_fences(FENCES, WORKLOAD_SEED, BOX, RADIUS_M)
+    """Two tenants, each with its own copy of the fences (the same names in both) and half the
+    objects: every object meets the fences it met before tenants, so the events are the same
+    18,318, while each fence lies over the other tenant's objects too, which x-fence's wall
+    keeps out (the runs count what crossed: nothing may)."""
+    base = wl.make_fences(FENCES, WORKLOAD_SEED, BOX, RADIUS_M)
     stream = wl.random_walk(OBJECTS, UPDATES, WORKLOAD_SEED, BOX)
-    return Workload(fences, stream, wl.reference_events(fences, stream))
+    split = ft.Split.copies(len(base), len(stream.object_ids))
+    fences = ft.copied(base)
+    return Workload(fences, stream, split.reference(fences, stream), split)
 
 
 # --------------------------------------------------------------------------- a run
@@ -110,10 +124,11 @@ class Fault:
 
 class FaultRun:
     """One run: the workload renamed for the run (fences and objects unique to it, times
-    shifted to now), its fences stored through the production path, the test's consumers,
-    the paced publisher; `inject_*` inject faults while it streams; `finish()` waits for the
-    last events and returns the verdict; `close()` parks the objects, removes the fences and
-    the consumers' queues."""
+    shifted to now; each fence and object its tenant's), its fences stored through the
+    production path, a gateway user per tenant, the test's consumers, the paced publisher;
+    `inject_*` inject faults while it streams; `finish()` waits for the last events and
+    returns the verdict; `close()` parks the objects, removes the fences, the gateway users
+    and the consumers' queues."""
 
     def __init__(self, stack: Stack, work: Workload, title: str, seed: int, rate: float = RATE,
                  window: int = 8) -> None:
@@ -122,25 +137,33 @@ class FaultRun:
         self.stack, self.title, self.seed, self.rate, self.window = stack, title, seed, rate, window
         self.batch, self.bad_inputs = BATCH, BAD_INPUTS  # the verdict judges by these too
         self.rng = np.random.default_rng(seed)
-        self.run_id = f"ft{uuid.uuid4().hex[:6]}"
-        fences, stream = bm.renamed(work.fences, work.stream, self.run_id)
-        self.prefix = f"b{self.run_id}-"
-        self.stream = stream
-        self.fences = fences
-        rename_f = {f.fence_id: g.fence_id for f, g in zip(work.fences, fences, strict=True)}
-        rename_o = dict(zip(work.stream.object_ids, stream.object_ids, strict=True))
-        self.reference = [(e, rename_f[f], rename_o[o], ts, r) for e, f, o, ts, r in work.reference]
+        self.run_id = f"{ft.RUN_GATEWAY_PREFIX}{uuid.uuid4().hex[:6]}"
+        self.prefix = p = f"b{self.run_id}-"
+        self.split = split = work.split
+        self.tenants = split.tenants
+        # fences stored qualified; objects published by name (x-ingress qualifies them by the
+        # gateway's tenant), `object_keys` as the pipeline and the events (qualified) name them
+        self.fences = [dataclasses.replace(f, fence_id=qualify(x, p + f.fence_id))
+                       for f, x in zip(work.fences, split.fence_tenant, strict=True)]
+        self.stream = dataclasses.replace(work.stream, object_ids=[p + o for o in work.stream.object_ids])
+        self.object_keys = ft.qualified(split.object_tenant, self.stream.object_ids)
+        self.owner = dict(zip(self.stream.object_ids, split.object_tenant, strict=True))  # name -> tenant
+        rename_o = dict(zip(work.stream.object_ids, self.object_keys, strict=True))
+        tenant_of_o = dict(zip(work.stream.object_ids, split.object_tenant, strict=True))
+        # a reference event's fence is its object's tenant's (the same name may be every tenant's)
+        self.reference = [(e, qualify(tenant_of_o[o], p + f), rename_o[o], ts, r)
+                          for e, f, o, ts, r in work.reference]
+        self.gateways: list[ft.TenantGateway] = []
         self._bad_at: list[int] = []
         self._shift_to_now()
         self.faults: list[Fault] = []
         self.dead_letters: list[DeadLetter] = []
         self.probe = QueueProbe(stack)
         q = f"fault-suite.{self.run_id}"
-        self.collector = EventCollector(stack.conn, f"{q}.events", self.prefix)
+        self.collector = EventCollector(stack.conn, f"{q}.events", self.prefix, self.owner)
         self.dlq = [DeadLetterWatch(stack.conn, v, f"{q}.dead-letters", self.prefix, self.dead_letters)
                     for v in stack.topology.vhosts]
-        self.publisher = Publisher(stack.conn["users"][t.GATEWAY_USER][t.INGRESS_VHOST], self.bodies, rate,
-                                   window)
+        self.publisher = Publisher({}, self.bodies, rate, window)  # the gateways come in start()
         self._publishing: asyncio.Task[None] | None = None
         self._recoveries: list[asyncio.Task[None]] = []
         self.planned: int | None = None  # faults the test will inject (moments())
@@ -149,6 +172,7 @@ class FaultRun:
         self.regions: tuple[str, ...] = ()
         self.started = 0.0
         self.pipeline_queues: list[tuple[str, str]] = []
+        self.walled_before: int | None = None  # x-fence's walled candidates at the start (all workers)
 
     def _shift_to_now(self) -> None:
         """The stream's times (and the reference's) from now on: a run's positions come
@@ -156,12 +180,14 @@ class FaultRun:
         shift = time.time() - float(self.stream.ts.min())
         self.stream = dataclasses.replace(self.stream, ts=self.stream.ts + shift)
         self.reference = [(e, f, o, ts + shift, r) for e, f, o, ts, r in self.reference]
-        self.where = bm.update_index(self.stream)
+        keys = self.object_keys  # (qualified object, ts) -> update, as the events name them
+        pairs = zip(self.stream.obj.tolist(), self.stream.ts.tolist(), strict=True)
+        self.where = {(keys[o], ts): i for i, (o, ts) in enumerate(pairs)}
         self.end_ts = float(self.stream.ts.max())
         self.bodies = self._bodies()
 
     def _bodies(self) -> list[Body]:
-        bodies = [Body(lo, hi, data) for lo, hi, data in bm.gateway_bodies(self.stream, self.batch)]
+        bodies = ft.tenant_bodies(self.stream, self.batch, self.split.object_tenant)
         if not self._bad_at:  # drawn once: the seed's moments stay the same
             drawn = self.rng.choice(np.arange(1, len(bodies)), self.bad_inputs, replace=False)
             self._bad_at = sorted(drawn.tolist())
@@ -171,15 +197,21 @@ class FaultRun:
             lo = bodies[i].lo
             data = msgpack.packb({"positions": [{"id": f"{self.prefix}bad{n}", "lon": BOX.lon, "lat": 91.0,
                                                  "ts": float(self.stream.ts[lo])}]})
-            bodies.insert(i, Body(lo, lo, data, bad=n))
+            bodies.insert(i, Body(lo, lo, data, key=self.tenants[n % len(self.tenants)], bad=n))
         return bodies
 
     # -- set-up -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Consumers first (nothing is missed), then the fences, then the stream."""
+        """Consumers first (nothing is missed), then the tenants' gateways and fences, then the
+        stream."""
+        fs, os_ = self.split.fence_tenant, self.split.object_tenant
+        events = Counter(e[1].partition(":")[0] for e in self.reference)
+        per = ", ".join(f"{x}: {fs.count(x)} fences, {os_.count(x)} objects, {events[x]:,} events"
+                        for x in self.tenants)
         say(f"{self.title}: run {self.run_id}, seed {self.seed}, {len(self.fences)} fences, "
-            f"{len(self.stream):,} updates at {self.rate:,.0f}/s, {len(self.reference):,} events expected")
+            f"{len(self.stream):,} updates at {self.rate:,.0f}/s, {len(self.reference):,} events expected "
+            f"({per})")
         dead = self.stack.dead()
         assert not dead, f"sidecars not running before the run: {', '.join(dead)}; run `geofence up`"
         await self.collector.start()
@@ -191,10 +223,16 @@ class FaultRun:
         gx, gy = hk.lonlat_to_grid(self.stream.lon, self.stream.lat, INDEX_BITS)
         self.region_of_update = wm.region_index(hk.encode_many(gx, gy, INDEX_BITS))
         self.pipeline_queues = await self._pipeline_queues()
+        await ft.ensure_tenants(self.stack.conn["postgres"]["dsn"], self.tenants)
+        for tenant in self.tenants:  # each tenant's positions through its own gateway user
+            self.gateways.append(await asyncio.to_thread(ft.add_gateway, self.stack.settings, self.stack.pw,
+                                                         tenant, self.run_id))
+        self.walled_before = await walled_candidates(self.stack)
         self._fences_stored = True
         await bm.put_fences(self.stack.conn, self.fences)
         self._shift_to_now()  # the stream starts once the fences are stored
-        self.publisher = Publisher(self.publisher.url, self.bodies, self.rate, self.window)
+        urls = {gw.routing_key: gw.amqp_url for gw in self.gateways}
+        self.publisher = Publisher(urls, self.bodies, self.rate, self.window)
 
     async def _pipeline_queues(self) -> list[tuple[str, str]]:
         """The queues a position passes through on its way to an event: the sidecars'
@@ -459,15 +497,29 @@ class FaultRun:
                     "before cleaning up")
             if self._fences_stored:
                 try:
-                    await bm.park(self.stack.conn, self.stream, 1000)
+                    for gw in self.gateways:
+                        await bm.park(self.stack.conn, self._objects_of(gw.tenant), 1000, gw)
                 except Exception as exc:  # the fences go anyway
                     say(f"{self.title}: parking failed ({type(exc).__name__}: {exc})")
                 await bm.remove_fences(self.stack.conn, self.fences)
         finally:
+            for gw in self.gateways:
+                try:
+                    await asyncio.to_thread(ft.remove_gateway, self.stack.settings, self.stack.pw, gw)
+                except Exception as exc:  # the next session removes it (remove_leftover_gateways)
+                    say(f"{self.title}: gateway {gw.user} not removed ({type(exc).__name__}: {exc})")
             await self.collector.stop()
             for w in self.dlq:
                 await w.stop()
             await self.probe.close()
+
+    def _objects_of(self, tenant: str) -> wl.Stream:
+        """The tenant's objects (as published), one update each at the stream's end: what
+        bench's park() moves (it moves every object of the stream it is given)."""
+        names = [o for o, x in self.owner.items() if x == tenant]
+        n = len(names)
+        end = np.full(n, self.end_ts)
+        return wl.Stream(names, np.arange(n, dtype=np.int32), np.zeros(n), np.zeros(n), end)
 
 
 # --------------------------------------------------------------------------- a whole test
@@ -489,7 +541,8 @@ async def execute(run: FaultRun, inject: Callable[[FaultRun], Awaitable[None]]) 
                 run.title, len(run.faults), run.publisher.sent_updates, len(run.reference),
                 len(run.collector.distinct), run.collector.duplicates,
                 sum(1 for d in run.dead_letters if d.ours),
-                tuple(float("nan") if f.recovery_s is None else f.recovery_s for f in run.faults), ok=False))
+                tuple(float("nan") if f.recovery_s is None else f.recovery_s for f in run.faults),
+                crossed=len(run.collector.crossed), ok=False))
         await run.close()
     report.record(out.row)
     for line in out.info:

@@ -6,11 +6,17 @@ injected at random moments (seeded: the seed is printed; FAULT_SEED=<seed> repla
 - RabbitMQ stopped and started again mid-stream, twice;
 - the sidecars' AMQP connections cut by a TCP proxy, several times.
 
+The workload is two tenants sharing the stack (tests/faults/tenants.py): the fences and the
+objects split between them, each tenant's positions published by its own gateway user under
+its own key, the ground truth per tenant (each tenant's objects against its own fences).
+
 Each run asserts that the events a consumer deduping on event_id received are exactly the
-ground truth (none lost, none invented), that every planted bad input is in a dead-letter
-queue with its reason and nothing else of the run is, that no sidecar is left dead, and that
-the archive (fence_event) holds exactly the distinct events; the raw duplicate count and the
-recovery time of every fault go into the table printed at the end of the session.
+ground truth (none lost, none invented), that no event pairs a fence with another tenant's
+object (on the wire or in the archive: the table's x-tenant column), that every planted bad
+input is in a dead-letter queue with its reason and nothing else of the run is, that no
+sidecar is left dead, and that the archive (fence_event) holds exactly the distinct events;
+the raw duplicate count and the recovery time of every fault go into the table printed at the
+end of the session.
 """
 
 from __future__ import annotations

@@ -6,7 +6,12 @@ random moments, then RabbitMQ is restarted. The proximity events a consumer dedu
 event_id received must be exactly the brute-force reference (fence/reference.py `roam_events`,
 over the stream in its order: the gateway publishes one body at a time so x-ingress gets them in
 that order even across reconnects), each event_id naming one event; the fence events of the same
-run are judged as in every fault run."""
+run are judged as in every fault run.
+
+Two tenants (tests/faults/tenants.py): each subscriber's subscription is its tenant's, matches
+the run's objects of that tenant only (a subscription sees its own tenant's objects: the
+reference's glob names the tenant), and no proximity event may pair a subscription with another
+tenant's object (`crossed`, the table's x-tenant column)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import orjson
@@ -26,6 +34,7 @@ from deploy.settings import ConnectionSettings
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.subscriptions import Subscription
+from exchanges.tenancy import qualify
 from fence import store
 from fence.reference import RoamTuple, roam_events
 from tests.faults import report
@@ -42,27 +51,51 @@ OWNER = "fault-suite"
 
 
 class RoamCollector(ReconnectingConsumer):
-    """fence.events' proximity events of the run's subscriptions (their ids start with `prefix`)."""
+    """fence.events' proximity events of the run's subscriptions (their names start with
+    `prefix`, their tenant one of `owner`'s), the subscription and the object qualified again
+    by the event's tenant; an event whose object is another tenant's (`owner`: the run's
+    objects' tenants, by name) or whose routing key names another tenant goes to `crossed`."""
 
-    def __init__(self, conn: ConnectionSettings, queue: str, prefix: str) -> None:
+    def __init__(self, conn: ConnectionSettings, queue: str, prefix: str, owner: Mapping[str, str]) -> None:
         super().__init__(conn["amqp"][t.FENCES_VHOST], queue,
                          [(t.EVENTS_EXCHANGE, f"{t.ROAM_EVENTS_TOPIC_PREFIX}.#")])
-        self.prefix = prefix
+        self.prefix, self.owner = prefix, dict(owner)
+        self.tenants = frozenset(self.owner.values())
         self.raw_by_id: Counter[str] = Counter()  # deliveries per event_id
         self.distinct: dict[str, RoamTuple] = {}
         self.conflicts: list[str] = []
+        self.crossed: dict[str, str] = {}
         self.last_at = time.monotonic()
 
     def handle(self, message: AbstractIncomingMessage) -> None:
         e = orjson.loads(message.body)
-        if not str(e["subscription"]).startswith(self.prefix):
+        tenant, sub, obj = e.get("tenant"), str(e["subscription"]), str(e["object"])
+        if tenant not in self.tenants or not sub.startswith(self.prefix):
             return
-        self.raw_by_id[str(e["event_id"])] += 1
+        eid = str(e["event_id"])
+        self.raw_by_id[eid] += 1
         self.last_at = time.monotonic()
-        ev: RoamTuple = (str(e["subscription"]), str(e["object"]), str(e["event"]), float(e["ts"]))
-        seen = self.distinct.setdefault(str(e["event_id"]), ev)
+        ev: RoamTuple = (qualify(tenant, sub), qualify(tenant, obj), str(e["event"]), float(e["ts"]))
+        seen = self.distinct.setdefault(eid, ev)
         if seen != ev:
-            self.conflicts.append(f"event_id {e['event_id']}: {seen} and {ev}")
+            self.conflicts.append(f"event_id {eid}: {seen} and {ev}")
+        whose = self.owner.get(obj, tenant)
+        if whose != tenant or (message.routing_key or "").split(".")[1:2] != [tenant]:
+            self.crossed.setdefault(eid, f"{ev}: object of {whose}, routing key {message.routing_key}")
+
+
+@dataclass(frozen=True)
+class ReferenceSubscription:
+    """A subscription as fence.reference.roam_events takes it: over qualified object ids, its
+    glob names its tenant (`<tenant>:<prefix>*`), as the matcher's tenant test and its glob on
+    the name do together."""
+
+    id: str
+    object: str
+    radius_m: float
+    match: str
+    where: tuple[Any, ...] = ()
+    point: tuple[float, float] | None = None
 
 
 def subscribed_everywhere(ids: set[str]) -> bool:
@@ -79,11 +112,12 @@ async def test_proximity_survives_kills_and_a_broker_restart(fault_stack: Stack,
     names = ["x-ingress", *(f"x-fence-{w}" for w in stack.settings.workers)]
     run = FaultRun(stack, workload, f"proximity: kill -9 {', '.join(names)}, RabbitMQ restart",
                    fault_seed + 7, window=1)
-    objects = list(run.stream.object_ids)
+    objects, owner = run.object_keys, run.split.object_tenant
     chosen = sorted(run.rng.choice(len(objects), SUBSCRIBERS, replace=False).tolist())
-    subs = [Subscription(f"near-{run.run_id}-{i}", objects[i], RADIUS_M, match=f"{run.prefix}*")
-            for i in chosen]
-    collector = RoamCollector(stack.conn, f"fault-suite.{run.run_id}.roam", f"near-{run.run_id}-")
+    subs = [Subscription(qualify(owner[i], f"near-{run.run_id}-{i}"), objects[i], RADIUS_M,
+                         match=f"{run.prefix}*") for i in chosen]
+    ref_subs = [ReferenceSubscription(s.id, s.object, s.radius_m, f"{s.tenant}:{s.match}") for s in subs]
+    collector = RoamCollector(stack.conn, f"fault-suite.{run.run_id}.roam", f"near-{run.run_id}-", run.owner)
     conn = await routing_store.connect(stack.conn["postgres"]["dsn"])
     made: list[str] = []
     try:
@@ -107,9 +141,10 @@ async def test_proximity_survives_kills_and_a_broker_restart(fault_stack: Stack,
             await run.recovered()
 
         out = await execute(run, inject)
-        # the reference over the stream as x-ingress got it (run.start shifted its times)
+        # the reference over the stream as x-ingress got it (run.start shifted its times), the
+        # objects as the pipeline names them
         st = run.stream
-        want = Counter(roam_events(subs, [st.object_ids[i] for i in st.obj.tolist()], st.lon, st.lat, st.ts))
+        want = Counter(roam_events(ref_subs, [objects[i] for i in st.obj.tolist()], st.lon, st.lat, st.ts))
         # the run's end parks every object at one spot (FaultRun.close): events dated after the
         # stream's last update are the parking's, not the stream's
         last_ts = float(st.ts.max())
@@ -127,6 +162,9 @@ async def test_proximity_survives_kills_and_a_broker_restart(fault_stack: Stack,
             problems.append(f"proximity events (deduped on event_id) differ from the brute-force reference: "
                             f"{sum(miss.values())} missing (e.g. {list(miss)[:3]}), {sum(extra.values())} "
                             f"unexpected (e.g. {list(extra)[:3]})")
+        if collector.crossed:
+            problems.append(f"{len(collector.crossed)} proximity events pair a subscription with another "
+                            "tenant's object: " + "; ".join(list(collector.crossed.values())[:3]))
         if collector.conflicts:
             problems.append(f"{len(collector.conflicts)} proximity event_ids name two events: "
                             + "; ".join(collector.conflicts[:3]))
@@ -135,13 +173,13 @@ async def test_proximity_survives_kills_and_a_broker_restart(fault_stack: Stack,
             f"received, {raw - len(ours):,} duplicated")
         report.record(report.Row(f"{run.title}: its proximity events", len(run.faults), len(run.stream),
                                  sum(want.values()), len(ours), raw - len(ours), 0, out.row.recovery_s,
-                                 ok=not problems))
+                                 ok=not problems, crossed=len(collector.crossed)))
         assert not problems, failure_message(out) + "\n" + "\n".join(problems)
     finally:
         await collector.stop()
         for sub_id in made:
             try:
-                await store.delete_subscription(conn, OWNER, sub_id)
+                await store.delete_subscription(conn, sub_id)
             except (store.UnknownSubscription, asyncpg.PostgresError, OSError) as exc:
                 say(f"{run.title}: subscription {sub_id} not deleted ({type(exc).__name__})")
         await conn.close()

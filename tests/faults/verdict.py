@@ -1,6 +1,8 @@
 """The verdict on a finished fault run: the deduped events against the shapely ground truth
-(fence.reference.compare), every difference attributed to the fault injected before the
-position that caused it, event_ids naming two events, faults that did not recover and
+(fence.reference.compare; per tenant: each tenant's objects against its own fences), every
+difference attributed to the fault injected before the position that caused it, no event
+pairing a fence with another tenant's object (on the wire, EventCollector.crossed, or in the
+archive), event_ids naming two events, faults that did not recover and
 sidecars the harness had to start again, sidecars alive and consuming at the end, the dead
 letters (every planted bad input, nothing else of the run), and the archive table in
 PostgreSQL holding exactly the distinct events; `Outcome` holds the table's row, the
@@ -23,9 +25,10 @@ import numpy as np
 
 from deploy.inspect_cmd import ask
 from exchanges import topology as t
+from exchanges.tenancy import qualify
 from fence.reference import EventTuple, compare
 from tests.faults import report
-from tests.faults.stack import sidecar_queues
+from tests.faults.stack import Stack, sidecar_queues
 from tests.faults.timing import ARCHIVE_DEADLINE_S, ARCHIVE_STUCK_S, CONSUMER_DEADLINE_S, poll_until
 
 if TYPE_CHECKING:  # the run calls judge() when it is finished: no import of it at run time
@@ -55,6 +58,10 @@ async def judge(run: FaultRun) -> Outcome:
         problems += _attribute(run, got)
         problems += diff[1:]
         problems += await _worker_stats(run)
+    crossed = dict(run.collector.crossed)
+    if crossed:
+        problems.append(f"{len(crossed)} events pair a fence with another tenant's object (the tenant wall): "
+                        + "; ".join(list(crossed.values())[:3]))
     if run.collector.conflicts:
         problems.append(f"{len(run.collector.conflicts)} event_ids name two different events: "
                         + "; ".join(run.collector.conflicts[:3]))
@@ -69,16 +76,25 @@ async def judge(run: FaultRun) -> Outcome:
     problems += await _sidecars_alive(run)
     problems += _dead_letter_problems(run)
     problems += await _archive_problems(run)
+    archived_crossings = await _archived_crossings(run)  # once the archive caught up
+    if archived_crossings:
+        problems.append(f"fence_event holds {len(archived_crossings)} events pairing a run's fence with "
+                        f"an object of another tenant, e.g. {archived_crossings[:3]}")
     info.append(f"raw deliveries {run.collector.raw:,}, distinct {len(run.collector.distinct):,}, "
                 f"duplicates {run.collector.duplicates:,}; test consumer reconnects "
                 f"{run.collector.reconnects}")
+    walled = await walled_candidates(run.stack)
+    if walled is not None and run.walled_before is not None:
+        info.append(f"tenant wall: x-fence refused {walled - run.walled_before:+,} candidates of another "
+                    "tenant's fences during the run (x-geo routes by geometry alone); "
+                    f"events across tenants: {len(crossed)} received, {len(archived_crossings)} archived")
     info += [f"fault {f.label} at update {f.at_update:,}: "
              f"{'-' if f.recovery_s is None else f'{f.recovery_s:.1f}s'} ({f.note})" for f in run.faults]
     ours = [d for d in run.dead_letters if d.ours]
     row = report.Row(run.title, len(run.faults), len(run.stream), len(run.reference),
                      len(run.collector.distinct), run.collector.duplicates, len(ours),
                      tuple(float("nan") if f.recovery_s is None else f.recovery_s for f in run.faults),
-                     ok=not problems)
+                     ok=not problems, crossed=len(crossed) + len(set(archived_crossings) - set(crossed)))
     return Outcome(row, problems, info)
 
 
@@ -139,6 +155,20 @@ async def _worker_stats(run: FaultRun) -> list[str]:
     return lines
 
 
+async def walled_candidates(stack: Stack) -> int | None:
+    """x-fence's count of candidates x-geo routed to a fence of another tenant than the
+    position's object, over every worker (None if a worker did not answer): what the tenant
+    wall refused (fence/x_fence/decisions.py)."""
+    total = 0
+    for w in stack.settings.workers:
+        try:
+            got = await ask(stack.conn["amqp"][t.FENCES_VHOST], t.FENCE_CONTROL_EXCHANGE, w, {}, 5)
+            total += int(got.get("stats", {})["walled_candidates"])
+        except Exception:
+            return None
+    return total
+
+
 async def _sidecars_alive(run: FaultRun) -> list[str]:
     problems = []
     dead = run.stack.dead()
@@ -179,10 +209,12 @@ async def _archive_problems(run: FaultRun) -> list[str]:
     then compares the rows."""
     want = set(run.collector.distinct)
     dsn = run.stack.conn["postgres"]["dsn"]
-    # the run's objects in the run's fences: an object of another run (a parked demo car)
-    # inside a fence when it is defined gets its own ENTER, none of this run's business
-    query = "FROM fence_event WHERE fence_id LIKE $1 AND object_id LIKE $1 AND ts <= $2"
-    args = (run.prefix + "%", run.end_ts)
+    # the run's objects in the run's fences, each tenant's (ids qualified): an object of another
+    # run (a parked demo car) inside a fence when it is defined gets its own ENTER, none of this
+    # run's business; a pair across tenants is _archived_crossings'
+    query = ("FROM fence_event WHERE fence_id LIKE ANY($1::text[]) AND object_id LIKE ANY($1::text[]) "
+             "AND split_part(fence_id, ':', 1) = split_part(object_id, ':', 1) AND ts <= $2")
+    args = (_run_patterns(run), run.end_ts)
 
     async def fetch(sql: str) -> list[asyncpg.Record] | None:
         try:
@@ -233,6 +265,28 @@ async def _archive_problems(run: FaultRun) -> list[str]:
         problems.append(f"{len(differ)} archived events differ from the ones delivered, e.g. "
                         f"{rows[differ[0]]} vs {run.collector.distinct[differ[0]]}")
     return problems
+
+
+def _run_patterns(run: FaultRun) -> list[str]:
+    """LIKE patterns of the run's names, qualified: `<tenant>:b<run>-%` per tenant."""
+    return [f"{qualify(x, run.prefix)}%" for x in run.tenants]
+
+
+async def _archived_crossings(run: FaultRun) -> list[str]:
+    """event_ids of archived events of the run's fences whose object is not of the fence's
+    tenant (a presence event's pseudonym included), read once _archive_problems waited for
+    the archiver."""
+    try:
+        c = await asyncpg.connect(run.stack.conn["postgres"]["dsn"])
+        try:
+            rows = await c.fetch("SELECT event_id FROM fence_event WHERE fence_id LIKE ANY($1::text[]) "
+                                 "AND split_part(fence_id, ':', 1) <> split_part(object_id, ':', 1)",
+                                 _run_patterns(run))
+        finally:
+            await c.close()
+    except (OSError, asyncpg.PostgresError) as exc:
+        return [f"(the archive could not be read: {type(exc).__name__})"]
+    return [str(r["event_id"]) for r in rows]
 
 
 def failure_message(out: Outcome) -> str:

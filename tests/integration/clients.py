@@ -1,5 +1,6 @@
 """Clients and helpers the integration tests share: aio-pika publish / take with
-deadlines, the management API, the `geofence` command, MQTT devices (paho)."""
+deadlines, the management API, the `geofence` command, a tenant's credentials (devices over
+MQTT with paho, gateways and applications over AMQP), Auth emulator accounts."""
 
 from __future__ import annotations
 
@@ -17,19 +18,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aio_pika
 import paho.mqtt.client as mqtt
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from paho.mqtt.enums import CallbackAPIVersion
 
+from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings
 from exchanges import topology as t
+from exchanges.tenancy import qualify
+from fence.service import OPERATOR_CLAIM, TENANT_HEADER
 
 DEADLINE = 20.0  # seconds, for any single wait
 POLL = 0.1
-
 
 
 def geofence(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -65,15 +68,39 @@ async def poll(check: Callable[[], bool], what: str, deadline: float = DEADLINE)
         await asyncio.sleep(POLL)
 
 
-def url(stack: ConnectionSettings, user: str, vhost: str) -> str:
+@dataclass(frozen=True)
+class Login:
+    """A tenant's own RabbitMQ user, `<tenant>.<name>`: a gateway's (gf-ingress) or an
+    application's (gf-fences), made by `geofence gateway|app add NAME --tenant T`."""
+
+    tenant: str
+    name: str
+    password: str
+
+    @property
+    def user(self) -> str:
+        return f"{self.tenant}.{self.name}"
+
+
+def login_url(stack: ConnectionSettings, login: Login, vhost: str) -> str:
+    """The AMQP URL of `vhost` as `login` (the stack's host and port)."""
+    base = urlsplit(stack["amqp"][vhost])
+    netloc = f"{quote(login.user, safe='')}:{quote(login.password, safe='')}@{base.hostname}:{base.port}"
+    return urlunsplit((base.scheme, netloc, base.path, base.query, base.fragment))
+
+
+def url(stack: ConnectionSettings, user: str | Login, vhost: str) -> str:
+    """As the administrator, a sidecar user (by name) or a tenant's `Login`."""
+    if isinstance(user, Login):
+        return login_url(stack, user, vhost)
     return stack["amqp"][vhost] if user == t.ADMIN_USER else stack["users"][user][vhost]
 
 
-async def connect(stack: ConnectionSettings, user: str, vhost: str) -> AbstractRobustConnection:
+async def connect(stack: ConnectionSettings, user: str | Login, vhost: str) -> AbstractRobustConnection:
     return await aio_pika.connect_robust(url(stack, user, vhost), timeout=DEADLINE)
 
 
-async def publish(stack: ConnectionSettings, user: str, vhost: str, exchange: str,
+async def publish(stack: ConnectionSettings, user: str | Login, vhost: str, exchange: str,
                   routing_key: str, body: bytes = b"{}") -> str:
     """Publish one persistent message with confirms and mandatory; returns its message id."""
     message_id = uuid.uuid4().hex
@@ -86,7 +113,7 @@ async def publish(stack: ConnectionSettings, user: str, vhost: str, exchange: st
     return message_id
 
 
-async def take(stack: ConnectionSettings, user: str, vhost: str, queue_name: str,
+async def take(stack: ConnectionSettings, user: str | Login, vhost: str, queue_name: str,
                wanted: Callable[[AbstractIncomingMessage], bool],
                settle: str = "ack") -> AbstractIncomingMessage:
     """Consume `queue_name` as `user` until a wanted message comes; ack (or reject without
@@ -128,8 +155,53 @@ def text(value: Any) -> str:
 
 @dataclass
 class Device:
+    """A tenant's device: RabbitMQ user `<tenant>.<object_id>` (its MQTT login's user part and
+    its client id), publishing `positions/<tenant>/<object_id>`. Without a tenant, a presence
+    sensor (the platform's): user and client id its own id."""
+
     object_id: str
     password: str
+    tenant: str = ""
+
+    @property
+    def user(self) -> str:
+        return f"{self.tenant}.{self.object_id}" if self.tenant else self.object_id
+
+    @property
+    def key(self) -> str:
+        """Its id inside the pipeline, `<tenant>:<object_id>` (exchanges/tenancy.py)."""
+        return qualify(self.tenant, self.object_id)
+
+    @property
+    def topic(self) -> str:
+        return f"{t.POSITIONS_TOPIC_PREFIX}/{self.tenant}/{self.object_id}"
+
+
+def add_device(tenant: str) -> Device:
+    """A new device user of `tenant` (`geofence device add --tenant`, password on stdin)."""
+    made = Device(f"t-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex, tenant)
+    done = geofence("device", "add", made.object_id, "--tenant", tenant, "--password-stdin",
+                    stdin=made.password + "\n")
+    assert done.returncode == 0, done.stderr
+    assert made.password not in done.stdout + done.stderr
+    return made
+
+
+def add_login(kind: str, tenant: str) -> Login:
+    """A tenant's gateway or application user (`geofence gateway|app add`), password on stdin."""
+    made = Login(tenant, f"{kind}-{uuid.uuid4().hex[:10]}", uuid.uuid4().hex)
+    done = geofence(kind, "add", made.name, "--tenant", tenant, "--password-stdin",
+                    stdin=made.password + "\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert made.password not in done.stdout + done.stderr
+    return made
+
+
+def remove_login(stack: ConnectionSettings, kind: str, login: Login) -> None:
+    """`geofence gateway|app remove`, if the user is still there."""
+    if api(stack, f"api/users/{q(login.user)}") is not None:
+        removed = geofence(kind, "remove", login.name, "--tenant", login.tenant)
+        assert removed.returncode == 0, removed.stderr
 
 
 class MqttDevice:
@@ -141,7 +213,7 @@ class MqttDevice:
         topic), `dev` ignored."""
         cfg = stack["mqtt"]
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        client_id = f"admin-{uuid.uuid4().hex[:12]}" if admin else dev.object_id
+        client_id = f"admin-{uuid.uuid4().hex[:12]}" if admin else dev.user
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   clean_session=clean_session, protocol=mqtt.MQTTv311,
                                   reconnect_on_failure=False)
@@ -149,7 +221,7 @@ class MqttDevice:
             self.client.username_pw_set(f"{cfg['ingress_vhost']}:{cfg['username'].split(':', 1)[1]}",
                                         cfg["password"])
         else:
-            self.client.username_pw_set(f"{cfg['ingress_vhost']}:{dev.object_id}", dev.password)
+            self.client.username_pw_set(f"{cfg['ingress_vhost']}:{dev.user}", dev.password)
         self.client.on_connect = lambda c, u, f, reason, p: self.events.put(("connack", reason))
         self.client.on_disconnect = lambda c, u, f, reason, p: self.events.put(("disconnect", reason))
         self.client.on_subscribe = lambda c, u, mid, codes, p: self.events.put(("suback", codes))
@@ -175,3 +247,58 @@ class MqttDevice:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+# --------------------------------------------------------------------------- Firebase accounts
+
+
+@dataclass(frozen=True)
+class Account:
+    """A user of the stack's Auth emulator and its ID token; `tenant`: the one it names with
+    the X-Geofence-Tenant header (None: none named, the API picks its only tenant)."""
+
+    uid: str
+    token: str
+    tenant: str | None = None
+
+    @property
+    def auth(self) -> dict[str, str]:
+        out = {"Authorization": f"Bearer {self.token}"}
+        if self.tenant is not None:
+            out[TENANT_HEADER] = self.tenant
+        return out
+
+    def acting_in(self, tenant: str | None) -> Account:
+        """The same user naming `tenant` in its requests."""
+        return Account(self.uid, self.token, tenant)
+
+
+Firebase = tuple[str, int, str]  # the Auth emulator's host, port and project
+
+
+def account(firebase: Firebase) -> Account:
+    host, port, project = firebase
+    uid, token = fe.sign_up(host, port, project, f"{uuid.uuid4().hex[:12]}@example.org", uuid.uuid4().hex)
+    return Account(uid, token)
+
+
+def operator_account(firebase: Firebase) -> Account:
+    """A new user whose token carries the geofence_operator claim (set, then signed in again)."""
+    host, port, project = firebase
+    email, password = f"{uuid.uuid4().hex[:12]}@example.org", uuid.uuid4().hex
+    uid, _ = fe.sign_up(host, port, project, email, password)
+    fe.set_claims(host, port, project, uid, {OPERATOR_CLAIM: True})
+    return Account(uid, fe.sign_in(host, port, project, email, password))
+
+
+def add_member(tenant: str, uid: str, role: str) -> None:
+    """`uid` a member of `tenant` with `role` (`geofence tenant member add`; also a change)."""
+    done = geofence("tenant", "member", "add", tenant, uid, "--role", role)
+    assert done.returncode == 0, done.stderr
+
+
+def member(firebase: Firebase, tenant: str, role: str = "editor") -> Account:
+    """A new user, a member of `tenant` with `role`."""
+    made = account(firebase)
+    add_member(tenant, made.uid, role)
+    return made

@@ -12,6 +12,7 @@ import pytest
 
 from deploy.settings import ConnectionSettings
 from exchanges.shell import SidecarConfig
+from exchanges.tenancy import qualify
 from fence import store
 from fence.archive import Archiver
 
@@ -21,19 +22,21 @@ def rows(prefix: str, n: int) -> list[store.EventRow]:
              None) for i in range(n)]
 
 
-async def committed(dsn: str, prefix: str) -> int:
+async def committed(dsn: str, prefix: str, tenant: str = "") -> int:
+    """The archived events of the fence `<prefix>-fence` (of `tenant`: stored qualified)."""
     conn = await asyncpg.connect(dsn)
     try:
         return int(await conn.fetchval("SELECT count(*) FROM fence_event WHERE fence_id = $1",
-                                       f"{prefix}-fence"))
+                                       qualify(tenant, f"{prefix}-fence")))
     finally:
         await conn.close()
 
 
-async def forget(dsn: str, prefix: str) -> None:
+async def forget(dsn: str, prefix: str, tenant: str = "") -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("DELETE FROM fence_event WHERE fence_id = $1", f"{prefix}-fence")
+        await conn.execute("DELETE FROM fence_event WHERE fence_id = ANY($1::text[])",
+                           [f"{prefix}-fence", qualify(tenant, f"{prefix}-fence")])
     finally:
         await conn.close()
 
@@ -78,7 +81,7 @@ class Message:
 
 
 async def test_a_batch_message_is_stored_and_its_bad_events_dead_lettered(
-        stack: ConnectionSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+        stack: ConnectionSettings, monkeypatch: pytest.MonkeyPatch, tenant: str) -> None:
     import orjson
 
     from exchanges import shell
@@ -100,17 +103,27 @@ async def test_a_batch_message_is_stored_and_its_bad_events_dead_lettered(
         return {"event": "enter", "fence_id": f"{prefix}-fence", "object_id": f"o{i}", "ts": 1.0e9 + i,
                 "reason": "entered", "event_id": f"{prefix}-{i}", **change}
 
-    batch = [event(0), event(1, reason="teleported"), event(2)]
+    # a tenant's event (names unqualified, `tenant` beside them) and one of no tenant id
+    batch = [event(0), event(1, reason="teleported"), event(2), event(4, tenant=tenant)]
     try:
         messages: list[Any] = [Message(orjson.dumps(batch)), Message(orjson.dumps(event(3))),
-                               Message(b"not json"), Message(orjson.dumps([event(0)]))]
+                               Message(b"not json"), Message(orjson.dumps([event(0)])),
+                               Message(orjson.dumps([event(5, tenant="Not_A_Tenant")]))]
         await archiver.handle(messages)
         assert await committed(dsn, prefix) == 3  # 0, 2 and 3; event 0 twice, stored once
+        assert await committed(dsn, prefix, tenant) == 1  # 4, stored as the pipeline names it
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert await conn.fetchval("SELECT object_id FROM fence_event WHERE event_id = $1",
+                                       f"{prefix}-4") == qualify(tenant, "o4")
+        finally:
+            await conn.close()
         reasons = [o.headers["x-geofence-reason"] for o in published if o.headers]
-        assert len(reasons) == 2
-        assert reasons[0].startswith("event 1 of 3: event reason 'teleported'")
+        assert len(reasons) == 3, reasons
+        assert reasons[0].startswith("event 1 of 4: event reason 'teleported'")
         assert reasons[1].startswith("event is not JSON")
-        assert archiver.counters.events == 3 and published[0].body == orjson.dumps(batch)
+        assert reasons[2].startswith("event 0 of 1: event tenant 'Not_A_Tenant'"), reasons[2]
+        assert archiver.counters.events == 4 and published[0].body == orjson.dumps(batch)
     finally:
         await archiver.close()
-        await forget(dsn, prefix)
+        await forget(dsn, prefix, tenant)

@@ -14,8 +14,9 @@ import httpx
 
 from deploy.settings import ConnectionSettings
 from exchanges import routing_store
-from tests.integration.clients import DEADLINE
-from tests.integration.test_fence_api import Account, account, feature, firebase  # noqa: F401 (fixture)
+from exchanges.tenancy import qualify
+from tests.integration.clients import DEADLINE, Account, Login
+from tests.integration.test_fence_api import feature
 from tests.integration.test_fence_changes_live import HALF, Events, Gateway, defined, square
 from tests.integration.test_pipeline import pipeline, region_at, worldmap  # noqa: F401 (fixture)
 
@@ -24,13 +25,13 @@ WEST, EAST = (WHERE[0] - 2 * HALF, WHERE[1]), (WHERE[0] + 2 * HALF, WHERE[1])
 
 
 async def test_a_jump_over_a_fence_is_a_cross(pipeline: ConnectionSettings,  # noqa: F811
-                                             firebase: tuple[str, int, str]) -> None:  # noqa: F811
-    who: Account = account(firebase)
+                                             editor: Account, tenant: str, gateway: Login) -> None:
+    who = editor  # an editor of the session's tenant
     tag = uuid.uuid4().hex[:8]
     fid, plain, jumper, walker = f"cross-{tag}", f"nocross-{tag}", f"jumper-{tag}", f"walker-{tag}"
     assert pipeline["api"] is not None
     async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http, \
-            Gateway(pipeline) as gw, Events(pipeline) as ev:
+            Gateway(pipeline, gateway) as gw, Events(pipeline, tenant) as ev:
         await ev.watch(fid, plain)
         bad = await http.post("/fences", json=feature(f"bad-{tag}", square(*WHERE), cross="yes"),
                               headers=who.auth)
@@ -39,8 +40,8 @@ async def test_a_jump_over_a_fence_is_a_cross(pipeline: ConnectionSettings,  # n
             created = await http.post("/fences", json=feature(f, square(*WHERE), **props), headers=who.auth)
             assert created.status_code == 201, created.text
         try:
-            await defined(fid, 1)
-            await defined(plain, 1)
+            await defined(qualify(tenant, fid), 1)
+            await defined(qualify(tenant, plain), 1)
             assert (await http.get(f"/fences/{fid}", headers=who.auth)).json()["properties"]["cross"] is True
             region = region_at(await worldmap(pipeline), *WHERE)
             conn = await routing_store.connect(pipeline["postgres"]["dsn"])
@@ -48,8 +49,10 @@ async def test_a_jump_over_a_fence_is_a_cross(pipeline: ConnectionSettings,  # n
                 bound = {b.fence_id: b for b in await routing_store.region_bindings(conn, region)}
             finally:
                 await conn.close()
-            assert bound[fid].cross == (WHERE[0] - HALF, WHERE[1] - HALF, WHERE[0] + HALF, WHERE[1] + HALF)
-            assert bound[plain].cross is None
+            # the store names the fences as the pipeline does: qualified by their tenant
+            assert bound[qualify(tenant, fid)].cross == (WHERE[0] - HALF, WHERE[1] - HALF, WHERE[0] + HALF,
+                                                         WHERE[1] + HALF)
+            assert bound[qualify(tenant, plain)].cross is None
 
             t0 = float(int(time.time())) + 1.0
             await gw.send((jumper, *WEST, t0), (walker, *WEST, t0))

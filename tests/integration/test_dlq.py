@@ -20,7 +20,7 @@ import pytest
 
 from deploy.settings import ConnectionSettings
 from exchanges import topology as t
-from tests.integration.clients import DEADLINE, geofence, poll, publish
+from tests.integration.clients import DEADLINE, Login, geofence, poll, publish
 
 pytestmark = pytest.mark.integration
 
@@ -93,19 +93,22 @@ def batch(*positions: dict[str, Any]) -> bytes:
 # --------------------------------------------------------------------------- sidecar dead letters
 
 
-async def test_list_then_replay_a_gateway_batch(stack: ConnectionSettings, cleanup: list[str]) -> None:
+async def test_list_then_replay_a_gateway_batch(stack: ConnectionSettings, cleanup: list[str],
+                                                 gateway: Login) -> None:
+    """A tenant's gateway publishes to ingress.gateway with its tenant as the routing key."""
     marker = uuid.uuid4().hex
     bad_json = b"{not json " + marker.encode()
     bad_id = batch({"id": f"dlq test {marker}", "lon": 9.5, "lat": 47.1, "ts": time.time()})
-    json_id = await publish(stack, t.GATEWAY_USER, INGRESS, t.BATCHES_EXCHANGE, "", bad_json)
-    marked_id = await publish(stack, t.GATEWAY_USER, INGRESS, t.BATCHES_EXCHANGE, "", bad_id)
+    json_id = await publish(stack, gateway, INGRESS, t.GATEWAY_EXCHANGE, gateway.tenant, bad_json)
+    marked_id = await publish(stack, gateway, INGRESS, t.GATEWAY_EXCHANGE, gateway.tenant, bad_id)
     cleanup += [json_id, marked_id]
 
     rows = await until_listed(INGRESS, what="x-ingress to dead-letter both batches",
                               want=lambda rows: {json_id, marked_id} <= {r["message_id"] for r in rows})
     by_id = {r["message_id"]: r for r in rows}
     bad = by_id[json_id]
-    assert bad["kind"] == "sidecar" and bad["source"] == t.BATCHES_QUEUE and bad["routing_key"] == ""
+    assert bad["kind"] == "sidecar" and bad["source"] == t.BATCHES_QUEUE
+    assert bad["routing_key"] == gateway.tenant
     assert bad["reason"].startswith("malformed JSON"), bad
     assert bad["size"] == len(bad_json) and bad["preview"] == bad_json.decode()
     assert bad["replays"] == 0 and bad["replayable"] is True
@@ -144,6 +147,8 @@ async def test_list_then_replay_a_gateway_batch(stack: ConnectionSettings, clean
     assert len(again) == 1, again  # the original copy left the DLQ: one copy, replayed once
     (back,) = again
     assert back["message_id"] == marked_id and back["source"] == t.BATCHES_QUEUE
+    # the replay kept the routing key (the tenant): refused for the same reason, not for its key
+    assert back["routing_key"] == gateway.tenant
     assert back["reason"] == marked["reason"] and back["last_reason"] == marked["reason"]
     assert back["headers"]["x-geofence-replays"] == 1
     assert back["replayed_at"] is not None and abs(back["replayed_at"] - time.time()) < DEAD_LETTER_DEADLINE
@@ -154,24 +159,49 @@ async def test_list_then_replay_a_gateway_batch(stack: ConnectionSettings, clean
 
 
 async def test_a_replayed_mqtt_position_keeps_its_routing_key(stack: ConnectionSettings,
-                                                              cleanup: list[str]) -> None:
-    """x-ingress reads the object id from the routing key (positions.<object_id>): a replay
-    that lost it would come back refused for its routing key, not for its latitude."""
+                                                              cleanup: list[str], tenant: str) -> None:
+    """x-ingress reads the tenant and the object id from the routing key
+    (positions.<tenant>.<object_id>): a replay that lost it would come back refused for its
+    routing key, not for its latitude."""
     obj = f"dlq-{uuid.uuid4().hex[:10]}"
+    key = f"positions.{tenant}.{obj}"
     body = json.dumps({"lon": 9.5, "lat": 91, "ts": time.time()}).encode()
-    mid = await publish(stack, t.ADMIN_USER, INGRESS, t.MQTT_TOPIC_EXCHANGE, f"positions.{obj}", body)
+    mid = await publish(stack, t.ADMIN_USER, INGRESS, t.MQTT_TOPIC_EXCHANGE, key, body)
     cleanup.append(mid)
     (first,) = await until_listed(INGRESS, "--message-id", mid, want=len,
                                   what="the bad position dead-lettered")
-    assert first["source"] == t.POSITIONS_QUEUE and first["routing_key"] == f"positions.{obj}"
+    assert first["source"] == t.POSITIONS_QUEUE and first["routing_key"] == key
     assert first["reason"].startswith("lat 91 is outside"), first
 
     done = dlq("replay", "--vhost", INGRESS, "--message-id", mid)
     assert done.returncode == 0, done.stdout + done.stderr
     (back,) = await until_listed(INGRESS, "--message-id", mid, what="the position dead-lettered again",
                                  want=lambda rows: rows and rows[0]["replays"] == 1)
-    assert back["routing_key"] == f"positions.{obj}"
+    assert back["routing_key"] == key
     assert back["reason"] == first["reason"]
+
+
+async def test_a_replayed_batch_of_no_tenant_is_refused_again(stack: ConnectionSettings, cleanup: list[str],
+                                                              tenant: str) -> None:
+    """A batch on the retired fanout ingress.batches carries no tenant (its routing key is the
+    publisher's say-so, whatever it looks like): dead-lettered with the reason, and a replay
+    (which reaches x-ingress through another exchange, the key kept) is refused again rather
+    than taken as the tenant its key names."""
+    obj = f"dlq-{uuid.uuid4().hex[:10]}"
+    body = batch({"id": obj, "lon": 9.5, "lat": 47.1, "ts": time.time()})
+    mid = await publish(stack, t.ADMIN_USER, INGRESS, t.RETIRED_BATCHES_EXCHANGE, tenant, body)
+    cleanup.append(mid)
+    (first,) = await until_listed(INGRESS, "--message-id", mid, want=len, what="the batch dead-lettered")
+    assert first["source"] == t.BATCHES_QUEUE and first["routing_key"] == tenant
+    assert first["reason"].startswith(f"{t.RETIRED_BATCHES_EXCHANGE} carries no tenant"), first
+
+    done = dlq("replay", "--vhost", INGRESS, "--message-id", mid)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (back,) = await until_listed(INGRESS, "--message-id", mid, what="the replayed batch dead-lettered again",
+                                 want=lambda rows: rows and rows[0]["replays"] == 1)
+    assert back["reason"] == first["reason"] and back["routing_key"] == tenant
+    seen = geofence("inspect", "object", obj, "--tenant", tenant, "--json")
+    assert seen.returncode == 0 and json.loads(seen.stdout)["latest"] == {}  # no region ever had it
 
 
 # --------------------------------------------------------------------------- refusals

@@ -14,8 +14,9 @@ import uuid
 import httpx
 
 from deploy.settings import ConnectionSettings
-from tests.integration.clients import DEADLINE
-from tests.integration.test_fence_api import Account, account, feature, firebase  # noqa: F401 (fixture)
+from exchanges.tenancy import qualify
+from tests.integration.clients import DEADLINE, Account, Login
+from tests.integration.test_fence_api import feature
 from tests.integration.test_fence_changes_live import Events, Gateway, defined, square
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
 
@@ -25,13 +26,13 @@ OUTSIDE = (WHERE[0] + 0.05, WHERE[1])
 
 
 async def test_only_stays_of_the_dwell_time_are_reported(pipeline: ConnectionSettings,  # noqa: F811
-                                                        firebase: tuple[str, int, str]) -> None:  # noqa: F811
-    who: Account = account(firebase)
+                                                        editor: Account, tenant: str, gateway: Login) -> None:
+    who = editor  # an editor of the session's tenant
     tag = uuid.uuid4().hex[:8]
     fid, passer, stayer, lingerer = f"dwell-{tag}", f"passer-{tag}", f"stayer-{tag}", f"lingerer-{tag}"
     assert pipeline["api"] is not None
     async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http, \
-            Gateway(pipeline) as gw, Events(pipeline) as ev:
+            Gateway(pipeline, gateway) as gw, Events(pipeline, tenant) as ev:
         await ev.watch(fid)
         bad = await http.post("/fences", json=feature(f"bad-{tag}", square(*WHERE), dwell_s=-1),
                               headers=who.auth)
@@ -40,7 +41,7 @@ async def test_only_stays_of_the_dwell_time_are_reported(pipeline: ConnectionSet
                                   headers=who.auth)
         assert created.status_code == 201, created.text
         try:
-            await defined(fid, 1)
+            await defined(qualify(tenant, fid), 1)
             shown = (await http.get(f"/fences/{fid}", headers=who.auth)).json()["properties"]
             assert shown["dwell_s"] == DWELL_S
             # whole seconds (the differences below are exact), after the fence's creation (a stay

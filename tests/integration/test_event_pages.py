@@ -6,7 +6,8 @@ malformed, altered or another fence's cursor is a 400.
 The API is this checkout's, served in this process by uvicorn on a free port (the stack's `api`
 process runs the code it started with): a real FenceManager on the stack's RabbitMQ and
 PostgreSQL, real ID tokens of the Auth emulator, and the events stored by the stack's real
-archiver from fence.event-batches. The AMQP op runs through the RPC server's own handler
+archiver from fence.event-batches (the events of the session's tenant, whose member asks). The
+AMQP op runs through the RPC server's own handler
 (`RpcServer.answer`) on the same service; FenceClient's paging over a loopback to it (the
 broker's queue fence.api is shared with the stack's API process, which would answer half the
 requests with its own code)."""
@@ -34,14 +35,14 @@ from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings, Settings
 from exchanges import shell
 from exchanges import topology as t
+from exchanges.tenancy import qualify
 from fence.api import create_app
 from fence.auth import EMULATOR_HOST_ENV, FirebaseVerifier
 from fence.client import FenceClient, Reply
 from fence.manager import FenceManager
 from fence.rpc import RpcServer
 from fence.service import FenceService
-from tests.integration.clients import DEADLINE
-from tests.integration.test_fence_api import Account
+from tests.integration.clients import DEADLINE, add_member
 
 pytestmark = pytest.mark.integration
 
@@ -51,22 +52,31 @@ T0 = 1_700_000_000.125  # a ts with a fraction: the cursor must carry it exactly
 
 
 @dataclass(frozen=True)
-class Served(Account):
-    """This checkout's API served in the test, and the account that asks (uid, token, auth)."""
+class Served:
+    """This checkout's API served in the test, and the account that asks (uid, token, auth): an
+    editor of `tenant`."""
 
+    uid: str
+    token: str
+    tenant: str
     url: str
     service: FenceService
     rpc: RpcServer
 
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
 
 @pytest.fixture(scope="module")
-async def served(stack: ConnectionSettings) -> AsyncIterator[Served]:
+async def served(stack: ConnectionSettings, tenant: str) -> AsyncIterator[Served]:
     host, port = stack["firebase"]["auth_emulator_host"].rsplit(":", 1)
     project = stack["firebase"]["project"]
     if not fe.running(host, int(port)):
         pytest.fail("the Firebase Auth emulator is not running: `geofence up` starts it", pytrace=False)
     uid, token = fe.sign_up(host, int(port), project, f"{uuid.uuid4().hex[:12]}@example.org",
                             uuid.uuid4().hex)
+    add_member(tenant, uid, "editor")
     topology = Settings.from_env().topology
     amqp = stack["users"][t.MANAGER_USER][t.FENCES_VHOST] + f"?name=test-event-pages-{uuid.uuid4().hex[:6]}"
     with pytest.MonkeyPatch.context() as patch:
@@ -85,7 +95,7 @@ async def served(stack: ConnectionSettings) -> AsyncIterator[Served]:
                 while not server.started:  # polled, with a deadline
                     assert not task.done() and time.monotonic() < end, task
                     await asyncio.sleep(0.05)
-                yield Served(uid, token, f"http://127.0.0.1:{sock.getsockname()[1]}", service,
+                yield Served(uid, token, tenant, f"http://127.0.0.1:{sock.getsockname()[1]}", service,
                              RpcServer(service, verifier, shell.Counters()))
             finally:
                 server.should_exit = True
@@ -115,8 +125,8 @@ async def fence(http: httpx.AsyncClient, served: Served) -> str:
 
 
 async def archive(stack: ConnectionSettings, events: list[dict[str, Any]]) -> None:
-    """Publish events as x-fence does (batches on fence.event-batches) and wait until the
-    stack's archiver stored every one."""
+    """Publish events as x-fence does (batches on fence.event-batches: names unqualified, the
+    tenant beside them) and wait until the stack's archiver stored every one."""
     async with await aio_pika.connect(stack["amqp"][t.FENCES_VHOST], timeout=DEADLINE) as conn:
         ch = await conn.channel(publisher_confirms=True)
         ex = await ch.get_exchange(t.EVENT_BATCHES_EXCHANGE)
@@ -135,17 +145,21 @@ async def archive(stack: ConnectionSettings, events: list[dict[str, Any]]) -> No
         await pg.close()
 
 
-def leave(f: str, ts: float, reason: str = "fence_deleted") -> dict[str, Any]:
-    return {"event": "leave", "fence_id": f, "object_id": f"o-{uuid.uuid4().hex[:8]}", "ts": ts,
-            "reason": reason, "event_id": uuid.uuid4().hex}
+def leave(served: Served, f: str, ts: float, reason: str = "fence_deleted") -> dict[str, Any]:
+    """A LEAVE of the served tenant's fence `f`, as x-fence sends it."""
+    return {"event": "leave", "tenant": served.tenant, "fence_id": f,
+            "object_id": f"o-{uuid.uuid4().hex[:8]}", "ts": ts, "reason": reason,
+            "event_id": uuid.uuid4().hex}
 
 
-async def stored_order(stack: ConnectionSettings, f: str) -> list[str]:
-    """The archive's own order of the fence's events (ts, event_id), by PostgreSQL."""
+async def stored_order(stack: ConnectionSettings, served: Served, f: str) -> list[str]:
+    """The archive's own order of the fence's events (ts, event_id), by PostgreSQL (which names
+    the fence as the pipeline does, qualified)."""
     pg = await asyncpg.connect(stack["postgres"]["dsn"])
     try:
         return [r["event_id"] for r in await pg.fetch(
-            "SELECT event_id FROM fence_event WHERE fence_id = $1 ORDER BY ts, event_id", f)]
+            "SELECT event_id FROM fence_event WHERE fence_id = $1 ORDER BY ts, event_id",
+            qualify(served.tenant, f))]
     finally:
         await pg.close()
 
@@ -170,11 +184,11 @@ async def test_more_events_at_one_ts_than_a_page_holds_are_paged_through_each_on
         stack: ConnectionSettings, served: Served, http: httpx.AsyncClient) -> None:
     f = await fence(http, served)
     try:
-        before = [leave(f, T0 - 10.0, "exited") for _ in range(2)]
-        burst = [leave(f, T0) for _ in range(AT_ONCE)]  # a busy fence deleted: one ts for every LEAVE
-        after = [leave(f, T0 + 5.5, "exited") for _ in range(2)]
+        before = [leave(served, f, T0 - 10.0, "exited") for _ in range(2)]
+        burst = [leave(served, f, T0) for _ in range(AT_ONCE)]  # a busy fence deleted: one ts for every LEAVE
+        after = [leave(served, f, T0 + 5.5, "exited") for _ in range(2)]
         await archive(stack, [*before, *burst, *after])
-        order = await stored_order(stack, f)
+        order = await stored_order(stack, served, f)
         assert len(order) == len(before) + AT_ONCE + len(after)
 
         got = await pages(http, served, f)
@@ -201,7 +215,8 @@ async def test_a_cursor_the_api_did_not_give_is_a_400(stack: ConnectionSettings,
                                                      http: httpx.AsyncClient) -> None:
     f, other = await fence(http, served), await fence(http, served)
     try:
-        await archive(stack, [leave(f, T0) for _ in range(3)] + [leave(other, T0) for _ in range(3)])
+        await archive(stack, [leave(served, f, T0) for _ in range(3)]
+                      + [leave(served, other, T0) for _ in range(3)])
         r = await http.get(f"/fences/{f}/events", headers=served.auth, params={"limit": 1})
         good = r.json()["next"]
         assert r.status_code == 200 and good
@@ -230,8 +245,8 @@ async def test_the_amqp_op_and_fence_client_page_the_same_way(stack: ConnectionS
                                                               http: httpx.AsyncClient) -> None:
     f = await fence(http, served)
     try:
-        await archive(stack, [leave(f, T0) for _ in range(AT_ONCE)])
-        order = await stored_order(stack, f)
+        await archive(stack, [leave(served, f, T0) for _ in range(AT_ONCE)])
+        order = await stored_order(stack, served, f)
 
         async def rpc_events(**args: Any) -> dict[str, Any]:
             message = SimpleNamespace(body=orjson.dumps({"op": "events", "token": served.token, **args}))

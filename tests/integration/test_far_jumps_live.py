@@ -27,9 +27,9 @@ import pytest
 
 from deploy.settings import ConnectionSettings
 from exchanges import topology as t
-from tests.integration.clients import DEADLINE
+from exchanges.tenancy import qualify
+from tests.integration.clients import DEADLINE, Account, Login
 from tests.integration.test_dlq import until_listed
-from tests.integration.test_fence_api import firebase, operator_account  # noqa: F401 (fixture)
 from tests.integration.test_fence_changes_live import Gateway, inspect
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
 from tests.integration.test_proximity_live import RoamEvents, on_every_worker
@@ -46,21 +46,22 @@ AFTER_JUMP_S = 60.0
 
 
 @contextlib.asynccontextmanager
-async def subscribed(stack: ConnectionSettings, auth: tuple[str, int, str], sub_id: str,
+async def subscribed(stack: ConnectionSettings, editor: Account, gateway: Login, sub_id: str,
                      body: dict[str, Any]) -> AsyncIterator[tuple[Gateway, RoamEvents]]:
-    """A proximity subscription on every worker (deleted at the end), a gateway and its events."""
-    operator = operator_account(auth)
+    """A proximity subscription of the gateway's tenant, by its editor, on every worker
+    (deleted at the end), the tenant's gateway and the subscription's events."""
+    tenant = gateway.tenant
     assert stack["api"] is not None
     async with httpx.AsyncClient(base_url=stack["api"], timeout=DEADLINE) as http, \
-            Gateway(stack) as gw, RoamEvents(stack, sub_id) as ev:
-        made = await http.put(f"/subscriptions/{sub_id}", headers=operator.auth, json=body)
+            Gateway(stack, gateway) as gw, RoamEvents(stack, tenant, sub_id) as ev:
+        made = await http.put(f"/subscriptions/{sub_id}", headers=editor.auth, json=body)
         assert made.status_code == 200, made.text
         try:
-            await on_every_worker(sub_id, True)
+            await on_every_worker(qualify(tenant, sub_id), True)
             yield gw, ev
         finally:
-            await http.delete(f"/subscriptions/{sub_id}", headers=operator.auth)
-    await on_every_worker(sub_id, False)
+            await http.delete(f"/subscriptions/{sub_id}", headers=editor.auth)
+    await on_every_worker(qualify(tenant, sub_id), False)
 
 
 def gauge(url: str, name: str) -> float | None:
@@ -72,11 +73,11 @@ def gauge(url: str, name: str) -> float | None:
 
 
 async def test_a_fleet_jumping_across_the_world_does_not_freeze_the_workers(
-        pipeline: ConnectionSettings, firebase: tuple[str, int, str]) -> None:  # noqa: F811
+        pipeline: ConnectionSettings, editor: Account, gateway: Login) -> None:  # noqa: F811
     tag = uuid.uuid4().hex[:8]
     sub_id, car, walker = f"jump-{tag}", f"jc-{tag}", f"jw-{tag}"
     fleet = [f"jf-{tag}-{i}" for i in range(600)]
-    async with subscribed(pipeline, firebase, sub_id, {"object": car, "radius_m": 200,
+    async with subscribed(pipeline, editor, gateway, sub_id, {"object": car, "radius_m": 200,
                                                        "match": f"jw-{tag}"}) as (gw, ev):
         t0 = time.time()
         await gw.send(*((o, MONTREAL[0] + i * 1e-4, MONTREAL[1], t0) for i, o in enumerate(fleet)))
@@ -89,18 +90,19 @@ async def test_a_fleet_jumping_across_the_world_does_not_freeze_the_workers(
         assert time.monotonic() - sent < AFTER_JUMP_S
         workers = {n.removeprefix("x-fence-") for n in pipeline["metrics"] if n.startswith("x-fence-")}
         answered = await asyncio.to_thread(inspect, "proximity")  # every worker answers
-        assert set(answered) == workers and all(sub_id in p["ids"] for p in answered.values()), answered
+        assert set(answered) == workers and all(qualify(gateway.tenant, sub_id) in p["ids"]
+                                                for p in answered.values()), answered
         for name, url in pipeline["metrics"].items():
             if name.startswith("x-fence-"):
                 assert await asyncio.to_thread(gauge, url, "consuming") == 1.0, name
 
 
 async def test_a_position_from_the_future_is_dead_lettered_and_the_real_ones_count(
-        pipeline: ConnectionSettings, firebase: tuple[str, int, str]) -> None:  # noqa: F811
+        pipeline: ConnectionSettings, editor: Account, gateway: Login) -> None:  # noqa: F811
     tag = uuid.uuid4().hex[:8]
     sub_id, car, clock = f"fut-{tag}", f"fc-{tag}", f"fw-{tag}"
     spot = (HOME[0] + 0.01, HOME[1])
-    async with subscribed(pipeline, firebase, sub_id, {"object": car, "radius_m": 150,
+    async with subscribed(pipeline, editor, gateway, sub_id, {"object": car, "radius_m": 150,
                                                        "match": f"fw-{tag}"}) as (gw, ev):
         now = time.time()
         await gw.send((car, *spot, now))
@@ -110,7 +112,7 @@ async def test_a_position_from_the_future_is_dead_lettered_and_the_real_ones_cou
             ex = await ch.get_exchange(t.MQTT_TOPIC_EXCHANGE)
             body = json.dumps({"lon": spot[0] + 0.05, "lat": spot[1], "ts": now + 86_400}).encode()
             await ex.publish(aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                             f"positions.{clock}", mandatory=True)
+                             f"positions.{gateway.tenant}.{clock}", mandatory=True)
         rows = await until_listed(t.INGRESS_VHOST, "--reason", "ahead of the receive time",
                                   want=lambda rs: any(clock in json.dumps(r) for r in rs),
                                   what="the future position dead-lettered")

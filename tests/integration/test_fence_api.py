@@ -1,6 +1,10 @@
 """The fence API against the running stack (`geofence up`): HTTP (uvicorn, the `api` sidecar)
-and AMQP request / reply, with real Firebase ID tokens from the Auth emulator, real positions
-through the pipeline, the events archive in PostgreSQL and fences that follow an object."""
+and AMQP request / reply (as the tenant's application user), with real Firebase ID tokens from
+the Auth emulator, real positions through the pipeline, the events archive in PostgreSQL and
+fences that follow an object.
+
+Callers are members of tenants (tests/integration/conftest.py): alice an editor of the
+session's tenant, bob an editor of another tenant, for whom alice's fences do not exist (404)."""
 
 from __future__ import annotations
 
@@ -12,10 +16,10 @@ import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
+import asyncpg
 import httpx
 import orjson
 import pytest
@@ -23,9 +27,22 @@ import pytest
 from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings, Settings
 from exchanges import topology as t
+from exchanges.tenancy import qualify
 from fence.client import FenceApiError, FenceClient, Reply
 from fence.manager import FenceManager
-from tests.integration.clients import DEADLINE, POLL, api, q
+from fence.service import TENANT_HEADER
+from tests.integration.clients import (
+    DEADLINE,
+    POLL,
+    Account,
+    Firebase,
+    Login,
+    account,
+    add_member,
+    api,
+    login_url,
+    q,
+)
 from tests.integration.test_pipeline import Step, publish_positions
 
 pytestmark = pytest.mark.integration
@@ -48,47 +65,16 @@ def feature(fence_id: str | None, geometry: dict[str, Any], **props: Any) -> dic
     return f
 
 
-@dataclass(frozen=True)
-class Account:
-    uid: str
-    token: str
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
+@pytest.fixture(scope="module")
+def alice(editor: Account) -> Account:
+    """An editor of the session's tenant."""
+    return editor
 
 
 @pytest.fixture(scope="module")
-def firebase(stack: ConnectionSettings) -> tuple[str, int, str]:
-    host, port = stack["firebase"]["auth_emulator_host"].rsplit(":", 1)
-    if not fe.running(host, int(port)):
-        pytest.fail("the Firebase Auth emulator is not running: `geofence up` starts it", pytrace=False)
-    return host, int(port), stack["firebase"]["project"]
-
-
-def account(firebase: tuple[str, int, str]) -> Account:
-    host, port, project = firebase
-    uid, token = fe.sign_up(host, port, project, f"{uuid.uuid4().hex[:12]}@example.org", uuid.uuid4().hex)
-    return Account(uid, token)
-
-
-def operator_account(firebase: tuple[str, int, str]) -> Account:
-    """A new user whose token carries the geofence_operator claim (set, then signed in again)."""
-    host, port, project = firebase
-    email, password = f"{uuid.uuid4().hex[:12]}@example.org", uuid.uuid4().hex
-    uid, _ = fe.sign_up(host, port, project, email, password)
-    fe.set_claims(host, port, project, uid, {"geofence_operator": True})
-    return Account(uid, fe.sign_in(host, port, project, email, password))
-
-
-@pytest.fixture(scope="module")
-def alice(firebase: tuple[str, int, str]) -> Account:
-    return account(firebase)
-
-
-@pytest.fixture(scope="module")
-def bob(firebase: tuple[str, int, str]) -> Account:
-    return account(firebase)
+def bob(outsider: Account) -> Account:
+    """An editor of another tenant."""
+    return outsider
 
 
 @pytest.fixture
@@ -127,13 +113,14 @@ async def until(check: Any, what: str, deadline: float = DEADLINE) -> Any:
 
 
 async def test_create_read_list_replace_delete(http: httpx.AsyncClient, alice: Account,
-                                               made: list[str]) -> None:
+                                               made: list[str], tenant: str) -> None:
     f = fid()
     r = await http.post("/fences", json=feature(f, square(LON, LAT), name="Vaduz"), headers=alice.auth)
     assert r.status_code == 201, r.text
     made.append(f)
     body = r.json()
     assert body["id"] == f and body["properties"]["owner"] == alice.uid
+    assert body["properties"]["tenant"] == tenant  # the id as the tenant gave it, the tenant beside
     assert body["properties"]["version"] == 1 and body["properties"]["ranges"] > 0
     assert r.headers["etag"] == '"1"' and r.headers["location"] == f"/fences/{f}"
 
@@ -193,22 +180,73 @@ async def test_tokens_missing_forged_expired_are_401(http: httpx.AsyncClient, al
     assert (await http.get("/docs")).status_code == 200
 
 
-async def test_another_users_fence_is_403(http: httpx.AsyncClient, alice: Account, bob: Account,
-                                          made: list[str]) -> None:
+async def test_another_tenants_fence_is_404(http: httpx.AsyncClient, alice: Account, bob: Account,
+                                            made: list[str], tenant: str, other_tenant: str) -> None:
+    """For a member of another tenant, alice's fence does not exist: a 404 that reads as for a
+    fence never made; the same name in its own tenant is another fence."""
+    f, ghost = fid(), fid()
+    assert (await http.post("/fences", json=feature(f, square(LON, LAT)),
+                            headers=alice.auth)).status_code == 201
+    made.append(f)
+    for method, path, body in (("GET", "/fences/{}", None),
+                               ("PUT", "/fences/{}", feature(None, square(0.5, 0.5))),
+                               ("DELETE", "/fences/{}", None), ("GET", "/fences/{}/objects", None),
+                               ("GET", "/fences/{}/events", None)):
+        r = await http.request(method, path.format(f), json=body, headers=bob.auth)
+        assert r.status_code == 404, (method, path, r.text)
+        never = await http.request(method, path.format(ghost), json=body, headers=bob.auth)
+        assert (never.status_code, never.json()) == (404, {"error": r.json()["error"].replace(f, ghost)})
+    assert f not in [x["id"] for x in (await http.get("/fences", headers=bob.auth)).json()["features"]]
+    # the same name in bob's tenant: his own fence, alice's untouched
+    own = await http.post("/fences", json=feature(f, square(0.5, 0.5)), headers=bob.auth)
+    assert own.status_code == 201, own.text
+    try:
+        assert own.json()["properties"]["tenant"] == other_tenant
+        listed = (await http.get("/fences", headers=bob.auth)).json()["features"]
+        assert [(x["geometry"], x["properties"]["tenant"]) for x in listed if x["id"] == f] == [
+            (square(0.5, 0.5), other_tenant)]
+        mine = (await http.get(f"/fences/{f}", headers=alice.auth)).json()
+        assert (mine["properties"]["version"], mine["properties"]["tenant"]) == (1, tenant)
+        assert mine["geometry"] == square(LON, LAT)
+    finally:
+        assert (await http.delete(f"/fences/{f}", headers=bob.auth)).status_code == 200
+    assert (await http.get(f"/fences/{f}", headers=alice.auth)).status_code == 200
+
+
+async def test_viewers_read_editors_change(http: httpx.AsyncClient, alice: Account, viewer: Account,
+                                           made: list[str]) -> None:
     f = fid()
     assert (await http.post("/fences", json=feature(f, square(LON, LAT)),
                             headers=alice.auth)).status_code == 201
     made.append(f)
-    for method, path, body in (("GET", f"/fences/{f}", None),
-                               ("PUT", f"/fences/{f}", feature(None, square(0, 0))),
-                               ("DELETE", f"/fences/{f}", None), ("GET", f"/fences/{f}/objects", None),
-                               ("GET", f"/fences/{f}/events", None)):
-        r = await http.request(method, path, json=body, headers=bob.auth)
-        assert r.status_code == 403, (method, path, r.text)
-    taken = await http.post("/fences", json=feature(f, square(0, 0)), headers=bob.auth)
-    assert taken.status_code == 403
-    assert f not in [x["id"] for x in (await http.get("/fences", headers=bob.auth)).json()["features"]]
+    for path in (f"/fences/{f}", "/fences", f"/fences/{f}/objects", f"/fences/{f}/events"):
+        assert (await http.get(path, headers=viewer.auth)).status_code == 200, path
+    for method, path, body in (("POST", "/fences", feature(fid(), square(LON, LAT))),
+                               ("PUT", f"/fences/{f}", feature(None, square(LON + 0.01, LAT))),
+                               ("DELETE", f"/fences/{f}", None)):
+        r = await http.request(method, path, json=body, headers=viewer.auth)
+        assert r.status_code == 403 and "editor" in r.json()["error"], (method, path, r.text)
     assert (await http.get(f"/fences/{f}", headers=alice.auth)).json()["properties"]["version"] == 1
+
+
+async def test_a_member_of_two_tenants_names_one(http: httpx.AsyncClient, firebase: Firebase,
+                                                 made: list[str], tenant: str, other_tenant: str) -> None:
+    carol = account(firebase)
+    add_member(tenant, carol.uid, "editor")
+    add_member(other_tenant, carol.uid, "viewer")
+    r = await http.get("/fences", headers=carol.auth)
+    assert r.status_code == 403 and TENANT_HEADER in r.json()["error"], r.text
+    f = fid()
+    r = await http.post("/fences", json=feature(f, square(LON, LAT)), headers=carol.acting_in(tenant).auth)
+    assert r.status_code == 201 and r.json()["properties"]["tenant"] == tenant, r.text
+    made.append(f)
+    assert (await http.get(f"/fences/{f}", headers=carol.acting_in(other_tenant).auth)).status_code == 404
+    r = await http.post("/fences", json=feature(fid(), square(LON, LAT)),
+                        headers=carol.acting_in(other_tenant).auth)
+    assert r.status_code == 403  # a viewer there
+    stranger = f"it-none-{uuid.uuid4().hex[:8]}"
+    r = await http.get("/fences", headers=carol.acting_in(stranger).auth)
+    assert r.status_code == 403 and stranger in r.json()["error"]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -260,7 +298,7 @@ async def archived(http: httpx.AsyncClient, who: Account, f: str,
 
 async def test_occupants_events_fence_changed_and_deleted(stack: ConnectionSettings,
                                                           http: httpx.AsyncClient, alice: Account,
-                                                          bob: Account, made: list[str]) -> None:
+                                                          bob: Account, made: list[str], tenant: str) -> None:
     f, obj = fid(), f"o-{uuid.uuid4().hex[:10]}"
     assert (await http.post("/fences", json=feature(f, square(LON, LAT)),
                             headers=alice.auth)).status_code == 201
@@ -271,13 +309,14 @@ async def test_occupants_events_fence_changed_and_deleted(stack: ConnectionSetti
 
     async def inside() -> bool:
         first.append(time.time())
-        await publish_positions(stack, obj, [Step(LON, LAT, first[-1])])
+        await publish_positions(stack, qualify(tenant, obj), [Step(LON, LAT, first[-1])])
         r = await http.get(f"/fences/{f}/objects", headers=alice.auth)
         return obj in [o["object_id"] for o in r.json()["objects"]]
 
     await until(inside, f"{obj} inside {f}")
     mine = (await http.get(f"/objects/{obj}/fences", headers=alice.auth)).json()
     assert mine["fences"] == [f]
+    # bob's tenant's obj is another object, in none of its fences
     assert (await http.get(f"/objects/{obj}/fences", headers=bob.auth)).json()["fences"] == []
     enter = await until(lambda: _find(http, alice, f, obj, "enter", "entered"), "the archived ENTER")
     assert enter["ts"] in first
@@ -297,6 +336,7 @@ async def test_occupants_events_fence_changed_and_deleted(stack: ConnectionSetti
     assert [(e["event"], e["reason"]) for e in events] == [
         ("enter", "entered"), ("leave", "fence_changed"), ("enter", "fence_changed"),
         ("leave", "fence_deleted")]
+    assert {(e["tenant"], e["fence_id"]) for e in events} == {(tenant, f)}
     assert len({e["event_id"] for e in events}) == 4
     later = [e for e in await archived(http, alice, f, since=events[1]["ts"]) if e["object_id"] == obj]
     assert [e["event_id"] for e in later] == [e["event_id"] for e in events[1:]]
@@ -310,13 +350,13 @@ async def _find(http: httpx.AsyncClient, who: Account, f: str, obj: str, kind: s
 
 async def test_the_archive_stores_a_redelivered_event_once(stack: ConnectionSettings,
                                                           http: httpx.AsyncClient, alice: Account,
-                                                          made: list[str]) -> None:
+                                                          made: list[str], tenant: str) -> None:
     f = fid()
     assert (await http.post("/fences", json=feature(f, square(0.5, 0.5)),
                             headers=alice.auth)).status_code == 201
     made.append(f)
-    twice = {"event": "enter", "fence_id": f, "object_id": "o-dup", "ts": 1000.0, "reason": "entered",
-             "event_id": uuid.uuid4().hex}
+    twice = {"event": "enter", "tenant": tenant, "fence_id": f, "object_id": "o-dup", "ts": 1000.0,
+             "reason": "entered", "event_id": uuid.uuid4().hex}
     marker = {**twice, "object_id": "o-marker", "ts": 1001.0, "event_id": uuid.uuid4().hex}
     async with await aio_pika.connect(stack["amqp"][t.FENCES_VHOST], timeout=DEADLINE) as conn:
         ch = await conn.channel(publisher_confirms=True)
@@ -329,13 +369,23 @@ async def test_the_archive_stores_a_redelivered_event_once(stack: ConnectionSett
     await until(lambda: _find(http, alice, f, "o-marker", "enter", "entered"), "the marker event")
     events = await archived(http, alice, f)
     assert [e["object_id"] for e in events] == ["o-dup", "o-marker"]
+    assert {e["tenant"] for e in events} == {tenant}
+    # the archive holds the pipeline's names: qualified by the event's tenant
+    pg = await asyncpg.connect(stack["postgres"]["dsn"])
+    try:
+        rows = await pg.fetch("SELECT fence_id, object_id FROM fence_event WHERE event_id = ANY($1::text[])",
+                              [twice["event_id"], marker["event_id"]])
+    finally:
+        await pg.close()
+    assert sorted(tuple(r) for r in rows) == [(qualify(tenant, f), qualify(tenant, "o-dup")),
+                                              (qualify(tenant, f), qualify(tenant, "o-marker"))]
 
 
 # --------------------------------------------------------------------------- moving fences
 
 
 async def test_a_fence_follows_its_object(stack: ConnectionSettings, http: httpx.AsyncClient,
-                                          alice: Account, made: list[str]) -> None:
+                                          alice: Account, made: list[str], tenant: str) -> None:
     f, car, parked = fid(), f"car-{uuid.uuid4().hex[:8]}", f"p-{uuid.uuid4().hex[:8]}"
     assert (await http.post("/fences", json=feature(f, square(LON, LAT, 0.0005)),
                             headers=alice.auth)).status_code == 201
@@ -352,7 +402,7 @@ async def test_a_fence_follows_its_object(stack: ConnectionSettings, http: httpx
             xs = [p[0] for p in got["geometry"]["coordinates"][0]]
             assert abs((min(xs) + max(xs)) / 2 - lon) < 1e-6
             return True
-        await publish_positions(stack, car, [Step(lon, LAT, ts)])
+        await publish_positions(stack, qualify(tenant, car), [Step(lon, LAT, ts)])
         return False
 
     # The car drives west in 300 m steps over a parked object that reports after each move;
@@ -360,7 +410,7 @@ async def test_a_fence_follows_its_object(stack: ConnectionSettings, http: httpx
     for i in range(11):
         lon, ts = LON + 0.02 - 0.004 * i, time.time()
         await until(lambda lon=lon, ts=ts: stands_on(ts, lon), f"the fence to move to step {i}")
-        await publish_positions(stack, parked, [Step(LON, LAT, time.time())])
+        await publish_positions(stack, qualify(tenant, parked), [Step(LON, LAT, time.time())])
     kinds = await until(lambda: _kinds(http, alice, f, parked), "ENTER and LEAVE of the parked object")
     assert kinds == ["enter", "leave"]
     assert (await http.get(f"/fences/{f}", headers=alice.auth)).json()["properties"]["version"] >= 12
@@ -377,12 +427,13 @@ async def _kinds(http: httpx.AsyncClient, who: Account, f: str, obj: str) -> lis
 
 
 async def test_the_amqp_api_with_the_callback_client(stack: ConnectionSettings, alice: Account,
-                                                     bob: Account) -> None:
-    url = stack["users"][t.CLIENT_USER][t.FENCES_VHOST]
+                                                     bob: Account, app_user: Login, tenant: str) -> None:
+    url = login_url(stack, app_user, t.FENCES_VHOST)  # the tenant's application user
     f = fid()
     async with FenceClient(url, alice.token) as client:
         created = await client.create(feature(f, square(LON, LAT)))
         assert created["id"] == f and created["properties"]["owner"] == alice.uid
+        assert created["properties"]["tenant"] == tenant
         replies: list[Reply] = []
         done = asyncio.Event()
 
@@ -406,8 +457,11 @@ async def test_the_amqp_api_with_the_callback_client(stack: ConnectionSettings, 
         assert (await client.delete(f))["deleted"] is True
     async with FenceClient(url, "not-a-token") as anonymous:
         assert (await anonymous.call("list")).status == 401
-    async with FenceClient(url, bob.token) as other:
-        assert (await other.call("get", fence_id=f)).status in (403, 404)
+    async with FenceClient(url, bob.token) as other:  # another tenant's member: no such fence
+        assert (await other.call("get", fence_id=f)).status == 404
+        # nor by naming alice's tenant (bob is not a member of it)
+        named = await other.call("get", fence_id=f, tenant=tenant)
+        assert named.status == 403 and tenant in (named.error or "")
 
 
 async def test_a_malformed_amqp_request_is_answered_and_dead_lettered(stack: ConnectionSettings) -> None:

@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 import httpx
 
 from deploy.settings import ConnectionSettings
-from tests.integration.clients import DEADLINE
-from tests.integration.test_fence_api import Account, account, feature, firebase  # noqa: F401 (fixture)
+from exchanges.tenancy import qualify
+from tests.integration.clients import DEADLINE, Account, Login
+from tests.integration.test_fence_api import feature
 from tests.integration.test_fence_changes_live import Events, Gateway, defined, square
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
 
@@ -24,13 +25,13 @@ LIFE_S = 8.0  # the fence expires this long after its creation
 
 
 async def test_an_expiring_fence_leaves_who_is_inside_then_holds_no_one(
-        pipeline: ConnectionSettings, firebase: tuple[str, int, str]) -> None:  # noqa: F811
-    who: Account = account(firebase)
+        pipeline: ConnectionSettings, editor: Account, tenant: str, gateway: Login) -> None:  # noqa: F811
+    who = editor  # an editor of the session's tenant
     tag = uuid.uuid4().hex[:8]
     fid, early, late = f"expiring-{tag}", f"early-{tag}", f"late-{tag}"
     assert pipeline["api"] is not None
     async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http, \
-            Gateway(pipeline) as gw, Events(pipeline) as ev:
+            Gateway(pipeline, gateway) as gw, Events(pipeline, tenant) as ev:
         await ev.watch(fid)
         for bad in ("tomorrow", "2026-12-24T18:00:00", -1, True):
             refused = await http.post("/fences", json=feature(f"bad-{tag}", square(*WHERE), expires_at=bad),
@@ -43,7 +44,7 @@ async def test_an_expiring_fence_leaves_who_is_inside_then_holds_no_one(
                                   headers=who.auth)
         assert created.status_code == 201, created.text
         try:
-            await defined(fid, 1)
+            await defined(qualify(tenant, fid), 1)
             shown = (await http.get(f"/fences/{fid}", headers=who.auth)).json()["properties"]
             assert shown["expires_at"] == ends
             await gw.send((early, *WHERE, t0 + 1))

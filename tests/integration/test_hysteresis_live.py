@@ -14,8 +14,9 @@ import uuid
 import httpx
 
 from deploy.settings import ConnectionSettings
-from tests.integration.clients import DEADLINE
-from tests.integration.test_fence_api import Account, account, feature, firebase  # noqa: F401 (fixture)
+from exchanges.tenancy import qualify
+from tests.integration.clients import DEADLINE, Account, Login
+from tests.integration.test_fence_api import feature
 from tests.integration.test_fence_changes_live import HALF, Events, Gateway, defined, square
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
 
@@ -25,8 +26,9 @@ DEG_PER_M = 1.0 / (111_194.93 * math.cos(math.radians(WHERE[1])))  # of longitud
 
 
 async def test_a_band_keeps_noise_at_a_border_from_flapping(pipeline: ConnectionSettings,  # noqa: F811
-                                                            firebase: tuple[str, int, str]) -> None:  # noqa: F811
-    who: Account = account(firebase)
+                                                            editor: Account, tenant: str,
+                                                            gateway: Login) -> None:
+    who = editor  # an editor of the session's tenant
     tag = uuid.uuid4().hex[:8]
     banded, plain, obj = f"band-{tag}", f"plain-{tag}", f"wobbly-{tag}"
     edge = WHERE[0] - HALF  # the squares' west side
@@ -36,7 +38,7 @@ async def test_a_band_keeps_noise_at_a_border_from_flapping(pipeline: Connection
 
     assert pipeline["api"] is not None
     async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http, \
-            Gateway(pipeline) as gw, Events(pipeline) as ev:
+            Gateway(pipeline, gateway) as gw, Events(pipeline, tenant) as ev:
         await ev.watch(banded, plain)
         too_wide = await http.post("/fences", json=feature(f"wide-{tag}", square(*WHERE), hysteresis_m=500),
                                    headers=who.auth)
@@ -45,8 +47,8 @@ async def test_a_band_keeps_noise_at_a_border_from_flapping(pipeline: Connection
             created = await http.post("/fences", json=feature(fid, square(*WHERE), **props), headers=who.auth)
             assert created.status_code == 201, created.text
         try:
-            await defined(banded, 1)
-            await defined(plain, 1)
+            await defined(qualify(tenant, banded), 1)
+            await defined(qualify(tenant, plain), 1)
             shown = (await http.get(f"/fences/{banded}", headers=who.auth)).json()["properties"]
             assert shown["hysteresis_m"] == BAND_M
             unbanded = (await http.get(f"/fences/{plain}", headers=who.auth)).json()["properties"]

@@ -25,6 +25,7 @@ from shapely.geometry import box
 from deploy import monitoring
 from deploy.settings import ConnectionSettings, Settings, sidecar_ids, sidecar_names
 from exchanges import topology as t
+from exchanges.tenancy import qualify
 from fence.manager import FenceManager
 from fence.spec import FenceSpec
 from tests.integration.clients import DEADLINE, poll
@@ -71,7 +72,8 @@ def test_the_configuration_and_the_alert_rules_pass_promtool(stack: ConnectionSe
     assert [g["labels"]["name"] for g in targets] == list(stack["metrics"])
 
 
-async def test_every_process_serves_its_metrics_and_positions_move_them(stack: ConnectionSettings) -> None:
+async def test_every_process_serves_its_metrics_and_positions_move_them(stack: ConnectionSettings,
+                                                                        tenant: str) -> None:
     settings = Settings.from_env()
     roles = {name: "fence-api" if role == "api" else role  # the API process calls itself fence-api
              for name, (role, _) in zip(sidecar_names(settings.topology), sidecar_ids(settings.topology),
@@ -91,7 +93,7 @@ async def test_every_process_serves_its_metrics_and_positions_move_them(stack: C
     ingress_url = stack["metrics"]["x-ingress"]
     before_positions = total(await asyncio.to_thread(scrape, ingress_url), "geofence_positions_total")
     before_events, before_latency = await events_and_latency()
-    fid, obj = f"mx-{uuid.uuid4().hex[:8]}", f"mo-{uuid.uuid4().hex[:8]}"
+    fid, obj = qualify(tenant, f"mx-{uuid.uuid4().hex[:8]}"), f"mo-{uuid.uuid4().hex[:8]}"  # the tenant's
     amqp = stack["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
     async with FenceManager(amqp, stack["postgres"]["dsn"], settings.regions, settings.workers) as m:
         await m.put(FenceSpec(fence_id=fid, geometry=box(9.500, 47.100, 9.510, 47.110), timeout_s=600),
@@ -105,7 +107,7 @@ async def test_every_process_serves_its_metrics_and_positions_move_them(stack: C
                 for i, (lon, lat) in enumerate(((9.495, 47.105), (9.505, 47.105), (9.506, 47.105))):
                     body = json.dumps({"lon": lon, "lat": lat, "ts": now + i * 0.01}).encode()
                     await ex.publish(aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                                     f"positions.{obj}", mandatory=True)
+                                     f"positions.{tenant}.{obj}", mandatory=True)
             moved: list[float] = []
 
             async def counted() -> bool:

@@ -13,8 +13,9 @@ import asyncpg
 import httpx
 
 from deploy.settings import ConnectionSettings
-from tests.integration.clients import DEADLINE
-from tests.integration.test_fence_api import Account, account, feature, firebase  # noqa: F401 (fixture)
+from exchanges.tenancy import qualify
+from tests.integration.clients import DEADLINE, Account, Login
+from tests.integration.test_fence_api import feature
 from tests.integration.test_fence_changes_live import Events, Gateway, defined, inspect, square
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
 
@@ -23,19 +24,20 @@ TTL_S = 3.0
 
 
 async def test_an_object_silent_past_its_ttl_leaves_expired(pipeline: ConnectionSettings,  # noqa: F811
-                                                            firebase: tuple[str, int, str]) -> None:  # noqa: F811
-    who: Account = account(firebase)
+                                                            editor: Account, tenant: str,
+                                                            gateway: Login) -> None:
+    who = editor  # an editor of the session's tenant
     f = f"ttl-{uuid.uuid4().hex[:10]}"
     brief, steady = f"brief-{uuid.uuid4().hex[:8]}", f"steady-{uuid.uuid4().hex[:8]}"
     assert pipeline["api"] is not None
     async with httpx.AsyncClient(base_url=pipeline["api"], timeout=DEADLINE) as http, \
-            Gateway(pipeline) as gw, Events(pipeline) as ev:
+            Gateway(pipeline, gateway) as gw, Events(pipeline, tenant) as ev:
         await ev.watch(f)
         created = await http.post("/fences", json=feature(f, square(*WHERE), timeout_s=3600),
                                   headers=who.auth)
         assert created.status_code == 201, created.text
         try:
-            await defined(f, 1)
+            await defined(qualify(tenant, f), 1)
             t0 = time.time()
             await gw.send((brief, *WHERE, t0), (steady, WHERE[0] + 0.0005, WHERE[1], t0))
             await ev.until((f, brief, "enter", "entered"))
@@ -47,8 +49,8 @@ async def test_an_object_silent_past_its_ttl_leaves_expired(pipeline: Connection
             assert left["ts"] == t0 + 1 + TTL_S and abs(left["inside_s"] - (1 + TTL_S)) < 1e-3
             enter = next(e for e in ev.got if e["object_id"] == brief and e["event"] == "enter")
             assert left["visit_id"] == enter["visit_id"]
-            occupants = {o["object_id"] for o in inspect("fence", f)["occupants"]}
-            assert steady in occupants and brief not in occupants
+            occupants = {o["object_id"] for o in inspect("fence", f, "--tenant", tenant)["occupants"]}
+            assert qualify(tenant, steady) in occupants and qualify(tenant, brief) not in occupants
             conn = await asyncpg.connect(pipeline["postgres"]["dsn"])
             try:
                 end = time.monotonic() + DEADLINE

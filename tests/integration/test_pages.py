@@ -1,8 +1,10 @@
 """The API's pages in a real browser (tests/integration/browser.py: chromium + selenium).
 
-/ops while positions flow: the figures come from Prometheus (the live stack's), the updates/s
-tile shows the traffic, every process is listed up, both charts are drawn (uPlot canvases with
-something on them), the console has no error. /venues/{id}: an owner (a user of the Auth
+/ops while positions flow: the sign-in form and nothing else first; a user who is not a
+platform operator is refused with the server's reason, in the form; an operator (the Firebase
+claim) signs in and sees the figures from Prometheus (the live stack's): the updates/s tile
+shows the traffic, every process is listed up, both charts are drawn (uPlot canvases with
+something on them), the console has no error but the refusal's. /venues/{id}: an owner (a user of the Auth
 emulator) is refused with a wrong password, signs in, and sees the live figures of both
 sources, today's chart, the forecast against what happened, the popular-times heatmap, the
 sensor and the days, all from real rows. Screenshots in test-output/ (ops.png, venue.png)."""
@@ -28,7 +30,7 @@ from deploy.settings import ConnectionSettings
 from exchanges import topology as t
 from fence.venues.day_curve import day_bounds
 from fence.venues.occupancy import business_day
-from tests.integration.browser import chromium, console_errors, screenshot
+from tests.integration.browser import account, chromium, console_errors, screenshot, sign_in
 from tests.integration.clients import DEADLINE, poll
 
 pytestmark = pytest.mark.integration
@@ -40,7 +42,9 @@ let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;"""
 
 
 async def traffic(stack: ConnectionSettings, stop: asyncio.Event) -> int:
-    """Positions of a few objects (outside every fence) at ~50/s until `stop`."""
+    """Positions of a few objects of a tenant of their own (outside every fence) at ~50/s until
+    `stop` (x-ingress takes any tenant id a credential may publish for: the administrator's
+    any)."""
     sent = 0
     async with await aio_pika.connect(stack["amqp"][t.INGRESS_VHOST], timeout=DEADLINE) as conn:
         ch = await conn.channel(publisher_confirms=True)
@@ -49,7 +53,7 @@ async def traffic(stack: ConnectionSettings, stop: asyncio.Event) -> int:
         while not stop.is_set():
             for k in range(5):
                 body = json.dumps({"lon": 9.40 + 0.001 * k, "lat": 47.02, "ts": time.time()}).encode()
-                await ex.publish(aio_pika.Message(body), f"positions.ops-{run}-{k}")
+                await ex.publish(aio_pika.Message(body), f"positions.ops-{run}.ops-{k}")
                 sent += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.1)
@@ -60,8 +64,18 @@ async def test_the_ops_page_shows_the_live_pipeline(stack: ConnectionSettings) -
     stop = asyncio.Event()
     sender = asyncio.create_task(traffic(stack, stop))
     try:
-        with chromium() as driver:
+        with chromium() as driver, account(stack) as user, account(stack, operator=True) as operator:
             await asyncio.to_thread(driver.get, f"{stack['api']}/ops")
+            await poll(lambda: driver.find_element(By.ID, "signin").is_displayed(), "the sign-in form")
+            assert not driver.find_element(By.ID, "content").is_displayed()
+            assert console_errors(driver) == []  # nothing asked for before the sign-in
+            sign_in(driver, user)  # not an operator: the server's 403, said in the form
+            await poll(lambda: "operators" in driver.find_element(By.ID, "signin-error").text,
+                       "the refusal of a user who is not an operator")
+            assert not driver.find_element(By.ID, "content").is_displayed()
+            refused = console_errors(driver)
+            assert len(refused) == 1 and "/ops/data" in refused[0] and "403" in refused[0], refused
+            sign_in(driver, operator)
             seen: dict[str, object] = {}
 
             def shown() -> bool:

@@ -3,10 +3,12 @@
 shows a message in place of its map or charts instead of hanging at "loading..." with a
 script error. Then the same pages with the libraries, as the stack has them: no message.
 
-The API's app (fence/api.py) with its pages (fence/pages.py), served by uvicorn on a free port in a thread,
-in Debian's chromium (tests/integration/browser.py). No other service is needed: /map stops
-before its data when Leaflet is missing, /ops has no Prometheus here (its tables say so).
-Screenshots: test-output/map-no-vendor.png, ops-no-vendor.png."""
+The API's app (fence/api.py) with its pages (fence/pages.py) and their data routes
+(fence/page_data.py), served by uvicorn on a free port in a thread, in Debian's chromium
+(tests/integration/browser.py). No other service is needed: /map stops before its sign-in
+when Leaflet is missing (nothing could be drawn), /ops and /venues/{id} show their sign-in form
+(the charts' message is in the page behind it). Screenshots: test-output/map-no-vendor.png,
+ops-no-vendor.png."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -26,6 +29,7 @@ from selenium.webdriver.common.by import By
 
 from fence import pages
 from fence.api import create_app
+from fence.page_data import add_page_data
 from tests.integration.browser import chromium, console_errors, screenshot
 
 LOADING = "loading\u2026"
@@ -54,12 +58,19 @@ def serving(app: FastAPI) -> Iterator[str]:
         sock.close()
 
 
+class NoService:
+    """The fence service's place: nothing here reaches it (no page is signed in)."""
+
+    manager = SimpleNamespace(pool=None)
+
+
 def app_with(caplog: pytest.LogCaptureFixture) -> tuple[FastAPI, list[str]]:
-    """The API's app as api_server builds it, with its pages (no fence service behind it: the
-    pages do not reach one here)."""
+    """The API's app as api_server builds it, with its pages and their data routes (no fence
+    service, verifier or map feed behind them: the pages do not reach them before a sign-in)."""
     with caplog.at_level(logging.INFO, logger="geofence"):
-        app = create_app(cast(Any, None), cast(Any, None))
-        pages.add_pages(app, None, AUTH)
+        app = create_app(cast(Any, NoService()), cast(Any, None))
+        pages.add_pages(app, AUTH)
+        add_page_data(app, None, None)
     return app, [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
@@ -75,7 +86,7 @@ def settled(driver: Any, element_id: str) -> str:
 
 def script_errors(driver: Any) -> list[str]:
     """The console's script errors: not the responses the browser reports (the missing files'
-    404s, what this test is about; /ops/data's 503 with no Prometheus here)."""
+    404s, what this test is about)."""
     return [e for e in console_errors(driver) if "Failed to load resource" not in e]
 
 
@@ -95,7 +106,9 @@ def test_without_the_npm_libraries_the_api_warns_and_the_pages_say_so(
         screenshot(driver, "map-no-vendor")
         driver.get(f"{url}/ops")
         seen["ops status"] = settled(driver, "status")
-        seen["ops charts"] = [driver.find_element(By.ID, c).text for c in ("chart-rates", "chart-latency")]
+        seen["ops sign-in"] = driver.find_element(By.ID, "signin").is_displayed()
+        seen["ops charts"] = [driver.execute_script(f"return document.getElementById('{c}').textContent")
+                              for c in ("chart-rates", "chart-latency")]
         seen["ops errors"] = script_errors(driver)
         screenshot(driver, "ops-no-vendor")
         driver.get(f"{url}/venues/some-hive")
@@ -111,6 +124,7 @@ def test_without_the_npm_libraries_the_api_warns_and_the_pages_say_so(
     for text in (*seen["ops charts"], *seen["venue charts"]):
         assert "uPlot did not load" in text and "npm ci" in text, seen
     assert seen["ops errors"] == [] and seen["venue errors"] == [], seen
+    assert seen["ops sign-in"] and "uPlot did not load" in seen["ops status"], seen
     # the log: one warning per missing library at start, with the page it breaks and the fix
     for lib, page in (("leaflet", "/map"), ("uplot", "/ops")):
         said = [w for w in warnings if f"/vendor/{lib}/" in w]
@@ -126,11 +140,12 @@ def test_with_the_npm_libraries_the_pages_draw_and_nothing_is_said(caplog: pytes
     assert warnings == []
     with serving(app) as url, chromium() as driver:
         driver.get(f"{url}/map")
-        settled(driver, "status")
-        assert driver.find_elements(By.CSS_SELECTOR, "#map.leaflet-container")
+        assert settled(driver, "status") == "signed out"  # the map is made once signed in
+        assert driver.find_element(By.ID, "signin").is_displayed()
+        assert driver.execute_script("return typeof L.map") == "function"
         assert driver.find_elements(By.CSS_SELECTOR, ".nolib") == []
         assert script_errors(driver) == []
         driver.get(f"{url}/ops")
-        settled(driver, "status")
+        assert settled(driver, "status") == "signed out"
         assert driver.find_elements(By.CSS_SELECTOR, ".nolib") == []
         assert driver.execute_script("return typeof uPlot") == "function"

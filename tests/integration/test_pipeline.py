@@ -1,10 +1,14 @@
 """The whole pipeline on the local stack: a paho device (or AMQP) publishes positions, the
 sidecars started by `geofence up` route them, and the ENTER / LEAVE events received over AMQP
-(fence.events) and MQTT (fence-events/<fence>/<kind>/<object>, per fence and per device) are
-compared with a ground truth computed here with shapely, independently of the pipeline's code.
+(fence.events) and MQTT (fence-events/<tenant>/<fence>/<kind>/<object>, per fence and per
+device) are compared with a ground truth computed here with shapely, independently of the
+pipeline's code.
 
-Fences and objects get fresh uuid ids, so runs and tests never see each other's events;
-fences are removed at the end. Every wait has a deadline. Events of one fence come from one
+Fences and objects are the session's tenant's (tests/integration/conftest.py), with fresh uuid
+names, so runs and tests never see each other's events; fences are removed at the end. Inside
+the pipeline (the fence manager, the ground truth here) their ids are qualified,
+`<tenant>:<name>`; the events carry the names unqualified and `tenant` beside them, which
+`as_tuple` checks by qualifying them again. Every wait has a deadline. Events of one fence come from one
 x-fence worker in order, so a test's trajectory ends with an event on each of its fences:
 once the last expected event of every fence has arrived, nothing of it can still be on the way.
 """
@@ -36,6 +40,7 @@ from deploy.settings import ConnectionSettings, Settings
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.fence_binding import INDEX_BITS
+from exchanges.tenancy import name_of, qualify, split
 from exchanges.worldmap import Worldmap
 from fence import store
 from fence.manager import FenceManager
@@ -48,6 +53,11 @@ EVENT_ID = re.compile(r"^[0-9a-f]{32}$")
 
 def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def tid(tenant: str, prefix: str) -> str:
+    """A fresh name of `tenant`, qualified as the pipeline names it."""
+    return qualify(tenant, uid(prefix))
 
 
 # --------------------------------------------------------------------------- ground truth
@@ -79,7 +89,10 @@ def expected_events(object_id: str, steps: Sequence[Step], fences: dict[str, Pol
 
 
 def as_tuple(e: dict[str, Any]) -> tuple[str, str, str, float, str]:
-    return (e["fence_id"], e["event"], e["object_id"], e["ts"], e["reason"])
+    """An event's wire form (names as the tenant gave them, and `tenant`) with its ids
+    qualified again, as the ground truth names them."""
+    tenant = e.get("tenant", "")
+    return (qualify(tenant, e["fence_id"]), e["event"], qualify(tenant, e["object_id"]), e["ts"], e["reason"])
 
 
 def last_per_fence(events: Sequence[tuple[str, str, str, float, str]]) -> dict[str, tuple[Any, ...]]:
@@ -106,6 +119,7 @@ class AmqpEvents:
         await self.conn.close()
 
     async def watch(self, fence_id: str) -> None:
+        """A qualified fence id: its events' key carries its tenant."""
         await self.queue.bind(t.EVENTS_EXCHANGE, t.event_binding_key(fence_id))
 
     async def until(self, last: dict[str, tuple[Any, ...]], deadline: float = EVENT_DEADLINE) -> None:
@@ -126,9 +140,9 @@ class AmqpEvents:
                                  ) from None
 
     def events(self, object_id: str) -> list[tuple[str, str, str, float, str]]:
-        """What one object got (an object of an earlier run, still inside a fence that is
-        moved or deleted, rightly gets its events too)."""
-        return sorted(as_tuple(b) for _, b in self.got if b["object_id"] == object_id)
+        """What one object (qualified id) got (an object of an earlier run, still inside a
+        fence that is moved or deleted, rightly gets its events too)."""
+        return sorted(e for e in (as_tuple(b) for _, b in self.got) if e[2] == object_id)
 
 
 class MqttWatcher:
@@ -156,7 +170,7 @@ class MqttWatcher:
 
     async def until(self, n: int, object_id: str, deadline: float = EVENT_DEADLINE
                     ) -> list[tuple[str, dict[str, Any]]]:
-        """The first n events of this object (others' are skipped)."""
+        """The first n events of this object (a qualified id; others' are skipped)."""
         got: list[tuple[str, dict[str, Any]]] = []
         end = time.monotonic() + deadline
         while len(got) < n:
@@ -167,7 +181,7 @@ class MqttWatcher:
                 topic, body = await asyncio.to_thread(self.messages.get, timeout=min(left, 1.0))
             except queue.Empty:
                 continue
-            if body["object_id"] == object_id:
+            if as_tuple(body)[2] == object_id:
                 got.append((topic, body))
         return got
 
@@ -186,12 +200,13 @@ async def wait_binding_federated(stack: ConnectionSettings, key: str) -> None:
     await poll(copied, f"binding {key} on fence.events in gf-fences")
 
 
-def publish_steps(dev: MqttDevice, object_id: str, steps: Sequence[Step]) -> list[tuple[str, bytes]]:
-    """Publish each position (QoS 1) and wait for its PUBACK; returns the messages that
-    arrived meanwhile (the pipeline may answer before the last PUBACK)."""
+def publish_steps(dev: MqttDevice, device: Device, steps: Sequence[Step]) -> list[tuple[str, bytes]]:
+    """Publish each position (QoS 1, the device's own topic positions/<tenant>/<id>) and wait
+    for its PUBACK; returns the messages that arrived meanwhile (the pipeline may answer
+    before the last PUBACK)."""
     arrived = []
     for s in steps:
-        dev.client.publish(f"positions/{object_id}",
+        dev.client.publish(device.topic,
                            json.dumps({"lon": s.lon, "lat": s.lat, "ts": s.ts}), qos=1)
         while True:
             kind, value = dev.next_event()
@@ -202,15 +217,24 @@ def publish_steps(dev: MqttDevice, object_id: str, steps: Sequence[Step]) -> lis
     return arrived
 
 
+def position_key(object_id: str) -> str:
+    """The routing key of a qualified object's MQTT positions: positions.<tenant>.<id>."""
+    tenant, name = split(object_id)
+    assert tenant, f"{object_id!r}: a tenant's object is named <tenant>:<id>"
+    return f"{t.POSITIONS_TOPIC_PREFIX}.{tenant}.{name}"
+
+
 async def publish_positions(stack: ConnectionSettings, object_id: str, steps: Sequence[Step]) -> None:
-    """As MQTT positions arrive (amq.topic, positions.<id>), over AMQP with confirms."""
+    """As MQTT positions arrive (amq.topic, positions.<tenant>.<id>; `object_id` qualified,
+    <tenant>:<id>), over AMQP with confirms."""
+    key = position_key(object_id)
     async with await aio_pika.connect(stack["amqp"][t.INGRESS_VHOST], timeout=DEADLINE) as conn:
         ch = await conn.channel(publisher_confirms=True)
         ex = await ch.get_exchange(t.MQTT_TOPIC_EXCHANGE)
         for s in steps:
             await ex.publish(aio_pika.Message(json.dumps({"lon": s.lon, "lat": s.lat, "ts": s.ts}).encode(),
                                               delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                             f"positions.{object_id}", mandatory=True)
+                             key, mandatory=True)
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -227,8 +251,9 @@ def pipeline(stack: ConnectionSettings) -> ConnectionSettings:
 
 
 @pytest.fixture
-async def fences(pipeline: ConnectionSettings) -> AsyncIterator[FenceManager]:
-    """The fence manager (as the fence-manager user); fences made in the test are removed."""
+async def fences(pipeline: ConnectionSettings, tenant: str) -> AsyncIterator[FenceManager]:
+    """The fence manager (as the fence-manager user); fences made in the test (qualified ids,
+    of the session's tenant) are removed."""
     settings = Settings.from_env()
     amqp = pipeline["users"][t.MANAGER_USER][t.region_vhost(settings.regions[0])]
     async with FenceManager(amqp, pipeline["postgres"]["dsn"], settings.regions, settings.workers) as m:
@@ -274,50 +299,56 @@ def region_at(wm: Worldmap, lon: float, lat: float) -> str:
 
 
 async def test_device_crosses_two_adjacent_fences(pipeline: ConnectionSettings, fences: FenceManager,
-                                                  device: Device, mqtt_device: MqttDevice,
+                                                  tenant: str, device: Device, mqtt_device: MqttDevice,
                                                   watcher: MqttWatcher) -> None:
-    a, b = uid("fa"), uid("fb")
+    a, b = tid(tenant, "fa"), tid(tenant, "fb")
     geoms = {a: box(9.500, 47.100, 9.510, 47.110), b: box(9.510, 47.100, 9.520, 47.110)}
     for fid, g in geoms.items():
         await fences.put(FenceSpec(fence_id=fid, geometry=g, timeout_s=600), create=True)
     points = [(9.495, 47.105), (9.502, 47.105), (9.508, 47.1049), (9.5121, 47.1051), (9.518, 47.105),
               (9.525, 47.105), (9.515, 47.108), (9.505, 47.108)]  # ends inside A: a last event each
     steps = trajectory(points)
-    expected = expected_events(device.object_id, steps, geoms)
+    expected = expected_events(device.key, steps, geoms)
     assert [e[:2] for e in sorted(expected, key=lambda e: e[3])] == [
         (a, "enter"), (a, "leave"), (b, "enter"), (b, "leave"), (b, "enter"), (a, "enter"), (b, "leave")]
 
-    mqtt_device.client.subscribe(f"fence-events/+/+/{device.object_id}", qos=1)
+    mqtt_device.client.subscribe(f"fence-events/{tenant}/+/+/{device.object_id}", qos=1)
     assert [c.value for c in mqtt_device.expect("suback")] == [1]
-    await wait_binding_federated(pipeline, f"fence-events.*.*.{device.object_id}")
+    await wait_binding_federated(pipeline, f"fence-events.{tenant}.*.*.{device.object_id}")
     async with AmqpEvents(pipeline) as amqp:
         for fid in geoms:
             await amqp.watch(fid)
-            await watcher.watch(f"fence-events/{fid}/+/+")
-        early = await asyncio.to_thread(publish_steps, mqtt_device, device.object_id, steps)
+            await watcher.watch(f"fence-events/{tenant}/{name_of(fid)}/+/+")
+        early = await asyncio.to_thread(publish_steps, mqtt_device, device, steps)
         await amqp.until(last_per_fence(expected))
-    assert amqp.events(device.object_id) == expected
-    ids = [body["event_id"] for _, body in amqp.got if body["object_id"] == device.object_id]
+    assert amqp.events(device.key) == expected
+    mine = [body for _, body in amqp.got if as_tuple(body)[2] == device.key]
+    # the events name the fence and the object as the tenant gave them, with the tenant beside
+    assert {(b["tenant"], b["object_id"]) for b in mine} == {(tenant, device.object_id)}
+    assert {b["fence_id"] for b in mine} == {name_of(a), name_of(b)}
+    ids = [body["event_id"] for body in mine]
     assert all(EVENT_ID.match(i) for i in ids) and len(set(ids)) == len(ids)
-    assert all(key == t.event_routing_key(body["fence_id"], body["event"], body["object_id"])
+    assert all(key == t.event_routing_key(as_tuple(body)[0], body["event"], as_tuple(body)[2])
                for key, body in amqp.got)
+    assert all(key.startswith(f"fence-events.{tenant}.") for key, _ in amqp.got)
 
-    over_mqtt = await watcher.until(len(expected), device.object_id)
+    over_mqtt = await watcher.until(len(expected), device.key)
     assert sorted(as_tuple(body) for _, body in over_mqtt) == expected
-    assert all(topic == f"fence-events/{b['fence_id']}/{b['event']}/{b['object_id']}"
+    assert all(topic == f"fence-events/{b['tenant']}/{b['fence_id']}/{b['event']}/{b['object_id']}"
                for topic, b in over_mqtt)
     assert sorted(b["event_id"] for _, b in over_mqtt) == sorted(ids)
     own: list[tuple[str, dict[str, Any]]] = []  # the device's own topic (other fences ignored)
     while len(own) < len(expected):
         topic, body = early.pop(0) if early else mqtt_device.expect("message")
-        assert topic.endswith(f"/{device.object_id}") and topic.startswith("fence-events/")
-        if json.loads(body)["fence_id"] in geoms:
+        assert topic.endswith(f"/{device.object_id}") and topic.startswith(f"fence-events/{tenant}/")
+        if as_tuple(json.loads(body))[0] in geoms:
             own.append((topic, json.loads(body)))
     assert sorted(as_tuple(body) for _, body in own) == expected
 
 
-async def test_silence_ends_in_a_timeout_leave(pipeline: ConnectionSettings, fences: FenceManager) -> None:
-    fid, obj = uid("ft"), uid("obj")
+async def test_silence_ends_in_a_timeout_leave(pipeline: ConnectionSettings, fences: FenceManager,
+                                              tenant: str) -> None:
+    fid, obj = tid(tenant, "ft"), tid(tenant, "obj")
     geom = box(9.530, 47.100, 9.540, 47.110)
     await fences.put(FenceSpec(fence_id=fid, geometry=geom, timeout_s=2.0), create=True)
     steps = trajectory([(9.525, 47.105), (9.535, 47.105)])
@@ -329,8 +360,9 @@ async def test_silence_ends_in_a_timeout_leave(pipeline: ConnectionSettings, fen
     assert amqp.events(obj) == [(fid, "enter", obj, steps[-1].ts, "entered"), timeout_leave]
 
 
-async def test_fence_moved_under_an_object(pipeline: ConnectionSettings, fences: FenceManager) -> None:
-    fid, obj = uid("fm"), uid("obj")
+async def test_fence_moved_under_an_object(pipeline: ConnectionSettings, fences: FenceManager,
+                                          tenant: str) -> None:
+    fid, obj = tid(tenant, "fm"), tid(tenant, "obj")
     here, elsewhere = box(9.550, 47.100, 9.560, 47.110), box(9.570, 47.100, 9.580, 47.110)
     await fences.put(FenceSpec(fence_id=fid, geometry=here, timeout_s=600), create=True)
     steps = trajectory([(9.545, 47.105), (9.555, 47.105)])
@@ -370,7 +402,7 @@ async def change_time(stack: ConnectionSettings, fence_id: str, deleted: bool = 
 
 
 async def test_object_crossing_from_one_region_to_another(pipeline: ConnectionSettings,
-                                                          fences: FenceManager) -> None:
+                                                          fences: FenceManager, tenant: str) -> None:
     wm = await worldmap(pipeline)
     assert len(wm.regions) >= 2, "the default stack has two regions"
     lon = 9.60
@@ -381,13 +413,13 @@ async def test_object_crossing_from_one_region_to_another(pipeline: ConnectionSe
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if region_at(wm, lon, mid) == south else (lo, mid)
     split = (lo + hi) / 2
-    q_, r_, p_ = uid("fq"), uid("fr"), uid("fp")
+    q_, r_, p_ = tid(tenant, "fq"), tid(tenant, "fr"), tid(tenant, "fp")
     geoms = {q_: box(lon - 0.01, split - 0.03, lon + 0.01, split - 0.015),   # south only
              r_: box(lon - 0.01, split - 0.01, lon + 0.01, split + 0.01),    # across the split
              p_: box(lon - 0.01, split + 0.015, lon + 0.01, split + 0.03)}   # north only
     for fid, g in geoms.items():
         await fences.put(FenceSpec(fence_id=fid, geometry=g, timeout_s=600), create=True)
-    obj = uid("obj")
+    obj = tid(tenant, "obj")
     points = [(lon, split - 0.02), (lon, split - 0.005), (lon, split + 0.005), (lon, split + 0.02),
               (lon, split - 0.02), (lon, split + 0.005)]
     regions = [region_at(wm, x, y) for x, y in points]
@@ -406,8 +438,9 @@ async def test_object_crossing_from_one_region_to_another(pipeline: ConnectionSe
 # --------------------------------------------------------------------------- bad input
 
 
-def malformed_inputs() -> list[tuple[str, str, bytes, str | None, str]]:
-    """1,000 bad inputs: (exchange, routing key, body, content type, expected reason start)."""
+def malformed_inputs(tenant: str) -> list[tuple[str, str, bytes, str | None, str]]:
+    """1,000 bad inputs: (exchange, routing key, body, content type, expected reason start),
+    as `tenant`'s positions, and some by the contract before tenants (no tenant)."""
     one_mb = json.dumps({"lon": 9.5, "lat": 47.1, "ts": time.time(), "pad": "x" * (1 << 20)}).encode()
     now = time.time()
     mqtt_cases: list[tuple[bytes, str]] = [
@@ -429,26 +462,38 @@ def malformed_inputs() -> list[tuple[str, str, bytes, str | None, str]]:
          "1 of 1 positions refused"),
         (one_mb, None, "body of"),
     ]
+    good = json.dumps({"lon": 9.5, "lat": 47.1, "ts": now}).encode()
+    gateway_good = json.dumps({"positions": [{"id": "ok-1", "lon": 9.5, "lat": 47.1, "ts": now}]}).encode()
     out = []
     for i in range(1000):
         if i % 3 == 2:
             body, ctype, reason = gateway_cases[i % len(gateway_cases)]
-            out.append((t.BATCHES_EXCHANGE, "", body, ctype, reason))
+            out.append((t.GATEWAY_EXCHANGE, tenant, body, ctype, reason))
         elif i % 50 == 7:
-            out.append((t.MQTT_TOPIC_EXCHANGE, "positions.-bad!id", b"{}", None, "routing key"))
+            out.append((t.MQTT_TOPIC_EXCHANGE, f"positions.{tenant}.-bad!id", b"{}", None, "routing key"))
+        elif i % 50 == 17:  # the contract before tenants: a good position, but whose?
+            out.append((t.MQTT_TOPIC_EXCHANGE, f"positions.{uid('old')}", good, None, "routing key"))
+        elif i % 50 == 27:
+            out.append((t.MQTT_TOPIC_EXCHANGE, f"positions.No_Tenant.{uid('x')}", good, None, "routing key"))
+        elif i % 50 == 37:
+            out.append((t.RETIRED_BATCHES_EXCHANGE, "", gateway_good, None,
+                        f"{t.RETIRED_BATCHES_EXCHANGE} carries no tenant"))
+        elif i % 50 == 47:
+            out.append((t.GATEWAY_EXCHANGE, "Not_A_Tenant", gateway_good, None, "routing key"))
         else:
             body, reason = mqtt_cases[i % len(mqtt_cases)]
-            out.append((t.MQTT_TOPIC_EXCHANGE, f"positions.{uid('bad')}", body, None, reason))
+            out.append((t.MQTT_TOPIC_EXCHANGE, f"positions.{tenant}.{uid('bad')}", body, None, reason))
     return out
 
 
 async def test_a_thousand_malformed_inputs_are_dead_lettered(pipeline: ConnectionSettings,
-                                                             fences: FenceManager) -> None:
-    cases = malformed_inputs()
+                                                             fences: FenceManager, tenant: str) -> None:
+    cases = malformed_inputs(tenant)
     ids = {}
     async with await aio_pika.connect(pipeline["amqp"][t.INGRESS_VHOST], timeout=DEADLINE) as conn:
         ch = await conn.channel(publisher_confirms=True, on_return_raises=True)  # all routed
-        exchanges = {n: await ch.get_exchange(n) for n in (t.MQTT_TOPIC_EXCHANGE, t.BATCHES_EXCHANGE)}
+        exchanges = {n: await ch.get_exchange(n)
+                     for n in (t.MQTT_TOPIC_EXCHANGE, t.GATEWAY_EXCHANGE, t.RETIRED_BATCHES_EXCHANGE)}
         for exchange, key, body, ctype, reason in cases:
             mid = uuid.uuid4().hex
             ids[mid] = reason
@@ -475,7 +520,7 @@ async def test_a_thousand_malformed_inputs_are_dead_lettered(pipeline: Connectio
         assert reason.startswith(ids[mid]) or ids[mid] in reason, (reason, ids[mid])
     # the sidecars are all still up and the pipeline still works
     assert all(sidecars.running(Settings.from_env()).values())
-    fid, obj = uid("fok"), uid("obj")
+    fid, obj = tid(tenant, "fok"), tid(tenant, "obj")
     await fences.put(FenceSpec(fence_id=fid, geometry=box(9.590, 47.100, 9.600, 47.110), timeout_s=600),
                      create=True)
     steps = trajectory([(9.585, 47.105), (9.595, 47.105)])

@@ -75,13 +75,14 @@ async def test_occupancy_analytics_on_the_cluster_equals_local_mode(
 
 
 async def test_rebuild_bindings_on_the_cluster_equals_local_mode(
-        cluster: str, spark: Any, spark_config: JobConfig, pg_schema: str, stack: ConnectionSettings) -> None:
+        cluster: str, spark: Any, spark_config: JobConfig, pg_schema: str, stack: ConnectionSettings,
+        tenant: str) -> None:
     dsn = stack["postgres"]["dsn"]
     wm = await routing_store.read_worldmap(dsn)
     assert wm is not None
     conn = await asyncpg.connect(dsn)
     try:
-        ids, _, expected = await seed_drift(conn, pg_schema, wm)
+        ids, _, expected = await seed_drift(conn, pg_schema, wm, tenant)
 
         async def outputs(run_id: str) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]]]:
             s = f'"{pg_schema}"'

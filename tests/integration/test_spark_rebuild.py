@@ -18,6 +18,7 @@ from deploy.settings import ConnectionSettings, Settings
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.fence_binding import INDEX_BITS
+from exchanges.tenancy import qualify
 from exchanges.worldmap import AREA, Worldmap
 from fence.manager import FenceManager
 from fence.spec import MAX_RANGES, FenceSpec, bindings, choose_bits
@@ -31,8 +32,8 @@ from tests.integration.test_pipeline import (  # noqa: F401  (fixtures)
     pipeline,
     publish_positions,
     region_at,
+    tid,
     trajectory,
-    uid,
 )
 
 TABLES = ("fence", "fence_range", "fence_binding", "fence_binding_run", "fence_binding_diff")
@@ -65,13 +66,13 @@ def shapes(n: int) -> list[Polygon | MultiPolygon]:
     return out
 
 
-async def seed_drift(conn: Any, schema: str, wm: Worldmap) -> tuple[list[str], list[Polygon | MultiPolygon],
-                                                                 set[tuple[str, str, str, int, int]]]:
-    """30 fences in `schema` with bindings drifted 4 ways (right, a range missing, a region too
-    many, none at all) and a deleted fence: the ids, the shapes and the diff a rebuild must find
-    ((region, fence, action, removed, added))."""
+async def seed_drift(conn: Any, schema: str, wm: Worldmap, tenant: str
+                     ) -> tuple[list[str], list[Polygon | MultiPolygon], set[tuple[str, str, str, int, int]]]:
+    """30 fences of `tenant` in `schema` with bindings drifted 4 ways (right, a range missing, a
+    region too many, none at all) and a deleted fence: the ids (qualified, as the store holds
+    them), the shapes and the diff a rebuild must find ((region, fence, action, removed, added))."""
     geoms = shapes(30)
-    ids = [f"rb-{i:02d}" for i in range(len(geoms))]
+    ids = [qualify(tenant, f"rb-{i:02d}") for i in range(len(geoms))]
     expected: set[tuple[str, str, str, int, int]] = set()
     await clone_schema(conn, schema, TABLES)
     for i, (fid, g) in enumerate(zip(ids, geoms, strict=True)):
@@ -101,19 +102,19 @@ async def seed_drift(conn: Any, schema: str, wm: Worldmap) -> tuple[list[str], l
                                fid, region, i + 1, b.bits, rb, fb)
     await conn.execute(f'INSERT INTO "{schema}".fence (id, geometry, options, version, min_lon, '
                        "min_lat, max_lon, max_lat, deleted_at) "
-                       "VALUES ('rb-gone', $1, '{\"timeout_s\": 60}', 3, 0, 0, 1, 1, now())",
-                       json.dumps(mapping(geoms[0])))
+                       "VALUES ($2, $1, '{\"timeout_s\": 60}', 3, 0, 0, 1, 1, now())",
+                       json.dumps(mapping(geoms[0])), qualify(tenant, "rb-gone"))
     return ids, geoms, expected
 
 
 async def test_dry_run_coverings_equal_the_kernel_and_the_diff_is_the_drift(
-        spark: Any, spark_config: JobConfig, pg_schema: str, stack: ConnectionSettings) -> None:
+        spark: Any, spark_config: JobConfig, pg_schema: str, stack: ConnectionSettings, tenant: str) -> None:
     dsn = stack["postgres"]["dsn"]
     wm = await routing_store.read_worldmap(dsn)
     assert wm is not None
     conn = await asyncpg.connect(dsn)
     try:
-        ids, geoms, expected = await seed_drift(conn, pg_schema, wm)
+        ids, geoms, expected = await seed_drift(conn, pg_schema, wm, tenant)
 
         job = rebuild_bindings.Job(spark_config, job_args(schema=pg_schema, dry_run=True))
         report = await asyncio.to_thread(job.run, spark)  # the job runs its own event loops
@@ -141,9 +142,9 @@ async def test_dry_run_coverings_equal_the_kernel_and_the_diff_is_the_drift(
 
 
 async def test_a_fence_with_a_lost_binding_is_repaired_and_routes_again(
-        spark: Any, pipeline: ConnectionSettings, fences: FenceManager) -> None:  # noqa: F811
+        spark: Any, pipeline: ConnectionSettings, fences: FenceManager, tenant: str) -> None:  # noqa: F811
     settings = Settings.from_env()
-    fid, obj = uid("frb"), uid("obj")
+    fid, obj = tid(tenant, "frb"), tid(tenant, "obj")
     geom = box(9.590, 47.100, 9.600, 47.110)
     change = await fences.put(FenceSpec(fence_id=fid, geometry=geom, timeout_s=600), create=True)
     wm = await routing_store.read_worldmap(pipeline["postgres"]["dsn"])
@@ -190,7 +191,7 @@ async def test_a_fence_with_a_lost_binding_is_repaired_and_routes_again(
 
 
 async def test_a_live_resplit_balances_the_regions_and_every_fence_still_routes(
-        spark: Any, pipeline: ConnectionSettings, fences: FenceManager) -> None:  # noqa: F811
+        spark: Any, pipeline: ConnectionSettings, fences: FenceManager, tenant: str) -> None:  # noqa: F811
     """Fences crowded into the first region: the job re-splits the live worldmap (grow, store
     the map, wait for x-ingress, shrink); the regions' loads even out, every fence's live
     bindings are its cut under the new map, and a position inside a fence still ENTERs."""
@@ -216,7 +217,7 @@ async def test_a_live_resplit_balances_the_regions_and_every_fence_still_routes(
     for i, (lon, lat) in enumerate(points):
         if len(made) >= 24 and first >= 2 * others:
             break
-        fid = uid(f"frs{i}")
+        fid = tid(tenant, f"frs{i}")
         made[fid] = circle(lon, lat, float(rng.uniform(200.0, 600.0)))
         await fences.put(FenceSpec(fence_id=fid, geometry=made[fid], timeout_s=600), create=True)
         for region, (ranges, _) in bindings(made[fid], wm0).per_region.items():
@@ -230,7 +231,7 @@ async def test_a_live_resplit_balances_the_regions_and_every_fence_still_routes(
     try:
         report = await asyncio.to_thread(
             rebuild_bindings.Job(cfg, job_args(resplit="always", settle_timeout=60.0)).run, spark)
-        await check_resplit(report, wm0, made, settings, dsn, pipeline)
+        await check_resplit(report, wm0, made, settings, dsn, pipeline, tenant)
     finally:  # the map as it was (a later test's stream should cross the regions as before)
         await asyncio.to_thread(restore_worldmap, spark, cfg, wm0)
 
@@ -248,7 +249,8 @@ def restore_worldmap(spark: Any, cfg: JobConfig, wm0: Worldmap) -> None:
 
 
 async def check_resplit(report: rebuild_bindings.Report, wm0: Worldmap, made: dict[str, Polygon],
-                        settings: Settings, dsn: str, pipeline: ConnectionSettings) -> None:  # noqa: F811
+                        settings: Settings, dsn: str, pipeline: ConnectionSettings,  # noqa: F811
+                        tenant: str) -> None:
     assert report.status == "done", report.line()
     assert report.worldmap_after == report.worldmap_before + 1 and report.worldmap_before == wm0.version
     # (other tests' fences may be live too: the loads are the whole map's)
@@ -272,7 +274,7 @@ async def check_resplit(report: rebuild_bindings.Report, wm0: Worldmap, made: di
     # x-ingress routes with the new map and the regions bind what it sends them
     fid, geom = next(iter(made.items()))
     c = geom.centroid
-    obj = uid("obj")
+    obj = tid(tenant, "obj")
     start = next((c.x + dx, c.y) for dx in (-0.03, 0.03, -0.05, 0.05)
                  if not any(g.contains(Point(c.x + dx, c.y)) for g in made.values()))
     steps = trajectory([start, (c.x, c.y)])

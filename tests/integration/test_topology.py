@@ -1,15 +1,20 @@
 """The pipeline's RabbitMQ topology, on the real broker with real clients (aio-pika, paho).
 
-Each test publishes as the user of the sidecar that publishes there and consumes as the user
-of the sidecar that consumes there, so permissions are proven both ways. Messages are told
-apart by a fresh uuid; a consumer sets aside (and requeues at the end) whatever is not its
-own. Every wait has a deadline (polls, queues, asyncio.timeout); nothing sleeps to
-synchronise. Device users are created per test (uuid names) and removed afterwards.
+Each test publishes as the user of the sidecar (or the tenant's credential: device, gateway,
+application) that publishes there and consumes as the user of the sidecar that consumes there,
+so permissions are proven both ways, and what a tenant's credential may not do (another
+tenant's topics and keys, another application's queues) is refused. Messages are told apart by
+a fresh uuid; a consumer sets aside (and requeues at the end) whatever is not its own. Every
+wait has a deadline (polls, queues, asyncio.timeout); nothing sleeps to synchronise. Device
+users are created per test (uuid names) and removed afterwards; the gateway and application
+users are the session's tenant's (tests/integration/conftest.py).
 
 What RabbitMQ 3.10's MQTT plugin does on a refusal (checked below): a PUBLISH to a topic the
 topic permission forbids makes the broker close the connection (no PUBACK; the log says
 "closing due to an authorization failure"); a SUBSCRIBE to a forbidden filter fails the
-internal queue.bind and the broker closes the connection too (no SUBACK, no 0x80 code).
+internal queue.bind and the broker closes the connection too (no SUBACK, no 0x80 code). Over
+AMQP a refusal closes the channel (ACCESS_REFUSED), which aiormq raises as
+ChannelAccessRefused.
 """
 
 from __future__ import annotations
@@ -17,25 +22,30 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterator
 
 import aio_pika
 import aiormq
 import pytest
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from deploy.settings import ConnectionSettings
 from exchanges import topology as t
+from exchanges.tenancy import qualify
 from exchanges.topology import Topology
 from tests.integration.clients import (
     DEADLINE,
     Device,
+    Login,
     MqttDevice,
+    add_login,
     api,
     connect,
     geofence,
     poll,
     publish,
     q,
+    remove_login,
     take,
     text,
     with_body,
@@ -77,8 +87,10 @@ async def test_federation_links_are_running(stack: ConnectionSettings, topology:
 async def test_every_sidecar_user_logs_in_where_status_says(stack: ConnectionSettings,
                                                            topology: Topology) -> None:
     assert set(stack["users"]) == {t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER,
-                                   t.FEDERATION_USER, t.GATEWAY_USER, t.ARCHIVER_USER, t.CLIENT_USER,
-                                   t.VENUES_USER}
+                                   t.FEDERATION_USER, t.ARCHIVER_USER, t.VENUES_USER}
+    # the shared users of no tenant are retired: `geofence up` deleted them from the broker
+    assert api(stack, f"api/users/{q(t.GATEWAY_USER)}") is None
+    assert api(stack, f"api/users/{q(t.CLIENT_USER)}") is None
     assert set(stack["amqp"]) == {"/", *topology.vhosts}
     assert stack["mqtt"]["ingress_vhost"] == t.INGRESS_VHOST
     for user, vhosts in stack["users"].items():
@@ -184,18 +196,27 @@ async def test_fence_manager_reaches_x_geo_and_x_fence_control(stack: Connection
     await dead_letter_of(stack, t.FENCES_VHOST, message_id, t.fence_control_queue(worker))
 
 
-async def test_gateway_batches_reach_x_ingress(stack: ConnectionSettings) -> None:
-    message_id = await publish(stack, t.GATEWAY_USER, t.INGRESS_VHOST, t.BATCHES_EXCHANGE, "",
+async def test_gateway_batches_reach_x_ingress(stack: ConnectionSettings, gateway: Login) -> None:
+    """A tenant's gateway publishes to ingress.gateway under its tenant's key."""
+    message_id = await publish(stack, gateway, t.INGRESS_VHOST, t.GATEWAY_EXCHANGE, gateway.tenant,
                                b'{"positions": "not a list"}')
     dead = await dead_letter_of(stack, t.INGRESS_VHOST, message_id, t.BATCHES_QUEUE)
-    assert text((dead.headers or {})[t.REASON_HEADER]) == 'the body is not {"positions": [...]}'
+    headers = dead.headers or {}
+    assert text(headers[t.REASON_HEADER]) == 'the body is not {"positions": [...]}'
+    assert text(headers["x-geofence-routing-key"]) == gateway.tenant
 
 
-async def test_gateway_cannot_reach_x_geo_in(stack: ConnectionSettings, topology: Topology) -> None:
-    rights = api(stack, f"api/users/{t.GATEWAY_USER}/permissions")
-    assert [(r["vhost"], r["write"]) for r in rights] == [(t.INGRESS_VHOST, r"^ingress\.batches$")]
-    gateway = stack["users"][t.GATEWAY_USER][t.INGRESS_VHOST]
-    region_url = gateway.rsplit("/", 1)[0] + "/" + q(t.region_vhost(topology.regions[0]))
+async def test_gateway_cannot_reach_x_geo_in(stack: ConnectionSettings, topology: Topology,
+                                             gateway: Login) -> None:
+    rights = api(stack, f"api/users/{q(gateway.user)}/permissions")
+    assert [(r["vhost"], r["configure"], r["write"], r["read"]) for r in rights] == [
+        (t.INGRESS_VHOST, "^$", r"^(ingress\.gateway|amq\.topic)$", "^$")]
+    topics = api(stack, f"api/users/{q(gateway.user)}/topic-permissions")
+    assert sorted((r["exchange"], r["write"]) for r in topics) == [
+        (t.MQTT_TOPIC_EXCHANGE, rf"^positions\.{gateway.tenant}\.[^.#*]+$"),
+        (t.GATEWAY_EXCHANGE, f"^{gateway.tenant}$")]
+    region_url = stack["amqp"][t.region_vhost(topology.regions[0])]
+    region_url = f"amqp://{q(gateway.user)}:{q(gateway.password)}@{region_url.split('@', 1)[1]}"
     # The broker answers connection.open on a vhost without rights with connection.close
     # (ACCESS_REFUSED), which aiormq reports as an unexpected frame.
     with pytest.raises(aiormq.exceptions.AMQPError):
@@ -203,12 +224,54 @@ async def test_gateway_cannot_reach_x_geo_in(stack: ConnectionSettings, topology
         await connection.close()
 
 
+async def test_a_gateway_publishes_only_under_its_tenant(stack: ConnectionSettings, gateway: Login,
+                                                         other_tenant: str) -> None:
+    """Another tenant's key on ingress.gateway, the retired fanout ingress.batches (no tenant)
+    and the sidecars' exchanges are refused; its own key is routed (mandatory, confirmed)."""
+    await publish(stack, gateway, t.INGRESS_VHOST, t.GATEWAY_EXCHANGE, gateway.tenant,
+                  b'{"positions": "not a list"}')  # (dead-lettered by x-ingress)
+    for exchange, key, words in ((t.GATEWAY_EXCHANGE, other_tenant, f"topic '{other_tenant}'"),
+                                 (t.GATEWAY_EXCHANGE, "#", "topic '#'"),
+                                 (t.RETIRED_BATCHES_EXCHANGE, gateway.tenant,
+                                  f"exchange '{t.RETIRED_BATCHES_EXCHANGE}'"),
+                                 (t.FOLLOW_EXCHANGE, "", f"exchange '{t.FOLLOW_EXCHANGE}'"),
+                                 (t.DEAD_LETTER_EXCHANGE, "", f"exchange '{t.DEAD_LETTER_EXCHANGE}'")):
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused, match=words):
+            await publish(stack, gateway, t.INGRESS_VHOST, exchange, key, b'{"positions": []}')
+
+
+def test_a_gateway_publishes_its_tenants_positions_over_mqtt(stack: ConnectionSettings, gateway: Login,
+                                                             other_tenant: str) -> None:
+    """A network server logged in as the tenant's gateway: any of its tenant's objects, no
+    other tenant's, no position of no tenant."""
+    as_gateway = Device(gateway.name, gateway.password, gateway.tenant)  # its login: <tenant>.<name>
+    client = MqttDevice(stack, as_gateway)
+    try:
+        body = json.dumps({"lon": 9.52, "lat": 91, "ts": time.time()})
+        for object_id in (f"gw-a-{uuid.uuid4().hex[:6]}", f"gw-b-{uuid.uuid4().hex[:6]}"):
+            info = client.client.publish(f"positions/{gateway.tenant}/{object_id}", body, qos=1)
+            assert client.expect("puback") == info.mid
+    finally:
+        client.close()
+    for topic in (f"positions/{other_tenant}/gw-{uuid.uuid4().hex[:6]}",
+                  f"positions/gw-{uuid.uuid4().hex[:6]}", f"fence-events/{gateway.tenant}/x/enter/y"):
+        client = MqttDevice(stack, as_gateway)
+        try:
+            client.client.publish(topic, b"{}", qos=1)
+            event, _ = client.next_event()
+            assert event == "disconnect", topic
+        finally:
+            client.close()
+
+
 @pytest.mark.parametrize(("user", "vhost", "exchange"), [
-    (t.GATEWAY_USER, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE),  # only devices publish positions
+    (t.INGRESS_USER, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE),  # only devices and gateways publish positions
     (t.GEO_USER, "REGION", t.GEO_IN_EXCHANGE),  # x-geo never feeds itself (REGION: the first)
     (t.FENCE_USER, t.FENCES_VHOST, t.FENCE_IN_EXCHANGE),
     (t.MANAGER_USER, t.FENCES_VHOST, t.EVENTS_EXCHANGE),
-    (t.INGRESS_USER, t.INGRESS_VHOST, t.BATCHES_EXCHANGE),
+    (t.MANAGER_USER, t.FENCES_VHOST, t.TENANT_BATCHES_EXCHANGE),
+    (t.INGRESS_USER, t.INGRESS_VHOST, t.GATEWAY_EXCHANGE),
+    (t.INGRESS_USER, t.INGRESS_VHOST, t.RETIRED_BATCHES_EXCHANGE),
 ])
 async def test_publishing_outside_ones_rights_is_refused(stack: ConnectionSettings,
                                                          topology: Topology, user: str,
@@ -225,16 +288,28 @@ async def test_sidecars_cannot_declare(stack: ConnectionSettings) -> None:
             await channel.declare_queue(f"test.topology.{uuid.uuid4().hex}", auto_delete=True)
 
 
-async def test_rejected_position_is_dead_lettered(stack: ConnectionSettings) -> None:
+async def test_rejected_position_is_dead_lettered(stack: ConnectionSettings, tenant: str) -> None:
     body = json.dumps({"lon": "not a number", "token": uuid.uuid4().hex}).encode()
-    # As devices' positions arrive: amq.topic, "positions.<id>".
-    message_id = await publish(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
-                               "positions.t-dead-letter", body)
+    # As devices' positions arrive: amq.topic, "positions.<tenant>.<id>".
+    key = f"positions.{tenant}.t-dead-letter"
+    message_id = await publish(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, key, body)
     dead = await dead_letter_of(stack, t.INGRESS_VHOST, message_id, t.POSITIONS_QUEUE)
     assert dead.body == body
     headers = dead.headers or {}
     assert text(headers[t.REASON_HEADER]) == "missing fields 'lat', 'ts'"
-    assert text(headers["x-geofence-routing-key"]) == "positions.t-dead-letter"
+    assert text(headers["x-geofence-routing-key"]) == key
+
+
+async def test_a_position_of_no_tenant_is_dead_lettered_with_the_reason(stack: ConnectionSettings) -> None:
+    """The contract before tenants (MQTT positions/<id>) is still bound, so such a position is
+    dead-lettered with the reason rather than dropped as unroutable."""
+    body = json.dumps({"lon": 9.5, "lat": 47.1, "ts": time.time(), "token": uuid.uuid4().hex}).encode()
+    message_id = await publish(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE,
+                               "positions.t-no-tenant", body)
+    dead = await dead_letter_of(stack, t.INGRESS_VHOST, message_id, t.POSITIONS_QUEUE)
+    reason = text((dead.headers or {})[t.REASON_HEADER])
+    assert reason.startswith(
+        "routing key 'positions.t-no-tenant' is not positions.<tenant>.<object_id>"), reason
 
 
 # --------------------------------------------------------------------------- devices over MQTT
@@ -243,29 +318,36 @@ async def test_rejected_position_is_dead_lettered(stack: ConnectionSettings) -> 
 async def test_device_position_reaches_x_ingress(stack: ConnectionSettings, device: Device,
                                                 mqtt_device: MqttDevice) -> None:
     payload = json.dumps({"lon": 9.52, "lat": 91, "ts": time.time(), "token": uuid.uuid4().hex}).encode()
-    mqtt_device.client.publish(f"positions/{device.object_id}", payload, qos=1)
+    mqtt_device.client.publish(device.topic, payload, qos=1)
     mqtt_device.expect("puback")
     got = await take(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.DEAD_LETTER_QUEUE, with_body(payload))
     headers = got.headers or {}
-    assert text(headers["x-geofence-routing-key"]) == f"positions.{device.object_id}"
+    assert text(headers["x-geofence-routing-key"]) == f"positions.{device.tenant}.{device.object_id}"
     assert text(headers[t.REASON_HEADER]) == "lat 91 is outside [-90, 90]"
 
 
-async def test_device_cannot_publish_for_another(stack: ConnectionSettings, device: Device) -> None:
-    forged = json.dumps({"lon": 0, "lat": 0, "ts": 0, "token": uuid.uuid4().hex}).encode()
-    client = MqttDevice(stack, device)
-    try:
-        client.client.publish(f"positions/t-other-{uuid.uuid4().hex[:8]}", forged, qos=1)
-        event, _ = client.next_event()
-        assert event == "disconnect"  # RabbitMQ 3.10 closes the connection, no PUBACK
-    finally:
-        client.close()
-    # Anything the broker had accepted before closing would sit ahead of this sentinel (both
+async def test_device_cannot_publish_for_another(stack: ConnectionSettings, device: Device,
+                                                 other_tenant: str) -> None:
+    """Not another device's topic of its tenant, not its own id under another tenant, not the
+    topic of no tenant (positions/<id>)."""
+    forged = [json.dumps({"lon": 0, "lat": 0, "ts": 0, "token": uuid.uuid4().hex}).encode() for _ in range(3)]
+    topics = (f"positions/{device.tenant}/t-other-{uuid.uuid4().hex[:8]}",
+              f"positions/{other_tenant}/{device.object_id}",
+              f"positions/{device.object_id}")
+    for topic, body in zip(topics, forged, strict=True):
+        client = MqttDevice(stack, device)
+        try:
+            client.client.publish(topic, body, qos=1)
+            event, _ = client.next_event()
+            assert event == "disconnect", topic  # RabbitMQ 3.10 closes the connection, no PUBACK
+        finally:
+            client.close()
+    # Anything the broker had accepted before closing would sit ahead of this sentinel (all
     # are invalid positions, so x-ingress dead-letters them in order).
     sentinel = json.dumps({"sentinel": uuid.uuid4().hex}).encode()
     again = MqttDevice(stack, device)
     try:
-        again.client.publish(f"positions/{device.object_id}", sentinel, qos=1)
+        again.client.publish(device.topic, sentinel, qos=1)
         again.expect("puback")
     finally:
         again.close()
@@ -276,35 +358,33 @@ async def test_device_cannot_publish_for_another(stack: ConnectionSettings, devi
         return message.body == sentinel
 
     await take(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.DEAD_LETTER_QUEUE, sentinel_or_record)
-    assert forged not in seen
+    assert not set(forged) & set(seen)
 
 
-def test_device_cannot_subscribe_to_another_devices_events(stack: ConnectionSettings,
-                                                           device: Device) -> None:
-    client = MqttDevice(stack, device)
-    try:
-        client.client.subscribe(f"fence-events/+/+/t-other-{uuid.uuid4().hex[:8]}", qos=1)
-        event, _ = client.next_event()
-        assert event == "disconnect"  # RabbitMQ 3.10 closes the connection, no SUBACK
-    finally:
-        client.close()
-    client = MqttDevice(stack, device)
-    try:
-        client.client.subscribe("fence-events/#", qos=0)  # nor to every fence's events
-        event, _ = client.next_event()
-        assert event == "disconnect"
-    finally:
-        client.close()
+def test_device_cannot_subscribe_to_another_devices_events(stack: ConnectionSettings, device: Device,
+                                                           other_tenant: str) -> None:
+    for topic in (f"fence-events/{device.tenant}/+/+/t-other-{uuid.uuid4().hex[:8]}",  # another device's
+                  f"fence-events/{other_tenant}/+/+/{device.object_id}",  # its id in another tenant
+                  f"fence-events/+/+/+/{device.object_id}",  # every tenant's
+                  f"fence-events/+/+/{device.object_id}",  # the topic of no tenant
+                  "fence-events/#"):  # nor to every fence's events
+        client = MqttDevice(stack, device)
+        try:
+            client.client.subscribe(topic, qos=1)
+            event, _ = client.next_event()
+            assert event == "disconnect", topic  # RabbitMQ 3.10 closes the connection, no SUBACK
+        finally:
+            client.close()
 
 
 async def test_fence_event_reaches_the_device_over_mqtt(stack: ConnectionSettings, device: Device,
                                                         mqtt_device: MqttDevice,
                                                         topology: Topology) -> None:
     await test_federation_links_are_running(stack, topology)
-    mqtt_device.client.subscribe(f"fence-events/+/+/{device.object_id}", qos=1)
+    mqtt_device.client.subscribe(f"fence-events/{device.tenant}/+/+/{device.object_id}", qos=1)
     codes = mqtt_device.expect("suback")
     assert [c.value for c in codes] == [1]
-    binding_key = f"fence-events.*.*.{device.object_id}"
+    binding_key = f"fence-events.{device.tenant}.*.*.{device.object_id}"
 
     def propagated() -> bool:  # the federation link copies the new binding to gf-fences
         found = api(stack, f"api/exchanges/{q(t.FENCES_VHOST)}/{q(t.EVENTS_EXCHANGE)}"
@@ -313,37 +393,222 @@ async def test_fence_event_reaches_the_device_over_mqtt(stack: ConnectionSetting
 
     await poll(propagated, f"binding {binding_key} on fence.events in gf-fences")
     fence_id = f"f-{uuid.uuid4().hex[:8]}"
-    per_object = t.event_routing_key(fence_id, "enter", device.object_id)
-    event = {"event": "enter", "fence_id": fence_id, "object_id": device.object_id,
+    # as x-fence publishes it: keyed by the qualified ids, the names unqualified in the body
+    per_object = t.event_routing_key(qualify(device.tenant, fence_id), "enter", device.key)
+    assert per_object == f"fence-events.{device.tenant}.{fence_id}.enter.{device.object_id}"
+    event = {"event": "enter", "tenant": device.tenant, "fence_id": fence_id, "object_id": device.object_id,
              "ts": time.time(), "reason": "entered", "event_id": uuid.uuid4().hex}
     await publish(stack, t.FENCE_USER, t.FENCES_VHOST, t.EVENTS_EXCHANGE, per_object,
                   json.dumps(event).encode())
     topic, payload = mqtt_device.expect("message")
-    assert topic == f"fence-events/{fence_id}/enter/{device.object_id}"
+    assert topic == f"fence-events/{device.tenant}/{fence_id}/enter/{device.object_id}"
     assert json.loads(payload) == event
 
 
-def test_device_list_and_remove(stack: ConnectionSettings, device: Device) -> None:
-    listed = geofence("device", "list")
-    assert listed.returncode == 0 and device.object_id in listed.stdout.split()
+def test_device_list_and_remove(stack: ConnectionSettings, device: Device, other_tenant: str) -> None:
+    listed = geofence("device", "list", "--tenant", device.tenant)
+    assert listed.returncode == 0 and device.user in listed.stdout.split()
+    assert device.user in geofence("device", "list").stdout.split()  # every tenant's
+    assert device.user not in geofence("device", "list", "--tenant", other_tenant).stdout.split()
     client = MqttDevice(stack, device, clean_session=False)  # a durable subscription queue
-    client.client.subscribe(f"fence-events/+/+/{device.object_id}", qos=1)
+    client.client.subscribe(f"fence-events/{device.tenant}/+/+/{device.object_id}", qos=1)
     client.expect("suback")
-    qos1 = f"{t.MQTT_SUBSCRIPTION_QUEUE_PREFIX}{device.object_id}qos1"
+    qos1 = f"{t.MQTT_SUBSCRIPTION_QUEUE_PREFIX}{device.user}qos1"
     assert api(stack, f"api/queues/{q(t.INGRESS_VHOST)}/{q(qos1)}") is not None
     try:
-        removed = geofence("device", "remove", device.object_id)
+        # another tenant has no such device: refused, nothing removed
+        wrong = geofence("device", "remove", device.object_id, "--tenant", other_tenant)
+        assert wrong.returncode == 1 and "no device" in wrong.stderr, wrong.stdout + wrong.stderr
+        assert api(stack, f"api/users/{q(device.user)}") is not None
+        removed = geofence("device", "remove", device.object_id, "--tenant", device.tenant)
         assert removed.returncode == 0, removed.stderr
         assert client.expect("disconnect") is not None  # its connection was closed
     finally:
         client.close()
-    assert api(stack, f"api/users/{q(device.object_id)}") is None
+    assert api(stack, f"api/users/{q(device.user)}") is None
     assert api(stack, f"api/queues/{q(t.INGRESS_VHOST)}/{q(qos1)}") is None
-    assert device.object_id not in geofence("device", "list").stdout.split()
+    assert device.user not in geofence("device", "list").stdout.split()
 
 
-def test_device_names_of_sidecars_are_refused(stack: ConnectionSettings) -> None:
-    for name in (t.INGRESS_USER, t.ADMIN_USER, "bad.name"):
-        done = geofence("device", "add", name, "--password-stdin", stdin="x\n")
+def test_device_names_never_reach_another_user(stack: ConnectionSettings, tenant: str,
+                                               gateway: Login) -> None:
+    """A device is `<tenant>.<id>`: a sidecar's name makes a device of that name in the tenant,
+    never touches the sidecar user; a bad id or tenant, or a user of another kind of the tenant
+    (its gateway), is refused."""
+    for name in ("bad.name", "bad name", ""):
+        done = geofence("device", "add", name, "--tenant", tenant, "--password-stdin", stdin="x\n")
         assert done.returncode == 1, done.stdout + done.stderr
+    done = geofence("device", "add", "d-1", "--tenant", "Bad_Tenant", "--password-stdin", stdin="x\n")
+    assert done.returncode == 1 and "tenant" in done.stderr, done.stdout + done.stderr
+    done = geofence("device", "add", "d-1", "--password-stdin", stdin="x\n")
+    assert done.returncode == 2 and "--tenant" in done.stderr  # a device is always a tenant's
+    done = geofence("device", "add", gateway.name, "--tenant", tenant, "--password-stdin", stdin="x\n")
+    assert done.returncode == 1 and "exists" in done.stderr, done.stdout + done.stderr
+    assert t.GATEWAY_TAG in str(api(stack, f"api/users/{q(gateway.user)}")["tags"])
+    before = api(stack, f"api/users/{q(t.INGRESS_USER)}")
+    done = geofence("device", "add", t.INGRESS_USER, "--tenant", tenant, "--password-stdin", stdin="x\n")
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"{tenant}.{t.INGRESS_USER}" in done.stdout
+        assert api(stack, f"api/users/{q(t.INGRESS_USER)}") == before  # the sidecar's untouched
+    finally:
+        geofence("device", "remove", t.INGRESS_USER, "--tenant", tenant)
+    assert api(stack, f"api/users/{q(f'{tenant}.{t.INGRESS_USER}')}") is None
 
+
+
+# --------------------------------------------------------------------------- a tenant's applications
+
+
+@pytest.fixture
+def second_app(stack: ConnectionSettings, app_user: Login) -> Iterator[Login]:
+    """Another application of the same tenant, removed afterwards (its queues with it)."""
+    made = add_login("app", app_user.tenant)
+    try:
+        yield made
+    finally:
+        remove_login(stack, "app", made)
+
+
+async def refusal(stack: ConnectionSettings, login: Login, vhost: str,
+                  action: Callable[[AbstractChannel], Awaitable[object]]) -> str:
+    """Run `action` on a fresh channel as `login`; it must be refused (ACCESS_REFUSED closes the
+    channel); the broker's words."""
+    async with await aio_pika.connect(url_of(stack, login, vhost), timeout=DEADLINE) as connection:
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused) as info:
+            await action(channel)
+    return str(info.value)
+
+
+def url_of(stack: ConnectionSettings, login: Login, vhost: str) -> str:
+    base = stack["amqp"][vhost]
+    return f"amqp://{q(login.user)}:{q(login.password)}@{base.split('@', 1)[1]}"
+
+
+def app_queue(login: Login, what: str) -> str:
+    return f"{t.app_queue_prefix(login.user)}{what}-{uuid.uuid4().hex[:8]}"
+
+
+async def test_an_application_reads_its_tenants_events_only(stack: ConnectionSettings, app_user: Login,
+                                                           other_tenant: str) -> None:
+    """Its own queues on fence.events (its tenant's fences, kinds, objects, proximity events)
+    and on fence.tenant-batches (key: its tenant); another tenant's events, published first
+    under keys its bindings' patterns would otherwise match, never arrive."""
+    tenant = app_user.tenant
+    fence, obj = f"f-{uuid.uuid4().hex[:8]}", f"o-{uuid.uuid4().hex[:8]}"
+    app_url = url_of(stack, app_user, t.FENCES_VHOST)
+    async with await aio_pika.connect(app_url, timeout=DEADLINE) as connection:
+        channel = await connection.channel()
+        events = await channel.declare_queue(app_queue(app_user, "events"), exclusive=True)
+        for key in (f"fence-events.{tenant}.#", f"roam-events.{tenant}.#",
+                    t.event_binding_key(qualify(tenant, fence)),
+                    t.event_binding_key(object_id=obj, tenant=tenant)):
+            await events.bind(t.EVENTS_EXCHANGE, key)
+        batches = await channel.declare_queue(app_queue(app_user, "batches"), exclusive=True)
+        await batches.bind(t.TENANT_BATCHES_EXCHANGE, tenant)
+
+        theirs = {"event": "enter", "tenant": other_tenant, "fence_id": fence, "object_id": obj}
+        ours = {**theirs, "tenant": tenant}
+        sent = [(t.EVENTS_EXCHANGE, t.event_routing_key(qualify(other_tenant, fence), "enter",
+                                                        qualify(other_tenant, obj)), theirs),
+                (t.EVENTS_EXCHANGE, t.roam_event_routing_key(qualify(other_tenant, "rs-1"), "nearby",
+                                                             qualify(other_tenant, obj)), theirs),
+                (t.TENANT_BATCHES_EXCHANGE, other_tenant, [theirs]),
+                (t.EVENTS_EXCHANGE,
+                 t.event_routing_key(qualify(tenant, fence), "enter", qualify(tenant, obj)), ours),
+                (t.EVENTS_EXCHANGE, t.roam_event_routing_key(qualify(tenant, "rs-1"), "nearby",
+                                                             qualify(tenant, obj)), ours),
+                (t.TENANT_BATCHES_EXCHANGE, tenant, [ours])]
+        for exchange, key, body in sent:  # as x-fence publishes them
+            await publish(stack, t.FENCE_USER, t.FENCES_VHOST, exchange, key, json.dumps(body).encode())
+
+        async def first(queue: aio_pika.abc.AbstractQueue, n: int) -> list[tuple[str, object]]:
+            """The first n messages about this test's fence (the tenant's other events, of
+            other tests, may come through the same bindings)."""
+            got: list[tuple[str, object]] = []
+            async with queue.iterator(timeout=DEADLINE) as it:
+                async for m in it:
+                    await m.ack()
+                    body = json.loads(m.body)
+                    if fence in m.body.decode():
+                        got.append((m.routing_key or "", body))
+                    if len(got) == n:
+                        break
+            return got
+
+        # one copy per message however many of its bindings match; in order: nothing of theirs first
+        assert await first(events, 2) == [(sent[3][1], ours), (sent[4][1], ours)]
+        assert await first(batches, 1) == [(tenant, [ours])]
+
+
+async def test_an_application_binds_nothing_of_another_tenant(stack: ConnectionSettings, app_user: Login,
+                                                              other_tenant: str) -> None:
+    tenant = app_user.tenant
+    mine = app_queue(app_user, "q")
+    app_url = url_of(stack, app_user, t.FENCES_VHOST)
+    async with await aio_pika.connect(app_url, timeout=DEADLINE) as connection:
+        await (await connection.channel()).declare_queue(mine, exclusive=True)  # kept while we try
+        cases = [(t.EVENTS_EXCHANGE, "#", "topic '#'"),  # every tenant's events
+                 (t.EVENTS_EXCHANGE, "fence-events.#", "topic 'fence-events.#'"),
+                 (t.EVENTS_EXCHANGE, "fence-events.*.#", "topic 'fence-events.*.#'"),
+                 (t.EVENTS_EXCHANGE, f"fence-events.{other_tenant}.#",
+                  f"topic 'fence-events.{other_tenant}.#'"),
+                 (t.EVENTS_EXCHANGE, f"roam-events.{other_tenant}.#",
+                  f"topic 'roam-events.{other_tenant}.#'"),
+                 (t.EVENTS_EXCHANGE, t.event_binding_key(qualify(other_tenant, "depot")),
+                  f"topic 'fence-events.{other_tenant}.depot.*.*'"),
+                 (t.EVENTS_EXCHANGE, f"#.{tenant}.#", "topic '#."),
+                 (t.TENANT_BATCHES_EXCHANGE, other_tenant, f"topic '{other_tenant}'"),
+                 (t.TENANT_BATCHES_EXCHANGE, "#", "topic '#'"),
+                 (t.TENANT_BATCHES_EXCHANGE, "*", "topic '*'"),
+                 (t.EVENT_BATCHES_EXCHANGE, "", f"exchange '{t.EVENT_BATCHES_EXCHANGE}'")]  # the platform's
+        for exchange, key, words in cases:
+            async def bind(ch: AbstractChannel, exchange: str = exchange, key: str = key) -> None:
+                await (await ch.get_queue(mine, ensure=False)).bind(exchange, key)
+
+            said = await refusal(stack, app_user, t.FENCES_VHOST, bind)
+            assert f"access to {words}" in said and f"exchange '{exchange}'" in said, (exchange, key, said)
+        bindings = api(stack, f"api/queues/{q(t.FENCES_VHOST)}/{q(mine)}/bindings")
+        assert [b["source"] for b in bindings] == [""]  # the default exchange's only: nothing was bound
+
+
+async def test_an_application_neither_makes_nor_reads_another_applications_queues(
+        stack: ConnectionSettings, app_user: Login, second_app: Login, other_tenant: str) -> None:
+    tenant = app_user.tenant
+    theirs = app_queue(second_app, "inbox")
+    second_url = url_of(stack, second_app, t.FENCES_VHOST)
+    async with await aio_pika.connect(second_url, timeout=DEADLINE) as connection:
+        queue = await (await connection.channel()).declare_queue(theirs, auto_delete=False, durable=False)
+        await queue.bind(t.EVENTS_EXCHANGE, f"fence-events.{tenant}.#")  # the other application may
+        for name in (app_queue(second_app, "mine-now"), f"{t.APP_QUEUE_PREFIX}{other_tenant}.x.q",
+                     f"{t.APP_QUEUE_PREFIX}{tenant}.q", f"plain-{uuid.uuid4().hex[:8]}", t.ARCHIVE_QUEUE):
+            async def declare(ch: AbstractChannel, name: str = name) -> None:
+                await ch.declare_queue(name, auto_delete=True)
+
+            said = await refusal(stack, app_user, t.FENCES_VHOST, declare)
+            assert f"access to queue '{name}'" in said, said
+
+        async def ignore(message: AbstractIncomingMessage) -> None:
+            pass
+
+        async def consume(ch: AbstractChannel) -> None:
+            await (await ch.get_queue(theirs, ensure=False)).consume(ignore)
+
+        async def rebind(ch: AbstractChannel) -> None:
+            mine_too = f"fence-events.{tenant}.#"  # a key of its own tenant: the queue is what is refused
+            await (await ch.get_queue(theirs, ensure=False)).bind(t.EVENTS_EXCHANGE, mine_too)
+
+        async def purge(ch: AbstractChannel) -> None:
+            await (await ch.get_queue(theirs, ensure=False)).purge()
+
+        async def publish_event(ch: AbstractChannel) -> None:  # (a confirming channel: refused at once)
+            ex = await ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
+            await ex.publish(aio_pika.Message(b"{}"), f"fence-events.{tenant}.f.enter.o", timeout=DEADLINE)
+
+        for action in (consume, rebind, purge):
+            said = await refusal(stack, app_user, t.FENCES_VHOST, action)
+            assert f"access to queue '{theirs}'" in said, (action.__name__, said)
+        said = await refusal(stack, app_user, t.FENCES_VHOST, publish_event)
+        assert f"access to exchange '{t.EVENTS_EXCHANGE}'" in said, said
+        await queue.delete(if_unused=False, if_empty=False)

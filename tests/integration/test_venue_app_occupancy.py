@@ -1,7 +1,8 @@
-"""A hive's second occupancy figure on the live stack: its owner's fence (the fence API) is the
-hive's polygon; app users' phones entering and leaving it (our own ENTER / LEAVE events,
-federated to amq.topic and bound by the sensor sidecar per hive fence) give `app_occupancy`
-beside the sensors' figure, in hive_status and in the public read."""
+"""A hive's second occupancy figure on the live stack: its owner's fence (the fence API, the
+owner an editor of a tenant) is the hive's polygon; the tenant's app users' phones entering and
+leaving it (our own ENTER / LEAVE events, federated to amq.topic and bound by the sensor
+sidecar per hive fence) give `app_occupancy` beside the sensors' figure, in hive_status and in
+the public read."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import asyncpg
 import httpx
 import pytest
 
-from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings
-from tests.integration.clients import DEADLINE
+from exchanges.tenancy import qualify
+from tests.integration.clients import DEADLINE, Firebase, member
 from tests.integration.test_pipeline import Step, publish_positions
 
 pytestmark = pytest.mark.integration
@@ -25,17 +26,11 @@ WAIT = 60.0
 LON, LAT, D = 9.5331, 47.1650, 0.0008  # Schaan: a square of ~120 m
 
 
-def account(stack: ConnectionSettings) -> dict[str, str]:
-    host, port = stack["firebase"]["auth_emulator_host"].rsplit(":", 1)
-    email = f"{uuid.uuid4().hex[:12]}@example.org"
-    _, token = fe.sign_up(host, int(port), stack["firebase"]["project"], email, uuid.uuid4().hex)
-    return {"Authorization": f"Bearer {token}"}
-
-
 @pytest.fixture
-async def hive(stack: ConnectionSettings) -> AsyncIterator[tuple[str, str, dict[str, str]]]:
+async def hive(stack: ConnectionSettings, firebase: Firebase, tenant: str
+               ) -> AsyncIterator[tuple[str, str, dict[str, str]]]:
     run = uuid.uuid4().hex[:8]
-    hive_id, fence_id, auth = f"ap-{run}", f"ap-{run}-f", account(stack)
+    hive_id, fence_id, auth = f"ap-{run}", f"ap-{run}-f", member(firebase, tenant, "editor").auth
     ring = [[LON - D, LAT - D], [LON + D, LAT - D], [LON + D, LAT + D], [LON - D, LAT + D],
             [LON - D, LAT - D]]
     async with httpx.AsyncClient(base_url=str(stack["api"]), timeout=DEADLINE) as http:
@@ -47,6 +42,7 @@ async def hive(stack: ConnectionSettings) -> AsyncIterator[tuple[str, str, dict[
             "id": hive_id, "name": f"Phones bar {run}", "type": "bar", "lon": LON, "lat": LAT,
             "tz": "Europe/Vaduz", "capacity": 30, "fence_id": fence_id})
         assert r.status_code == 201, r.text
+        assert r.json()["fence_id"] == fence_id  # as the tenant names it (stored qualified)
         try:
             yield hive_id, fence_id, auth
         finally:
@@ -68,11 +64,14 @@ async def hive(stack: ConnectionSettings) -> AsyncIterator[tuple[str, str, dict[
 
 
 async def test_phones_inside_the_hive_fence_are_its_app_occupancy(
-        stack: ConnectionSettings, hive: tuple[str, str, dict[str, str]]) -> None:
+        stack: ConnectionSettings, hive: tuple[str, str, dict[str, str]], tenant: str) -> None:
     hive_id, fence_id, _ = hive
-    phones = [f"phone-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    phones = [qualify(tenant, f"phone-{uuid.uuid4().hex[:8]}") for _ in range(3)]  # the tenant's
     pg = await asyncpg.connect(stack["postgres"]["dsn"])
     try:
+        stored = await pg.fetchval("SELECT fence_id FROM hive WHERE id = $1", hive_id)
+        assert stored == qualify(tenant, fence_id)
+
         async def app_figure() -> Any:
             return await pg.fetchval("SELECT app_occupancy FROM hive_status WHERE hive_id = $1", hive_id)
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 from unittest import mock
 
-from fence import store
+from fence import store, tenants
 from fence.auth import Reason, Unauthenticated, User
 from fence.manager import Change
 from fence.service import FenceService
@@ -33,7 +33,7 @@ class FakeManager:
         record = store.FenceRecord(spec.definition(1), owner or "", now, now, ("a",), spec.follow)
         return Change(spec.fence_id, 1, ("a",), 1, 20, "w0", record=record)
 
-    async def remove(self, fence_id: str, expected: int | None, owner: str) -> Change:
+    async def remove(self, fence_id: str, expected: int | None = None, owner: str | None = None) -> Change:
         raise store.UnknownFence(fence_id)
 
     async def ask_worker(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -61,8 +61,14 @@ def no_fences() -> Iterator[None]:
         return []
 
     with mock.patch.object(store, "get_fence", unknown), mock.patch.object(store, "fence_owner", nothing), \
-            mock.patch.object(store, "find_fences", none_found):
+            mock.patch.object(store, "find_fences", none_found), \
+            mock.patch.object(tenants, "memberships", member_of_t1):
         yield
+
+
+async def member_of_t1(conn: Any, uid: str) -> dict[str, str]:
+    """Every caller is an editor of tenant t1 (fence/tenants.py memberships)."""
+    return {"t1": "editor"}
 
 
 def service() -> FenceService:

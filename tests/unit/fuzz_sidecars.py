@@ -1,7 +1,8 @@
 """The sidecars' batch handlers without a broker, for the fuzz tests (tests/unit/test_fuzz_*.py):
 stand-ins for aio-pika's messages and exchanges, publishing captured in memory, and an
 x-ingress, x-geo and x-fence sidecar each set up over two regions and two workers, with one
-fence (f-all) covering the world.
+fence covering the world: f-all (the platform's own, no tenant) unless a test names another
+(`tenant_fence`: a tenant's, which sees that tenant's objects only, exchanges/tenancy.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from exchanges.batch import RegionBatch, pack, unpack
 from exchanges.fence_binding import FenceBinding
 from exchanges.fence_def import FenceDef
 from exchanges.hash_ring import HashRing
+from exchanges.tenancy import qualify
 from exchanges.worker_batch import WorkerBatch
 from exchanges.worldmap import Worldmap
 from exchanges.x_geo import sidecar as geo_sidecar_module
@@ -46,6 +48,7 @@ class Msg:
     body: bytes
     routing_key: str | None = ""
     content_type: str | None = None
+    exchange: str | None = ""
     headers: dict[str, Any] | None = None
     message_id: str | None = None
     reply_to: str | None = None
@@ -119,11 +122,24 @@ def the_ring(workers: Sequence[str]) -> HashRing:
     return RING
 
 
-FULL = FenceBinding("f-all", 1, np.array([[0, (1 << 52) - 1]], np.uint64), np.array([True]))
+def full_binding(fence_id: str) -> FenceBinding:
+    """A binding of every Hilbert index (every position is a candidate of the fence)."""
+    return FenceBinding(fence_id, 1, np.array([[0, (1 << 52) - 1]], np.uint64), np.array([True]))
 
 
-FENCE = FenceDef(fence_id="f-all", version=1, geometry=box(-20.0, -10.0, 20.0, 10.0), timeout_s=300.0,
-                 name="everything near 0,0")
+def fence_near_0_0(fence_id: str) -> FenceDef:
+    return FenceDef(fence_id=fence_id, version=1, geometry=box(-20.0, -10.0, 20.0, 10.0), timeout_s=300.0,
+                    name="everything near 0,0")
+
+
+FULL = full_binding("f-all")
+FENCE = fence_near_0_0("f-all")
+
+
+def tenant_fence(tenant: str) -> tuple[FenceBinding, FenceDef]:
+    """f-all of `tenant` (`<tenant>:f-all`): its binding for x-geo, its definition for x-fence."""
+    fence_id = qualify(tenant, "f-all")
+    return full_binding(fence_id), fence_near_0_0(fence_id)
 
 
 def ingress_sidecar() -> tuple[IngressSidecar, Exchange, dict[str, Exchange]]:
@@ -152,23 +168,24 @@ def forwarded(outs: Sequence[shell.Out], regions: dict[str, Exchange]) -> list[P
     return got
 
 
-def geo_sidecar() -> tuple[GeoSidecar, Exchange, Exchange]:
+def geo_sidecar(binding: FenceBinding = FULL) -> tuple[GeoSidecar, Exchange, Exchange]:
     with mock.patch.object(geo_sidecar_module, "HashRing", the_ring):
         sc = GeoSidecar(dataclasses.replace(SIDECAR, role="x-geo", instance="a"))
-    sc.core.add_binding(FULL)
+    sc.core.add_binding(binding)
     dlx, fence_in = Exchange("dead-letters"), Exchange("x-fence.in")
     sc.dlx, sc.fence_in = cast(Any, dlx), cast(Any, fence_in)
     return sc, dlx, fence_in
 
 
-def fence_sidecar(worker: str = "w0") -> tuple[FenceSidecar, Exchange, Exchange]:
+def fence_sidecar(worker: str = "w0", fence: FenceDef = FENCE) -> tuple[FenceSidecar, Exchange, Exchange]:
     config = dataclasses.replace(SIDECAR, role="x-fence", instance=worker)
     if hasattr(config, "persistence"):  # x-fence's snapshot and journal: not here
         config = dataclasses.replace(config, persistence=False)
     with mock.patch.object(fence_sidecar_module, "HashRing", the_ring):
         sc = FenceSidecar(config)
-    sc.core.define(FENCE, TS_MIN)
+    sc.core.define(fence, TS_MIN)
     dlx, events = Exchange("dead-letters"), Exchange("fence.events")
     sc.dlx, sc.events = cast(Any, dlx), cast(Any, events)
     sc.event_batches = cast(Any, Exchange("fence.event-batches"))
+    sc.tenant_batches = cast(Any, Exchange("fence.tenant-batches"))  # a tenant's events, by its key
     return sc, dlx, events

@@ -1,6 +1,7 @@
 """The internal wire fuzzed (tests/unit/test_fuzz_*.py): what the sidecars send each other (region
 batches, worker batches, definitions) as the sender makes it, then mutated, corrupted or
-replaced by junk; each body says whether it is still valid as sent.
+replaced by junk; each body says whether it is still valid as sent. The object ids are as
+x-ingress sends them: a tenant's qualified (`<tenant>:<id>`), some of no tenant.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from shapely.geometry import box
 from exchanges import control
 from exchanges.batch import PositionBatch, RegionBatch, unpack
 from exchanges.fence_def import FenceDef
+from exchanges.tenancy import qualify
 from exchanges.worker_batch import WorkerBatch
 from exchanges.x_geo.core import XGeo
 from ingress.positions import (
@@ -43,6 +45,9 @@ def wire_junk(rng: random.Random) -> Any:
     return rng.choice(options)()
 
 
+WIRE_TENANTS = ("", "acme", "fleet-2")  # "": the platform's own names
+
+
 def position_batch(rng: random.Random, n_max: int = 6) -> PositionBatch:
     n = rng.randint(0, n_max)
     z = Fuzzer(rng)
@@ -50,7 +55,7 @@ def position_batch(rng: random.Random, n_max: int = 6) -> PositionBatch:
     if rng.random() < 0.5:
         values: list[Any] = [1, -(2**63), 2**64 - 1, "x", 2.5, math.nan, None, True, [1, "y"], b"z"]
         extra = [None if rng.random() < 0.5 else {z.text(4): rng.choice(values)} for _ in range(n)]
-    return PositionBatch([z.object_id() for _ in range(n)],
+    return PositionBatch([qualify(rng.choice(WIRE_TENANTS), z.object_id()) for _ in range(n)],
                          np.array([rng.uniform(-180, 180) for _ in range(n)]),
                          np.array([rng.uniform(-90, 90) for _ in range(n)]),
                          np.array([rng.uniform(TS_MIN, TS_MAX) for _ in range(n)]),
@@ -154,9 +159,20 @@ def worker_wire(rng: random.Random) -> dict[str, Any]:
     geo.add_binding(FULL)
     pb = position_batch(rng)
     notice = np.array([rng.random() < 0.3 for _ in range(len(pb))], bool)
-    mine = geo.route(pb, notice=notice).get("w0") or WorkerBatch(
-        "w0", PositionBatch.empty(), np.zeros(1, np.int64), [], np.empty(0, np.int32), np.empty(0, bool))
-    return {"v": 1, "kind": "positions", "parts": [mine.to_wire()]}  # what x-geo sends to w0
+    mine = geo.route(pb, notice=notice).get(FENCE_WORKER) or WorkerBatch(
+        FENCE_WORKER, PositionBatch.empty(), np.zeros(1, np.int64), [], np.empty(0, np.int32),
+        np.empty(0, bool))
+    # what x-geo sends to f-all's worker: the positions with f-all their candidate, and notices
+    return {"v": 1, "kind": "positions", "parts": [mine.to_wire()]}
+
+
+def _fence_worker() -> str:
+    geo = XGeo("a", list(WORKERS), RING)
+    geo.add_binding(FULL)
+    return geo.worker_of(FULL.fence_id)
+
+
+FENCE_WORKER = _fence_worker()  # the worker of f-all (FULL), where its events are made
 
 
 SQUARE = box(9.50, 47.10, 9.51, 47.11)

@@ -8,10 +8,19 @@ import pytest
 
 from deploy import cli
 
-COMMANDS = [["status"], ["device", "list"], ["topology", "show"], ["fence", "list"], ["fence", "show", "f1"],
-            ["fence", "add", "/nonexistent.geojson"], ["fence", "remove", "f1"], ["inspect", "object", "o1"],
-            ["inspect", "fence", "f1"], ["inspect", "ring"], ["inspect", "worldmap"], ["inspect", "topology"],
+T = ["--tenant", "acme"]
+COMMANDS = [["status"], ["device", "list"], ["device", "list", *T], ["device", "add", "d1", *T],
+            ["device", "remove", "d1", *T], ["gateway", "list"], ["gateway", "add", "gw-1", *T],
+            ["topology", "show"], ["fence", "list"], ["fence", "list", *T], ["fence", "show", "f1", *T],
+            ["fence", "add", "/nonexistent.geojson", *T], ["fence", "remove", "f1", *T],
+            ["subscription", "show", "rs-1", *T], ["subscription", "remove", "rs-1", *T], ["tenant", "list"],
+            ["inspect", "object", "o1"], ["inspect", "object", "o1", *T], ["inspect", "fence", "f1", *T],
+            ["inspect", "ring"], ["inspect", "worldmap"], ["inspect", "topology"],
             ["dlq", "list"], ["spark", "rebuild-bindings"], ["spark", "occupancy-analytics"]]
+# a tenant's things name their tenant (exchanges/tenancy.py): without --tenant, a usage error
+NEEDS_TENANT = [["device", "add", "d1"], ["device", "remove", "d1"], ["gateway", "add", "gw-1"],
+                ["fence", "show", "f1"], ["fence", "add", "/nonexistent.geojson"], ["fence", "remove", "f1"],
+                ["subscription", "show", "rs-1"], ["subscription", "remove", "rs-1"]]
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
@@ -23,6 +32,16 @@ def test_an_unknown_setting_is_one_line_and_exit_2(argv: list[str], monkeypatch:
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert err.startswith(f"geofence {argv[0]}") and "GEOFENCE_HOSTT" in err
     assert "did you mean GEOFENCE_HOST" in err
+
+
+@pytest.mark.parametrize("argv", NEEDS_TENANT, ids=" ".join)
+def test_a_tenants_command_without_its_tenant_is_a_usage_error(argv: list[str],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "the following arguments are required: --tenant" in err and "Traceback" not in err
 
 
 def test_other_errors_are_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:

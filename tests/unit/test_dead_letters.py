@@ -24,7 +24,7 @@ NOW = 1_800_000_000.0
 
 
 def sidecar_headers(reason: str = "lat 91 is outside [-90, 90]", source: str = "x-ingress.positions",
-                    routing_key: str = "positions.obj-1", **app: Any) -> dict[str, Any]:
+                    routing_key: str = "positions.acme.obj-1", **app: Any) -> dict[str, Any]:
     return {**app, "x-geofence-reason": reason, "x-geofence-source": source,
             "x-geofence-routing-key": routing_key}
 
@@ -32,7 +32,7 @@ def sidecar_headers(reason: str = "lat 91 is outside [-90, 90]", source: str = "
 def broker_headers(reason: str = "delivery_limit", queue: str = "x-ingress.positions", count: int = 1,
                    routing_keys: list[str] | None = None, exchange: str = "amq.topic",
                    **app: Any) -> dict[str, Any]:
-    keys = ["positions.obj-1"] if routing_keys is None else routing_keys
+    keys = ["positions.acme.obj-1"] if routing_keys is None else routing_keys
     return {**app,
             "x-death": [{"count": count, "reason": reason, "queue": queue, "time": T0,
                          "exchange": exchange, "routing-keys": keys}],
@@ -62,7 +62,7 @@ def test_a_sidecar_dead_letter() -> None:
     assert x.reason_key == reason_key(x.reason) and x.reason_key.startswith("lat N is outside [N")
     assert x.group == f"'{x.reason_key}'"
     assert x.source == "x-ingress.positions"
-    assert x.routing_key == "positions.obj-1"  # the original, not the dead-letters one
+    assert x.routing_key == "positions.acme.obj-1"  # the original, not the dead-letters one
     assert x.exchange is None and x.time is None and x.deaths == 0
     assert x.replays == 0 and x.last_reason is None and x.replayed_at is None
     assert x.size == len(b'{"lon": 9.5, "lat": 91, "ts": 1.8e9}')
@@ -79,10 +79,22 @@ def test_header_values_that_are_not_utf8_come_as_bytes_and_are_read() -> None:
 
 
 def test_an_empty_routing_key_is_kept_as_empty() -> None:
-    # gateway batches come through the fanout ingress.batches with routing key ""
-    x = letter(sidecar_headers("malformed JSON: unexpected character", "x-ingress.batches", ""))
+    # what comes through the retired fanout ingress.batches (before tenants) has routing key ""
+    reason = "routing key '' is not a tenant (a gateway publishes its batches on ingress.gateway ...)"
+    x = letter(sidecar_headers(reason, "x-ingress.batches", ""))
     assert x.routing_key == ""
-    assert x.reason_key == "malformed JSON"
+    assert x.reason == reason and x.reason_key.startswith("routing key '…' is not a tenant")
+
+
+def test_a_gateway_batch_is_replayed_with_its_tenant() -> None:
+    """A gateway's batch comes on ingress.gateway with its tenant as the routing key, which
+    x-ingress qualifies the ids by: a replay keeps it (the same tenant's objects again)."""
+    headers = sidecar_headers("1 of 2 positions refused: position 0: lat 91 is outside [-90, 90]",
+                              "x-ingress.batches", "acme")
+    x = letter(headers, routing_key="x-ingress.batches")  # its key in dead-letters is the source
+    assert x.routing_key == "acme"
+    r = dl.replay_of(x, headers, {}, NOW)
+    assert (r.queue, r.routing_key) == ("x-ingress.batches", "acme")
 
 
 @pytest.mark.parametrize("source", [None, ""])
@@ -100,12 +112,12 @@ def test_a_sidecar_dead_letter_without_a_source_is_not_replayable(source: str | 
 
 def test_a_broker_dead_letter_after_the_delivery_limit() -> None:
     headers = broker_headers(app="x") | {"x-geofence-replays": 1}
-    x = letter(headers, routing_key="positions.obj-1", message_id="m1")
+    x = letter(headers, routing_key="positions.acme.obj-1", message_id="m1")
     assert x.kind == "broker"
     assert x.reason == "delivery_limit (by the broker, from x-ingress.positions)"
     assert x.reason_key == "delivery_limit" and x.group == "delivery_limit"
     assert x.source == "x-ingress.positions"
-    assert x.routing_key == "positions.obj-1"
+    assert x.routing_key == "positions.acme.obj-1"
     assert x.exchange == "amq.topic"
     assert x.time == T0
     assert x.deaths == 1
@@ -149,7 +161,7 @@ def test_an_epoch_time_is_read_too() -> None:
 def test_x_death_without_routing_keys_takes_the_message_routing_key() -> None:
     headers = broker_headers()
     del headers["x-death"][0]["routing-keys"]
-    assert letter(headers, routing_key="positions.o2").routing_key == "positions.o2"
+    assert letter(headers, routing_key="positions.acme.o2").routing_key == "positions.acme.o2"
 
 
 @pytest.mark.parametrize("x_death", ["garbage", [1, "two"], [], {"reason": "x"}])
@@ -194,13 +206,13 @@ def test_the_replays_counter_is_read_defensively(value: Any, expected: int) -> N
 
 
 def test_replay_headers_and_target() -> None:
-    headers = sidecar_headers("lat 91 is outside [-90, 90]", "x-ingress.positions", "positions.obj-1",
+    headers = sidecar_headers("lat 91 is outside [-90, 90]", "x-ingress.positions", "positions.acme.obj-1",
                               app="kept", other=[1, 2]) | {"x-delivery-count": 3}
     x = letter(headers)
     props = {"content_type": "application/json", "message_id": "m-1", "correlation_id": None,
              "user_id": "somebody", "expiration": "60000", "priority": 0, "timestamp": T0}
     r = dl.replay_of(x, headers, props, NOW)
-    assert (r.vhost, r.queue, r.routing_key) == ("gf-ingress", "x-ingress.positions", "positions.obj-1")
+    assert (r.vhost, r.queue, r.routing_key) == ("gf-ingress", "x-ingress.positions", "positions.acme.obj-1")
     assert r.headers == {"app": "kept", "other": [1, 2], "x-geofence-replays": 1,
                          "x-geofence-last-reason": "lat 91 is outside [-90, 90]",
                          "x-geofence-replayed-at-ms": 1_800_000_000_000}
@@ -226,7 +238,7 @@ def test_replaying_a_broker_dead_letter_removes_every_death_header() -> None:
                                          "x-geofence-replayed-at-ms": 1_799_999_940_000}
     x = letter(headers)
     r = dl.replay_of(x, headers, {}, NOW)
-    assert r.queue == "x-ingress.positions" and r.routing_key == "positions.obj-1"
+    assert r.queue == "x-ingress.positions" and r.routing_key == "positions.acme.obj-1"
     assert r.headers == {"app": "a", "x-geofence-replays": 3,
                          "x-geofence-last-reason": "delivery_limit (by the broker, from x-ingress.positions)",
                          "x-geofence-replayed-at-ms": 1_800_000_000_000}

@@ -1,5 +1,6 @@
 """The bulk device path's pure parts (deploy/rabbitmq/device_bulk.py) and its use of the
-management API, against a recording fake (the live broker: tests/integration/test_devices_bulk.py)."""
+management API, against a recording fake (the live broker: tests/integration/test_devices_bulk.py).
+A file's object ids are one tenant's: its devices are the users `<tenant>.<object_id>`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from deploy.rabbitmq import definitions as d
+from deploy.rabbitmq import credentials as cred
 from deploy.rabbitmq import device_bulk as b
 from exchanges import topology as t
 
@@ -39,22 +40,26 @@ def test_parse_ids_names_every_bad_line_and_keeps_nothing() -> None:
 
 
 def test_plan_splits_new_and_existing_devices_and_refuses_other_users() -> None:
-    users = [{"name": "old", "tags": [t.DEVICE_TAG]}, {"name": "x-ingress", "tags": []},
-             {"name": "legacy", "tags": t.DEVICE_TAG}]
-    p = b.plan(["new", "old", "legacy"], users)
-    assert p.new == ["new"] and p.existing == ["old", "legacy"]
+    users = [{"name": "acme.old", "tags": [t.DEVICE_TAG]}, {"name": "x-ingress", "tags": []},
+             {"name": "acme.legacy", "tags": t.DEVICE_TAG}, {"name": "acme.gw", "tags": [t.GATEWAY_TAG]}]
+    p = b.plan(["acme.new", "acme.old", "acme.legacy", "other.old"], users)
+    assert p.new == ["acme.new", "other.old"] and p.existing == ["acme.old", "acme.legacy"]
     with pytest.raises(b.BulkError, match=r"not devices.*x-ingress"):
-        b.plan(["new", "x-ingress"], users)
+        b.plan(["acme.new", "x-ingress"], users)
+    with pytest.raises(b.BulkError, match=r"not devices.*acme\.gw"):  # a tenant's gateway
+        b.plan(["acme.gw"], users)
 
 
 def test_definitions_give_the_rights_of_device_add() -> None:
-    doc = b.definitions([("n1", "pw")], ["e1"])
-    assert [u["name"] for u in doc["users"]] == ["n1"]  # an existing device keeps its password
+    doc = b.definitions([("acme.n1", "pw")], ["acme.e1"])
+    assert [u["name"] for u in doc["users"]] == ["acme.n1"]  # an existing device keeps its password
     assert doc["users"][0]["tags"] == [t.DEVICE_TAG] and doc["users"][0]["hashing_algorithm"] == b.HASHING
     assert "password" not in doc["users"][0]
+    writes = [tp["write"] for tp in doc["topic_permissions"]]
+    assert writes == [r"^positions\.acme\.n1$", r"^positions\.acme\.e1$"]
     for i, (perm, topic) in enumerate(zip(doc["permissions"], doc["topic_permissions"], strict=True)):
-        user = ["n1", "e1"][i]
-        p, tp = d.device_permission(user), d.device_topic_permission(user)
+        user = ["acme.n1", "acme.e1"][i]
+        p, tp = cred.device_permission(user), cred.device_topic_permission(user)
         assert perm == {"user": user, "vhost": t.INGRESS_VHOST, "configure": p.configure, "write": p.write,
                         "read": p.read}
         assert topic == {"user": user, "vhost": t.INGRESS_VHOST, "exchange": t.MQTT_TOPIC_EXCHANGE,
@@ -73,37 +78,65 @@ class FakeBroker:
         if method == "POST" and path == "api/definitions":
             self.users_ += [{"name": u["name"], "tags": u["tags"]} for u in body["users"]]
         if path.startswith("api/connections"):
-            return [{"name": "c1", "user": "a"}, {"name": "c2", "user": "someone"}]
+            return [{"name": "c1", "user": "acme.a"}, {"name": "c2", "user": "someone"},
+                    {"name": "c3", "user": "other.a"}]
         if path.startswith("api/queues/"):
-            return [{"name": "mqtt-subscription-aqos1"}, {"name": "x-ingress.positions"}]
+            return [{"name": "mqtt-subscription-acme.aqos1"}, {"name": "x-ingress.positions"},
+                    {"name": "mqtt-subscription-other.aqos1"}]
         return None
 
 
 def test_add_many_imports_in_chunks_and_is_idempotent() -> None:
-    broker = FakeBroker([{"name": "e", "tags": [t.DEVICE_TAG]}])
+    broker = FakeBroker([{"name": "acme.e", "tags": [t.DEVICE_TAG]},
+                         {"name": "other.d0", "tags": [t.DEVICE_TAG]}])  # another tenant's d0
     lines: list[str] = []
     ids = [f"d{i}" for i in range(5)] + ["e"]
-    rows = b.add_many(b.Broker(broker.request), ids, lines.append, chunk=2)
-    assert [i for i, _ in rows] == ids and rows[-1] == ("e", None)
+    rows = b.add_many(b.Broker(broker.request), "acme", ids, lines.append, chunk=2)
+    assert [i for i, _ in rows] == ids and rows[-1] == ("e", None)  # the object ids, as given
     assert all(p and len(p) >= 24 for _, p in rows[:-1]) and len({p for _, p in rows[:-1]}) == 5
     imports = [body for m, path, body in broker.calls if path == "api/definitions"]
     assert [len(x["users"]) for x in imports] == [2, 2, 1]
     assert [len(x["permissions"]) for x in imports] == [2, 2, 2]
+    assert [u["name"] for x in imports for u in x["users"]] == [f"acme.d{i}" for i in range(5)]
+    assert {p["user"] for x in imports for p in x["topic_permissions"]} == {f"acme.{i}" for i in ids}
     assert lines[-1].strip() == "6 / 6 devices"
-    again = b.add_many(b.Broker(broker.request), ids, lines.append, chunk=100)
+    again = b.add_many(b.Broker(broker.request), "acme", ids, lines.append, chunk=100)
     assert all(p is None for _, p in again)  # every one exists now: no password, rights set again
     assert [len(x["users"]) for m, path, x in broker.calls[-1:]] == [0]
 
 
+def test_the_same_ids_in_another_tenant_are_other_devices() -> None:
+    broker = FakeBroker([{"name": "acme.d0", "tags": [t.DEVICE_TAG]}])
+    rows = b.add_many(b.Broker(broker.request), "other", ["d0"], lambda s: None)
+    assert rows[0][0] == "d0" and rows[0][1]  # new there: a password
+    (doc,) = [body for m, path, body in broker.calls if path == "api/definitions"]
+    assert [u["name"] for u in doc["users"]] == ["other.d0"]
+    assert doc["topic_permissions"][0]["write"] == r"^positions\.other\.d0$"
+
+
+@pytest.mark.parametrize("tenant", ["", "Acme", "a.b", "a_b"])
+def test_a_bad_tenant_is_refused_before_anything_is_written(tenant: str) -> None:
+    broker = FakeBroker([])
+    with pytest.raises(ValueError, match="tenant"):
+        b.add_many(b.Broker(broker.request), tenant, ["d0"], lambda s: None)
+    with pytest.raises(ValueError, match="tenant"):
+        b.remove_many(b.Broker(broker.request), tenant, ["d0"], lambda s: None)
+    assert broker.calls == []
+
+
 def test_credentials_csv() -> None:
-    rows = list(csv.reader(io.StringIO(b.credentials_csv([("a", "pw1"), ("b", None)]))))
-    assert rows == [["object_id", "mqtt_login", "client_id", "password"],
-                    ["a", f"{t.INGRESS_VHOST}:a", "a", "pw1"], ["b", f"{t.INGRESS_VHOST}:b", "b", ""]]
+    rows = list(csv.reader(io.StringIO(b.credentials_csv([("a", "pw1"), ("b", None)], "acme"))))
+    assert rows == [["tenant", "object_id", "mqtt_login", "client_id", "topic", "password"],
+                    ["acme", "a", f"{t.INGRESS_VHOST}:acme.a", "acme.a", "positions/acme/a", "pw1"],
+                    ["acme", "b", f"{t.INGRESS_VHOST}:acme.b", "acme.b", "positions/acme/b", ""]]
 
 
 def test_remove_many_deletes_devices_only_with_their_connections_and_queues() -> None:
-    broker = FakeBroker([{"name": "a", "tags": [t.DEVICE_TAG]}, {"name": "x-geo", "tags": []}])
-    assert b.remove_many(b.Broker(broker.request), ["a", "x-geo", "ghost"], lambda s: None) == 1
-    assert ("POST", "api/users/bulk-delete", {"users": ["a"]}) in broker.calls
+    broker = FakeBroker([{"name": "acme.a", "tags": [t.DEVICE_TAG]},
+                         {"name": "other.a", "tags": [t.DEVICE_TAG]}, {"name": "x-geo", "tags": []},
+                         {"name": "acme.gw", "tags": [t.GATEWAY_TAG]}])  # a gateway: not removed here
+    assert b.remove_many(b.Broker(broker.request), "acme", ["a", "x-geo", "ghost", "gw"], lambda s: None) == 1
+    assert ("POST", "api/users/bulk-delete", {"users": ["acme.a"]}) in broker.calls
     deletes = [path for m, path, _ in broker.calls if m == "DELETE"]
-    assert deletes == ["api/connections/c1", f"api/queues/{t.INGRESS_VHOST}/mqtt-subscription-aqos1"]
+    # other.a, the other tenant's device of the same id, keeps its connection and queue
+    assert deletes == ["api/connections/c1", f"api/queues/{t.INGRESS_VHOST}/mqtt-subscription-acme.aqos1"]

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fence import store
+from fence import store, tenants
 from fence.api import create_app
 from fence.client import FenceClient, Reply
 from fence.service import ApiError, Caller
@@ -125,28 +125,34 @@ def rows(n: int, ts: float = 5.0) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def archive() -> Iterator[list[tuple[Any, ...]]]:
-    """f-1 of uid-1 with 12 events at one ts; the store's calls are recorded."""
+    """f-1 of tenant t1 with 12 events at one ts; the store's calls are recorded."""
     calls: list[tuple[Any, ...]] = []
 
     async def fence_owner(conn: Any, fence_id: str) -> str | None:
         calls.append(("fence_owner", fence_id))
-        return "uid-1" if fence_id == "f-1" else None
+        return "uid-1" if fence_id == "t1:f-1" else None
+
+    async def memberships(conn: Any, uid: str) -> dict[str, str]:
+        return {"t1": "viewer"}
 
     async def fence_events(conn: Any, fence_id: str, since: float, limit: int,
-                           after: tuple[float, str] | None) -> list[dict[str, Any]]:
+                           after: tuple[float, str] | None, objects_of: str | None = None
+                           ) -> list[dict[str, Any]]:
+        assert objects_of == "t1"  # a tenant reads its own objects' events (no presence event)
         calls.append(("fence_events", since, limit, after))
         return [r for r in rows(12)
                 if r["ts"] >= since and (after is None or (r["ts"], r["event_id"]) > after)][:limit]
 
     with mock.patch.object(store, "fence_owner", fence_owner), \
-            mock.patch.object(store, "fence_events", fence_events):
+            mock.patch.object(store, "fence_events", fence_events), \
+            mock.patch.object(tenants, "memberships", memberships):
         yield calls
 
 
 def test_the_service_pages_through_events_at_one_ts_each_once(archive: list[tuple[Any, ...]]) -> None:
     svc, seen, cursor, pages = service(), [], None, 0
     while True:
-        page = asyncio.run(svc.events(Caller("uid-1"), "f-1", 0.0, 5, cursor))
+        page = asyncio.run(svc.events(Caller("uid-1", tenant="t1", role="viewer"), "f-1", 0.0, 5, cursor))
         seen += [e["event_id"] for e in page["events"]]
         pages += 1
         cursor = page["next"]
@@ -159,14 +165,14 @@ def test_the_service_pages_through_events_at_one_ts_each_once(archive: list[tupl
 
 
 def test_a_full_last_page_has_no_next(archive: list[tuple[Any, ...]]) -> None:
-    page = asyncio.run(service().events(Caller("uid-1"), "f-1", 0.0, 12))
+    page = asyncio.run(service().events(Caller("uid-1", tenant="t1", role="viewer"), "f-1", 0.0, 12))
     assert len(page["events"]) == 12 and page["next"] is None
 
 
 @pytest.mark.parametrize("cursor", ["garbage", GOOD[:-1], "", store.event_cursor("f-2", 1.0, "e")])
 def test_a_bad_cursor_is_a_400_before_the_store(archive: list[tuple[Any, ...]], cursor: str) -> None:
     with pytest.raises(ApiError) as info:
-        asyncio.run(service().events(Caller("uid-1"), "f-1", 0.0, 5, cursor))
+        asyncio.run(service().events(Caller("uid-1", tenant="t1", role="viewer"), "f-1", 0.0, 5, cursor))
     assert info.value.status == 400 and info.value.message.startswith("cursor ")
     assert archive == []
 

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from exchanges import shell
 from exchanges.fence_def import FenceDef
-from fence import store
+from fence import store, tenants
 from fence.api import BodyLimit, create_app
 from fence.auth import Reason, Unauthenticated, User
 from fence.rpc import RpcServer
@@ -29,8 +29,11 @@ from fence.service import ApiError, Caller, FenceService
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 YARD = box(9.500, 47.100, 9.510, 47.110)
-STORED = store.FenceRecord(FenceDef(fence_id="f-1", version=3, geometry=YARD, timeout_s=300.0, name="yard"),
-                           "uid-1", NOW, NOW, ("a",), None)
+STORED = store.FenceRecord(FenceDef(fence_id="t1:f-1", version=3, geometry=YARD, timeout_s=300.0,
+                                    name="yard"), "uid-1", NOW, NOW, ("a",), None)
+ME = Caller("uid-1", tenant="t1", role="editor")  # an editor of tenant t1, whose fence f-1 is
+OTHER = Caller("uid-2", tenant="t2", role="admin")  # an admin of another tenant
+OPERATOR = Caller("uid-9", operator=True)  # the operator claim, in no tenant
 
 
 class Pool:
@@ -66,7 +69,7 @@ def stored() -> Iterator[list[tuple[str, Any]]]:
 
     async def get_fence(conn: Any, fence_id: str) -> store.FenceRecord:
         calls.append(("get_fence", fence_id))
-        if fence_id != "f-1":
+        if fence_id != "t1:f-1":
             raise store.UnknownFence(fence_id)
         return STORED
 
@@ -76,11 +79,15 @@ def stored() -> Iterator[list[tuple[str, Any]]]:
 
     async def fence_owner(conn: Any, fence_id: str) -> str | None:
         calls.append(("fence_owner", fence_id))
-        return "uid-1" if fence_id == "f-1" else None
+        return "uid-1" if fence_id == "t1:f-1" else None
+
+    async def memberships(conn: Any, uid: str) -> dict[str, str]:
+        return {"t1": "editor"} if uid == "uid-1" else {}
 
     with mock.patch.object(store, "get_fence", get_fence), \
             mock.patch.object(store, "find_fences", find_fences), \
-            mock.patch.object(store, "fence_owner", fence_owner):
+            mock.patch.object(store, "fence_owner", fence_owner), \
+            mock.patch.object(tenants, "memberships", memberships):
         yield calls
 
 
@@ -98,20 +105,20 @@ def refused(call: Any, status: int = 422) -> str:
 @pytest.mark.parametrize("after", ["a\x00b", "a b", "-a", "x" * 65, "\ud800"])
 def test_a_page_cursor_that_is_no_fence_id_is_refused_before_the_store(after: str) -> None:
     with stored() as calls:
-        assert refused(service().list(Caller("uid-1"), after=after)).startswith("after: fence id ")
+        assert refused(service().list(ME, after=after)).startswith("after: fence id ")
     assert calls == []
 
 
 def test_a_page_cursor_that_is_a_fence_id_reaches_the_store() -> None:
     with stored() as calls:
-        assert asyncio.run(service().list(Caller("uid-1"), after="f-0"))["features"] == []
+        assert asyncio.run(service().list(ME, after="f-0"))["features"] == []
     assert [name for name, _ in calls] == ["find_fences"]
 
 
 @pytest.mark.parametrize("fence_id", ["a\x00b", "", "a/b"])
 def test_the_events_of_a_fence_id_that_cannot_be_are_refused_before_the_store(fence_id: str) -> None:
     with stored() as calls:
-        assert "fence id " in refused(service().events(Caller("uid-1"), fence_id))
+        assert "fence id " in refused(service().events(ME, fence_id))
     assert calls == []
 
 
@@ -128,7 +135,7 @@ def test_the_events_of_a_fence_id_that_cannot_be_are_refused_before_the_store(fe
 ])
 def test_replace_refuses_wrong_values_with_their_name(body: dict[str, Any], words: str) -> None:
     with stored():
-        assert words in refused(service().replace(Caller("uid-1"), "f-1", body))
+        assert words in refused(service().replace(ME, "f-1", body))
 
 
 SQUARE = {"type": "Polygon", "coordinates": [[[9.5, 47.1], [9.51, 47.1], [9.51, 47.11], [9.5, 47.1]]]}
@@ -142,7 +149,7 @@ def test_replace_refuses_a_feature_naming_another_fence_than_the_path(top: dict[
                                                                       props: dict[str, Any]) -> None:
     with stored() as calls:
         body = {"type": "Feature", **top, "properties": props, "geometry": SQUARE}
-        assert "the Feature names fence " in refused(service().replace(Caller("uid-1"), "f-1", body))
+        assert "the Feature names fence " in refused(service().replace(ME, "f-1", body))
     assert calls == []
 
 
@@ -151,14 +158,14 @@ def test_replace_refuses_a_feature_naming_another_fence_than_the_path(top: dict[
 def test_replace_takes_a_feature_naming_the_paths_fence_or_none(top: dict[str, Any],
                                                                 props: dict[str, Any]) -> None:
     body = {"type": "Feature", **top, "properties": props, "geometry": SQUARE}
-    assert service()._spec(body, "f-1", Caller("uid-1")).fence_id == "f-1"
+    assert service()._spec(body, "f-1", ME).fence_id == "t1:f-1"  # qualified by the caller's tenant
 
 
 @pytest.mark.parametrize("given", [5, 1.5, True, 0, False, "", "a\x00"])
 def test_create_takes_the_id_given_as_it_is(given: Any) -> None:
     f = {"type": "Feature", "id": given, "properties": {}, "geometry": {"type": "Polygon", "coordinates": [
         [[9.5, 47.1], [9.51, 47.1], [9.51, 47.11], [9.5, 47.1]]]}}
-    assert refused(service().create(Caller("uid-1"), f)).startswith("fence id ")
+    assert refused(service().create(ME, f)).startswith("fence id ")
 
 
 # --------------------------------------------------------------------------- the AMQP API
@@ -273,28 +280,42 @@ class Regions(Manager):
                           ) -> dict[str, dict[str, Any]]:
         assert kind == "query"
         self.asked.append(request)
-        return {"a": {"objects": [{"id": "o2", "lon": 9.505, "lat": 47.105, "ts": 2.0}]},
-                "b": {"objects": [{"id": "o1", "lon": 9.501, "lat": 47.101, "ts": 1.0},
-                                  {"id": "o2", "lon": 9.7, "lat": 47.2, "ts": 1.0}]}}
+        # the regions filter by the request's tenant (exchanges/x_geo/queries.py); these rows are
+        # what they would answer for t1 (or, without a tenant, for everyone)
+        rows_a = [{"id": "t1:o2", "lon": 9.505, "lat": 47.105, "ts": 2.0}]
+        rows_b = [{"id": "t1:o1", "lon": 9.501, "lat": 47.101, "ts": 1.0},
+                  {"id": "t1:o2", "lon": 9.7, "lat": 47.2, "ts": 1.0}]
+        if "tenant" not in request:
+            rows_b.append({"id": "t2:o1", "lon": 9.6, "lat": 47.2, "ts": 3.0})
+        return {"a": {"objects": rows_a}, "b": {"objects": rows_b}}
 
 
-def test_only_an_operator_queries_the_whole_map_and_an_owner_queries_within_a_fence() -> None:
+def test_a_member_queries_its_tenants_objects_and_the_operator_everyones() -> None:
     regions = Regions()
     svc = FenceService(cast(Any, regions))
-    bbox = {"query": "bbox", "bbox": [9.4, 47.0, 9.8, 47.3]}
-    assert "geofence_operator" in refused(svc.query(Caller("uid-1"), bbox), 403)
-    got = asyncio.run(svc.query(Caller("uid-1", operator=True), bbox))
+    bbox = {"query": "bbox", "bbox": [9.4, 47.0, 9.8, 47.3], "tenant": "t2"}  # the body's tenant is ignored
+    got = asyncio.run(svc.query(ME, bbox))
+    assert regions.asked[-1]["tenant"] == "t1"
     assert [(r["id"], r["ts"]) for r in got["objects"]] == [("o1", 1.0), ("o2", 2.0)]  # the newer o2
+    assert all("tenant" not in r for r in got["objects"])
+    everyone = asyncio.run(svc.query(OPERATOR, {"query": "bbox", "bbox": [9.4, 47.0, 9.8, 47.3]}))
+    assert "tenant" not in regions.asked[-1]
+    assert [(r["id"], r["tenant"]) for r in everyone["objects"]] == [
+        ("t1:o1", "t1"), ("t1:o2", "t1"), ("t2:o1", "t2")]
+    page = asyncio.run(svc.query(ME, {**bbox, "limit": 1, "after": "o0"}))
+    assert regions.asked[-1]["after"] == "t1:o0" and page["next_after"] == "o1"  # names, as the tenant's
     with stored() as calls:
-        mine = asyncio.run(svc.query(Caller("uid-1"), {"fence_id": "f-1"}))
+        mine = asyncio.run(svc.query(ME, {"fence_id": "f-1"}))
         assert mine["query"] == "within" and regions.asked[-1]["query"] == "within"
-        assert "another user" in refused(svc.query(Caller("uid-2"), {"fence_id": "f-1"}), 403)
-        assert "no fence" in refused(svc.query(Caller("uid-1"), {"fence_id": "f-9"}), 404)
-    assert [name for name, _ in calls] == ["get_fence"] * 3
-    assert "radius_m" in refused(svc.query(Caller("uid-1", operator=True),
+        # another tenant's fence cannot be named: not found, as one that does not exist
+        assert "no fence" in refused(svc.query(OTHER, {"fence_id": "f-1"}), 404)
+        assert "no fence" in refused(svc.query(ME, {"fence_id": "f-9"}), 404)
+    assert calls == [("get_fence", "t1:f-1"), ("get_fence", "t2:f-1"), ("get_fence", "t1:f-9")]
+    assert "member of no tenant" in refused(svc.query(Caller("uid-3"), bbox), 403)
+    assert "radius_m" in refused(svc.query(OPERATOR,
                                            {"query": "nearby", "point": [9.5, 47.1], "radius_m": -1}))
-    assert "fence_id goes with" in refused(svc.query(Caller("uid-1"), {"fence_id": "f-1", "query": "bbox"}))
-    assert "JSON object" in refused(svc.query(Caller("uid-1", operator=True), ["bbox"]))
+    assert "fence_id goes with" in refused(svc.query(ME, {"fence_id": "f-1", "query": "bbox"}))
+    assert "JSON object" in refused(svc.query(OPERATOR, ["bbox"]))
 
 
 def test_the_operator_claim_comes_from_the_token() -> None:

@@ -85,8 +85,9 @@ def sidecar(journal_dir: Path) -> FenceSidecar:
                                  ("a",), ("w0",), journal_dir=str(journal_dir))
     with mock.patch("fence.x_fence.sidecar.HashRing", lambda workers: HashRing(list(workers))):
         sc = FenceSidecar(config)
-    sc.dlx, sc.events, sc.event_batches = (cast(Any, Exchange(n)) for n in
-                                           ("dead-letters", "fence.events", "fence.event-batches"))
+    sc.dlx, sc.events, sc.event_batches, sc.tenant_batches = (
+        cast(Any, Exchange(n)) for n in ("dead-letters", "fence.events", "fence.event-batches",
+                                         "fence.tenant-batches"))
     return sc
 
 

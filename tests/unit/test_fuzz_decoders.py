@@ -11,6 +11,9 @@ truncated and bit-flipped valid messages. Hypothesis draws the generator's seeds
 the input); building a message from a seed costs a fraction of drawing it field by field with
 strategies, which keeps 10,000+ examples under a minute on two cores. The properties:
 
+- the tenant is the routing key's (`positions.<tenant>.<id>`, a gateway's key on ingress.gateway),
+  never the body's: every id accepted is `<tenant>:<id>`; a key without a tenant (the contract
+  before tenants) or with a bad one is refused;
 - a decoder raises nothing but its documented refusal (ingress: `Refused`; the sidecars'
   wire: what their `except` clause catches; control: `InvalidMessage`; fences: `InvalidFence`),
   and every refusal has a non-empty, printable reason;
@@ -52,6 +55,7 @@ from tests.unit.fuzz_contract import (
     BUDGET,
     MSGPACK_TYPES,
     SEEDS,
+    TENANTS,
     TS,
     assert_reason,
     check_decoded,
@@ -59,6 +63,7 @@ from tests.unit.fuzz_contract import (
     expect_mqtt,
     fuzz,
     fuzzer,
+    is_qualified,
     mqtt_messages,
 )
 
@@ -76,21 +81,25 @@ def test_decode_mqtt_many_refuses_with_reasons_and_drops_nothing(seed: int) -> N
     messages = mqtt_messages(fuzzer(seed), 8)
     decoded = decode_mqtt_many(messages)  # documented: never raises, refusals per message
     check_decoded(decoded.batch, decoded.refused, [expect_mqtt(rk, body) for rk, body in messages], messages)
+    assert all(is_qualified(i) for i in decoded.batch.ids)  # a device's position is always a tenant's
 
 
 @fuzz("gateway")
 @given(SEEDS)
 def test_decode_batch_refuses_with_reasons_and_drops_nothing(seed: int) -> None:
-    body, content_type = fuzzer(seed).gateway_batch()
-    expected = expect_gateway(body, content_type)
+    z = fuzzer(seed)
+    body, content_type = z.gateway_batch()
+    tenant = z.rng.choice(TENANTS)  # the sidecar's: its routing key, checked (test_fuzz_sidecars.py)
+    expected = expect_gateway(body, content_type, routing_key=tenant)
     try:
-        decoded = decode_batch(body, content_type)
+        decoded = decode_batch(body, content_type, tenant=tenant)
     except Refused as exc:
         assert_reason(str(exc))
         assert expected is None, f"the whole batch refused ({exc}), the contract takes it: {body!r:.300}"
         return
     assert expected is not None, f"a batch the contract refuses as a whole was taken: {body!r:.300}"
     check_decoded(decoded.batch, decoded.refused, expected, _items(body, content_type))
+    assert all(i.startswith(f"{tenant}:") for i in decoded.batch.ids)
 
 
 def _items(body: bytes, content_type: str | None) -> list[Any]:
@@ -104,5 +113,5 @@ def test_a_batch_of_exactly_the_limit_is_decoded_position_by_position() -> None:
     positions: list[dict[str, Any]] = [{} for _ in range(MAX_BATCH)]
     positions[7] = {"id": "o7", "lon": 9.5, "lat": 47.1, "ts": TS}
     positions[MAX_BATCH - 1] = {"id": "last", "lon": 9.5, "lat": 47.1, "ts": TS}
-    decoded = decode_batch(msgpack.packb({"positions": positions}), "application/msgpack")
-    assert decoded.batch.ids == ["o7", "last"] and len(decoded.refused) == MAX_BATCH - 2
+    decoded = decode_batch(msgpack.packb({"positions": positions}), "application/msgpack", tenant="acme")
+    assert decoded.batch.ids == ["acme:o7", "acme:last"] and len(decoded.refused) == MAX_BATCH - 2

@@ -62,7 +62,7 @@ def test_a_fence_is_refused_with_a_reason_or_round_trips(seed: int) -> None:
 def test_the_service_answers_422_with_a_reason_or_stores_the_fence(seed: int) -> None:
     z = fuzzer(seed)
     feature, broken = z.feature()
-    caller = Caller("uid-1")
+    caller = Caller("uid-1", tenant="t1", role="editor")
     try:
         if z.rng.random() < 0.5:
             out = asyncio.run(service().create(caller, feature))

@@ -1,13 +1,19 @@
 """The bugs the fuzzing of the wire contracts found (issue 5: tests/unit/test_fuzz_decoders.py
 and its siblings), each pinned by a test of its own once fixed; six of them killed a sidecar.
+
+Positions come as a tenant's (`positions.<tenant>.<id>`, a gateway's batch with its tenant as the
+routing key) and go through the pipeline to that tenant's fence; the fence API's caller is a
+member of a tenant (its memberships stubbed: `member`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Iterator
 from typing import Any, cast
+from unittest import mock
 
 import msgpack
 import numpy as np
@@ -22,6 +28,7 @@ from exchanges.batch import PositionBatch, RegionBatch, unpack
 from exchanges.contract import InvalidMessage
 from exchanges.fence_def import FenceDef, InvalidFence
 from exchanges.x_geo.core import XGeo
+from fence import tenants
 from fence.rpc import RpcServer
 from fence.service import ApiError, Caller
 from fence.spec import from_feature
@@ -42,24 +49,36 @@ from tests.unit.fuzz_sidecars import (
     geo_sidecar,
     incoming,
     ingress_sidecar,
+    tenant_fence,
     to,
 )
 from tests.unit.fuzz_wire import SQUARE
 
+TENANT = "acme"
+TENANT_FULL, TENANT_FENCE = tenant_fence(TENANT)  # acme:f-all, around 0,0
+
+
+@contextlib.contextmanager
+def member(role: str = "editor") -> Iterator[Caller]:
+    """The fence API's callers are members of TENANT (fence/tenants.py stubbed: no PostgreSQL);
+    the Caller the API makes of the test token's uid."""
+    with mock.patch.object(tenants, "memberships", mock.AsyncMock(return_value={TENANT: role})):
+        yield Caller("uid-1", tenant=TENANT, role=role)
+
 
 def _through_the_pipeline(messages: list[Msg], gateway: bool = False) -> list[shell.Out]:
     """x-ingress, x-geo, x-fence handlers in turn, each fed what the one before published:
-    every dead letter and event of the three."""
+    every dead letter and event of the three. The fence is TENANT's, around 0,0."""
     sc, dlx, regions = ingress_sidecar()
     with captured() as outs:
         decode = sc.decode_gateway if gateway else sc.decode_mqtt
         asyncio.run(drained(sc, sc.handle(incoming(messages), decode, "in")))
-    geo, geo_dlx, fence_in = geo_sidecar()
+    geo, geo_dlx, fence_in = geo_sidecar(TENANT_FULL)
     with captured() as geo_outs:
         asyncio.run(geo.handle_positions(incoming([Msg(o.body) for o in outs
                                                    if any(to(o, r) for r in regions.values())])))
-    worker = geo.core.worker_of(FULL.fence_id)
-    xf, _, _ = fence_sidecar(worker)  # the x-fence of FULL's worker
+    worker = geo.core.worker_of(TENANT_FULL.fence_id)
+    xf, _, _ = fence_sidecar(worker, TENANT_FENCE)  # the x-fence of the fence's worker
     with captured() as xf_outs:
         asyncio.run(drained(xf, xf.handle_inputs(incoming([Msg(o.body, o.routing_key) for o in geo_outs
                                                if to(o, fence_in) and o.routing_key == worker]))))
@@ -71,12 +90,26 @@ def test_deep_extra_fields_are_refused_at_x_ingress_and_the_others_go_on(depth: 
     """Bug 1, fixed: an extra field nested 1,019-1,023 deep passed x-ingress and then broke
     (or killed) x-geo or x-fence; deeper than 16 is now refused at the door."""
     body = b'{"lon":0.5,"lat":0.5,"ts":1700000000,"x":' + b"[" * depth + b"]" * depth + b"}"
-    good = Msg(b'{"lon":0.5,"lat":0.5,"ts":1700000001}', "positions.dev-2")
-    outs = _through_the_pipeline([Msg(body, "positions.dev-1"), good])
+    good = Msg(b'{"lon":0.5,"lat":0.5,"ts":1700000001}', "positions.acme.dev-2")
+    outs = _through_the_pipeline([Msg(body, "positions.acme.dev-1"), good])
     dead = [o for o in outs if o.exchange.name == "dead-letters"]
     assert len(dead) == 1 and "nested deeper than 16" in (dead[0].headers or {})[t.REASON_HEADER]
     assert any(orjson.loads(o.body)["object_id"] == "dev-2" for o in outs
                if o.exchange.name == "fence.events")
+
+
+def test_a_tenants_fence_sees_its_tenants_objects_only() -> None:
+    """The same object id in two tenants is two objects, and a fence sees its own tenant's:
+    one ENTER, under the fence's tenant, with the routing key a device of that tenant may bind."""
+    body = b'{"lon":0.5,"lat":0.5,"ts":1700000001}'
+    outs = _through_the_pipeline([Msg(body, "positions.acme.dev-2"), Msg(body, "positions.other.dev-2"),
+                                  Msg(body, "positions.dev-3")])  # the contract before tenants
+    dead = [o for o in outs if o.exchange.name == "dead-letters"]
+    assert [(o.headers or {})["x-geofence-routing-key"] for o in dead] == ["positions.dev-3"]
+    assert "is not positions.<tenant>.<object_id>" in (dead[0].headers or {})[t.REASON_HEADER]
+    events = [o for o in outs if o.exchange.name == "fence.events"]
+    assert [(o.routing_key, orjson.loads(o.body)["tenant"], orjson.loads(o.body)["object_id"])
+            for o in events] == [("fence-events.acme.f-all.enter.dev-2", "acme", "dev-2")]
 
 
 @pytest.mark.parametrize("extra", ["nested 1,019", "nested 1,020", "nested 1,021", "int key"])
@@ -88,10 +121,35 @@ def test_gateway_extra_fields_too_deep_or_with_other_keys_are_refused_alone(extr
     else:
         bad["x"] = nested(int(extra.split()[1].replace(",", "")))
     body = msgpack.packb({"positions": [bad, {"id": "b", "lon": 0.5, "lat": 0.5, "ts": TS + 1}]})
-    outs = _through_the_pipeline([Msg(body, "", "application/msgpack")], gateway=True)
+    outs = _through_the_pipeline([Msg(body, TENANT, "application/msgpack")], gateway=True)
     dead = [o for o in outs if o.exchange.name == "dead-letters"]
     assert len(dead) == 1 and "1 of 2 positions refused" in (dead[0].headers or {})[t.REASON_HEADER]
     assert any(orjson.loads(o.body)["object_id"] == "b" for o in outs if o.exchange.name == "fence.events")
+
+
+@pytest.mark.parametrize("key", ["", "positions.acme.b", "Acme"])
+def test_a_gateway_batch_whose_routing_key_is_not_a_tenant_is_refused_whole(key: str) -> None:
+    """"" is what the retired fanout ingress.batches delivers (the contract before tenants)."""
+    body = msgpack.packb({"positions": [{"id": "b", "lon": 0.5, "lat": 0.5, "ts": TS + 1}]})
+    outs = _through_the_pipeline([Msg(body, key, "application/msgpack")], gateway=True)
+    dead = [o for o in outs if o.exchange.name == "dead-letters"]
+    assert len(dead) == 1
+    assert f"routing key {key!r} is not a tenant" in (dead[0].headers or {})[t.REASON_HEADER]
+    assert not [o for o in outs if o.exchange.name == "fence.events"]
+
+
+def test_a_batch_through_the_retired_exchange_is_refused_whatever_its_key() -> None:
+    """ingress.batches is a fanout: a key there is the publisher's say-so, not a permission's,
+    so a batch that came through it is refused even under a key that is a tenant."""
+    body = msgpack.packb({"positions": [{"id": "b", "lon": 0.5, "lat": 0.5, "ts": TS + 1}]})
+    retired = Msg(body, "acme", "application/msgpack", exchange=t.RETIRED_BATCHES_EXCHANGE)
+    outs = _through_the_pipeline([retired], gateway=True)
+    dead = [o for o in outs if o.exchange.name == "dead-letters"]
+    assert len(dead) == 1 and "carries no tenant" in (dead[0].headers or {})[t.REASON_HEADER]
+    assert not [o for o in outs if o.exchange.name == "fence.events"]
+    outs = _through_the_pipeline([Msg(body, "acme", "application/msgpack", exchange=t.GATEWAY_EXCHANGE)],
+                                 gateway=True)
+    assert [o for o in outs if o.exchange.name == "fence.events"]  # the same batch on ingress.gateway
 
 
 BAD_RING = [[9.5, 47.1], [9.51, 47.1], [9.51, 47.11], [9.5, 47.1]]
@@ -115,8 +173,9 @@ def test_known_bug_huge_integers_are_a_500_over_http() -> None:
     """Bug 2 over HTTP (fixed): POST /fences with timeout_s = 10**400 was a 500."""
     body = b'{"type": "Feature", "id": "f-1", "properties": {"timeout_s": 1' + b"0" * 400 + b"}, " \
         b'"geometry": {"type": "Polygon", "coordinates": ' + orjson.dumps([BAD_RING]) + b"}}"
-    r = HTTP.post("/fences", content=body, headers={"Authorization": "Bearer good",
-                                                    "Content-Type": "application/json"})
+    with member():
+        r = HTTP.post("/fences", content=body, headers={"Authorization": "Bearer good",
+                                                        "Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["error"]
 
 
@@ -130,11 +189,11 @@ def test_known_bug_nul_characters_reach_postgresql(where: str) -> None:
             from_feature({"type": "Feature", "id": "f-1", "properties": {"name": "a\x00b"},
                           "geometry": {"type": "Polygon", "coordinates": [BAD_RING]}})
         return
-    with no_fences(), pytest.raises(ApiError) as info:
+    with no_fences(), member() as caller, pytest.raises(ApiError) as info:
         if where == "after":
-            asyncio.run(service().list(Caller("uid-1"), after="a\x00b"))
+            asyncio.run(service().list(caller, after="a\x00b"))
         else:
-            asyncio.run(service().events(Caller("uid-1"), "a\x00b"))
+            asyncio.run(service().events(caller, "a\x00b"))
     assert info.value.status == 422
     assert_reason(info.value.message)
 
@@ -170,8 +229,9 @@ def test_known_bug_wrong_types_coerced(wrong: str) -> None:
         f["properties"] = []
     else:
         f["id"] = 5 if wrong == "id 5" else ""
-        with pytest.raises(ApiError):
-            asyncio.run(service().create(Caller("uid-1"), f))
+        with member() as caller, pytest.raises(ApiError) as info:
+            asyncio.run(service().create(caller, f))
+        assert info.value.status == 422, info.value.message
         return
     with pytest.raises(InvalidFence):
         from_feature(f)
@@ -251,8 +311,9 @@ def test_known_bug_replace_with_properties_not_an_object() -> None:
     """Bug 7 (fixed): PUT /fences/{id} (and the AMQP replace) with a Feature whose properties are
     a string, number or list: FenceService.replace called .get on them, AttributeError: a 500."""
     f = {"type": "Feature", "properties": "x", "geometry": {"type": "Polygon", "coordinates": [BAD_RING]}}
-    with pytest.raises(ApiError):
-        asyncio.run(service().replace(Caller("uid-1"), "f-1", f))
+    with member() as caller, pytest.raises(ApiError) as info:
+        asyncio.run(service().replace(caller, "f-1", f))
+    assert info.value.status == 422, info.value.message
 
 
 def test_known_bug_rpc_list_bbox_not_a_string() -> None:
@@ -260,9 +321,9 @@ def test_known_bug_rpc_list_bbox_not_a_string() -> None:
     parse_bbox called .split on it, AttributeError, answered 500 'internal error'."""
     server = RpcServer(service(), Verifier(), shell.Counters())
     body = orjson.dumps({"op": "list", "token": "good", "bbox": [9, 47, 10, 48]})
-    with no_fences():
+    with no_fences(), member():
         reply, _ = asyncio.run(server.answer(cast(AbstractIncomingMessage, Msg(body))))
-    assert reply["status"] < 500, reply
+    assert reply["status"] == 422, reply
 
 
 def test_an_unclosed_ring_is_closed_not_refused() -> None:
@@ -270,3 +331,19 @@ def test_an_unclosed_ring_is_closed_not_refused() -> None:
     spec = from_feature({"type": "Feature", "id": "f-1", "properties": {},
                          "geometry": {"type": "Polygon", "coordinates": [BAD_RING[:-1]]}})
     assert Polygon(spec.geometry.exterior).equals(Polygon(BAD_RING))
+
+
+def test_a_replayed_batch_of_the_retired_exchange_is_refused_again() -> None:
+    """A dead letter keeps the exchange its message was first published to
+    (x-geofence-exchange), which a replay (through a private exchange, with the original key)
+    carries on: a batch of ingress.batches is not accepted as its key's tenant's on replay."""
+    body = msgpack.packb({"positions": [{"id": "b", "lon": 0.5, "lat": 0.5, "ts": TS + 1}]})
+    retired = Msg(body, "acme", "application/msgpack", exchange=t.RETIRED_BATCHES_EXCHANGE)
+    dead = [o for o in _through_the_pipeline([retired], gateway=True) if o.exchange.name == "dead-letters"]
+    first = (dead[0].headers or {})[t.FIRST_EXCHANGE_HEADER]
+    assert first == t.RETIRED_BATCHES_EXCHANGE
+    replayed = Msg(body, "acme", "application/msgpack", headers={t.FIRST_EXCHANGE_HEADER: first.encode()},
+                   exchange="replay.x-ingress.batches")
+    outs = _through_the_pipeline([replayed], gateway=True)
+    assert not [o for o in outs if o.exchange.name == "fence.events"]
+    assert [o for o in outs if o.exchange.name == "dead-letters"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -217,15 +217,15 @@ async def test_a_closed_feed_ends_the_map() -> None:
 
 def test_roads_layer_draws_each_road_once_by_class() -> None:
     net = road_network()
-    g = roads_geojson(net)
-    ranks = [f["properties"]["rank"] for f in g["features"]]  # type: ignore[index]
-    classes = {f["properties"]["highway"] for f in g["features"]}  # type: ignore[index]
+    features = cast(list[Any], roads_geojson(net)["features"])
+    ranks = [f["properties"]["rank"] for f in features]
+    classes = {f["properties"]["highway"] for f in features}
     assert ranks == sorted(ranks) and classes <= set(HIGHWAY_CLASSES)
-    segments = sum(len(f["geometry"]["coordinates"]) for f in g["features"])  # type: ignore[index]
+    segments = sum(len(f["geometry"]["coordinates"]) for f in features)
     pairs = {(min(a, b), max(a, b)) for a, b in zip(net.src.tolist(), net.dst.tolist(), strict=True)}
     assert segments == len(pairs)
     x0, y0, x1, y1 = net.bbox
-    for f in g["features"]:  # type: ignore[attr-defined]
+    for f in features:
         for line in f["geometry"]["coordinates"]:
             assert len(line) == 2 and all(x0 - 1e-4 <= x <= x1 + 1e-4 and y0 - 1e-4 <= y <= y1 + 1e-4
                                           for x, y in line)
@@ -256,7 +256,8 @@ def worker_with_events(n: int) -> object:
     from exchanges.shell import Counters
     from fence.x_fence.sidecar import FenceSidecar
 
-    fake = SimpleNamespace(counters=Counters(), events="events", event_batches="batches", worker="w0",
+    fake = SimpleNamespace(counters=Counters(), events="events", event_batches="batches",
+                           tenant_batches="tenant-batches", worker="w0",
                            map_tail=deque(maxlen=MAP_EVENTS), map_seen=0, map_out=None)
     for at in range(0, n, 700):  # in batches, as they come
         events = [Event("enter" if i % 3 else "leave", f"f-{i % 7}", f"o-{i}", 1000.0 + i, "entered",
@@ -280,7 +281,7 @@ async def test_a_workers_event_sample_is_its_newest_events_and_their_count(n: in
     fake = worker_with_events(n)
     fake.map_out = Exchange()  # type: ignore[attr-defined]
     await FenceSidecar.send_map_sample(fake)  # type: ignore[arg-type]
-    await FenceSidecar.send_map_sample(fake)  # nothing new: nothing sent
+    await FenceSidecar.send_map_sample(fake)  # type: ignore[arg-type]  # nothing new: nothing sent
     assert len(published) == 1
     msg = json.loads(published[0])
     events = parse_events(msg["events"])

@@ -130,7 +130,7 @@ def test_bad_object_ids(raw: Any) -> None:
 
 def record(geometry: Any = YARD, follow: Follow | None = None, follow_ts: float | None = None,
            regions: tuple[str, ...] = ("eu-central",)) -> FenceRecord:
-    return FenceRecord(FenceDef(fence_id="yard-1", version=4, geometry=geometry, timeout_s=90.0,
+    return FenceRecord(FenceDef(fence_id="fleet:yard-1", version=4, geometry=geometry, timeout_s=90.0,
                                 name="Yard"), "alice", CREATED,
                        CREATED + timedelta(minutes=5, microseconds=250), regions, follow, follow_ts)
 
@@ -144,7 +144,7 @@ def test_feature_of_a_plain_fence() -> None:
     assert f["properties"] == {
         "version": 4, "name": "Yard", "timeout_s": 90.0, "owner": "alice",
         "created_at": "2024-03-01T12:00:00+00:00", "updated_at": "2024-03-01T12:05:00.000250+00:00",
-        "regions": ["eu-central"], "follow": None,
+        "regions": ["eu-central"], "follow": None, "tenant": "fleet",
     }
     assert "id" not in f["properties"] and "geometry" not in f["properties"]
     again = json.loads(json.dumps(f))  # plain JSON
@@ -153,7 +153,9 @@ def test_feature_of_a_plain_fence() -> None:
 
 def test_feature_of_a_following_fence() -> None:
     c = circle(9.52, 47.14, 250.0)
-    f = feature(record(c, Follow("truck-7", 250.0), 1_700_000_000.5, ()))
+    f = feature(record(c, Follow("fleet:truck-7", 250.0), 1_700_000_000.5, ()))
+    # the names as the tenant gives them, its tenant beside them
+    assert f["id"] == "yard-1" and f["properties"]["tenant"] == "fleet"
     assert f["properties"]["follow"] == {"object_id": "truck-7", "radius_m": 250.0, "ts": 1_700_000_000.5}
     assert f["properties"]["regions"] == []
     assert shape(f["geometry"]).equals(c)

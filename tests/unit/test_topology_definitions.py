@@ -2,7 +2,13 @@
 
 Regexes are checked with Python's `re`; the subset used (anchors, alternation, character
 classes, a negative lookahead) means the same in RabbitMQ's PCRE (Erlang `re`), which, like
-`re.search`, looks for a match anywhere unless anchored.
+`re.search`, looks for a match anywhere unless anchored. Bindings are matched the way a topic
+exchange matches (`topic_matches`: `*` one word, `#` zero or more).
+
+Tenants (exchanges/tenancy.py): a device is the user `<tenant>.<object_id>`, a gateway
+`<tenant>.<name>`; their topic permissions allow their own tenant's routing keys only, and a
+user without a topic permission on a topic exchange it may write would be allowed every key
+(RabbitMQ checks nothing then), so each such exchange has one.
 """
 
 from __future__ import annotations
@@ -11,12 +17,15 @@ import re
 
 import pytest
 
+from deploy.rabbitmq import credentials as cred
 from deploy.rabbitmq import definitions as d
 from exchanges import topology as t
 from exchanges.ids import check_object_id
 from exchanges.topology import Topology
 
 ENDPOINT = d.Endpoint("127.0.0.1", 5672)
+DEVICE = "acme.dev-1"  # tenant acme's device dev-1
+GATEWAY = "acme.gw-1"  # tenant acme's gateway gw-1
 DEFAULT = d.build(Topology(), ENDPOINT, "fed-Pw/1")
 BIG = d.build(Topology(regions=("a", "b", "eu-1"), workers=("w0", "w1", "w2")), ENDPOINT, "x")
 
@@ -30,6 +39,25 @@ def perm(defs: d.Definitions, user: str, vhost: str) -> d.Permission | None:
 def may(defs: d.Definitions, user: str, vhost: str, right: str, resource: str) -> bool:
     p = perm(defs, user, vhost)
     return p is not None and re.search(getattr(p, right), resource) is not None
+
+
+def topic_matches(pattern: str, key: str) -> bool:
+    """A topic exchange's match of a binding key against a routing key."""
+    def match(p: list[str], k: list[str]) -> bool:
+        if not p:
+            return not k
+        if p[0] == "#":
+            return match(p[1:], k) or (bool(k) and match(p, k[1:]))
+        return bool(k) and p[0] in ("*", k[0]) and match(p[1:], k[1:])
+
+    return match(pattern.split(".") if pattern else [], key.split(".") if key else [])
+
+
+def test_topic_matches() -> None:
+    assert topic_matches("positions.*.*", "positions.acme.car-1")
+    assert not topic_matches("positions.*.*", "positions.car-1")
+    assert topic_matches("a.#", "a") and topic_matches("a.#.b", "a.x.y.b") and not topic_matches("a.*", "a")
+    assert not topic_matches("*", "")
 
 
 # --------------------------------------------------------------------------- names
@@ -56,7 +84,14 @@ def test_default_topology_names() -> None:
 
 
 def test_bindings_route_what_the_names_say() -> None:
+    # devices: MQTT positions/<tenant>/<object_id>; gateways: ingress.gateway, key = their tenant
+    assert d.Binding("gf-ingress", "amq.topic", "x-ingress.positions", "positions.*.*") in DEFAULT.bindings
+    assert d.Binding("gf-ingress", "ingress.gateway", "x-ingress.batches", "*") in DEFAULT.bindings
+    assert d.Exchange("gf-ingress", "ingress.gateway", "topic") in DEFAULT.exchanges
+    # the contract before tenants still reaches x-ingress, which dead-letters it with the reason
     assert d.Binding("gf-ingress", "amq.topic", "x-ingress.positions", "positions.*") in DEFAULT.bindings
+    assert d.Binding("gf-ingress", "ingress.batches", "x-ingress.batches", "") in DEFAULT.bindings
+    assert d.Exchange("gf-ingress", "ingress.batches", "fanout") in DEFAULT.exchanges
     assert d.Binding("gf-fences", "x-fence.in", "x-fence.w1", "w1") in DEFAULT.bindings
     assert d.Binding("gf-fences", "x-fence.control", "x-fence.w0.control", "w0") in DEFAULT.bindings
     assert d.Binding("gf-fences", "fence.event-batches", "fence.archive", "") in DEFAULT.bindings
@@ -70,6 +105,27 @@ def test_bindings_route_what_the_names_say() -> None:
     queues = {(q.vhost, q.name) for q in DEFAULT.queues}
     for b in DEFAULT.bindings:
         assert (b.vhost, b.source) in declared and (b.vhost, b.queue) in queues
+
+
+@pytest.mark.parametrize(("key", "queues"), [
+    ("positions.acme.car-1", ["x-ingress.positions"]),
+    ("positions.car-1", ["x-ingress.positions"]),  # no tenant: refused there, with the reason
+    ("positions.acme.car-1.x", []),
+    ("sensors.s-1.counter", ["venue.sensors"]),
+])
+def test_what_amq_topic_of_gf_ingress_delivers_to_the_topologys_queues(key: str, queues: list[str]) -> None:
+    bound = [b for b in DEFAULT.bindings if (b.vhost, b.source) == ("gf-ingress", "amq.topic")]
+    assert sorted({b.queue for b in bound if topic_matches(b.routing_key, key)}) == queues
+    # each key reaches x-ingress by one binding at most (a message is queued once anyway)
+    to_ingress = [b for b in bound if b.queue == "x-ingress.positions" and topic_matches(b.routing_key, key)]
+    assert len(to_ingress) <= 1
+
+
+def test_a_gateway_batch_reaches_x_ingress_under_its_tenants_key_only() -> None:
+    bound = [b for b in DEFAULT.bindings if (b.vhost, b.source) == ("gf-ingress", "ingress.gateway")]
+    assert [b.queue for b in bound if topic_matches(b.routing_key, "acme")] == ["x-ingress.batches"]
+    assert not [b for b in bound if topic_matches(b.routing_key, "acme.x")]
+    assert not [b for b in bound if topic_matches(b.routing_key, "")]
 
 
 def test_workers_and_regions_are_parameters() -> None:
@@ -176,6 +232,7 @@ CASES = [
     (t.INGRESS_USER, "gf-ingress", "write", "dead-letters", True),
     (t.INGRESS_USER, "gf-ingress", "write", "amq.topic", False),
     (t.INGRESS_USER, "gf-ingress", "write", "ingress.batches", False),
+    (t.INGRESS_USER, "gf-ingress", "write", "ingress.gateway", False),
     (t.INGRESS_USER, "gf-ingress", "configure", "x-ingress.positions", False),
     (t.INGRESS_USER, "gf-region-a", "write", "x-geo.in", True),
     (t.INGRESS_USER, "gf-region-b", "write", "dead-letters", True),
@@ -228,7 +285,9 @@ CASES = [
     (t.INGRESS_USER, "gf-ingress", "write", "fence.map-positions", True),
     (t.INGRESS_USER, "gf-ingress", "read", "fence.map.vm-12.positions", False),
     (t.CLIENT_USER, "gf-fences", "read", "fence.map.vm-12.events", False),
-    (t.GATEWAY_USER, "gf-ingress", "write", "ingress.batches", True),
+    # the shared gateway user is retired: no rights anywhere (gateways are a tenant's users)
+    (t.GATEWAY_USER, "gf-ingress", "write", "ingress.batches", False),
+    (t.GATEWAY_USER, "gf-ingress", "write", "ingress.gateway", False),
     (t.GATEWAY_USER, "gf-ingress", "write", "amq.topic", False),
     (t.GATEWAY_USER, "gf-ingress", "read", "x-ingress.batches", False),
     (t.GATEWAY_USER, "gf-region-a", "write", "x-geo.in", False),
@@ -263,7 +322,7 @@ def test_sidecars_configure_only_their_instance_lock_and_admin_everything() -> N
              (t.MANAGER_USER, "gf-fences"): "^fence\\.map\\..+$",
              (t.MANAGER_USER, "gf-ingress"): "^fence\\.map\\..+$"}
     for p in DEFAULT.permissions:
-        if p.user in (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.GATEWAY_USER):
+        if p.user in (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER):
             assert p.configure == locks.get((p.user, p.vhost), "^$"), (p.user, p.vhost)
         if p.user == t.ADMIN_USER:
             assert (p.configure, p.write, p.read) == (".*", ".*", ".*")
@@ -277,11 +336,22 @@ def test_user_vhosts() -> None:
         t.FENCE_USER: ("gf-fences",),
         t.MANAGER_USER: ("gf-region-a", "gf-region-b", "gf-fences", "gf-ingress"),
         t.FEDERATION_USER: ("gf-region-a", "gf-region-b", "gf-fences"),
-        t.GATEWAY_USER: ("gf-ingress",),
         t.ARCHIVER_USER: ("gf-fences",),
-        t.CLIENT_USER: ("gf-fences",),
         t.VENUES_USER: ("gf-ingress",),
     }
+
+
+def test_the_shared_gateway_user_is_retired() -> None:
+    """One user of no tenant for every gateway: gone (the plan deletes it where it exists);
+    gateways are each a tenant's user now (`gateway_permission`)."""
+    assert t.GATEWAY_USER in d.RETIRED_USERS and t.GATEWAY_USER in DEFAULT.retired_users
+    assert t.GATEWAY_USER not in d.SIDECAR_USERS
+    assert t.GATEWAY_USER not in {u.name for u in DEFAULT.users}
+    assert not [p for p in DEFAULT.permissions if p.user == t.GATEWAY_USER]
+    assert not set(d.RETIRED_USERS) & {u.name for u in DEFAULT.users}
+    # nobody but the administrator may publish to the retired fanout (no tenant in it)
+    assert {p.user for p in DEFAULT.permissions if re.search(p.write, "ingress.batches")} == {t.ADMIN_USER}
+    assert tuple(DEFAULT.to_json()["retired_users"]) == d.RETIRED_USERS
 
 
 def test_the_fence_service_archiver_and_clients_touch_only_their_queues() -> None:
@@ -291,11 +361,40 @@ def test_the_fence_service_archiver_and_clients_touch_only_their_queues() -> Non
     assert may(DEFAULT, t.INGRESS_USER, "gf-ingress", "write", "fence.follow")
     assert may(DEFAULT, t.ARCHIVER_USER, "gf-fences", "read", "fence.archive")
     assert not may(DEFAULT, t.ARCHIVER_USER, "gf-fences", "read", "x-fence.w0")
-    assert may(DEFAULT, t.CLIENT_USER, "gf-fences", "write", "fence.api")
-    assert may(DEFAULT, t.CLIENT_USER, "gf-fences", "configure", "app.my-events")
-    assert may(DEFAULT, t.CLIENT_USER, "gf-fences", "read", "fence.events")  # to bind app queues
-    assert not may(DEFAULT, t.CLIENT_USER, "gf-fences", "read", "fence.api")
-    assert not may(DEFAULT, t.CLIENT_USER, "gf-fences", "write", "x-fence.control")
+    # the one application user of every tenant is retired: applications are a tenant's users
+    assert t.CLIENT_USER in d.RETIRED_USERS
+    assert not [p for p in DEFAULT.permissions if p.user == t.CLIENT_USER]
+    app = cred.app_permission("acme.app-1")
+    assert (app.user, app.vhost) == ("acme.app-1", "gf-fences")
+    assert re.search(app.write, "fence.api") and not re.search(app.read, "fence.api")
+    assert not re.search(app.write, "x-fence.control")
+    for right in ("configure", "write", "read"):  # its own queues, no other application's
+        assert re.search(getattr(app, right), "app.acme.app-1.events")
+        for other in ("app.other.app-1.events", "app.acme.app-10.events", "app.my-events", "fence.archive"):
+            assert not re.search(getattr(app, right), other), (right, other)
+    assert re.search(app.read, "fence.events") and re.search(app.read, "fence.tenant-batches")
+    assert not re.search(app.read, "fence.event-batches")  # every tenant's events: the platform's
+
+
+@pytest.mark.parametrize(("exchange", "binding_key", "allowed"), [
+    ("fence.events", "fence-events.acme.#", True),
+    ("fence.events", "fence-events.acme.f1.*.*", True),
+    ("fence.events", "roam-events.acme.rs-1.nearby.*", True),
+    ("fence.events", "fence-events.other.#", False),
+    ("fence.events", "fence-events.acme-2.#", False),
+    ("fence.events", "fence-events.*.f1.*.*", False),
+    ("fence.events", "fence-events.#", False),
+    ("fence.events", "#", False),
+    ("fence.tenant-batches", "acme", True),
+    ("fence.tenant-batches", "other", False),
+    ("fence.tenant-batches", "*", False),
+    ("fence.tenant-batches", "#", False),
+])
+def test_an_application_binds_its_tenants_keys_only(exchange: str, binding_key: str, allowed: bool) -> None:
+    tps = {tp.exchange: tp for tp in cred.app_topic_permissions("acme.app-1")}
+    assert set(tps) == {"fence.events", "fence.tenant-batches"}  # every topic exchange it may read
+    assert all(tp.write == d.NOTHING for tp in tps.values())
+    assert (re.search(tps[exchange].read, binding_key) is not None) is allowed
 
 
 def test_digest_follows_definitions_and_passwords() -> None:
@@ -308,67 +407,167 @@ def test_digest_follows_definitions_and_passwords() -> None:
     assert re.fullmatch("[0-9a-f]{64}", DEFAULT.digest(pws))
 
 
-# --------------------------------------------------------------------------- devices
+# --------------------------------------------------------------------------- devices and gateways
 
 
-def expand(pattern: str, username: str) -> str:
-    return pattern.replace("{username}", username)  # as RabbitMQ does at check time
+def test_a_tenants_device_and_gateway_users() -> None:
+    assert cred.device_user("acme", "dev-1") == DEVICE and cred.tenant_user(DEVICE) == ("acme", "dev-1")
+    # the same object id in two tenants: two users, two queues, two topics
+    other = cred.device_user("other", "dev-1")
+    assert other == "other.dev-1" != DEVICE
+    assert set(cred.device_queues(DEVICE)).isdisjoint(cred.device_queues(other))
+    assert cred.device_topic_permission(DEVICE).write != cred.device_topic_permission(other).write
+    # a user of the layout before tenants (its name an object id) is no tenant's
+    with pytest.raises(ValueError, match=r"<tenant>\.<name>"):
+        cred.tenant_user("dev-1")
+    with pytest.raises(ValueError):
+        cred.device_topic_permission("dev-1")
 
 
 @pytest.mark.parametrize(("routing_key", "allowed"), [
-    ("positions.dev-1", True),
-    ("positions.dev-2", False),
-    ("positions.dev-1.extra", False),
-    ("positions.dev-10", False),
-    ("xpositions.dev-1", False),
-    ("fence-events.f1.enter.dev-1", False),
+    ("positions.acme.dev-1", True),
+    ("positions.acme.dev-2", False),
+    ("positions.other.dev-1", False),  # another tenant's dev-1
+    ("positions.acme-2.dev-1", False),
+    ("positions.acm.dev-1", False),
+    ("positions.*.dev-1", False),
+    ("positions.dev-1", False),  # the contract before tenants
+    ("positions.acme.dev-1.extra", False),
+    ("positions.acme.dev-10", False),
+    ("positions.acmeXdev-1", False),  # the dots are literal
+    ("xpositions.acme.dev-1", False),
+    ("fence-events.acme.f1.enter.dev-1", False),
 ])
 def test_device_may_publish_only_its_positions(routing_key: str, allowed: bool) -> None:
-    tp = d.device_topic_permission("dev-1")
-    assert (tp.vhost, tp.exchange) == ("gf-ingress", "amq.topic")
-    assert (re.search(expand(tp.write, "dev-1"), routing_key) is not None) is allowed
+    tp = cred.device_topic_permission(DEVICE)
+    assert (tp.user, tp.vhost, tp.exchange) == (DEVICE, "gf-ingress", "amq.topic")
+    # RabbitMQ's {username} would be `<tenant>.<id>`, not a word of the key: never used
+    assert "{username}" not in tp.write and "{username}" not in tp.read
+    assert (re.search(tp.write, routing_key) is not None) is allowed
 
 
 @pytest.mark.parametrize(("binding_key", "allowed"), [
-    ("fence-events.*.*.dev-1", True),
-    ("fence-events.f1.enter.dev-1", True),
-    ("fence-events.*.leave.dev-1", True),
-    ("fence-events.*.*.dev-10", False),
-    ("fence-events.*.*.dev", False),
-    ("fence-events.*.*.*", False),
+    ("fence-events.acme.*.*.dev-1", True),
+    ("fence-events.acme.f1.enter.dev-1", True),
+    ("fence-events.acme.*.leave.dev-1", True),
+    ("fence-events.other.*.*.dev-1", False),  # another tenant's dev-1
+    ("fence-events.acme-2.*.*.dev-1", False),
+    ("fence-events.*.*.*.dev-1", False),  # every tenant's
+    ("fence-events._.*.*.dev-1", False),  # the platform's own fences
+    ("fence-events.acme.*.*.dev-10", False),
+    ("fence-events.acme.*.*.dev", False),
+    ("fence-events.acme.*.*.*", False),
     ("fence-events.#", False),
-    ("fence-events.*.#", False),
-    ("fence-events.#.dev-1", False),
-    ("fence-events.f1.enter.x.dev-1", False),
+    ("fence-events.acme.#", False),
+    ("fence-events.acme.*.#", False),
+    ("fence-events.acme.#.dev-1", False),
+    ("fence-events.acme.f1.enter.x.dev-1", False),
+    ("fence-events.*.*.dev-1", False),  # the layout before tenants
+    ("roam-events.acme.*.*.dev-1", False),
     ("object-events.dev-1.#", False),
     ("#", False),
 ])
 def test_device_may_subscribe_only_to_its_events(binding_key: str, allowed: bool) -> None:
-    tp = d.device_topic_permission("dev-1")
-    assert (re.search(expand(tp.read, "dev-1"), binding_key) is not None) is allowed
+    tp = cred.device_topic_permission(DEVICE)
+    assert (re.search(tp.read, binding_key) is not None) is allowed
+
+
+def test_a_devices_binding_gets_its_own_events_not_another_tenants_object_of_its_id() -> None:
+    tp = cred.device_topic_permission(DEVICE)
+    mine = t.event_routing_key("acme:depot", "enter", "acme:dev-1")
+    theirs = t.event_routing_key("other:depot", "enter", "other:dev-1")
+    assert (mine, theirs) == ("fence-events.acme.depot.enter.dev-1", "fence-events.other.depot.enter.dev-1")
+    allowed = [k for k in ("fence-events.acme.*.*.dev-1", "fence-events.*.*.*.dev-1", "fence-events.#")
+               if re.search(tp.read, k)]
+    assert allowed == ["fence-events.acme.*.*.dev-1"]
+    assert topic_matches(allowed[0], mine) and not topic_matches(allowed[0], theirs)
+    assert re.search(tp.write, "positions.acme.dev-1") and not re.search(tp.write, "positions.other.dev-1")
 
 
 def test_device_resource_permissions() -> None:
-    p = d.device_permission("dev-1")
-    assert (p.user, p.vhost) == ("dev-1", "gf-ingress")
-    own = ("mqtt-subscription-dev-1qos0", "mqtt-subscription-dev-1qos1")
-    assert d.device_queues("dev-1") == own
+    p = cred.device_permission(DEVICE)
+    assert (p.user, p.vhost) == (DEVICE, "gf-ingress")
+    own = ("mqtt-subscription-acme.dev-1qos0", "mqtt-subscription-acme.dev-1qos1")
+    assert cred.device_queues(DEVICE) == own
     for name in own:
         assert re.search(p.configure, name) and re.search(p.write, name) and re.search(p.read, name)
-    for name in ("mqtt-subscription-dev-10qos0", "mqtt-subscription-dev-1qos2",
-                 "x-ingress.positions", "dead-letters"):
-        assert not re.search(p.configure, name) and not re.search(p.read, name)
+    for name in ("mqtt-subscription-acme.dev-10qos0", "mqtt-subscription-acme.dev-1qos2",
+                 "mqtt-subscription-other.dev-1qos0", "mqtt-subscription-acmeXdev-1qos0",
+                 "mqtt-subscription-dev-1qos0", "x-ingress.positions", "dead-letters"):
+        assert not re.search(p.configure, name) and not re.search(p.read, name), name
     assert re.search(p.write, "amq.topic") and re.search(p.read, "amq.topic")
     assert not re.search(p.configure, "amq.topic") and not re.search(p.write, "ingress.batches")
+    assert not re.search(p.write, "ingress.gateway")
+
+
+def test_gateway_resource_permissions() -> None:
+    p = cred.gateway_permission(GATEWAY)
+    assert (p.user, p.vhost) == (GATEWAY, "gf-ingress")
+    assert re.search(p.write, "ingress.gateway") and re.search(p.write, "amq.topic")
+    for name in ("ingress.batches", "x-ingress.batches", "dead-letters", "fence.follow", "ingress.gatewayx"):
+        assert not re.search(p.write, name), name
+    assert (p.configure, p.read) == (d.NOTHING, d.NOTHING)
+
+
+@pytest.mark.parametrize(("exchange", "routing_key", "allowed"), [
+    ("ingress.gateway", "acme", True),
+    ("ingress.gateway", "other", False),
+    ("ingress.gateway", "acme-2", False),
+    ("ingress.gateway", "acm", False),
+    ("ingress.gateway", "", False),
+    ("ingress.gateway", "acme.x", False),
+    ("ingress.gateway", "*", False),
+    ("amq.topic", "positions.acme.car-1", True),
+    ("amq.topic", "positions.other.car-1", False),
+    ("amq.topic", "positions.acme-2.car-1", False),
+    ("amq.topic", "positions.acme", False),
+    ("amq.topic", "positions.acme.car-1.x", False),
+    ("amq.topic", "positions.acme.*", False),
+    ("amq.topic", "positions.acme.#", False),
+    ("amq.topic", "positions.car-1", False),
+    ("amq.topic", "fence-events.acme.f1.enter.car-1", False),
+])
+def test_gateway_may_publish_only_its_tenants_keys(exchange: str, routing_key: str, allowed: bool) -> None:
+    tps = {tp.exchange: tp for tp in cred.gateway_topic_permissions(GATEWAY)}
+    assert all((tp.user, tp.vhost, tp.read) == (GATEWAY, "gf-ingress", d.NOTHING) for tp in tps.values())
+    assert (re.search(tps[exchange].write, routing_key) is not None) is allowed
+
+
+def test_every_topic_exchange_a_device_or_gateway_may_write_has_its_topic_permission() -> None:
+    """RabbitMQ checks no routing key on a topic exchange a user has no topic permission on."""
+    ingress = [x for x in DEFAULT.exchanges if x.vhost == "gf-ingress"]
+    topic = {"amq.topic", *(x.name for x in ingress if x.type == "topic")}
+    for p, tps in ((cred.device_permission(DEVICE), [cred.device_topic_permission(DEVICE)]),
+                   (cred.gateway_permission(GATEWAY), list(cred.gateway_topic_permissions(GATEWAY)))):
+        writable = {x for x in topic if re.search(p.write, x)}
+        assert writable and writable == {tp.exchange for tp in tps}, p.user
 
 
 @pytest.mark.parametrize("bad", ["", "a.b", "-a", "_a", "a b", "a$b", "a/b", "a+b", "x" * 65,
-                                 "a{username}"])
+                                 "a{username}", "a:b"])
 def test_bad_object_ids_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="object id"):
         check_object_id(bad)
-    with pytest.raises(ValueError):
-        d.device_permission(bad)
+    with pytest.raises(ValueError, match="object id"):
+        cred.device_user("acme", bad)
+    for make in (cred.device_permission, cred.device_topic_permission, cred.gateway_permission,
+                 cred.gateway_topic_permissions, cred.device_queues):
+        with pytest.raises(ValueError):
+            make(f"acme.{bad}")
+    if "." not in bad:  # a sensor's user is its id
+        with pytest.raises(ValueError):
+            cred.device_permission(bad)
+
+
+@pytest.mark.parametrize("bad", ["", "Acme", "-acme", "a_b", "a b", "a:b", "a$b", "*", "#", "acme\n",
+                                 "x" * 33, "a{username}"])
+def test_bad_tenants_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="tenant"):
+        cred.device_user(bad, "dev-1")
+    for make in (cred.device_permission, cred.device_topic_permission, cred.gateway_permission,
+                 cred.gateway_topic_permissions, cred.tenant_user):
+        with pytest.raises(ValueError):
+            make(f"{bad}.dev-1")
 
 
 @pytest.mark.parametrize("good", ["a", "dev-1", "Truck_42", "x" * 64, "0"])
@@ -383,7 +582,7 @@ def test_the_sensor_sidecar_and_sensors_touch_only_their_own() -> None:
         assert may(DEFAULT, t.VENUES_USER, "gf-ingress", "write", exchange)
     assert not may(DEFAULT, t.VENUES_USER, "gf-ingress", "write", "ingress.batches")
     assert may(DEFAULT, t.VENUES_USER, "gf-ingress", "configure", "lock.venue-sensors")
-    tp = d.sensor_topic_permission("s-1")
+    tp = cred.sensor_topic_permission("s-1")
     write, read = tp.write.replace("{username}", "s-1"), tp.read.replace("{username}", "s-1")
     for key in ("sensors.s-1.counter", "sensors.s-1.v2.counter", "sensors.s-1.v2.event",
                 "sensors.s-1.v2.status"):
@@ -391,4 +590,4 @@ def test_the_sensor_sidecar_and_sensors_touch_only_their_own() -> None:
     for key in ("sensors.s-2.counter", "sensors.s-1.v3.counter", "positions.s-1", "sensors.s-1.counter.x"):
         assert not re.search(write, key)
     assert re.search(read, "commands.sensor.s-1") and not re.search(read, "commands.sensor.s-2")
-    assert d.sensor_permission("s-1") == d.device_permission("s-1")
+    assert cred.sensor_permission("s-1") == cred.device_permission("s-1")

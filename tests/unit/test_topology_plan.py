@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from deploy.rabbitmq import credentials as cred
 from deploy.rabbitmq import definitions as d
 from deploy.rabbitmq import plan as p
 from exchanges import topology as t
@@ -84,8 +85,18 @@ def test_empty_broker_gets_everything_in_order() -> None:
     assert p.Http("PUT", "api/exchanges/gf-fences/x-fence.in",
                   {"type": "direct", "durable": True, "auto_delete": False, "internal": False,
                    "arguments": {}}) in steps
-    assert p.Http("POST", "api/bindings/gf-ingress/e/amq.topic/q/x-ingress.positions",
-                  {"routing_key": "positions.*", "arguments": {}}) in steps
+    # positions/<tenant>/<object_id>, and the contract before tenants (dead-lettered by x-ingress)
+    for key in ("positions.*.*", "positions.*"):
+        assert p.Http("POST", "api/bindings/gf-ingress/e/amq.topic/q/x-ingress.positions",
+                      {"routing_key": key, "arguments": {}}) in steps
+    assert p.Http("PUT", "api/exchanges/gf-ingress/ingress.gateway",
+                  {"type": "topic", "durable": True, "auto_delete": False, "internal": False,
+                   "arguments": {}}) in steps
+    assert p.Http("POST", "api/bindings/gf-ingress/e/ingress.gateway/q/x-ingress.batches",
+                  {"routing_key": "*", "arguments": {}}) in steps
+    # nothing to delete on an empty broker, and the retired gateway user is never created
+    assert not [a for a in argvs(steps) if a[1] == "delete_user"]
+    assert t.GATEWAY_USER not in {s.argv[2] for s in adds}
 
 
 def test_passwords_never_in_argv_except_the_federation_uri() -> None:
@@ -100,10 +111,34 @@ def test_passwords_never_in_argv_except_the_federation_uri() -> None:
 def test_every_argument_survives_the_debian_wrapper() -> None:
     for argv in argvs(p.plan(DEFS, PASSWORDS, p.Current.empty())):
         assert all(p.wrapper_safe(a) for a in argv), argv
-    device = d.device_permission("dev-1")
-    topic = d.device_topic_permission("dev-1")
-    for step in p.device_steps("dev-1", "pw", device, topic, ("gf-device",)):
+    device = "acme.dev-1"  # tenant acme's dev-1
+    steps = p.device_steps(device, "pw", cred.device_permission(device),
+                           (cred.device_topic_permission(device),), ("gf-device",))
+    gateway = "acme.gw-1"
+    steps += p.device_steps(gateway, "pw", cred.gateway_permission(gateway),
+                            cred.gateway_topic_permissions(gateway), ("gf-gateway",))
+    for step in steps:
         assert isinstance(step, p.Ctl) and all(p.wrapper_safe(a) for a in step.argv)
+
+
+def test_device_steps_set_every_topic_permission() -> None:
+    """A gateway has two topic permissions (ingress.gateway and amq.topic), a device one."""
+    gateway = "acme.gw-1"
+    steps = p.device_steps(gateway, "pw", cred.gateway_permission(gateway),
+                           cred.gateway_topic_permissions(gateway), ("gf-gateway",))
+    assert [a[1] for a in argvs(steps)] == ["add_user", "set_user_tags", "set_permissions",
+                                            "set_topic_permissions", "set_topic_permissions"]
+    topics = [a for a in argvs(steps) if a[1] == "set_topic_permissions"]
+    assert [(a[4], a[5], a[6]) for a in topics] == [("acme.gw-1", "ingress.gateway", "^acme$"),
+                                                   ("acme.gw-1", "amq.topic", r"^positions\.acme\.[^.#*]+$")]
+    assert steps[:2] == [p.ctl("add_user", gateway, stdin="pw"),
+                         p.ctl("set_user_tags", gateway, "gf-gateway")]
+    device = "acme.dev-1"
+    steps = p.device_steps(device, "pw", cred.device_permission(device),
+                           (cred.device_topic_permission(device),), ("gf-device",))
+    assert steps[-1] == p.set_topic_permissions(cred.device_topic_permission(device))
+    assert argvs(steps)[-1][-2:] == (r"^positions\.acme\.dev-1$",
+                                     r"^fence-events\.acme\.[^.#]+\.[^.#]+\.dev-1$")
 
 
 @pytest.mark.parametrize("unsafe", ["$HOME", "a${b}", "$(id)", "`id`", "a\\$b", 'a\\"b', "a\\\\b",
@@ -113,7 +148,8 @@ def test_wrapper_unsafe_arguments_are_spotted(unsafe: str) -> None:
 
 
 @pytest.mark.parametrize("safe", ["^$", "^(a|b)$", r"^x\.y$", "^(?!(a|b)$)", '{"a":"b"}',
-                                  r"^positions\.{username}$", "federation: ", "a$"])
+                                  r"^positions\.{username}$", r"^positions\.acme\.[^.#*]+$", "acme.dev-1",
+                                  "federation: ", "a$"])
 def test_wrapper_safe_arguments(safe: str) -> None:
     assert p.wrapper_safe(safe)
 
@@ -125,8 +161,8 @@ def test_applying_twice_changes_nothing() -> None:
 def test_only_differences_are_planned() -> None:
     cur = applied(DEFS, PASSWORDS)
     cur.users[t.GEO_USER] = p.CurrentUser((), rabbit_hash("old"), "rabbit_password_hashing_sha256")
-    cur.users[t.GATEWAY_USER] = p.CurrentUser(("monitoring",), cur.users[t.GATEWAY_USER].password_hash,
-                                              "rabbit_password_hashing_sha256")
+    cur.users[t.ARCHIVER_USER] = p.CurrentUser(("monitoring",), cur.users[t.ARCHIVER_USER].password_hash,
+                                               "rabbit_password_hashing_sha256")
     cur.permissions[(t.FENCE_USER, "gf-fences")] = (".*", ".*", ".*")
     del cur.queues[("gf-fences", "x-fence.w1")]
     cur.bindings.discard(("gf-fences", "x-fence.in", "x-fence.w1", "w1"))
@@ -140,7 +176,7 @@ def test_only_differences_are_planned() -> None:
         p.Ctl(("rabbitmq-plugins", "enable", "rabbitmq_federation_management")),
         p.ctl("add_vhost", "gf-region-b"),
         p.ctl("change_password", t.GEO_USER, stdin=PASSWORDS[t.GEO_USER]),
-        p.ctl("set_user_tags", t.GATEWAY_USER),
+        p.ctl("set_user_tags", t.ARCHIVER_USER),
         p.set_permissions(perm),
         p.declare_queue(d.Queue("gf-fences", "x-fence.w1", "quorum")),
         p.bind(d.Binding("gf-fences", "x-fence.in", "x-fence.w1", "w1")),
@@ -152,7 +188,8 @@ def test_stale_things_it_owns_are_cleared_and_nothing_else() -> None:
     cur = applied(DEFS, PASSWORDS)
     cur.permissions[(t.GEO_USER, "gf-region-c")] = ("^$", "^x-fence\\.in$", "^$")  # removed region
     cur.permissions[(t.ADMIN_USER, "ops")] = (".*", ".*", ".*")  # somebody else's vhost
-    cur.permissions[("dev-1", "gf-ingress")] = ("^$", "^$", "^$")  # a device
+    cur.permissions[("acme.dev-1", "gf-ingress")] = ("^$", "^$", "^$")  # a device
+    cur.permissions[("dev-1", "gf-ingress")] = ("^$", "^$", "^$")  # a device before tenants
     cur.parameters[("gf-fences", "federation-upstream", "gf-region-c")] = {"uri": "amqp://"}
     cur.parameters[("gf-fences", "federation-upstream", "ops-upstream")] = {"uri": "amqp://"}
     cur.parameters[("ops", "federation-upstream", "gf-x")] = {"uri": "amqp://"}
@@ -233,3 +270,20 @@ def test_a_retired_binding_is_removed_where_the_broker_has_it() -> None:
     assert p.plan(DEFS, PASSWORDS, cur) == [
         p.Http("DELETE", "api/bindings/gf-fences/e/fence.events/q/fence.archive/%23", None)]
     assert p.plan(DEFS, PASSWORDS, applied(DEFS, PASSWORDS)) == []  # not there: nothing to do
+
+
+def test_a_retired_user_is_deleted_where_the_broker_has_it() -> None:
+    """The shared gateway user (before tenants) goes; a tenant's gateway and device, a sensor
+    and a user the topology does not know stay (the plan deletes only what it retired)."""
+    cur = applied(DEFS, PASSWORDS)
+    old = p.CurrentUser((), rabbit_hash("gw"), "rabbit_password_hashing_sha256")
+    cur.users[t.GATEWAY_USER] = old
+    cur.permissions[(t.GATEWAY_USER, "gf-ingress")] = ("^$", "^ingress\\.batches$", "^$")
+    for other in ("acme.gw-1", "acme.dev-1", "dev-1", "s-1", "ops"):
+        cur.users[other] = old
+    steps = p.plan(DEFS, PASSWORDS, cur)
+    assert steps == [p.ctl("delete_user", t.GATEWAY_USER)]
+    assert p.section(steps[0]) == "users (password on stdin)"
+    del cur.users[t.GATEWAY_USER]
+    cur.permissions.pop((t.GATEWAY_USER, "gf-ingress"))
+    assert p.plan(DEFS, PASSWORDS, cur) == []  # gone: nothing to do

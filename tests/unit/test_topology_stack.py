@@ -77,13 +77,27 @@ def test_connection_settings_list_every_vhost_and_sidecar_user() -> None:
         "gf-region-b": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-region-b",
         "gf-fences": "amqp://x-ingress:pw-x-ingress@127.0.0.1:5672/gf-fences",  # proximity rows
     }
-    assert conn["users"]["gateway"] == {
-        "gf-ingress": "amqp://gateway:pw-gateway@127.0.0.1:5672/gf-ingress"}
+    # the shared gateway user is retired: gateways are a tenant's users (`geofence gateway add`)
+    assert "gateway" not in conn["users"]
     assert set(conn["users"]) == set(d.SIDECAR_USERS)
     assert conn["mqtt"]["ingress_vhost"] == "gf-ingress"
     other = connection_settings(Settings(regions=("z",)), pw)
     assert set(other["amqp"]) == {"/", "gf-ingress", "gf-region-z", "gf-fences"}
     assert set(other["users"]["x-geo"]) == {"gf-region-z"}
+
+
+def test_an_older_secrets_file_keeps_the_retired_users_passwords_but_lists_no_url(tmp_path: Path) -> None:
+    """A secrets file from before tenants holds the shared gateway user's password: kept (the
+    file is never pruned), but no connection URL is given for a user the topology retired."""
+    settings = Settings(state_dir=tmp_path)
+    users = {u: f"pw-{u}" for u in (*d.SIDECAR_USERS, *d.RETIRED_USERS)}
+    settings.secrets_file.write_text(json.dumps({"rabbitmq_password": "r", "postgres_password": "p",
+                                                 "users": users}))
+    pw = ensure_secrets(settings)
+    assert pw.users == users  # nothing missing, nothing generated, nothing dropped
+    conn = connection_settings(settings, pw)
+    assert set(conn["users"]) == set(d.SIDECAR_USERS)
+    assert not set(conn["users"]) & set(d.RETIRED_USERS)
 
 
 def test_human_status_masks_the_sidecar_passwords(tmp_path: Path) -> None:

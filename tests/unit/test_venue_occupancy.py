@@ -1,13 +1,22 @@
 """A hive's occupancy (fence/venues/occupancy.py): the business day by time zone and reset
 hour, the live figure clamped at zero with the raw one kept, the residual recorded on the
-closed day, late counts kept off today's figure; and the sensor topics the sidecar accepts."""
+closed day, late counts kept off today's figure; the sensor topics the sidecar accepts; and
+the phones of a hive's fence, a tenant's fence seeing that tenant's phones only."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from datetime import UTC, date, datetime
+from typing import Any, cast
 
+import orjson
+
+from exchanges import topology as t
+from exchanges.fence_events import Event
 from fence.venues.occupancy import HiveOccupancy, business_day
-from fence.venues.sidecar import frame_of
+from fence.venues.sidecar import SensorSidecar, frame_of
+from tests.unit.fuzz_sidecars import SIDECAR, Exchange, Msg, captured, incoming
 
 
 def at(y: int, mo: int, d: int, h: int, mi: int = 0) -> float:
@@ -63,6 +72,7 @@ def test_sensor_topics() -> None:
     assert frame_of("sensors.s-1.v3.counter", b"", 0.0) == \
         "unknown sensor topic kind 'v3/counter' (known: counter, v2/counter, v2/event, v2/status)"
     assert "not a sensor topic" in str(frame_of("positions.s-1", b"", 0.0))
+    assert "not a sensor topic" in str(frame_of("positions.acme.s-1", b"", 0.0))
     assert "not a sensor topic" in str(frame_of("sensors..counter", b"", 0.0))
 
 
@@ -103,3 +113,37 @@ def test_the_usual_figure_is_the_business_days_weekday_at_the_local_hour() -> No
     assert got is not None and (got["weekday"], got["hour"], got["samples"]) == (6, 12, 3)
     assert usual_now({"reset_hour": 4, "hours": {}}, "UTC", noon) is None
     assert usual_now({}, "UTC", noon) is None
+
+
+def _event(fence_id: str, object_id: str, kind: str = "enter", ts: float = 100.0) -> Msg:
+    """An event as x-fence publishes it on fence.events (qualified ids in, `tenant` on the wire)."""
+    body = orjson.dumps(Event(kind, fence_id, object_id, ts, "entered", f"e-{object_id}").to_json())
+    return Msg(body, t.event_routing_key(fence_id, kind, object_id))
+
+
+def test_a_hives_phones_are_its_fences_tenants_own() -> None:
+    """A hive on tenant acme's fence f: acme's phones in it count; another tenant's fence f
+    and the platform's f are other fences, whatever their objects are called."""
+    sc = SensorSidecar(dataclasses.replace(SIDECAR, role="venue-sensors"))
+    sc.dlx, sc.occupancy_x, sc.mqtt_x = (cast(Any, Exchange(n)) for n in ("dead-letters", "venue.occupancy",
+                                                                         "amq.topic"))
+    sc.hives["h"] = HiveOccupancy("h", "UTC", 4, fence_id="acme:f")
+
+    async def stored(*args: Any) -> int:
+        return 0
+
+    sc._store = stored  # type: ignore[method-assign]
+    # the binding of the hive's fence gets acme's events of f only
+    assert t.event_binding_key("acme:f") == "fence-events.acme.f.*.*"
+    msgs = [_event("acme:f", "acme:p1"), _event("other:f", "other:p1"), _event("f", "p1"),
+            _event("other:f", "other:p2"), _event("acme:f", "acme:p2"),
+            _event("acme:f", "acme:p1", "leave", 101.0)]
+    assert [m.routing_key for m in msgs][:3] == [
+        "fence-events.acme.f.enter.p1", "fence-events.other.f.enter.p1", "fence-events._.f.enter.p1"]
+    with captured() as outs:
+        asyncio.run(sc.handle_phones(incoming(msgs)))
+    h = sc.hives["h"]
+    assert h.phones == {"acme:p1": (False, 101.0), "acme:p2": (True, 100.0)}
+    assert h.app_occupancy == 1
+    assert not [o for o in outs if o.exchange.name == "dead-letters"]
+    assert sorted(o.exchange.name for o in outs) == ["amq.topic", "venue.occupancy"]  # the hive's figure

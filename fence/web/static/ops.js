@@ -1,9 +1,12 @@
-// /ops: polls /ops/data (the figures fence/ops.py asks Prometheus for) every few seconds and
-// draws them. uPlot (npm, served from /vendor/uplot) for the two charts.
+// /ops: a platform operator signs in (common.js), then the page polls /ops/data (the figures
+// fence/ops.py asks Prometheus for; an operator's only) every few seconds and draws them. uPlot
+// (npm, served from /vendor/uplot) for the two charts.
 "use strict";
 
 const POLL_MS = 5000;
+const TABLES = ["processes", "queues", "dead-letters", "alerts"];
 const charts = {};
+let timer = null;
 // uPlot missing (its script a 404: no `npm ci` on the server): a message in place of the charts,
 // the figures and tables still shown
 const noCharts = libraryMissing("uPlot", "uPlot", "/vendor/uplot/uPlot.iife.min.js",
@@ -55,18 +58,35 @@ function render(d) {
 }
 
 async function poll() {
+  clearTimeout(timer);
+  timer = null;
   const status = document.getElementById("status");
   try {
-    const r = await fetch("/ops/data", { cache: "no-store" });
-    const body = await r.json();
-    if (!r.ok) throw new Error(body.error || r.statusText);
+    const body = await apiJSON("/ops/data");
+    if (!gfAuth.token) return;  // signed out meanwhile
+    showSignedIn();
     status.classList.remove("error");
     render(body);
   } catch (e) {
+    if (e instanceof SignedOut || !gfAuth.token) return;  // the form is shown
+    if (e.status === 403) {  // signed in, not an operator: the server says so, the form again
+      showSignIn(e.message);
+      return;
+    }
+    showSignedIn();
     status.textContent = `no figures: ${e.message}`;
     status.classList.add("error");
   }
-  setTimeout(poll, POLL_MS);
+  timer = setTimeout(poll, POLL_MS);
 }
 
-poll();
+// signed out: nothing of the figures stays in the page
+function forget() {
+  clearTimeout(timer);
+  timer = null;
+  for (const id of Object.keys(charts)) { charts[id].destroy(); delete charts[id]; }
+  for (const id of TABLES) document.querySelector(`#${id} tbody`).replaceChildren();
+  for (const id of ["updates", "events", "p50", "p99"]) setText(id, "–");
+}
+
+startSignIn(poll, forget);

@@ -1,5 +1,5 @@
-// /venues/{id}: a hive's owner page. Signs in (Firebase Auth's REST API: the Auth emulator on
-// the local stack, /pages/config says where) or takes #token=... from a link, then draws the
+// /venues/{id}: a hive's owner page. Signs in (common.js: Firebase Auth's REST API, the Auth
+// emulator on the local stack; or #token=... from a link), then draws the
 // owner's routes: the public card (live occupancy, both sources, the usual figure), the
 // analytics (today by hour, forecast against what happened, popular times, days) and the
 // sensors' health. Refreshes every 30 s; uPlot (npm, /vendor/uplot) for the charts.
@@ -9,7 +9,6 @@ const REFRESH_MS = 30000;
 const DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
 const hiveId = decodeURIComponent(location.pathname.split("/").pop());
 const charts = {};
-let token = null;
 // uPlot missing (its script a 404: no `npm ci` on the server): a message in place of the charts,
 // the figures and tables still shown
 const noCharts = libraryMissing("uPlot", "uPlot", "/vendor/uplot/uPlot.iife.min.js",
@@ -22,34 +21,8 @@ function chart(id, opts, data) {
   charts[id] = new uPlot({ width: Math.max(300, el.clientWidth), height: 220, ...opts }, data, el);
 }
 
-async function signIn(email, password) {
-  const cfg = await (await fetch("/pages/config")).json();
-  const base = cfg.auth.emulator ? `${cfg.auth.emulator}/identitytoolkit.googleapis.com`
-    : "https://identitytoolkit.googleapis.com";
-  const r = await fetch(`${base}/v1/accounts:signInWithPassword?key=${encodeURIComponent(cfg.auth.api_key)}`, {
-    method: "POST", headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ email, password, returnSecureToken: true }),
-  });
-  const body = await r.json();
-  if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
-  return body.idToken;
-}
-
 async function get(path, auth = true) {
-  const r = await fetch(path, { headers: auth ? { Authorization: `Bearer ${token}` } : {}, cache: "no-store" });
-  const body = await r.json();
-  if (r.status === 401) { showSignIn("your session ended: sign in again"); throw new Error("signed out"); }
-  if (!r.ok) throw new Error(body.error || r.statusText);
-  return body;
-}
-
-function showSignIn(message) {
-  token = null;
-  sessionStorage.removeItem("geofence-token");
-  document.getElementById("content").hidden = true;
-  document.getElementById("signin").hidden = false;
-  setText("signin-error", message || "");
-  setText("status", "signed out");
+  return apiJSON(path, auth);
 }
 
 function drawNow(card, analytics) {
@@ -164,8 +137,8 @@ async function refresh() {
       get(`/owner/hives/${encodeURIComponent(hiveId)}/analytics?days=14`),
       get(`/owner/hives/${encodeURIComponent(hiveId)}/sensors`),
     ]);
-    document.getElementById("signin").hidden = true;
-    document.getElementById("content").hidden = false;
+    if (!gfAuth.token) return;  // signed out meanwhile
+    showSignedIn();
     drawNow(card, analytics);
     drawToday(analytics.today);
     drawForecast(analytics.forecast);
@@ -176,31 +149,11 @@ async function refresh() {
     document.getElementById("status").classList.remove("error");
     if (noCharts) libraryNote("uPlot", "charts");
   } catch (e) {
-    if (token) {
-      setText("status", `no figures: ${e.message}`);
-      document.getElementById("status").classList.add("error");
-    }
+    if (e instanceof SignedOut || !gfAuth.token) return;
+    setText("status", `no figures: ${e.message}`);
+    document.getElementById("status").classList.add("error");
   }
 }
 
-document.getElementById("signin").addEventListener("submit", async (ev) => {
-  ev.preventDefault();
-  try {
-    token = await signIn(document.getElementById("email").value, document.getElementById("password").value);
-    sessionStorage.setItem("geofence-token", token);
-    await refresh();
-  } catch (e) {
-    setText("signin-error", `sign-in failed: ${e.message}`);
-  }
-});
-
-const fromLink = new URLSearchParams(location.hash.slice(1)).get("token");
-if (fromLink) history.replaceState(null, "", location.pathname);  // not left in the address bar
-token = fromLink || sessionStorage.getItem("geofence-token");
-if (token) {
-  if (fromLink) sessionStorage.setItem("geofence-token", token);
-  refresh();
-} else {
-  showSignIn();
-}
-setInterval(() => { if (token) refresh(); }, REFRESH_MS);
+startSignIn(refresh);
+setInterval(() => { if (gfAuth.token) refresh(); }, REFRESH_MS);
