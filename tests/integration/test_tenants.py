@@ -65,7 +65,7 @@ async def tenant_db(stack: ConnectionSettings) -> AsyncIterator[str]:
     name, dsn = await scratch_schema(stack["postgres"]["dsn"])
     try:
         applied = await migrate(dsn)
-        assert applied[-1] == f"{TENANTS_MIGRATION:04d}_tenants"
+        assert f"{TENANTS_MIGRATION:04d}_tenants" in applied
         yield dsn
     finally:
         await drop_schema(stack["postgres"]["dsn"], name)
@@ -531,7 +531,7 @@ async def test_migration_on_an_empty_database(stack: ConnectionSettings) -> None
         c = await asyncpg.connect(dsn)
         try:
             assert await c.fetchval("SELECT count(*) FROM tenant") == 0
-            assert await c.fetchval("SELECT max(number) FROM schema_migration") == TENANTS_MIGRATION
+            assert await c.fetchval("SELECT max(number) FROM schema_migration") >= TENANTS_MIGRATION
             assert await fk_definitions(c) == FK_DEFS
             generated = await c.fetch("SELECT attrelid::regclass::text AS t FROM pg_attribute "
                                       "WHERE attname = 'tenant' AND attgenerated = 's' AND "
@@ -554,7 +554,7 @@ async def test_migration_rewrites_an_existing_deployment(stack: ConnectionSettin
         try:
             assert await fk_definitions(c) == FK_DEFS
             await c.execute(BEFORE_TENANTS)
-            assert await migrate(dsn) == [f"{TENANTS_MIGRATION:04d}_tenants"]
+            assert (await migrate(dsn))[0] == f"{TENANTS_MIGRATION:04d}_tenants"  # then the later ones
             assert await fk_definitions(c) == FK_DEFS
             await check_after_tenants(c)
         finally:
