@@ -360,8 +360,13 @@ async def page_flow(stack: ConnectionSettings, driver: Any, who: Account, operat
     assert objects and not [o for o in objects if "-phone-" in o or ":" in o], objects[:20]
     panel = driver.find_element(By.ID, "events").text
     assert "-phone-" not in panel and "poi-" not in panel and VENUES not in panel
-    # the counts: some fence holds someone, and the tiles say so; no platform-wide rate
-    assert int(driver.find_element(By.ID, "s-inside").text.replace(",", "")) > 0
+    # the counts: some fence holds someone, and the tiles say so (the workers' counts come every
+    # 2 s, after the ENTER that the panel shows); no platform-wide rate
+    def inside() -> int:
+        text = driver.find_element(By.ID, "s-inside").text.replace(",", "")
+        return int(text) if text.isdigit() else 0
+
+    await poll(lambda: inside() > 0, "someone inside a fence on the tiles", WAIT)
     assert not driver.find_element(By.ID, "t-positions").is_displayed()
     assert f"live · {len(ids)} fences of {FLEET}" in driver.find_element(By.ID, "status").text
     # search: a fence by id zooms to it and says how many are inside
