@@ -19,6 +19,7 @@ x-geo holds anyway for queries; in exchange a worker never needs a position it w
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,8 @@ import numpy.typing as npt
 
 from exchanges.batch import PositionBatch
 from exchanges.roam_cells import BlockOwners, RoamGrid, unique_pairs
-from exchanges.subscriptions import Subscription
+from exchanges.subscriptions import Subscription, is_point_object
+from exchanges.tenancy import NO_TENANT, SEP, tenant_of
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -105,6 +107,10 @@ class RoamRouter:
         r = RoamRouter(self.grid, owners)
         r._radius, r._last, r._extra = self._radius, self._last, self._extra
         return r
+
+    def objects(self) -> list[str]:
+        """Every object whose last position is kept."""
+        return list(self._last)
 
     def __len__(self) -> int:
         return len(self._last)
@@ -194,6 +200,11 @@ class RoamStream:
     Idle while no subscription exists: no row is routed and no position kept, so the fence path
     pays nothing for it. The first subscription starts from what comes after it: an object
     counts from its first position after that (nothing was near before, as nothing could be).
+    The same per tenant: a subscription pairs only objects of its own tenant
+    (exchanges/subscriptions.py), so only the rows of tenants with a subscription are routed
+    and kept; a tenant's first subscription counts its objects from their next position, and
+    its last one dropped forgets them (a sync), so the tenants that use proximity pay for it
+    and the others do not.
     """
 
     def __init__(self, ring: Any, grid: RoamGrid = DEFAULT_GRID) -> None:
@@ -210,6 +221,7 @@ class RoamStream:
         # (x-ingress then routes the lost batches again, with the same n).
         self.epoch = 0
         self.n = 0
+        self._per_tenant: Counter[str] = Counter()  # tenant -> its subscriptions
 
     def _marked(self, msgs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         self.n += 1
@@ -236,6 +248,36 @@ class RoamStream:
     def active(self) -> bool:
         return bool(self.subs)
 
+    @property
+    def tenants(self) -> frozenset[str]:
+        """The tenants with a subscription: only their objects' rows are routed."""
+        return frozenset(self._per_tenant)
+
+    def relevant(self, batch: PositionBatch) -> PositionBatch:
+        """The rows of `batch` of tenants with a subscription (the batch itself when all are)."""
+        if not self._per_tenant or not len(batch):
+            return batch.take(np.empty(0, np.int64))
+        tenants = self._per_tenant
+        if len(tenants) == 1 and NO_TENANT not in tenants:  # one tenant: a prefix test per id
+            prefix = next(iter(tenants)) + SEP
+            keep = np.fromiter((i.startswith(prefix) for i in batch.ids), bool, len(batch))
+        else:
+            keep = np.fromiter((tenant_of(i) in tenants for i in batch.ids), bool, len(batch))
+        return batch if keep.all() else batch.take(np.flatnonzero(keep))
+
+    def _count(self, sub: Subscription, by: int) -> None:
+        left = self._per_tenant[sub.tenant] + by
+        if left > 0:
+            self._per_tenant[sub.tenant] = left
+        else:
+            del self._per_tenant[sub.tenant]
+
+    def _forget_tenant(self, tenant: str) -> None:
+        """A tenant's last subscription gone: its objects' positions and fields forgotten."""
+        r = self.router
+        for obj in [o for o in r.objects() if not is_point_object(o) and tenant_of(o) == tenant]:
+            r.forget(obj)
+
     def _radius_of(self, obj: str) -> float:
         return max((s.radius_m for s in self.subs.values() if s.object == obj), default=0.0)
 
@@ -245,6 +287,9 @@ class RoamStream:
         first = not self.subs
         old = self.subs.get(sub.id)
         self.subs[sub.id] = sub
+        self._count(sub, 1)
+        if old is not None:
+            self._count(old, -1)  # the same id: the same tenant
         for obj in {sub.object, *(() if old is None else (old.object,))}:
             self.router.set_radius(obj, self._radius_of(obj))
         if sub.point is not None:  # a fixed point: its subscriber stands there
@@ -263,17 +308,25 @@ class RoamStream:
         sub = self.subs.pop(sub_id, None)
         if sub is None:
             return {}
+        self._count(sub, -1)
         self.router.set_radius(sub.object, self._radius_of(sub.object))
         if sub.point is not None:
             self.router.forget(sub.object)
         if not self.subs:
             self.router = RoamRouter(self.grid, self.router.owners)
             return self.sync()
+        if sub.tenant not in self._per_tenant:  # the workers forget the tenant's objects too
+            self._forget_tenant(sub.tenant)
+            return self.sync()
         return self._marked({w: {"op": "drop", "id": sub_id, "ts": float(ts)} for w in self.workers})
 
     def rows(self, batch: PositionBatch) -> dict[str, dict[str, Any]]:
-        """Each worker's rows of a batch (none while idle)."""
+        """Each worker's rows of a batch: those of tenants with a subscription (none while
+        idle)."""
         if not self.subs or not len(batch):
+            return {}
+        batch = self.relevant(batch)
+        if not len(batch):
             return {}
         out = {}
         shares = self.router.route(batch.ids, batch.lon, batch.lat, batch.ts, batch.extra or None)
@@ -323,6 +376,7 @@ class RoamStream:
         if data.get("format") != 2:
             raise ValueError(f"roaming router snapshot format {data.get('format')!r}, this code reads 2")
         self.subs = {d["id"]: Subscription.from_wire(d) for d in data["subs"]}
+        self._per_tenant = Counter(s.tenant for s in self.subs.values())
         self.router = RoamRouter(self.grid, self.router.owners)
         ids = list(data["ids"])
         self.router.restore(ids, np.frombuffer(data["pos"], "<f8").reshape(len(ids), 4), list(data["extra"]))

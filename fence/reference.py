@@ -24,6 +24,7 @@ from exchanges.fence_events import CROSS, CROSSED, DWELLED, ENTER, ENTERED, EXIT
 from exchanges.fence_options import filters, refused_one, refusing
 from exchanges.fence_options.band import hysteresis_zones
 from exchanges.fence_options.cross import CROSS_MAX_SEGMENT_DEG, crosses
+from exchanges.tenancy import name_of, tenant_of
 
 EventTuple = tuple[str, str, str, float, str]  # (event, fence_id, object_id, ts, reason)
 
@@ -260,9 +261,11 @@ def roam_timeline(items: Sequence[tuple[Any, ...]]) -> list[RoamTuple]:
     ("put", subscription, ts) and ("drop", subscription_id, ts), in that order: for each
     position, every subscription against every object, before and after; a put reports the
     pairs near now that were not near under the subscription's previous definition (nearby)
-    and those no longer near (faraway); a drop reports nothing. Objects count from their first
-    position while some subscription exists (none kept while none does); a position older
-    than its object's last one changes nothing."""
+    and those no longer near (faraway); a drop reports nothing. A subscription matches only
+    objects of its own tenant (names `<tenant>:<name>`, the glob on the name; bare names are
+    one tenant of their own). Objects count from their first position while their tenant has a
+    subscription (none kept while it has none); a position older than its object's last one
+    changes nothing."""
     pos: dict[str, tuple[float, float]] = {}
     last_ts: dict[str, float] = {}
     ext: dict[str, dict[str, Any] | None] = {}
@@ -270,7 +273,8 @@ def roam_timeline(items: Sequence[tuple[Any, ...]]) -> list[RoamTuple]:
     out: list[RoamTuple] = []
 
     def passes(sub: Any, obj: str, extra: dict[str, Any] | None) -> bool:
-        by_id = not obj.startswith("@") and (sub.match == "*" or fnmatchcase(obj, sub.match))
+        by_id = not obj.startswith("@") and tenant_of(obj) == tenant_of(sub.id) and \
+            (sub.match == "*" or fnmatchcase(name_of(obj), sub.match))
         return by_id and bool(filters.matches(sub.where, [extra])[0])
 
     def near_set(sub: Any) -> set[str]:
@@ -302,14 +306,15 @@ def roam_timeline(items: Sequence[tuple[Any, ...]]) -> list[RoamTuple]:
             gone = subs.pop(item[1], None)
             if gone is not None and gone.point is not None:
                 pos.pop(gone.object, None)
-            if not subs:
-                pos.clear()
-                ext.clear()
-                last_ts.clear()
+            if gone is not None and not any(tenant_of(k) == tenant_of(gone.id) for k in subs):
+                for o in [o for o in pos if not o.startswith("@") and tenant_of(o) == tenant_of(gone.id)]:
+                    pos.pop(o)
+                    ext.pop(o, None)
+                    last_ts.pop(o, None)
             continue
         _, o, x, y, t, e = item
-        if not subs or t < last_ts.get(o, -math.inf):  # none kept; or older than its last: nothing
-            continue
+        if not any(tenant_of(k) == tenant_of(o) for k in subs) or t < last_ts.get(o, -math.inf):
+            continue  # none kept for its tenant; or older than its last: nothing
         last_ts[o] = t
         old = pos.get(o)
         for sub in subs.values():

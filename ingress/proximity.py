@@ -198,8 +198,12 @@ class Proximity:
 
     def rows_outs(self, batch: PositionBatch) -> tuple[list[shell.Out], Entry | None]:
         """A batch routed: its rows for the workers and its journal entry (the lock held by
-        the caller); nothing while no subscription exists."""
+        the caller); nothing while no subscription exists, and only the rows of tenants with
+        one (the journal keeps those alone: replayed, they route the same)."""
         if not self.stream.active or self.out is None or not len(batch):
+            return [], None
+        batch = self.stream.relevant(batch)
+        if not len(batch):
             return [], None
         msgs = self.stream.rows(batch)
         self.counters.bump("roam_rows", sum(len(m["batch"]["ids"]) for m in msgs.values()))

@@ -25,7 +25,7 @@ from deploy.rabbitmq.apply import management, run_steps, tags_of
 from deploy.rabbitmq.definitions import TopicPermission
 from deploy.rabbitmq.management import Management, ManagementError
 from deploy.rabbitmq.nodes import StackSecrets, StackSettings
-from deploy.rabbitmq.plan import api_path, ctl, device_steps
+from deploy.rabbitmq.plan import api_path, delete_user_step, device_steps
 from exchanges import topology as t
 from exchanges.ids import check_object_id
 
@@ -157,7 +157,7 @@ def remove(settings: StackSettings, pw: StackSecrets, object_id: str, say: Say,
         raise DeviceError(f"no {what} {object_id!r}")
     if tag not in tags_of(user.get("tags")):
         raise DeviceError(f"RabbitMQ user {object_id!r} is not a {what} (no {tag} tag)")
-    run_steps([ctl("delete_user", object_id)], mgmt, pw.values(), say)
+    run_steps([delete_user_step(object_id)], mgmt, pw.values(), say)
     for conn in mgmt.get("api/connections?columns=name,user"):
         if conn.get("user") == object_id:
             say(f"  closing connection {conn['name']}")

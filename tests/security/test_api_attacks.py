@@ -169,6 +169,25 @@ async def test_a_subscription_of_another_tenant_never_reports_the_victims_object
     )
     assert sub.status_code == 201, sub.text
     seen: list[dict[str, Any]] = []
+    try:
+        await _spy_near_the_victim(world, seen)
+    finally:  # no subscription left behind: every later position of the tenant would pay for it
+        gone = await world.http.delete("/subscriptions/spy", headers=world.b_editor.headers())
+        assert gone.status_code in (200, 204), gone.text
+    objects = {e["object"] for e in seen}
+    holds(
+        "other tenant's editor",
+        "POST /subscriptions {object: van-1 (a name the victim uses), 5 km}, among the victim's vans",
+        f"events for {sorted(objects)}; leaks {revealed(world, str(seen)) or 'nothing'}",
+        "its own objects nearby: reported (decoy-1, decoy-2)",
+        {"decoy-1", "decoy-2"} <= objects
+        and not objects & {"van-2", "van-3"}
+        and not revealed(world, str(seen))
+        and all(e.get("tenant") == world.b for e in seen),
+    )
+
+
+async def _spy_near_the_victim(world: World, seen: list[dict[str, Any]]) -> None:
     async with await aio_pika.connect(world.amqp(f"{world.b}.app", t.FENCES_VHOST), timeout=DEADLINE) as conn:
         ch = await conn.channel()
         q = await ch.declare_queue(f"{t.app_queue_prefix(f'{world.b}.app')}spy", exclusive=True)
@@ -199,17 +218,6 @@ async def test_a_subscription_of_another_tenant_never_reports_the_victims_object
             await _reported(world, q, seen, "decoy-2")
         finally:
             spy.close()
-    objects = {e["object"] for e in seen}
-    holds(
-        "other tenant's editor",
-        "POST /subscriptions {object: van-1 (a name the victim uses), 5 km}, among the victim's vans",
-        f"events for {sorted(objects)}; leaks {revealed(world, str(seen)) or 'nothing'}",
-        "its own objects nearby: reported (decoy-1, decoy-2)",
-        {"decoy-1", "decoy-2"} <= objects
-        and not objects & {"van-2", "van-3"}
-        and not revealed(world, str(seen))
-        and all(e.get("tenant") == world.b for e in seen),
-    )
 
 
 async def _reported(

@@ -18,6 +18,7 @@ from exchanges.hash_ring import HashRing
 from exchanges.roam_cells import BlockOwners, RoamGrid, distances_m
 from exchanges.roam_routing import ROAM, RoamRouter, RoamStream
 from exchanges.subscriptions import InvalidSubscription, Subscription, point_object
+from exchanges.tenancy import tenant_of
 from fence.reference import roam_events, roam_timeline
 from fence.x_fence.roaming import RoamEvent, RoamMatcher, Rows, matcher_of, snapshot_of
 from fence.x_fence.roaming import step as roam_step
@@ -274,15 +275,21 @@ def _batch(ids: list[str], lon: Any, lat: Any, ts: Any, extra: list[Any] | None)
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10**6), n_workers=st.integers(1, 3), batch=st.sampled_from([5, 40, 400]))
-def test_definitions_ring_changes_and_restarts_in_the_stream_equal_the_reference(seed: int, n_workers: int,
-                                                                                  batch: int) -> None:
+@given(seed=st.integers(0, 10**6), n_workers=st.integers(1, 3), batch=st.sampled_from([5, 40, 400]),
+       tenants=st.sampled_from([(), ("a",), ("a", "b", "c")]))
+def test_definitions_ring_changes_and_restarts_in_the_stream_equal_the_reference(
+        seed: int, n_workers: int, batch: int, tenants: tuple[str, ...]) -> None:
     """Subscriptions put, changed and dropped between rows, a worker added mid-stream (a sync),
     a worker restarted from its snapshot, x-ingress restarted from its journal (also with its
     last batch lost and routed again), a worker's message redelivered: the events equal the
-    brute-force timeline, each once."""
+    brute-force timeline, each once. With tenants (names `<tenant>:<name>`), a subscription
+    pairs its own tenant's objects only, and a tenant's objects count while it has one (its
+    first subscription, its last one dropped, the others' meanwhile)."""
     rng = np.random.default_rng(seed)
     ids, lon, lat, ts, extra = _stream(seed, 30, 400, 3.0, True)
+    if tenants:
+        home = {o: tenants[int(rng.integers(len(tenants)))] for o in sorted(set(ids))}
+        ids = [f"{home[o]}:{o}" for o in ids]
     names = sorted(set(ids))
     where = filters.parse([["speed", "<", 40]])
     workers = [f"w{i}" for i in range(n_workers)]
@@ -294,11 +301,18 @@ def test_definitions_ring_changes_and_restarts_in_the_stream_equal_the_reference
     while k < len(ids):
         r = rng.random()
         if r < 0.25 or not live:  # a put (new or changed)
+            # a subscription keeps its tenant (its id's) when it changes
+            subscriber = names[int(rng.integers(len(names)))]
             sid = f"s{int(rng.integers(6))}"
+            if tenants:
+                mine = [k for k in live if k.endswith(f":{sid}")]
+                sid = mine[0] if mine else f"{tenant_of(subscriber)}:{sid}"
+                subscriber = next(n for n in names[int(rng.integers(len(names))):] + names
+                                  if tenant_of(n) == tenant_of(sid))
             # some on a fixed point in the area (its subscriber is "@<id>": no object matches it)
             point = (9.50 + float(rng.uniform(0, 3.0 / 76)), 47.10 + float(rng.uniform(0, 3.0 / 111))) \
                 if rng.random() < 0.3 else None
-            subscriber = point_object(sid) if point else names[int(rng.integers(len(names)))]
+            subscriber = point_object(sid) if point else subscriber
             sub = Subscription(sid, subscriber, float(rng.uniform(50, 700)),
                                match="*" if rng.random() < 0.6 else "t-*",
                                where=where if rng.random() < 0.3 else (), point=point)
@@ -498,3 +512,30 @@ def test_rows_at_one_time_and_place_with_other_fields_are_other_updates() -> Non
     again.rows(_batch(["a"], [9.52], [47.12], [2.0], None))
     again.rows(_batch(["b"] * 3, [9.521] * 3, [47.12] * 3, [3.0] * 3, rows))
     assert [e.id for e in again.events] == [e.id for e in wire.events]
+
+
+def test_only_the_tenants_with_a_subscription_are_routed_and_kept() -> None:
+    """A tenant without a subscription costs the proximity path nothing: its rows are neither
+    routed nor kept; its last subscription dropped, its objects are forgotten (a sync)."""
+    stream = RoamStream(HashRing(["w0", "w1"]))
+    ids = ["a:t-1", "b:t-1", "b:t-2", "a:c-3"]
+    batch = _batch(ids, [9.5, 9.5, 9.51, 9.5], [47.1, 47.1, 47.1, 47.11], [1.0] * 4, None)
+    stream.put(Subscription("a:s1", "a:t-1", 500.0), 0.5)
+    assert stream.tenants == {"a"}
+    assert stream.relevant(batch).ids == ["a:t-1", "a:c-3"]
+    sent = stream.rows(batch)
+    assert sent and {i for m in sent.values() for i in m["batch"]["ids"]} == {"a:t-1", "a:c-3"}
+    assert sorted(stream.router.objects()) == ["a:c-3", "a:t-1"]
+    only_b = _batch(["b:t-1"], [9.5], [47.1], [2.0], None)
+    assert stream.rows(only_b) == {} and not len(stream.relevant(only_b))
+    stream.put(Subscription("b:s1", "b:t-2", 300.0), 2.5)
+    stream.rows(batch)
+    assert sorted(stream.router.objects()) == ["a:c-3", "a:t-1", "b:t-1", "b:t-2"]
+    out = stream.drop("a:s1", 3.0)  # a's last: its objects forgotten, every worker synced
+    assert {m["op"] for m in out.values()} == {"sync"} and stream.tenants == {"b"}
+    assert sorted(stream.router.objects()) == ["b:t-1", "b:t-2"]
+    held = {i for m in out.values() for i in m["state"]["ids"]}
+    assert held == {"b:t-1", "b:t-2"}
+    again = RoamStream(HashRing(["w0", "w1"]))
+    again.load(stream.snapshot())
+    assert again.tenants == {"b"}

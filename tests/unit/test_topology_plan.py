@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 from dataclasses import replace
 
@@ -111,14 +112,25 @@ def test_passwords_never_in_argv_except_the_federation_uri() -> None:
 def test_every_argument_survives_the_debian_wrapper() -> None:
     for argv in argvs(p.plan(DEFS, PASSWORDS, p.Current.empty())):
         assert all(p.wrapper_safe(a) for a in argv), argv
-    device = "acme.dev-1"  # tenant acme's dev-1
-    steps = p.device_steps(device, "pw", cred.device_permission(device),
-                           (cred.device_topic_permission(device),), ("gf-device",))
-    gateway = "acme.gw-1"
-    steps += p.device_steps(gateway, "pw", cred.gateway_permission(gateway),
-                            cred.gateway_topic_permissions(gateway), ("gf-gateway",))
-    for step in steps:
-        assert isinstance(step, p.Ctl) and all(p.wrapper_safe(a) for a in step.argv)
+
+
+
+def test_device_steps_are_management_calls_with_the_password_in_a_body_only() -> None:
+    """A device (gateway, application, sensor) is made in milliseconds over the management API,
+    not by five rabbitmqctl runs; its password is in the user's body, in no path or argv."""
+    for user, perm, topics, tag in (
+            ("acme.dev-1", cred.device_permission("acme.dev-1"),
+             (cred.device_topic_permission("acme.dev-1"),), "gf-device"),
+            ("acme.gw-1", cred.gateway_permission("acme.gw-1"), cred.gateway_topic_permissions("acme.gw-1"),
+             "gf-gateway")):
+        steps = p.device_steps(user, "s3cret-pw", perm, topics, (tag,))
+        assert all(isinstance(s, p.Http) and s.method == "PUT" for s in steps)
+        assert not argvs(steps)
+        assert not [s for s in steps if "s3cret-pw" in p.render(s, ("s3cret-pw",))]  # masked when shown
+        with_password = [s for s in steps if isinstance(s, p.Http) and "s3cret-pw" in json.dumps(s.body)]
+        assert [s.path for s in with_password] == [p.api_path("users", user)]
+        assert all("s3cret-pw" not in s.path for s in steps if isinstance(s, p.Http))
+    assert p.delete_user_step("acme.dev-1") == p.Http("DELETE", "api/users/acme.dev-1", None)
 
 
 def test_device_steps_set_every_topic_permission() -> None:
@@ -126,19 +138,23 @@ def test_device_steps_set_every_topic_permission() -> None:
     gateway = "acme.gw-1"
     steps = p.device_steps(gateway, "pw", cred.gateway_permission(gateway),
                            cred.gateway_topic_permissions(gateway), ("gf-gateway",))
-    assert [a[1] for a in argvs(steps)] == ["add_user", "set_user_tags", "set_permissions",
-                                            "set_topic_permissions", "set_topic_permissions"]
-    topics = [a for a in argvs(steps) if a[1] == "set_topic_permissions"]
-    assert [(a[4], a[5], a[6]) for a in topics] == [("acme.gw-1", "ingress.gateway", "^acme$"),
-                                                   ("acme.gw-1", "amq.topic", r"^positions\.acme\.[^.#*]+$")]
-    assert steps[:2] == [p.ctl("add_user", gateway, stdin="pw"),
-                         p.ctl("set_user_tags", gateway, "gf-gateway")]
+    assert [(s.method, s.path) for s in steps if isinstance(s, p.Http)] == [
+        ("PUT", "api/users/acme.gw-1"), ("PUT", "api/permissions/gf-ingress/acme.gw-1"),
+        ("PUT", "api/topic-permissions/gf-ingress/acme.gw-1"),
+        ("PUT", "api/topic-permissions/gf-ingress/acme.gw-1")]
+    bodies = [s.body for s in steps if isinstance(s, p.Http)]
+    assert bodies[0] == {"password": "pw", "tags": "gf-gateway"}
+    perm = cred.gateway_permission(gateway)
+    assert bodies[1] == {"configure": perm.configure, "write": perm.write, "read": perm.read}
+    assert [(b["exchange"], b["write"]) for b in bodies[2:]] == [
+        ("ingress.gateway", "^acme$"), ("amq.topic", r"^positions\.acme\.[^.#*]+$")]
     device = "acme.dev-1"
     steps = p.device_steps(device, "pw", cred.device_permission(device),
                            (cred.device_topic_permission(device),), ("gf-device",))
-    assert steps[-1] == p.set_topic_permissions(cred.device_topic_permission(device))
-    assert argvs(steps)[-1][-2:] == (r"^positions\.acme\.dev-1$",
-                                     r"^fence-events\.acme\.[^.#]+\.[^.#]+\.dev-1$")
+    last = steps[-1]
+    assert isinstance(last, p.Http) and last.body == {
+        "exchange": "amq.topic", "write": r"^positions\.acme\.dev-1$",
+        "read": r"^fence-events\.acme\.[^.#]+\.[^.#]+\.dev-1$"}
 
 
 @pytest.mark.parametrize("unsafe", ["$HOME", "a${b}", "$(id)", "`id`", "a\\$b", 'a\\"b', "a\\\\b",
