@@ -387,8 +387,14 @@ class FaultRun:
         async def consuming() -> bool:
             return not await self.probe.consumed(queues)
 
-        left = CONSUMER_DEADLINE_S - (time.monotonic() - f.done)
-        if not await poll_until(consuming, max(left, 0.0)):
+        async def consuming_in_time() -> bool:
+            while not await consuming():
+                if time.monotonic() > self._consumer_deadline(f):
+                    return False
+                await asyncio.sleep(POLL_S)
+            return True
+
+        if not await consuming_in_time():
             missing = await self.probe.consumed(queues)
             owners = [n for n in self.stack.names
                       if {f"{v}/{q}" for v, q in sidecar_queues(self.stack.topology, n)} & set(missing)]
@@ -411,6 +417,16 @@ class FaultRun:
         if not ok:
             f.note += f", no new event within {FLOW_DEADLINE_S:g}s more"
         say(f"{self.title}: {f.label}: recovered in {f.recovery_s:.1f}s ({f.note})")
+
+    def _consumer_deadline(self, f: Fault) -> float:
+        """When `f`'s sidecars must consume again: CONSUMER_DEADLINE_S after the end of `f`, or
+        of a fault injected since that takes the broker from every sidecar (a restart, a cut;
+        one still under way: not before it ends). A worker killed and rebuilding its state when
+        the broker goes away gets what every sidecar gets after a broker restart."""
+        now = time.monotonic()
+        ends = [f.done] + [g.done or now for g in self.faults
+                           if g is not f and g.kind in ("broker", "cut") and g.started >= f.started]
+        return max(ends) + CONSUMER_DEADLINE_S
 
     def _event_after(self, update: int, scope: str) -> Callable[[], Awaitable[bool]]:
         """An event caused by a position published after the fault, in scope, was received."""

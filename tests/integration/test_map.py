@@ -333,7 +333,9 @@ async def page_flow(stack: ConnectionSettings, driver: Any, who: Account, operat
     entered = "return [...document.querySelectorAll('#events li')].filter(li => " \
               "li.querySelector('.enter') && li.textContent.includes('-car-')).length"
     enters_before = driver.execute_script(entered)
-    await poll(lambda: bool(set(driver.execute_script(cars)) - before_demo), "this demo's vehicles", WAIT)
+    # the demo stores its fences and venues through the production path before its vehicles set
+    # off: on a loaded machine that alone can take most of a minute
+    await poll(lambda: bool(set(driver.execute_script(cars)) - before_demo), "this demo's vehicles", 2 * WAIT)
     # the fleet's fences are drawn (the overlay canvas has ink): its municipalities, by the names
     # the fleet gives them, and none of the venue app's points of interest
     canvases = driver.find_elements(By.CSS_SELECTOR, ".leaflet-overlay-pane canvas")

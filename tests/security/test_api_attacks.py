@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -194,16 +195,15 @@ async def _spy_near_the_victim(world: World, seen: list[dict[str, Any]]) -> None
         await q.bind(t.EVENTS_EXCHANGE, f"{t.ROAM_EVENTS_TOPIC_PREFIX}.{world.b}.#")
         spy = Mqtt(world.stack, f"{world.b}.van-1", world.secrets[f"{world.b}.van-1"])
         try:
-            # the attacker's own van-1 parks among the victim's vans; its own decoy comes near
-            # until the subscription reports it (x-ingress applies subscriptions once a second)
-            assert (
-                spy.publish(
-                    f"positions/{world.b}/van-1",
-                    orjson.dumps({"lon": CENTER[0], "lat": CENTER[1], "ts": time.time()}),
-                )
-                == "puback"
-            )
-            await _reported(world, q, seen, "decoy-1")
+            # the attacker's own van-1 parks among the victim's vans (again until the subscription
+            # is applied: x-ingress applies subscriptions once a second, and a tenant's objects
+            # count from their first position after its first one); its own decoy comes near
+            # until the subscription reports it
+            def park() -> None:
+                body = orjson.dumps({"lon": CENTER[0], "lat": CENTER[1], "ts": time.time()})
+                assert spy.publish(f"positions/{world.b}/van-1", body) == "puback"
+
+            await _reported(world, q, seen, "decoy-1", park)
             # then the victim's vans move around it, and a second decoy comes: its event is
             # after theirs on the worker that holds this place
             await publish_batch(
@@ -221,11 +221,15 @@ async def _spy_near_the_victim(world: World, seen: list[dict[str, Any]]) -> None
 
 
 async def _reported(
-    world: World, q: aio_pika.abc.AbstractQueue, seen: list[dict[str, Any]], decoy: str
+    world: World, q: aio_pika.abc.AbstractQueue, seen: list[dict[str, Any]], decoy: str,
+    first: Callable[[], None] | None = None,
 ) -> None:
-    """Publish the attacker's `decoy` near its van-1 until a proximity event names it."""
+    """Publish the attacker's `decoy` near its van-1 (after `first`, each time) until a
+    proximity event names it."""
     end = time.monotonic() + DEADLINE
     while time.monotonic() < end:
+        if first is not None:
+            first()
         await publish_batch(
             world,
             f"{world.b}.gw",
