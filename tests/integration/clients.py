@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import queue
 import subprocess
@@ -302,3 +303,23 @@ def member(firebase: Firebase, tenant: str, role: str = "editor") -> Account:
     made = account(firebase)
     add_member(tenant, made.uid, role)
     return made
+
+
+async def moving(stack: ConnectionSettings, tenant: str, object_id: str, stop: asyncio.Event,
+                 lat: float = 47.02) -> list[tuple[float, float]]:
+    """Positions of `tenant`'s object (`positions.<tenant>.<object_id>`, as the administrator),
+    a step east every 0.2 s at `lat`, until `stop` (outside every fence); the places sent."""
+    sent = []
+    async with await aio_pika.connect(stack["amqp"][t.INGRESS_VHOST], timeout=DEADLINE) as conn:
+        ch = await conn.channel(publisher_confirms=True)
+        ex = await ch.get_exchange(t.MQTT_TOPIC_EXCHANGE)
+        k = 0
+        while not stop.is_set():
+            lon = 9.40 + 0.0001 * k
+            body = json.dumps({"lon": lon, "lat": lat, "ts": time.time()}).encode()
+            await ex.publish(aio_pika.Message(body), f"{t.POSITIONS_TOPIC_PREFIX}.{tenant}.{object_id}")
+            sent.append((lon, lat))
+            k += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+    return sent

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 from unittest import mock
 
-import aio_pika
 import asyncpg
 import httpx
 import numpy as np
@@ -51,7 +50,7 @@ from fence.map_view import FRAME_EVERY_S, MapEvent, MapView
 from fence.page_data import NOT_ALLOWED, NOT_SIGNED_IN, SIGN_IN_S, add_page_data
 from fence.service import FenceService
 from tests.integration.browser import Account, account, chromium, console_errors, member, screenshot, sign_in
-from tests.integration.clients import DEADLINE, api, geofence, poll
+from tests.integration.clients import DEADLINE, api, geofence, moving, poll
 from tests.integration.test_pages import INK
 from tests.integration.test_pages_no_vendor import serving
 
@@ -112,24 +111,6 @@ async def opened(url: str, first: dict[str, Any] | None, **options: Any) -> MapS
     return await asyncio.to_thread(MapSocket, url, first, **options)
 
 
-async def moving(stack: ConnectionSettings, tenant: str, object_id: str, lat: float,
-                 stop: asyncio.Event) -> list[tuple[float, float]]:
-    """Positions of `tenant`'s object (`positions.<tenant>.<object_id>`, as the administrator),
-    a step east every 0.2 s at `lat`, until `stop` (outside every fence)."""
-    sent = []
-    async with await aio_pika.connect(stack["amqp"][t.INGRESS_VHOST], timeout=DEADLINE) as conn:
-        ch = await conn.channel(publisher_confirms=True)
-        ex = await ch.get_exchange(t.MQTT_TOPIC_EXCHANGE)
-        k = 0
-        while not stop.is_set():
-            lon = 9.40 + 0.0001 * k
-            body = json.dumps({"lon": lon, "lat": lat, "ts": time.time()}).encode()
-            await ex.publish(aio_pika.Message(body), f"positions.{tenant}.{object_id}")
-            sent.append((lon, lat))
-            k += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.2)
-    return sent
 
 
 def position_in(msg: dict[str, Any], object_id: str) -> tuple[float, float] | None:
@@ -221,8 +202,8 @@ async def test_a_members_map_shows_its_tenants_objects_only(stack: ConnectionSet
     with account(stack, operator=True) as operator:
         mine = await opened(url, {"token": two.member.token})  # websocket-client sends our Origin
         everyone = await opened(url, {"token": operator.token, "tenant": None}, suppress_origin=True)
-        senders = [asyncio.create_task(moving(stack, two.a, oid, 47.02, stop)),
-                   asyncio.create_task(moving(stack, two.b, oid, 47.03, stop))]
+        senders = [asyncio.create_task(moving(stack, two.a, oid, stop, lat=47.02)),
+                   asyncio.create_task(moving(stack, two.b, oid, stop, lat=47.03))]
         try:
             await poll(lambda: bool(mine.messages), "the first message", WAIT)
             assert mine.messages[0][1]["type"] == "snapshot"

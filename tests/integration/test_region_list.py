@@ -5,40 +5,19 @@ the whole curve, and the positions routed per second show the traffic."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any
 
-import aio_pika
 import pytest
 
 from deploy.settings import ConnectionSettings, Settings
-from exchanges import topology as t
-from tests.integration.clients import DEADLINE, geofence
+from tests.integration.clients import geofence, moving
 
 pytestmark = pytest.mark.integration
 WAIT = 60.0
 
 
-async def moving(stack: ConnectionSettings, tenant: str, object_id: str, stop: asyncio.Event
-                 ) -> list[tuple[float, float]]:
-    """Positions of `tenant`'s object (`positions.<tenant>.<object_id>`, as the administrator),
-    a step east every 0.2 s, until `stop` (outside every fence)."""
-    sent = []
-    async with await aio_pika.connect(stack["amqp"][t.INGRESS_VHOST], timeout=DEADLINE) as conn:
-        ch = await conn.channel(publisher_confirms=True)
-        ex = await ch.get_exchange(t.MQTT_TOPIC_EXCHANGE)
-        k = 0
-        while not stop.is_set():
-            lon, lat = 9.40 + 0.0001 * k, 47.02
-            body = json.dumps({"lon": lon, "lat": lat, "ts": time.time()}).encode()
-            await ex.publish(aio_pika.Message(body), f"{t.POSITIONS_TOPIC_PREFIX}.{tenant}.{object_id}")
-            sent.append((lon, lat))
-            k += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.2)
-    return sent
 
 
 async def test_region_list_shows_every_region_with_its_traffic(stack: ConnectionSettings,
