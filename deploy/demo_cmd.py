@@ -279,11 +279,11 @@ async def run_demo(args: argparse.Namespace) -> int:
            for i, v in enumerate(fleet.ids)]
     owner_of = [object_tenant(i) for i in range(len(ids))]
     n_fleet = owner_of.count(FLEET)
-    print(f"Moving: {n_fleet} vehicles of {FLEET} and {len(ids) - n_fleet} phones of {VENUES} on "
-          f"{network.n_nodes:,} road nodes, reporting every {1 / args.rate:g} s over MQTT for "
-          f"{args.duration:g} s (GPS noise {args.noise:g} m), each through its tenant's gateway user")
+    print(f"Moving: {n_fleet} vehicles of {FLEET} and {len(ids) - n_fleet} phones of {VENUES} (ids "
+          f"d{run}-...) on {network.n_nodes:,} road nodes, reporting every {1 / args.rate:g} s over MQTT "
+          f"for {args.duration:g} s (GPS noise {args.noise:g} m), each through its tenant's gateway user")
     print(f"Watch it live: {conn['api']}/map (the fleet moving, fences coloured by who is inside, "
-          f"ENTER / LEAVE as they happen); {conn['api']}/ops (the pipeline's figures)\n")
+          f"ENTER / LEAVE as they happen); {conn['api']}/ops (the pipeline's figures)\n", flush=True)
 
     screen = Screen()
     received: list[reference.EventTuple] = []

@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -268,20 +269,48 @@ async def test_the_map_page_signs_in_and_shows_the_fleet_only(stack: ConnectionS
     demo = await asyncio.create_subprocess_exec(
         str(script), "demo", "--vehicles", "30", "--duration", "40", "--rate", "2", "--quiet",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    lines: list[str] = []
+
+    async def read() -> None:
+        assert demo.stdout is not None
+        async for line in demo.stdout:
+            lines.append(line.decode(errors="replace"))
+
+    reader = asyncio.create_task(read())
     try:
         with account(stack) as fleet_user, account(stack, operator=True) as operator:
             await poll(lambda: geofence_tenant_exists(FLEET), "the demo's tenants", WAIT)
             with member(FLEET, fleet_user.uid), chromium() as driver:
-                await page_flow(stack, driver, fleet_user, operator)
-        out, _ = await asyncio.wait_for(demo.communicate(), 120)
-        assert demo.returncode == 0, out.decode()[-3000:]
-        summary = next(line for line in out.decode().splitlines() if line.startswith("SUMMARY"))
+                await page_flow(stack, driver, fleet_user, operator, lambda: run_prefix(lines))
+        await asyncio.wait_for(demo.wait(), 120)
+        await asyncio.wait_for(reader, DEADLINE)
+        out = "".join(lines)
+        assert demo.returncode == 0, out[-3000:]
+        summary = next(line for line in out.splitlines() if line.startswith("SUMMARY"))
         assert summary.startswith("SUMMARY OK"), summary
-        assert "/map" in out.decode()  # the demo says where to look
+        assert "/map" in out  # the demo says where to look
     finally:
         if demo.returncode is None:
             demo.kill()
             await demo.wait()
+        reader.cancel()
+
+
+# what the map holds, for a failure's message: its state (not the socket), the socket's
+# readyState, some objects, its status line
+MAP_STATE = """
+const s = gfMap.state;
+return [Object.fromEntries(Object.entries(s).filter(([k]) => k !== "ws")), s.ws && s.ws.readyState,
+        [...gfMap.objects.keys()].slice(0, 20), document.getElementById("status").textContent];
+"""
+
+
+def run_prefix(lines: list[str]) -> str | None:
+    """This demo run's object id prefix (`d<run>-`), from its "Moving:" line once printed."""
+    for line in lines:
+        if line.startswith("Moving:") and (found := re.search(r"\(ids (d[0-9a-f]+-)\.\.\.\)", line)):
+            return found.group(1)
+    return None
 
 
 def geofence_tenant_exists(tenant: str) -> bool:
@@ -289,7 +318,8 @@ def geofence_tenant_exists(tenant: str) -> bool:
     return listed.returncode == 0 and tenant in {x["id"] for x in json.loads(listed.stdout)}
 
 
-async def page_flow(stack: ConnectionSettings, driver: Any, who: Account, operator: Account) -> None:
+async def page_flow(stack: ConnectionSettings, driver: Any, who: Account, operator: Account,
+                    prefix_of_run: Callable[[], str | None]) -> None:
     await asyncio.to_thread(driver.get, f"{stack['api']}/map")
     # before sign-in: the form, nothing else (no map, no search, no request for data)
     await poll(lambda: driver.find_element(By.ID, "signin").is_displayed(), "the sign-in form")
@@ -310,13 +340,21 @@ async def page_flow(stack: ConnectionSettings, driver: Any, who: Account, operat
     await poll(lambda: driver.execute_script("return gfMap.fences.size") >= 11, "the fleet's fences", WAIT)
     assert not driver.find_element(By.ID, "signin").is_displayed()
     assert not driver.find_element(By.ID, "tenant-box").is_displayed()  # one tenant: nothing to choose
-    before_demo = set(driver.execute_script(cars))  # earlier runs' vehicles, not yet stale
     entered = "return [...document.querySelectorAll('#events li')].filter(li => " \
               "li.querySelector('.enter') && li.textContent.includes('-car-')).length"
     enters_before = driver.execute_script(entered)
+    # this run's vehicles by their ids (earlier runs' may still be on the map, not yet stale);
     # the demo stores its fences and venues through the production path before its vehicles set
     # off: on a loaded machine that alone can take most of a minute
-    await poll(lambda: bool(set(driver.execute_script(cars)) - before_demo), "this demo's vehicles", 2 * WAIT)
+    await poll(lambda: prefix_of_run() is not None, "the demo's vehicles setting off", 2 * WAIT)
+    prefix = prefix_of_run()
+    assert prefix is not None
+    ours = cars.replace("k.includes('-car-')", f"k.startsWith('{prefix}') && k.includes('-car-')")
+    try:
+        await poll(lambda: bool(driver.execute_script(ours)), "this demo's vehicles", WAIT)
+    except AssertionError as exc:  # what the map had: its state, its objects, its status line
+        seen = driver.execute_script(MAP_STATE)
+        raise AssertionError(f"{exc}; the map: {json.dumps(seen, default=str)[:1500]}") from None
     # the fleet's fences are drawn (the overlay canvas has ink): its municipalities, by the names
     # the fleet gives them, and none of the venue app's points of interest
     canvases = driver.find_elements(By.CSS_SELECTOR, ".leaflet-overlay-pane canvas")
@@ -325,7 +363,7 @@ async def page_flow(stack: ConnectionSettings, driver: Any, who: Account, operat
     assert {"li-vaduz", "li-schaan", "li-eschen"} <= ids
     assert all(i.startswith("li-") for i in ids), sorted(ids)
     # a marker moves within a few seconds
-    demo_objects = sorted(set(driver.execute_script(cars)) - before_demo)
+    demo_objects = sorted(driver.execute_script(ours))
     where = "return gfMap.objects.get(arguments[0]).getLatLng()"
     before = {o: driver.execute_script(where, o) for o in demo_objects[:10]}
 
