@@ -8,12 +8,14 @@ with the operator claim and its members are managed by its admins).
     geofence tenant member add TENANT UID --role viewer|editor|admin   (also changes a role)
     geofence tenant member remove TENANT UID
     geofence tenant member list TENANT [--json]
+    geofence tenant quota TENANT [--set RESOURCE=N|default ...] [--json]
 
 A tenant id is 1-32 characters from a-z 0-9 -, starting with a letter or digit: the prefix of
 the tenant's names inside the pipeline (exchanges/tenancy.py). Here, unlike the API, the last
-admin of a tenant may be removed or demoted. Exit code 0 on success, 2 on any refusal or
-error (one line on stderr). Connects with GEOFENCE_POSTGRES_URL when set, else to the local
-stack.
+admin of a tenant may be removed or demoted. `quota` shows what the tenant holds against its
+quotas (fence/quotas.py: fences, vertices, follow_fences, subscriptions) and sets them. Exit
+code 0 on success, 2 on any refusal or error (one line on stderr). Connects with
+GEOFENCE_POSTGRES_URL when set, else to the local stack.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import asyncpg
 from deploy.fence_cmd import connection
 from exchanges import routing_store
 from exchanges.tenancy import ROLES, TENANT_RULE, InvalidTenant
-from fence import tenants
+from fence import quotas, tenants
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -54,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     m = members.add_parser("list", help="a tenant's members and roles")
     m.add_argument("tenant")
     m.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("quota", help="a tenant's quotas and what it holds; --set changes them")
+    p.add_argument("id")
+    p.add_argument("--set", action="append", default=[], metavar="RESOURCE=N",
+                   help=f"a quota ({', '.join(quotas.RESOURCES)}) to N, or to `default`; repeatable")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _when(ts: datetime) -> str:
@@ -91,6 +98,39 @@ async def _member(conn: asyncpg.Connection, args: argparse.Namespace) -> str:
     return member_lines(args.tenant, found)
 
 
+def quota_lines(tenant: str, report: dict[str, dict[str, int | bool]]) -> str:
+    head = f"{'QUOTA':<14} {'USED':>10} {'MAX':>10}  OF {tenant}"
+    rows = (f"{k:<14} {q['used']:>10,} {q['max']:>10,}  {'(default)' if q['default'] else '(set)'}"
+            for k, q in report.items())
+    return "\n".join([head, *rows])
+
+
+def parse_sets(sets: list[str]) -> list[tuple[str, int | None]]:
+    out: list[tuple[str, int | None]] = []
+    for item in sets:
+        resource, sep, value = item.partition("=")
+        if not sep or resource not in quotas.RESOURCES:
+            raise tenants.TenantError(f"--set {item!r}: RESOURCE=N or RESOURCE=default, RESOURCE one of "
+                                      f"{', '.join(quotas.RESOURCES)}")
+        if value == "default":
+            out.append((resource, None))
+        elif value.isdigit() and len(value) <= 15:
+            out.append((resource, int(value)))
+        else:
+            raise tenants.TenantError(f"--set {item!r}: N is a whole number 0 or more, or `default`")
+    return out
+
+
+async def _quota(conn: asyncpg.Connection, args: argparse.Namespace) -> str:
+    await tenants.get_tenant(conn, args.id)  # an unknown tenant: said so
+    changes = parse_sets(args.set)
+    async with conn.transaction():
+        for resource, maximum in changes:
+            await quotas.set_quota(conn, args.id, resource, maximum)
+    report = await quotas.report(conn, args.id)
+    return json.dumps(report, indent=2) if args.json else quota_lines(args.id, report)
+
+
 async def _run(args: argparse.Namespace) -> str:
     _, pg, _, _ = connection()
     conn = await routing_store.connect(pg)
@@ -104,6 +144,8 @@ async def _run(args: argparse.Namespace) -> str:
         if args.action == "remove":
             await tenants.remove_tenant(conn, args.id)
             return f"tenant {args.id} removed"
+        if args.action == "quota":
+            return await _quota(conn, args)
         return await _member(conn, args)
     finally:
         await conn.close()

@@ -20,6 +20,7 @@ import asyncpg
 from deploy.processes import StackError
 from deploy.rabbitmq import devices
 from deploy.settings import Settings, load_secrets, postgres_dsn
+from exchanges.text import TextError, check_id
 from fence.venues import counting
 
 
@@ -43,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 async def _add(dsn: str, args: argparse.Namespace) -> None:
+    try:
+        check_id(args.sensor_id, "sensor id")
+        check_id(args.hive, "hive")
+    except TextError as exc:
+        raise StackError(str(exc)) from None
     conn = await asyncpg.connect(dsn)
     try:
         if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM hive WHERE id = $1)", args.hive):

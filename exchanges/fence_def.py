@@ -22,6 +22,7 @@ import hilbert_c as hk
 from exchanges.fence_options import band, cross, filters, timeout
 from exchanges.fence_options.base import InvalidFence, is_storable, shown
 from exchanges.tenancy import TENANT_RULE, is_tenant
+from exchanges.text import NAME_MAX, TextError, check_text
 
 __all__ = ["FENCE_ID_RE", "MAX_EXTENT_DEG", "MAX_VERTICES", "RANGE_MESSAGE", "FenceDef", "InvalidFence",
            "check_fence_id", "check_fence_key", "check_geometry", "check_name", "is_storable", "shown"]
@@ -80,12 +81,11 @@ def check_fence_key(key: Any) -> str:
 
 
 def check_name(name: Any) -> str:
-    """A fence's name: text PostgreSQL can store (no NUL character, no lone surrogate)."""
-    if not isinstance(name, str) or len(name) > 200:
-        raise InvalidFence("name must be a string of at most 200 characters")
-    if not is_storable(name):
-        raise InvalidFence(f"name {shown(name)}: a NUL character or invalid Unicode (a lone surrogate)")
-    return name
+    """A fence's name: text as exchanges/text.py says (may be empty), in NFC."""
+    try:
+        return check_text(name, "name", NAME_MAX, required=False)
+    except TextError as exc:
+        raise InvalidFence(str(exc)) from None
 
 
 def check_geometry(geometry: Any) -> Polygon | MultiPolygon:

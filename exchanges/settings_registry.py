@@ -113,6 +113,16 @@ SETTINGS: tuple[Setting, ...] = (
             "The address the HTTP API listens on."),
     Setting("GEOFENCE_API_PORT", "port", "8080", ("api", "stack"),
             "The HTTP API's port; the local stack's API listens there."),
+    Setting("GEOFENCE_API_RATE", "requests/s", "200", ("api",),
+            "Requests (and map websockets) a second one client address may make, in bursts of "
+            "twice as many; more are answered 429 with Retry-After (fence/rate_limits.py)."),
+    Setting("GEOFENCE_API_TOKEN_RATE", "requests/s", "100", ("api",),
+            "Requests a second one bearer token may make, from however many addresses, in bursts "
+            "of twice as many; more are answered 429 with Retry-After."),
+    Setting("GEOFENCE_API_FAILED_SIGN_INS", "per minute", "30", ("api",),
+            "Failed sign-ins (answers 401) a minute one client address may have, in bursts of "
+            "twice as many; beyond, every request of that address is answered 429 until it "
+            "refills (a guessing client is slowed, nobody else)."),
     Setting("GEOFENCE_FIREBASE_PROJECT", "Firebase project id", "demo-geofence", ("api",),
             "The Firebase project whose ID tokens the API accepts (demo-*: the Auth emulator, "
             "offline). A real project also needs GOOGLE_APPLICATION_CREDENTIALS and "

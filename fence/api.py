@@ -9,9 +9,11 @@ belong to the caller's tenant.
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at
 # definition time, and the dependency alias `Who` is local to create_app.
+import logging
 import time
 from typing import Annotated, Any, Protocol
 
+import asyncpg
 import orjson
 from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -20,8 +22,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exchanges.shell import Counters
 from exchanges.tenancy import name_of
+from exchanges.text import TextError, check_id
 from exchanges.x_geo import queries
 from fence.auth import AuthUnavailable, Unauthenticated, User
+from fence.rate_limits import RateLimits, retry_after_header
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService, parse_bbox
 from fence.store import MAX_CURSOR_CHARS
 from fence.tenant_routes import add_tenant_routes
@@ -31,6 +35,7 @@ from fence.venues.commands import SensorCommands
 from fence.venues.hive_index import MAX_RADIUS_M, MAX_RESULTS, SearchError
 from fence.venues.reads import Unavailable, VenueReads
 
+log = logging.getLogger("geofence")
 WHERE_HELP = ('conditions on the positions\' extra fields, JSON: [["type", "==", "truck"], '
               '["speed", ">", 20]] (ops == != < <= > >= in between)')
 
@@ -153,9 +158,62 @@ class RequestMetrics:
         await self.app(scope, receive, timed)
 
 
+class RateLimit:
+    """ASGI middleware, the shell of fence/rate_limits.py: before a request or a websocket, the
+    client's address (and bearer token) against the limits, a 429 with Retry-After when over
+    (a websocket: refused before its handshake completes, which the browser sees as a failed
+    connection and retries later); after it, a 401 (a websocket's 4401) counted as a failed
+    sign-in of that address. Counted: api_rate_limited, api_sign_in_failures."""
+
+    def __init__(self, app: ASGIApp, limits: RateLimits, counters: Counters | None = None,
+                 clock: Any = time.monotonic) -> None:
+        self.app, self.limits, self.counters, self.clock = app, limits, counters, clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        address = client[0] if client else "unknown"
+        token = _bearer(scope) if scope["type"] == "http" else None
+        verdict = self.limits.check(address, token, self.clock())
+        if not verdict.allowed:
+            self._count("api_rate_limited")
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            wait = retry_after_header(verdict.retry_after)
+            await JSONResponse({"error": f"too many {verdict.why}: try again in {wait} s"}, status_code=429,
+                               headers={"Retry-After": wait})(scope, receive, send)
+            return
+
+        async def watched(message: Message) -> None:
+            refused = (message["type"] == "http.response.start" and message["status"] == 401) or (
+                message["type"] == "websocket.close" and message.get("code") == 4401)
+            if refused:
+                if self.limits.failed(address, self.clock()):
+                    log.warning("sign-ins from %s refused too often: throttled", address)
+                self._count("api_sign_in_failures")
+            await send(message)
+
+        await self.app(scope, receive, watched)
+
+    def _count(self, name: str) -> None:
+        if self.counters is not None:
+            self.counters.bump(name)
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() or None if scheme.lower() == "bearer" else None
+    return None
+
+
 def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                venues: VenueReads | None = None, commands: SensorCommands | None = None,
-               counters: Counters | None = None) -> FastAPI:
+               counters: Counters | None = None, limits: RateLimits | None = None) -> FastAPI:
     app = FastAPI(
         title="geofence fence API",
         version="1",
@@ -196,6 +254,13 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         headers = {"WWW-Authenticate": 'Bearer realm="geofence"'} if exc.status == 401 else None
         return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
+    @app.exception_handler(asyncpg.DataError)
+    async def data_refused(request: Request, exc: asyncpg.DataError) -> JSONResponse:
+        # a value the checks let through and PostgreSQL refused (a NUL in a path parameter, a
+        # string too long for its column): the caller's mistake, said, not a 500
+        log.warning("%s %s: PostgreSQL refused a value: %s", request.method, request.url.path, exc)
+        return JSONResponse({"error": f"a value was refused: {str(exc)[:200]}"}, status_code=422)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
@@ -206,6 +271,8 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                             status_code=422)
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    if limits is not None:  # outside the body limit: a throttled client's body is never read
+        app.add_middleware(RateLimit, limits=limits, counters=counters)
     if counters is not None:
         app.add_middleware(RequestMetrics, counters=counters)
 
@@ -386,9 +453,13 @@ async def run(call: Any) -> Any:
 
 def _hive_in(caller: Caller, body: Any) -> Any:
     """A hive's body with its fence named in the caller's tenant (an editor's fence)."""
-    if isinstance(body, dict) and isinstance(body.get("fence_id"), str):
+    if isinstance(body, dict) and body.get("fence_id") is not None:
+        try:
+            fence_id = check_id(body["fence_id"], "fence_id")
+        except TextError as exc:
+            raise ApiError(422, str(exc)) from None
         caller.scoped("editor")
-        return {**body, "fence_id": caller.name(body["fence_id"])}
+        return {**body, "fence_id": caller.name(fence_id)}
     return body
 
 

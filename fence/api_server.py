@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,7 +41,9 @@ from fence.manager import FenceManager
 from fence.map_feed import MapFeed
 from fence.ops import OpsFigures
 from fence.page_data import add_page_data
+from fence.page_policy import origin_of
 from fence.pages import MapFiles, add_pages
+from fence.rate_limits import Limit, RateLimits
 from fence.rpc import RpcServer
 from fence.service import FenceService
 from fence.venues.commands import SensorCommands
@@ -65,6 +68,13 @@ class ApiConfig:
     web_api_key: str | None = None  # the Firebase project's web API key: the pages sign in with it
     map_roads: str | None = None  # a GeoJSON file of roads: /map's offline background
     map_tiles: str | None = None  # a raster tile URL template ({z}/{x}/{y}): /map's background online
+    rate: float = 200.0  # requests/s per client address (fence/rate_limits.py)
+    token_rate: float = 100.0  # requests/s per bearer token
+    failed_sign_ins: float = 30.0  # a minute, per client address
+
+    def rate_limits(self) -> RateLimits:
+        return RateLimits(Limit(self.rate, 2 * self.rate), Limit(self.token_rate, 2 * self.token_rate),
+                          Limit(self.failed_sign_ins / 60, 2 * self.failed_sign_ins))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -96,7 +106,17 @@ class ApiConfig:
             if not tiles.startswith(("http://", "https://")) or not placeholders:
                 raise shell.ConfigError(f"GEOFENCE_MAP_TILES={tiles!r}: "
                                         "an http(s) URL with {z}, {x} and {y}")
+            try:
+                origin_of(tiles)  # the pages' policy names its origin (fence/page_policy.py)
+            except ValueError as exc:
+                raise shell.ConfigError(f"GEOFENCE_MAP_TILES: {exc}") from None
             kw["map_tiles"] = tiles
+        for key, field in (("GEOFENCE_API_RATE", "rate"), ("GEOFENCE_API_TOKEN_RATE", "token_rate"),
+                           ("GEOFENCE_API_FAILED_SIGN_INS", "failed_sign_ins")):
+            if env.get(key):
+                kw[field] = positive(key, env[key], float)
+                if not math.isfinite(kw[field]):
+                    raise shell.ConfigError(f"{key}={env[key]!r}: a finite number")
         return cls(sidecar, emulator_host=env.get("FIREBASE_AUTH_EMULATOR_HOST") or None,
                    credentials_path=env.get("GOOGLE_APPLICATION_CREDENTIALS") or None, **kw)
 
@@ -180,12 +200,12 @@ async def main(config: ApiConfig) -> int:
         venues = VenueReads(manager.pool, cache)
         commands = SensorCommands(cfg.amqp_for(t.INGRESS_VHOST))
         app = create_app(service, verifier, lambda: {"counters": counters.to_json(), **venue_health(venues)},
-                         venues, commands, counters)
+                         venues, commands, counters, config.rate_limits())
         feed = MapFeed(cfg, manager, counters)
-        add_pages(app, {
-            "project": config.firebase_project, "api_key": config.web_api_key or "local-emulator",
-            "emulator": f"http://{config.emulator_host}" if config.emulator_host else None},
-            MapFiles(Path(config.map_roads) if config.map_roads else None, config.map_tiles))
+        emulator = f"http://{config.emulator_host}" if config.emulator_host else None
+        add_pages(app, {"project": config.firebase_project, "api_key": config.web_api_key or "local-emulator",
+                        "emulator": emulator},
+                  MapFiles(Path(config.map_roads) if config.map_roads else None, config.map_tiles))
         add_page_data(app, OpsFigures(config.prometheus_url) if config.prometheus_url else None, feed)
         server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                         access_log=False, lifespan="off", http="httptools",

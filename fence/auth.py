@@ -24,12 +24,15 @@ and _auth_client.py, `Client.verify_id_token`; pinned by tests/unit/test_auth.py
   in emulator mode): an unknown uid raises UserNotFoundError, a disabled user UserDisabledError,
   and a token whose `iat` is before the user's validSince (tokens revoked) RevokedIdTokenError.
 
-So in emulator mode a forged token is refused only if it names an unknown uid (check_revoked),
-names another project in `aud` / `iss`, is revoked / for a disabled user, or (thanks to the
-checks below, not to firebase-admin) is expired or issued in the future. A tampered token for an
-existing uid (say, a changed `email` or custom claim) CANNOT be detected in emulator mode; it is
-the price of an emulator that needs no keys, and why the emulator must never be configured in
-production. In real mode the RS256 signature catches every tampering.
+So in emulator mode a forged token is refused if it names an unknown uid, names another
+project in `aud` / `iss`, is revoked / for a disabled user, (thanks to the checks below, not to
+firebase-admin) is expired or issued in the future, or carries a custom claim or an email its
+user's record does not hold (`check_against_record`: the lookup is made in emulator mode
+whatever check_revoked says; a forged `geofence_operator` claim is refused). What it CANNOT
+detect is a token that copies another existing user's uid and record exactly: without a
+signature nothing proves who made it. That is the price of an emulator that needs no keys, and
+why the emulator must never be configured in production (SECURITY.md). In real mode the RS256
+signature catches every tampering (tests/unit/test_auth_signed.py proves it with a local key).
 
 What this module adds, and why:
 
@@ -107,6 +110,7 @@ class Reason(StrEnum):
     REVOKED = "token revoked"
     USER_DISABLED = "user disabled"
     UNKNOWN_USER = "unknown user"
+    NOT_THE_RECORD = "the token's claims are not the user's (forged)"
     UNAVAILABLE = "authentication service unavailable"
 
 
@@ -243,6 +247,8 @@ class FirebaseVerifier:
     of the project (Application Default Credentials without it), resolved at construction.
     check_revoked (default True) refuses tokens of deleted, disabled or revoked users at the
     cost of one user lookup per verification (an HTTP call, to Google or the emulator).
+    certificates_url (real mode): where the public keys that sign ID tokens are fetched
+    ({kid: PEM certificate}, Google's format), instead of Google's.
     """
 
     def __init__(
@@ -255,6 +261,7 @@ class FirebaseVerifier:
         credentials_path: Path | None = None,
         http_timeout: float = DEFAULT_HTTP_TIMEOUT,
         clock: Callable[[], float] = time.time,
+        certificates_url: str | None = None,
     ) -> None:
         if not project_id:
             raise FirebaseConfigError("a Firebase project id is required")
@@ -278,6 +285,10 @@ class FirebaseVerifier:
             name=f"geofence-auth-{uuid.uuid4().hex}",
         )
         self._closed = False
+        if certificates_url is not None:  # real mode, keys other than Google's (a mirror, a test)
+            if self.emulated:
+                raise FirebaseConfigError("certificates_url is for real mode: the emulator signs nothing")
+            _id_token_verifier(self._app).cert_url = certificates_url
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, check_revoked: bool = True,
@@ -321,10 +332,13 @@ class FirebaseVerifier:
         return user_from_claims(claims)
 
     def _verify_blocking(self, token: str) -> dict[str, Any]:
+        emulated = self.emulated
         try:
             claims: dict[str, Any] = fb_auth.verify_id_token(
-                token, app=self._app, check_revoked=self.check_revoked,
+                token, app=self._app, check_revoked=self.check_revoked and not emulated,
                 clock_skew_seconds=self.clock_skew_seconds)
+            if emulated:  # unsigned: what it says is checked against the user's record
+                check_against_record(claims, fb_auth.get_user(claims["uid"], app=self._app))
         except (fb_exceptions.FirebaseError, google.auth.exceptions.GoogleAuthError, ValueError) as exc:
             raise error_from_firebase(exc, token) from None  # the cause would carry the token
         return claims
@@ -334,6 +348,15 @@ class FirebaseVerifier:
         if not self._closed:
             self._closed = True
             firebase_admin.delete_app(self._app)
+
+
+def _id_token_verifier(app: Any) -> Any:
+    """firebase-admin's verifier of ID tokens of `app` (private: tests/unit/test_auth_signed.py
+    fails loudly if a release moves it)."""
+    verifier = fb_auth._get_client(app)._token_verifier.id_token_verifier
+    if not isinstance(getattr(verifier, "cert_url", None), str):
+        raise FirebaseConfigError("this firebase-admin keeps its certificate URL elsewhere")
+    return verifier
 
 
 def _real_credential(credentials_path: Path | None) -> Any:
@@ -352,6 +375,30 @@ def _real_credential(credentials_path: Path | None) -> Any:
             f"no usable Google credentials ({where}): {exc}; set {CREDENTIALS_ENV} to a service "
             "account JSON file of the Firebase project") from exc
     return credential
+
+
+# the claims Firebase puts in every ID token; any other is a custom claim of the user's record
+STANDARD_CLAIMS = frozenset({"iss", "aud", "auth_time", "user_id", "sub", "iat", "exp", "email",
+                             "email_verified", "firebase", "uid", "name", "picture", "phone_number"})
+
+
+def check_against_record(claims: Mapping[str, Any], user: Any) -> None:
+    """An emulator token's claims, which nobody signed, held against the user's record (the
+    lookup the revocation check makes anyway): disabled or revoked as firebase-admin would say;
+    a custom claim the record does not hold with the same value (a forged `geofence_operator`),
+    or another email, refused. A token may lack a claim the record holds (it was issued
+    before the claim was set): that only ever gives less."""
+    if user.disabled:
+        raise Unauthenticated(Reason.USER_DISABLED)
+    iat = _number(claims.get("iat"))
+    if iat is None or iat * 1000 < (user.tokens_valid_after_timestamp or 0):
+        raise Unauthenticated(Reason.REVOKED)
+    held = user.custom_claims or {}
+    for key in claims.keys() - STANDARD_CLAIMS:
+        if key not in held or held[key] != claims[key]:
+            raise Unauthenticated(Reason.NOT_THE_RECORD, f"claim {_short(key, 40)}")
+    if "email" in claims and claims["email"] != user.email:
+        raise Unauthenticated(Reason.NOT_THE_RECORD, "email")
 
 
 def user_from_claims(claims: Mapping[str, Any]) -> User:

@@ -1,5 +1,11 @@
 """Fence changes, end to end: validate, cover, store (one transaction), tell every x-geo.
 
+The covering (Hilbert ranges of a fence, per region) and the diffs sent to the regions are CPU
+work, up to a second for a wide fence: they run on the manager's own small thread pool
+(COVER_THREADS), never in the event loop, so a request covering a big fence does not stall the
+API's other requests, and coverings queue there rather than take every thread (the token
+checks use the loop's default pool). The C kernel and shapely release the GIL.
+
 Used by `geofence fence`, the HTTP and AMQP fence API and the follower. The store is written
 first and the control messages are sent after the commit, confirmed: see fence/store.py for
 what a crash in between means. A change reaches the regions the fence touched or touches, as
@@ -11,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -26,10 +34,11 @@ from aio_pika.abc import AbstractConnection, AbstractExchange, AbstractIncomingM
 from exchanges import binding_diff, control, routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, pack
+from exchanges.fence_binding import FenceBinding
 from exchanges.hash_ring import HashRing
 from exchanges.worldmap import Worldmap
 from fence import store
-from fence.spec import FenceSpec, bindings
+from fence.spec import Bindings, FenceSpec, bindings
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ REGIONS_POLL_S = 1.0
 log = logging.getLogger("geofence")
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"  # RabbitMQ's pseudo-queue: it exists (passive declare)
 POOL_SIZE = 4
+COVER_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
 class FenceManager:
@@ -72,6 +82,8 @@ class FenceManager:
         self._conns: dict[str, AbstractConnection] = {}
         self._endpoints: dict[str, tuple[str, int]] = {}
         self._regions_lock = asyncio.Lock()
+        self._cpu = ThreadPoolExecutor(COVER_THREADS, thread_name_prefix="covering")
+        self._stack.callback(self._cpu.shutdown, wait=False, cancel_futures=True)
         # False: the regions given stay (`geofence region`, which changes the worldmap itself)
         self.follow_worldmap = follow_worldmap
 
@@ -216,9 +228,10 @@ class FenceManager:
 
     async def put(self, spec: FenceSpec, expected_version: int | None = None,
                   create: bool | None = None, owner: str | None = None,
-                  follow_ts: float | None = None) -> Change:
+                  follow_ts: float | None = None, quota_of: str | None = None) -> Change:
         """Create or replace a fence (create=True: must be new; False: must exist); `owner`
-        refuses another user's fence, `follow_ts` a follow move older than the fence's."""
+        refuses another user's fence, `follow_ts` a follow move older than the fence's,
+        `quota_of` a change past that tenant's quotas (fence/quotas.py)."""
         async with self.pool.acquire() as conn:
             for attempt in range(3):  # a worldmap change (nightly re-split) in between: cut again
                 version = await routing_store.latest_worldmap_version(conn)
@@ -228,33 +241,21 @@ class FenceManager:
                 if wm is None:
                     raise RuntimeError("no worldmap stored: run `geofence up`")
                 await self.follow_regions(wm.regions)
-                b = bindings(spec.cover_geometry(), wm)
+                b = await asyncio.get_running_loop().run_in_executor(self._cpu, _cover, spec, wm)
                 try:
                     saved = await store.save_fence(conn, spec, b, expected_version, create, owner,
-                                                   follow_ts, worldmap_version=wm.version)
+                                                   follow_ts, worldmap_version=wm.version, quota_of=quota_of)
                     break
                 except store.WorldmapChanged:
                     if attempt == 2:
                         raise
         record = saved.record
-        ts = record.updated_at.timestamp()
-        outs, sent = [], 0
         # the regions the fence touched or touches: each gets the change and forwards it
         told = [r for r in self.regions if saved.previous.get(r) is not None or r in b.per_region]
         assert set(b.per_region) <= set(told), "a region of the worldmap without a connection"
-        for region in told:  # diffs where the region keeps the fence
-            old, new = saved.previous.get(region), b.per_region.get(region)
-            d = None if new is None or old is None else binding_diff.diff(old.ranges, old.interior, *new)
-            if d is not None and old is not None and new is not None and d.size < len(new[0]):  # smaller
-                body = control.rebind_for_region(record.fence, ts, b.bits, old.version, d, told)
-                sent += d.size
-            elif new is not None:  # new in the region, or a diff no smaller than the covering
-                body = control.define_for_region(record.fence, ts, b.bits, *new, regions=told)
-                sent += len(new[0])
-            else:
-                body = control.define_for_region(record.fence, ts, b.bits, _EMPTY_RANGES, _EMPTY_FLAGS,
-                                                 regions=told)
-            outs.append(shell.Out(self._control[region], "", body, CONTENT_TYPE))
+        bodies, sent = await asyncio.get_running_loop().run_in_executor(
+            self._cpu, _region_bodies, record, b, saved.previous, told)
+        outs = [shell.Out(self._control[region], "", body, CONTENT_TYPE) for region, body in bodies]
         await shell.publish_all(outs, self.counters)
         return Change(spec.fence_id, record.fence.version, tuple(sorted(b.per_region)), b.ranges, b.bits,
                       self.ring.node_for(spec.fence_id), sent, record)
@@ -299,6 +300,33 @@ class FenceManager:
         outs = [shell.Out(x, "", drop, CONTENT_TYPE) for x in self._control.values()]
         await shell.publish_all(outs, self.counters)
         return Change(fence_id, version, (), 0, 0, self.ring.node_for(fence_id))
+
+
+def _cover(spec: FenceSpec, wm: Worldmap) -> Bindings:
+    return bindings(spec.cover_geometry(), wm)
+
+
+def _region_bodies(record: store.FenceRecord, b: Bindings, previous: dict[str, FenceBinding],
+                   told: list[str]) -> tuple[list[tuple[str, bytes]], int]:
+    """Each told region's control message (a diff where the region keeps the fence and the diff
+    is smaller, else the whole covering, or an empty one where it no longer binds it), and the
+    ranges on the wire."""
+    ts = record.updated_at.timestamp()
+    bodies, sent = [], 0
+    for region in told:
+        old, new = previous.get(region), b.per_region.get(region)
+        d = None if new is None or old is None else binding_diff.diff(old.ranges, old.interior, *new)
+        if d is not None and old is not None and new is not None and d.size < len(new[0]):  # smaller
+            body = control.rebind_for_region(record.fence, ts, b.bits, old.version, d, told)
+            sent += d.size
+        elif new is not None:  # new in the region, or a diff no smaller than the covering
+            body = control.define_for_region(record.fence, ts, b.bits, *new, regions=told)
+            sent += len(new[0])
+        else:
+            body = control.define_for_region(record.fence, ts, b.bits, _EMPTY_RANGES, _EMPTY_FLAGS,
+                                             regions=told)
+        bodies.append((region, body))
+    return bodies, sent
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -27,6 +27,13 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from fence.page_policy import (
+    GOOGLE_SIGN_IN,
+    SecurityHeaders,
+    content_security_policy,
+    origin_of,
+    security_headers,
+)
 from fence.service import ApiError
 
 log = logging.getLogger("geofence")
@@ -49,7 +56,12 @@ class MapFiles:
 def add_pages(app: FastAPI, auth: dict[str, Any], map_files: MapFiles = MapFiles(None, None)) -> None:
     """The pages (static, public) and their configuration. `auth`: how a page signs in
     (`/pages/config`): {"project", "emulator" (http://host:port or None), "api_key" (the
-    project's web API key; any with the emulator)}. Their data: fence/page_data.py."""
+    project's web API key; any with the emulator)}. Their data: fence/page_data.py. Every
+    answer of `app` gets fence/page_policy.py's headers."""
+    tiles = origin_of(map_files.tiles)
+    csp = content_security_policy([auth["emulator"]] if auth.get("emulator") else GOOGLE_SIGN_IN,
+                                  [tiles] if tiles else [])
+    app.add_middleware(SecurityHeaders, headers=security_headers(csp))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     for name, directory in VENDOR.items():
         if directory.is_dir():

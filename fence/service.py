@@ -17,6 +17,7 @@ refuses it when the fence moved on (409). Without one, the last writer wins.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import uuid
@@ -34,7 +35,7 @@ from exchanges.ids import OBJECT_ID_RULE, is_object_id
 from exchanges.subscriptions import InvalidSubscription, Subscription, is_point_object
 from exchanges.tenancy import NO_TENANT, ROLES, is_tenant, name_of, qualify, split, tenant_of
 from exchanges.x_geo import queries
-from fence import store, tenants
+from fence import quotas, store, tenants
 from fence.follow import circle
 from fence.manager import Change, FenceManager, WorkerUnavailable
 from fence.spec import FenceSpec, Follow, from_feature, named_fence_id
@@ -198,6 +199,8 @@ def _as_api_errors(fence_id: str) -> Iterator[None]:
         raise ApiError(403, f"fence {fence_id!r} belongs to another user") from None
     except store.VersionConflict as exc:
         raise ApiError(409, str(exc)) from None
+    except quotas.QuotaExceeded as exc:
+        raise ApiError(403, exc.message) from None
 
 
 def _public_subscription(stored: Mapping[str, Any]) -> dict[str, Any]:
@@ -321,7 +324,11 @@ class FenceService:
         except InvalidSubscription as exc:
             raise ApiError(422, str(exc)) from None
         async with self.manager.pool.acquire() as conn:
-            return _public_subscription(await store.put_subscription(conn, caller.uid, sub.to_wire()))
+            try:
+                stored = await store.put_subscription(conn, caller.uid, sub.to_wire(), quota_of=tenant)
+            except quotas.QuotaExceeded as exc:
+                raise ApiError(403, exc.message) from None
+            return _public_subscription(stored)
 
     async def get_subscription(self, caller: Caller, sub_id: str) -> dict[str, Any]:
         caller.scoped()
@@ -448,7 +455,7 @@ class FenceService:
         # an id given is the id, checked as it is (5 is not fence "5", "" is not "none"); only
         # a Feature without one gets a generated id
         fence_id = given if given is not None else f"f-{uuid.uuid4().hex[:16]}"
-        spec = self._spec(body, fence_id, caller)
+        spec = await self._spec(body, fence_id, caller)
         return await self._put(spec, caller, create=True)
 
     async def replace(self, caller: Caller, fence_id: str, body: Any, if_match: str | None = None
@@ -471,7 +478,7 @@ class FenceService:
             named = named_fence_id(body)
             if named is not None and named != fence_id:
                 raise ApiError(422, f"the Feature names fence {shown(named)}, the path {fence_id!r}")
-            spec = self._spec(body, fence_id, caller)
+            spec = await self._spec(body, fence_id, caller)
         elif "follow" in body:
             spec = await self._follow_spec(caller, fence_id, body)
         else:
@@ -525,11 +532,12 @@ class FenceService:
             await self.follow_changed()
         return tuple(done)
 
-    def _spec(self, body: Mapping[str, Any], fence_id: Any, caller: Caller) -> FenceSpec:
+    async def _spec(self, body: Mapping[str, Any], fence_id: Any, caller: Caller) -> FenceSpec:
         """The fence a Feature describes, its id checked as the tenant gives it, then
-        qualified by the caller's tenant."""
+        qualified by the caller's tenant. Parsed and validated off the event loop (a polygon of
+        10,000 vertices takes shapely milliseconds; the loop serves the other requests)."""
         try:
-            spec = from_feature(body, fence_id, owner=caller.uid)
+            spec = await asyncio.to_thread(from_feature, body, fence_id, owner=caller.uid)
         except InvalidFence as exc:
             raise ApiError(422, str(exc)) from None
         return FenceSpec.of(spec, spec.owner, spec.follow, fence_id=caller.name(spec.fence_id))
@@ -565,7 +573,7 @@ class FenceService:
         if spec.counts_from:
             await self._check_shares(spec, caller.tenant)
         with _as_api_errors(name_of(spec.fence_id)):
-            change: Change = await self.manager.put(spec, expected, create=create)
+            change: Change = await self.manager.put(spec, expected, create=create, quota_of=caller.tenant)
         assert change.record is not None
         if self.follow_changed is not None and (spec.follow is not None or not create):
             await self.follow_changed()

@@ -31,6 +31,7 @@ from exchanges.fence_options import decode_options, encode_options
 from exchanges.routing_store import ROAM_CHANGE_LOCK, binding_of, latest_worldmap_version
 from exchanges.subscriptions import point_object
 from exchanges.worldmap import Worldmap
+from fence import quotas
 from fence.spec import Bindings, FenceSpec, Follow
 
 log = logging.getLogger("geofence")
@@ -90,7 +91,7 @@ class Saved:
 async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindings,
                      expected_version: int | None = None, create: bool | None = None,
                      owner: str | None = None, follow_ts: float | None = None,
-                     worldmap_version: int | None = None) -> Saved:
+                     worldmap_version: int | None = None, quota_of: str | None = None) -> Saved:
     """Create or replace a fence and its bindings; returns the stored record (new version)
     and the bindings it replaced.
 
@@ -98,15 +99,19 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
     `expected_version` refuses a concurrent change (VersionConflict); `owner` refuses a live
     fence of another owner (NotOwner); `follow_ts` (a follow move) refuses a position older
     than the fence's (StaleMove); `worldmap_version`, the map the bindings were cut with, one
-    that is no longer the newest (WorldmapChanged)."""
+    that is no longer the newest (WorldmapChanged); `quota_of`, a tenant whose quotas the
+    change must keep (fence/quotas.py: QuotaExceeded)."""
     x0, y0, x1, y1 = spec.bbox()
+    vertices = quotas.vertices_of(spec.geometry)
     async with conn.transaction():
+        if quota_of is not None:  # before the fence's row: one lock order (tenant, then fence)
+            await quotas.lock_tenant(conn, quota_of)
         if worldmap_version is not None:
             await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", WORLDMAP_LOCK)
             if await latest_worldmap_version(conn) != worldmap_version:
                 raise WorldmapChanged(f"the worldmap is no longer version {worldmap_version}")
-        row = await conn.fetchrow("SELECT version, deleted_at, owner, follow_object, follow_ts FROM fence "
-                                  "WHERE id = $1 FOR UPDATE", spec.fence_id)
+        row = await conn.fetchrow("SELECT version, deleted_at, owner, follow_object, follow_ts, vertices "
+                                  "FROM fence WHERE id = $1 FOR UPDATE", spec.fence_id)
         live = row is not None and row["deleted_at"] is None
         # an id stays its first owner's, deleted or not: its archived events are theirs
         if row is not None and owner is not None and row["owner"] != owner:
@@ -124,13 +129,18 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
             have = row["version"] if live else None
             raise VersionConflict(f"fence {spec.fence_id!r} is at version {have}, "
                                   f"not {expected_version}")
+        if quota_of is not None:
+            before = {"fences": 1, "vertices": row["vertices"],
+                      "follow_fences": int(row["follow_object"] is not None)} if live else {}
+            await quotas.check_fence(conn, quota_of, spec.fence_id, vertices, spec.follow is not None, before)
         stored = await conn.fetchrow(
             """INSERT INTO fence (id, name, owner, geometry, options, version,
                                   min_lon, min_lat, max_lon, max_lat, follow_object, follow_radius_m,
-                                  follow_ts, cover_geometry)
-               VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11, $12, $13)
+                                  follow_ts, cover_geometry, vertices)
+               VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11, $12, $13, $14)
                ON CONFLICT (id) DO UPDATE SET
                    name = EXCLUDED.name, owner = EXCLUDED.owner, geometry = EXCLUDED.geometry,
+                   vertices = EXCLUDED.vertices,
                    options = EXCLUDED.options, version = fence.version + 1,
                    min_lon = EXCLUDED.min_lon, min_lat = EXCLUDED.min_lat,
                    max_lon = EXCLUDED.max_lon, max_lat = EXCLUDED.max_lat,
@@ -142,7 +152,7 @@ async def save_fence(conn: asyncpg.Connection, spec: FenceSpec, bindings: Bindin
             spec.fence_id, spec.name, spec.owner, spec.geojson(), encode_options(spec), x0, y0, x1, y1,
             spec.follow.object_id if spec.follow else None, spec.follow.radius_m if spec.follow else None,
             follow_ts if spec.follow else None,
-            dict(mapping(spec.cover_geometry())) if spec.hysteresis_m else None)
+            dict(mapping(spec.cover_geometry())) if spec.hysteresis_m else None, vertices)
         version = stored["version"]
         previous = {r["region"]: binding_of(r) for r in await conn.fetch(
             "DELETE FROM fence_range WHERE fence_id = $1 "
@@ -416,14 +426,19 @@ def _subscription(row: asyncpg.Record) -> dict[str, Any]:
 
 
 async def put_subscription(conn: asyncpg.Connection, owner: str,
-                           definition: dict[str, Any]) -> dict[str, Any]:
+                           definition: dict[str, Any], quota_of: str | None = None) -> dict[str, Any]:
     """Store a subscription (new, or changed) and its change, in one transaction serialised
     with every other change (the advisory lock): x-ingress reads the changes in seq order, so a
     seq must never commit after a higher one. Its id is qualified by its tenant
     (exchanges/tenancy.py): who may change it was decided by the caller; `owner` is who
-    created or last changed it."""
+    created or last changed it; `quota_of`, a tenant whose subscription quota a new one must
+    keep (QuotaExceeded)."""
     async with conn.transaction():
+        if quota_of is not None:
+            await quotas.lock_tenant(conn, quota_of)
         await conn.execute("SELECT pg_advisory_xact_lock($1)", ROAM_CHANGE_LOCK)
+        if quota_of is not None:
+            await quotas.check_subscription(conn, quota_of, definition["id"])
         row = await conn.fetchrow(
             "INSERT INTO roam_subscription (id, owner, object_id, radius_m, match, where_json, point_lon, "
             "point_lat) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "

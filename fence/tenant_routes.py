@@ -17,7 +17,7 @@ from fastapi import Body, FastAPI, Response
 
 from exchanges.fence_def import shown
 from exchanges.tenancy import ROLES, InvalidTenant, is_tenant
-from fence import tenants
+from fence import quotas, tenants
 from fence.service import ApiError, Caller, FenceService
 
 ROLE_BODY = {"role": "editor"}
@@ -131,6 +131,21 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
                 raise _not_found(tenant) from None
             except (tenants.TenantError, InvalidTenant) as exc:
                 raise _status(exc) from None
+
+    @app.get("/tenants/{tenant}/quota", tags=["tenants"],
+             summary="What the tenant holds against its quotas (any member's, or an operator's)",
+             description="Each quota (fences, vertices, follow_fences, subscriptions): `max`, `used`, and "
+                         "whether `max` is the platform's default. A change past a quota is answered 403 "
+                         "with the quota named; operators change them (`geofence tenant quota`).")
+    async def get_quota(caller: who, tenant: str) -> dict[str, Any]:
+        async with pool.acquire() as conn:
+            if not caller.operator and tenant not in await tenants.memberships(conn, caller.uid):
+                raise _not_found(tenant)
+            try:
+                await tenants.get_tenant(conn, tenant)
+            except (tenants.UnknownTenant, InvalidTenant):
+                raise _not_found(tenant) from None
+            return {"tenant": tenant, "quota": await quotas.report(conn, tenant)}
 
     @app.get("/tenants/{tenant}/shares", tags=["tenants"],
              summary="Whom the tenant shares its objects' presence with, and who shares with it",

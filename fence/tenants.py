@@ -22,6 +22,7 @@ import asyncpg
 
 from exchanges.fence_def import shown
 from exchanges.tenancy import ROLES, InvalidTenant, check_tenant
+from exchanges.text import TextError, check_text
 
 __all__ = ["ROLES", "InvalidMember", "InvalidTenant", "InvalidTenantName", "LastAdmin", "Member", "Tenant",
            "TenantError", "TenantExists", "TenantInUse", "UnknownMember", "UnknownTenant", "add_tenant",
@@ -109,10 +110,11 @@ def check_role(role: object) -> str:
 
 
 def check_name(name: object) -> str:
-    if not isinstance(name, str) or len(name) > MAX_NAME or _controls(name):
-        raise InvalidTenantName(f"name {shown(name, 60)}: text of at most {MAX_NAME} characters, "
-                                "without control characters")
-    return name
+    """A tenant's name (may be empty): text as exchanges/text.py says, in NFC."""
+    try:
+        return check_text(name, "name", MAX_NAME, required=False)
+    except TextError as exc:
+        raise InvalidTenantName(str(exc)) from None
 
 
 def _unknown(tenant_id: object) -> UnknownTenant:
@@ -136,7 +138,7 @@ def _member(row: asyncpg.Record) -> Member:
 async def add_tenant(conn: asyncpg.Connection, tenant_id: str, name: str = "") -> Tenant:
     """Create a tenant (no members yet). InvalidTenant, InvalidTenantName, TenantExists."""
     check_tenant(tenant_id)
-    check_name(name)
+    name = check_name(name)
     row = await conn.fetchrow("INSERT INTO tenant (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING "
                               "RETURNING id, name, created_at, 0 AS members, 0 AS live_fences",
                               tenant_id, name)

@@ -29,6 +29,8 @@ import numpy as np
 import orjson
 
 from exchanges.tenancy import name_of
+from exchanges.text import ADDRESS_MAX, NAME_MAX, TYPE_MAX, TextError, check_id, check_text
+from fence.quotas import HIVES_PER_OWNER
 from fence.venues.day_curve import HiveInput, analyse_day, day_bounds, slots
 from fence.venues.occupancy import business_day
 from fence.venues.sensor_alerts import is_silent
@@ -49,9 +51,13 @@ def _checked_hive(body: Any, hive_id: str | None = None) -> dict[str, Any]:
     h = dict(body)
     if hive_id is not None and h.setdefault("id", hive_id) != hive_id:
         raise UserError(422, "id: the body's id differs from the path's")
-    for k in ("id", "name", "type"):
-        if not isinstance(h.get(k), str) or not h[k]:
-            raise UserError(422, f"{k}: a non-empty string expected")
+    try:
+        check_id(h.get("id"), "id")
+        h["name"] = check_text(h.get("name"), "name", NAME_MAX)
+        h["type"] = check_text(h.get("type"), "type", TYPE_MAX)
+        h["address"] = check_text(h.get("address", ""), "address", ADDRESS_MAX, required=False)
+    except TextError as exc:
+        raise UserError(422, str(exc)) from None
     for k, lo, hi in (("lon", -180, 180), ("lat", -90, 90)):
         v = h.get(k)
         if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
@@ -75,7 +81,6 @@ def _checked_hive(body: Any, hive_id: str | None = None) -> dict[str, Any]:
             for k, v in hours.items()):
         raise UserError(422, 'opening_hours: {"mon": [["11:00", "23:00"]], ...} expected')
     h["opening_hours"] = hours
-    h.setdefault("address", "")
     h.setdefault("fence_id", None)
     return h
 
@@ -111,6 +116,12 @@ async def put_hive(pool: asyncpg.Pool, uid: str, body: Any, hive_id: str | None 
                 h["tz"], h["reset_hour"], orjson.dumps(h["opening_hours"]).decode(), h.get("capacity"),
                 h["fence_id"])
         if hive_id is None:
+            # the owner's hive quota, counted under the owner's row lock (two at once: one waits)
+            await conn.execute("SELECT 1 FROM owner_account WHERE uid = $1 FOR NO KEY UPDATE", uid)
+            held = await conn.fetchval("SELECT count(*) FROM hive WHERE owner_uid = $1", uid)
+            if held >= HIVES_PER_OWNER:
+                raise UserError(403, f"you hold {held:,} hives; the quota is {HIVES_PER_OWNER:,} an owner "
+                                     "(remove one, or ask the platform's operators)")
             done = await conn.execute(
                 "INSERT INTO hive (id, owner_uid, name, type, address, lon, lat, tz, reset_hour, "
                 "opening_hours, capacity, fence_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, "

@@ -25,12 +25,14 @@ import json
 import math
 import random
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
 import msgpack
 import orjson
 
+from exchanges.text import allowed
 from hilbert_c import COORD_SLACK_DEG
 from ingress.positions import MAX_BATCH, MAX_BODY_BYTES, TS_MAX, TS_MIN
 
@@ -390,8 +392,9 @@ class Fuzzer:
     def valid_feature(self) -> dict[str, Any]:
         r = self.rng
         props: dict[str, Any] = {}
-        if r.random() < 0.7:  # PostgreSQL stores no NUL character: a name with one is invalid
-            props["name"] = self.text(r.choice([8, 200]))[:200].replace("\x00", "")
+        if r.random() < 0.7:  # a name holds no control or bidi character, no space around it
+            raw = "".join(c for c in self.text(r.choice([8, 200]))[:200] if allowed(c))
+            props["name"] = unicodedata.normalize("NFC", raw.strip())
         if r.random() < 0.7:
             props["timeout_s"] = r.choice([r.randint(1, 604800), r.uniform(0.001, 604800.0), 604800, 300])
         f: dict[str, Any] = {"type": "Feature", "id": self.fence_id(), "geometry": self.geometry(),
@@ -504,6 +507,10 @@ BREAKERS: dict[str, Callable[[dict[str, Any], Fuzzer], None]] = {
     "bad timeout": lambda f, z: f["properties"].update(timeout_s=z.rng.choice(
         [0, -1, 604801, 1e9, math.nan, math.inf, -math.inf, "300", True, False, None, [300], 2**64])),
     "NUL in the name": lambda f, z: f["properties"].update(name=z.rng.choice(["\x00", "a\x00b", "n\x00n"])),
+    "control in the name": lambda f, z: f["properties"].update(
+        name=z.rng.choice(["a\nb", "\x1b[2J", "t\tab"])),
+    "a bidi override in the name": lambda f, z: f["properties"].update(name="invoice\u202efdp.exe"),
+    "spaces around the name": lambda f, z: f["properties"].update(name=z.rng.choice([" a", "a ", "\u00a0a"])),
     # integers beyond float range (JSON has no limit), and wrong types that a lenient reader coerces
     "huge integer coordinate": lambda f, z: _set_vertex(f, 1, 0, 10**400),
     "huge integer timeout": lambda f, z: f["properties"].update(timeout_s=-(10**400)),

@@ -59,6 +59,7 @@ class HttpResults:
     statuses: Counter[int] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
+    throttled: int = 0  # 429s (the API's rate limits): the request went again after Retry-After
 
 
 async def http_requests(base: str, token: str, requests: list[tuple[str, str, bytes, str]],
@@ -73,6 +74,12 @@ async def http_requests(base: str, token: str, requests: list[tuple[str, str, by
                 r = await client.request(method, path, content=body, headers=headers)
             except httpx.TransportError as exc:
                 res.problems.append(f"#{i} {method} {path}: {type(exc).__name__}: {exc}")
+                continue
+            if r.status_code == 429 and r.headers.get("retry-after", "").isdigit():
+                # a client over the API's rate limit does as told: waits, then sends it again
+                res.throttled += 1
+                todo.append((i, (method, path, body, expect)))
+                await asyncio.sleep(int(r.headers["retry-after"]))
                 continue
             res.statuses[r.status_code] += 1
             if r.status_code == 201:

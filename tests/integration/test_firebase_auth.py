@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,22 +128,30 @@ async def test_forged_token_for_unknown_uid(verifier: FirebaseVerifier, emulator
     nobody = f"forged-{uuid.uuid4().hex}"
     forged = emu.forged_token(user.token, sub=nobody, user_id=nobody)
     assert (await refused(verifier, f"Bearer {forged}")).reason is Reason.UNKNOWN_USER
-    # Without check_revoked nothing looks the uid up, and the emulator's unsigned tokens carry
-    # no proof: the invented identity gets in. Hence check_revoked=True by default.
+    # without check_revoked too: in emulator mode the uid is always looked up (its record holds
+    # the claims the token is checked against), so an invented identity never gets in
     lax = FirebaseVerifier(emulator.project_id, emulator.address, check_revoked=False)
     try:
-        assert (await lax.verify(f"Bearer {forged}")).uid == nobody
+        assert (await refused(lax, f"Bearer {forged}")).reason is Reason.UNKNOWN_USER
     finally:
         lax.close()
 
 
-async def test_tampered_token_for_existing_uid_is_not_detected(verifier: FirebaseVerifier,
-                                                               user: SignedUp) -> None:
-    # The documented limit of emulator mode (no signatures); real mode's RS256 check catches it.
-    tampered = emu.forged_token(user.token, email="someone-else@example.com", admin=True)
-    verified = await verifier.verify(f"Bearer {tampered}")
-    assert (verified.uid, verified.email) == (user.uid, "someone-else@example.com")
-    assert verified.claims["admin"] is True
+@pytest.mark.parametrize("changes", [{"geofence_operator": True}, {"email": "someone-else@example.com"},
+                                     {"admin": True}])
+async def test_a_token_whose_claims_are_not_its_users_record_is_refused(
+        verifier: FirebaseVerifier, user: SignedUp, changes: dict[str, Any]) -> None:
+    tampered = emu.forged_token(user.token, **changes)
+    assert (await refused(verifier, f"Bearer {tampered}")).reason is Reason.NOT_THE_RECORD
+
+
+async def test_a_copy_of_an_existing_users_token_is_the_limit_of_emulator_mode(
+        verifier: FirebaseVerifier, user: SignedUp) -> None:
+    # The documented limit (SECURITY.md): with no signature, a token made up for an existing
+    # user with exactly its record's claims passes; real mode's RS256 check refuses it
+    # (tests/unit/test_auth_signed.py).
+    copied = emu.forged_token(user.token, iat=int(time.time()) - 5)
+    assert (await verifier.verify(f"Bearer {copied}")).uid == user.uid
 
 
 @pytest.mark.parametrize(("claims", "reason"), [

@@ -121,7 +121,7 @@ async def test_add_refuses_a_taken_or_bad_id_and_a_bad_name(conn: asyncpg.Connec
         with pytest.raises(InvalidTenant, match="1-32 characters"):
             await tenants.add_tenant(conn, bad)
     for name in ("x" * 201, "line\nbreak", "nul\x00"):
-        with pytest.raises(tenants.InvalidTenantName, match="at most 200 characters"):
+        with pytest.raises(tenants.InvalidTenantName, match=r"name: .*(at most 200|a control character)"):
             await tenants.add_tenant(conn, new_id(), name)
     assert (await tenants.add_tenant(conn, new_id(), "x" * 200)).name == "x" * 200
 

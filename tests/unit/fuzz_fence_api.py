@@ -28,7 +28,8 @@ class FakeManager:
     workers = WORKERS
 
     async def put(self, spec: Any, expected: int | None = None, create: bool | None = None,
-                  owner: str | None = None, follow_ts: float | None = None) -> Change:
+                  owner: str | None = None, follow_ts: float | None = None, quota_of: str | None = None
+                  ) -> Change:
         now = datetime.now(UTC)
         record = store.FenceRecord(spec.definition(1), owner or "", now, now, ("a",), spec.follow)
         return Change(spec.fence_id, 1, ("a",), 1, 20, "w0", record=record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from fence.auth import (
 PROJECT = "demo-unit"
 NOW = 1_800_000_000.0
 REFRESH_ERROR: Any = google.auth.exceptions.RefreshError  # its __init__ is unannotated
-EMULATOR = "127.0.0.1:1"  # never contacted: these tests never look a user up
+EMULATOR = "127.0.0.1:1"  # never contacted: the lookups here are fakes
 
 
 def claims(**changes: Any) -> dict[str, Any]:
@@ -232,28 +233,83 @@ class FakeVerifyIdToken:
         return self.result
 
 
+@dataclass
+class Record:
+    """What fb_auth.get_user returns, as far as check_against_record reads it."""
+
+    email: str | None = "a@example.com"
+    custom_claims: dict[str, Any] | None = None
+    disabled: bool = False
+    tokens_valid_after_timestamp: int = 0
+
+
+class FakeGetUser:
+    def __init__(self, record: Record | Exception) -> None:
+        self.record = record
+        self.uids: list[str] = []
+
+    def __call__(self, uid: str, app: Any = None) -> Record:
+        self.uids.append(uid)
+        if isinstance(self.record, Exception):
+            raise self.record
+        return self.record
+
+
 async def test_verify_returns_the_user(emulated: FirebaseVerifier, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeVerifyIdToken({**claims(role="admin"), "uid": "uid-1"})
     monkeypatch.setattr(fb_auth, "verify_id_token", fake)
+    lookup = FakeGetUser(Record(custom_claims={"role": "admin"}))
+    monkeypatch.setattr(fb_auth, "get_user", lookup)
     user = await emulated.verify("Bearer " + token())
     assert user == User("uid-1", "a@example.com", {**claims(role="admin"), "uid": "uid-1"})
     assert user.claims["role"] == "admin"
     assert hash(user) == hash(User("uid-1", "a@example.com", {}))
     [call] = fake.calls
-    assert call["check_revoked"] is True and call["token"] == token()
+    # emulator mode: the revocation check is ours, in the same lookup that checks the claims
+    assert call["check_revoked"] is False and call["token"] == token() and lookup.uids == ["uid-1"]
     assert call["app"] is not None and call["app"].name.startswith("geofence-auth-")
 
 
-async def test_check_revoked_is_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(auth.EMULATOR_HOST_ENV, EMULATOR)
-    fake = FakeVerifyIdToken({**claims(), "uid": "uid-1"})
-    monkeypatch.setattr(fb_auth, "verify_id_token", fake)
-    verifier = FirebaseVerifier(PROJECT, EMULATOR, check_revoked=False, clock=lambda: NOW)
-    try:
-        await verifier.verify("Bearer " + token())
-    finally:
-        verifier.close()
-    assert fake.calls[0]["check_revoked"] is False
+@pytest.mark.parametrize(("token_claims", "record", "reason"), [
+    ({"geofence_operator": True}, Record(), Reason.NOT_THE_RECORD),  # a forged operator
+    ({"geofence_operator": True}, Record(custom_claims={"geofence_operator": False}), Reason.NOT_THE_RECORD),
+    ({"role": "admin"}, Record(custom_claims={"role": "viewer"}), Reason.NOT_THE_RECORD),
+    ({"email": "victim@example.com"}, Record(), Reason.NOT_THE_RECORD),
+    ({}, Record(disabled=True), Reason.USER_DISABLED),
+    ({}, Record(tokens_valid_after_timestamp=int(NOW) * 1000), Reason.REVOKED),
+])
+async def test_an_emulator_token_is_held_against_the_users_record(
+        emulated: FirebaseVerifier, monkeypatch: pytest.MonkeyPatch, token_claims: dict[str, Any],
+        record: Record, reason: Reason) -> None:
+    verified = FakeVerifyIdToken({**claims(**token_claims), "uid": "uid-1"})
+    monkeypatch.setattr(fb_auth, "verify_id_token", verified)
+    monkeypatch.setattr(fb_auth, "get_user", FakeGetUser(record))
+    with pytest.raises(Unauthenticated) as info:
+        await emulated.verify("Bearer " + token())
+    assert info.value.reason is reason
+
+
+@pytest.mark.parametrize(("token_claims", "record"), [
+    ({"geofence_operator": True}, Record(custom_claims={"geofence_operator": True})),
+    ({}, Record(custom_claims={"geofence_operator": True})),  # issued before the claim was set: less
+    ({"email": None}, Record()),
+])
+async def test_an_emulator_token_that_matches_its_record_passes(
+        emulated: FirebaseVerifier, monkeypatch: pytest.MonkeyPatch, token_claims: dict[str, Any],
+        record: Record) -> None:
+    verified = FakeVerifyIdToken({**claims(**token_claims), "uid": "uid-1"})
+    monkeypatch.setattr(fb_auth, "verify_id_token", verified)
+    monkeypatch.setattr(fb_auth, "get_user", FakeGetUser(record))
+    assert (await emulated.verify("Bearer " + token())).uid == "uid-1"
+
+
+async def test_an_emulator_token_of_an_unknown_user_is_refused(emulated: FirebaseVerifier,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fb_auth, "verify_id_token", FakeVerifyIdToken({**claims(), "uid": "uid-9"}))
+    monkeypatch.setattr(fb_auth, "get_user", FakeGetUser(fb_auth.UserNotFoundError("No user record found")))
+    with pytest.raises(Unauthenticated) as info:
+        await emulated.verify("Bearer " + token())
+    assert info.value.reason is Reason.UNKNOWN_USER
 
 
 @pytest.mark.parametrize(("exc", "reason"), [

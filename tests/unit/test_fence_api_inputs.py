@@ -129,7 +129,7 @@ def test_the_events_of_a_fence_id_that_cannot_be_are_refused_before_the_store(fe
     ({"follow": "car-1", "radius_m": 100, "lon": 9.5, "lat": True}, "lat True"),
     ({"follow": "car-1", "radius_m": 100, "lon": 9.5}, "lat None"),
     ({"follow": "car-1", "radius_m": 100, "lon": 9.5, "lat": 10**400}, "lat an integer of"),
-    ({"follow": "car-1", "radius_m": 100, "name": "a\x00b"}, "NUL character"),
+    ({"follow": "car-1", "radius_m": 100, "name": "a\x00b"}, "control character U+0000"),
     ({"type": "Feature", "properties": "x", "geometry": None}, "properties must be an object"),
     ({"type": "Feature", "properties": [], "geometry": None}, "properties must be an object"),
 ])
@@ -158,7 +158,7 @@ def test_replace_refuses_a_feature_naming_another_fence_than_the_path(top: dict[
 def test_replace_takes_a_feature_naming_the_paths_fence_or_none(top: dict[str, Any],
                                                                 props: dict[str, Any]) -> None:
     body = {"type": "Feature", **top, "properties": props, "geometry": SQUARE}
-    assert service()._spec(body, "f-1", ME).fence_id == "t1:f-1"  # qualified by the caller's tenant
+    assert asyncio.run(service()._spec(body, "f-1", ME)).fence_id == "t1:f-1"  # qualified by its tenant
 
 
 @pytest.mark.parametrize("given", [5, 1.5, True, 0, False, "", "a\x00"])

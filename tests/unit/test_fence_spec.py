@@ -124,7 +124,7 @@ def test_timeouts_refused(timeout: Any) -> None:
 def test_name_validation() -> None:
     assert from_feature(feature(YARD, {"id": "f", "name": "x" * 200})).name == "x" * 200
     for bad in ("x" * 201, 5, None, ["Yard"]):
-        with pytest.raises(InvalidFence, match="name must be a string"):
+        with pytest.raises(InvalidFence, match=r"name: (a string expected|201 characters; at most 200)"):
             from_feature(feature(YARD, {"id": "f", "name": bad}))
 
 
@@ -303,7 +303,7 @@ def test_an_empty_or_numeric_id_is_refused_not_skipped(top: dict[str, Any], prop
 
 @pytest.mark.parametrize("name", ["\x00", "a\x00b", "\ud800", "ok\udfff"])
 def test_names_postgresql_cannot_store_are_refused(name: str) -> None:
-    with pytest.raises(InvalidFence, match="NUL character or invalid Unicode") as info:
+    with pytest.raises(InvalidFence, match=r"name: a (control character|lone surrogate)") as info:
         from_feature(feature(YARD, {"id": "f", "name": name}))
     assert str(info.value).isprintable()
     assert from_feature(feature(YARD, {"id": "f", "name": "Zone \u00e9t\u00e9 \U0001f4a5"})).name
