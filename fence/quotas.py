@@ -1,5 +1,6 @@
 """What one tenant may hold at most (issue 37): live fences, their vertices in all, follow fences
-and proximity subscriptions; and what one venue owner may hold (hives). A tenant's limits are
+and proximity subscriptions (a venue owner's hives: fence/venues/owner_store.py HIVES_PER_OWNER,
+hives belonging to an account, not a tenant). A tenant's limits are
 the platform's defaults unless an operator set its own (`geofence tenant quota`, the table
 tenant_quota); a tenant's admin reads them with what is used (`GET /tenants/{t}/quota`).
 
@@ -41,7 +42,6 @@ RESOURCES: dict[str, Resource] = {
     "follow_fences": Resource(1_000, "follow fences"),
     "subscriptions": Resource(1_000, "proximity subscriptions"),
 }
-HIVES_PER_OWNER = 200  # a venue owner's hives (hives belong to an account, not a tenant)
 
 
 class QuotaExceeded(Exception):

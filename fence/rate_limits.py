@@ -10,7 +10,7 @@ Three token buckets, each keyed by who asks:
   verified, so a throttled client costs no verification either).
 A bucket holds `burst` and refills at `rate` a second; a request takes one, a 401 takes one of
 the failures bucket. Pure: plain data and the caller's clock in, decisions out; the ASGI shell
-is fence/api.py's RateLimit.
+is fence/api_edges.py's RateLimit.
 
 Memory is bounded: each kind keeps at most `max_keys` buckets, the least recently used going
 first. A full bucket is the same as no bucket, so forgetting one never loosens a limit by more

@@ -30,7 +30,6 @@ import orjson
 
 from exchanges.tenancy import name_of
 from exchanges.text import ADDRESS_MAX, NAME_MAX, TYPE_MAX, TextError, check_id, check_text
-from fence.quotas import HIVES_PER_OWNER
 from fence.venues.day_curve import HiveInput, analyse_day, day_bounds, slots
 from fence.venues.occupancy import business_day
 from fence.venues.sensor_alerts import is_silent
@@ -38,6 +37,7 @@ from fence.venues.sensor_frames import SensorConfig
 from fence.venues.user_store import UserError
 from fence.venues.venue_store import counts_sql
 
+HIVES_PER_OWNER = 200  # a venue owner's hives at most (hives belong to an account, not a tenant)
 HIVE_FIELDS = {"id", "name", "type", "address", "lon", "lat", "tz", "reset_hour", "opening_hours",
                "capacity", "fence_id"}
 

@@ -150,7 +150,7 @@ async def test_a_copy_of_an_existing_users_token_is_the_limit_of_emulator_mode(
     # The documented limit (SECURITY.md): with no signature, a token made up for an existing
     # user with exactly its record's claims passes; real mode's RS256 check refuses it
     # (tests/unit/test_auth_signed.py).
-    copied = emu.forged_token(user.token, iat=int(time.time()) - 5)
+    copied = emu.forged_token(user.token)  # made up, unsigned, with the record's very claims
     assert (await verifier.verify(f"Bearer {copied}")).uid == user.uid
 
 
@@ -199,7 +199,7 @@ async def test_several_projects_and_clear_accounts(emulator: Emulator, user: Sig
     # signed up: a token issued before the new user's creation second counts as revoked.
     now = int(time.time())
     token = emu.forged_token(user.token, aud=other, iss=f"https://securetoken.google.com/{other}",
-                             sub=uid, user_id=uid, iat=now, auth_time=now, exp=now + 3600)
+                             sub=uid, user_id=uid, email=email, iat=now, auth_time=now, exp=now + 3600)
     second = FirebaseVerifier(other, emulator.address)
     try:
         assert (await second.verify(f"Bearer {token}")).uid == uid

@@ -77,8 +77,8 @@ async def test_a_tenants_fences_vertices_and_follow_fences_stop_at_its_quota(
         assert r.status_code == 403, r.text
         assert "would hold 3 live fences; its quota is 2" in r.json()["error"]
         assert (await http.get("/fences/q-3", headers=editor.auth)).status_code == 404  # nothing stored
-        # 10 vertices held (5 + 5); a replacement of 25 positions makes 31 > 30: refused
-        r = await http.put("/fences/q-1", json=fence("q-1", 24), headers=editor.auth)
+        # 10 vertices held (5 + 5); a replacement of 26 positions makes 31 > 30: refused
+        r = await http.put("/fences/q-1", json=fence("q-1", 25), headers=editor.auth)
         assert r.status_code == 403 and "31 vertices" in r.json()["error"], r.text
         r = await http.put("/fences/q-1", json=fence("q-1", 20), headers=editor.auth)  # 21 + 5 = 26
         assert r.status_code == 200, r.text
@@ -92,18 +92,16 @@ async def test_a_tenants_fences_vertices_and_follow_fences_stop_at_its_quota(
         r = await http.put("/fences/q-2", json=fence("q-2", 5), headers=editor.auth)  # grows: refused
         assert r.status_code == 403 and "vertices" in r.json()["error"]
         set_quota(quota_tenant, "vertices=default", "fences=default")
-        # follow fences: one, then a second refused
-        for fid, code in (("q-f1", 200), ("q-f2", 403)):
+        # follow fences (a fence attached to an object): one, then a second refused
+        for fid, code in (("q-1", 200), ("q-2", 403)):
             r = await http.put(f"/fences/{fid}", json={"follow": "van-1", "radius_m": 100},
                                headers=editor.auth)
-            if r.status_code < 300:
-                made.append(fid)
-            assert r.status_code == code or (code == 200 and r.status_code == 201), r.text
-        assert "follow fences" in r.json()["error"]
-        # the members read it
+            assert r.status_code == code, r.text
+        assert "would hold 2 follow fences; its quota is 1" in r.json()["error"]
+        # its members read it
         got = (await http.get(f"/tenants/{quota_tenant}/quota", headers=editor.auth)).json()["quota"]
         assert got["follow_fences"] == {"max": 1, "used": 1, "default": False}
-        assert got["fences"]["used"] == 3 and got["fences"]["default"] is True
+        assert got["fences"] == {"max": 10_000, "used": 2, "default": True}
     finally:
         for fid in made:
             await http.delete(f"/fences/{fid}", headers=editor.auth)

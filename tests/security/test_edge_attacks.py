@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import Counter
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -65,26 +66,56 @@ async def test_token_spraying_is_slowed_to_a_few_tries_a_minute(world: World) ->
           f"a member from another address: {legit.status_code}", ok)
 
 
+async def pipelined(world: World, source: str, path: str, token: str, n: int, conns: int
+                    ) -> list[tuple[int, dict[str, str]]]:
+    """`n` GETs of `path` on each of `conns` connections from `source`, pipelined (HTTP/1.1):
+    as fast as the server answers, which an HTTP client library in this process is not (httpx
+    tops out at a few hundred a second). Each answer's status and headers."""
+    api = urlsplit(str(world.stack["api"]))
+    request = (f"GET {path} HTTP/1.1\r\nHost: {api.netloc}\r\nAuthorization: Bearer {token}\r\n\r\n"
+               ).encode()
+
+    async def one() -> list[tuple[int, dict[str, str]]]:
+        reader, writer = await asyncio.open_connection(api.hostname, api.port, local_addr=(source, 0))
+        try:
+            writer.write(request * n)
+            await writer.drain()
+            out = []
+            for _ in range(n):
+                status = int((await reader.readline()).split()[1])
+                headers = {}
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                await reader.readexactly(int(headers.get("content-length", "0")))
+                out.append((status, headers))
+            return out
+        finally:
+            writer.close()
+
+    return [a for answers in await asyncio.gather(*(one() for _ in range(conns))) for a in answers]
+
+
 async def test_a_flood_with_a_good_token_is_answered_429_with_retry_after(world: World) -> None:
-    headers = world.b_viewer.headers()
-    async with client_from(world, "127.0.0.3") as flood:
-        answers = await paced(flood, 600, 2_000.0, headers, "/health")
-    throttled = [r for r in answers if r.status_code == 429]
+    answers = await pipelined(world, "127.0.0.3", "/health", world.b_viewer.token, 200, 6)
+    codes = Counter(status for status, _ in answers)
+    throttled = [h for status, h in answers if status == 429]
     legit = await world.http.get("/fences", headers=world.a_admin.headers())
-    ok = (len(throttled) > 0 and all(r.headers.get("retry-after", "").isdigit() for r in throttled)
-          and {r.status_code for r in answers} <= {200, 429} and legit.status_code == 200)
-    holds("other tenant's member", "600 requests as fast as it can, one token", summary(answers),
+    ok = (codes[429] >= 600 and codes[200] <= 600 and set(codes) <= {200, 429}
+          and all(h.get("retry-after", "").isdigit() for h in throttled) and legit.status_code == 200)
+    holds("other tenant's member", "1,200 requests as fast as the API answers, one token",
+          ", ".join(f"{n:,} x {code}" for code, n in sorted(codes.items())),
           f"another member: {legit.status_code}", ok)
 
 
-HOSTILE_HIVES: list[tuple[str, dict[str, Any]]] = [
-    ("a NUL in the name", {"name": "Bar\x00"}),
-    ("a NUL in the id", {"id": "bar\x00x"}),
-    ("the id ../../x", {"id": "../../x"}),
-    ("a 100,000-character name", {"name": "n" * 100_000}),
-    ("a 100,000-character address", {"address": "a" * 100_000}),
-    ("a right-to-left override in the name", {"name": "invoice\u202efdp.exe"}),
-    ("a line break in the address", {"address": "Street 1\nX-Forged: yes"}),
+HOSTILE_HIVES: list[tuple[str, str, Any]] = [  # what, the field, its value
+    ("a NUL in the name", "name", "Bar\x00"),
+    ("a NUL in the id", "id", "bar\x00x"),
+    ("the id ../../x", "id", "../../x"),
+    ("a 100,000-character name", "name", "n" * 100_000),
+    ("a 100,000-character address", "address", "a" * 100_000),
+    ("a right-to-left override in the name", "name", "invoice\u202efdp.exe"),
+    ("a line break in the address", "address", "Street 1\nX-Forged: yes"),
 ]
 
 
@@ -93,17 +124,16 @@ async def test_hostile_text_in_a_hive_is_refused_with_a_reason(world: World) -> 
             "lon": 9.52, "lat": 47.14}
     headers = world.outsider.headers()  # any signed-in user may own hives
     answers = []
-    for what, change in HOSTILE_HIVES:
-        body = base | change | {"id": change.get("id", base["id"] + "x")}
+    for what, field, value in HOSTILE_HIVES:
+        body = base | {"id": base["id"] + "x", field: value}
         r = await world.http.post("/owner/hives", json=body, headers=headers)
-        answers.append((what, r))
+        answers.append((what, field, r))
     legit = await world.http.post("/owner/hives", json=base, headers=headers)
     try:
         shown = (await world.http.get(f"/hives/{base['id']}")).json() if legit.status_code == 201 else {}
-        for what, r in answers:
+        for what, field, r in answers:
             is_json = r.headers.get("content-type", "").startswith("application/json")
             error = r.json().get("error", "") if is_json else ""
-            field = "id" if "id" in what else "address" if "address" in what else "name"
             ok = r.status_code == 422 and error.startswith(field) and len(r.text) < 1_000
             holds("signed-in user", f"POST /owner/hives with {what}", f"{r.status_code}: {error[:60]}",
                   f"a hive with markup in its name: {legit.status_code}, shown as sent: "
@@ -142,7 +172,8 @@ async def test_every_page_sends_a_strict_policy(world: World) -> None:
 async def test_one_tenant_cannot_load_the_routing_plane_past_its_quota(world: World) -> None:
     from tests.integration.clients import geofence  # the operator's command
 
-    done = geofence("tenant", "quota", world.b, "--set", "fences=3", "--json")
+    held = json.loads(geofence("tenant", "quota", world.b, "--json").stdout)["fences"]["used"]
+    done = geofence("tenant", "quota", world.b, "--set", f"fences={held + 3}", "--json")
     assert done.returncode == 0, done.stderr
     headers = world.b_editor.headers()
     made, codes = [], []
@@ -154,8 +185,9 @@ async def test_one_tenant_cannot_load_the_routing_plane_past_its_quota(world: Wo
             if r.status_code == 201:
                 made.append(f"q-{i}")
         quota = (await world.http.get(f"/tenants/{world.b}/quota", headers=headers)).json()["quota"]
-        ok = codes == [201, 201, 201, 403, 403] and quota["fences"] == {"max": 3, "used": 3, "default": False}
-        holds("other tenant's editor", "create fences past its tenant's quota (3)", json.dumps(codes),
+        ok = codes == [201, 201, 201, 403, 403] and quota["fences"] == {"max": held + 3, "used": held + 3,
+                                                                       "default": False}
+        holds("other tenant's editor", "create 5 fences, 3 short of its tenant's quota", json.dumps(codes),
               f"the first three: {codes[:3]}; its quota read back", ok)
     finally:
         for fid in made:

@@ -22,7 +22,8 @@ from starlette.types import Receive, Scope, Send
 from exchanges import shell
 from exchanges.fence_def import FenceDef
 from fence import store, tenants
-from fence.api import BodyLimit, create_app
+from fence.api import create_app
+from fence.api_edges import BodyLimit
 from fence.auth import Reason, Unauthenticated, User
 from fence.rpc import RpcServer
 from fence.service import ApiError, Caller, FenceService

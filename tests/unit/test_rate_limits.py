@@ -9,7 +9,7 @@ from fastapi import FastAPI, Header, HTTPException
 from fastapi.testclient import TestClient
 
 from exchanges.shell import Counters
-from fence.api import RateLimit
+from fence.api_edges import RateLimit
 from fence.rate_limits import Buckets, Limit, RateLimits, retry_after_header, token_key
 
 

@@ -184,7 +184,8 @@ SIDECAR = {"GEOFENCE_AMQP_URL", "GEOFENCE_POSTGRES_URL", "GEOFENCE_REGIONS", "GE
            "GEOFENCE_JOURNAL_DIR", "GEOFENCE_PERSISTENCE", "GEOFENCE_MEMCACHED_URL",
            "GEOFENCE_METRICS_LISTEN", "GEOFENCE_STALL_S", "GEOFENCE_MAX_FUTURE_S"}
 API = {"GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT", "GEOFENCE_PROMETHEUS_URL",
-       "GEOFENCE_FIREBASE_WEB_API_KEY", "GEOFENCE_MAP_ROADS", "GEOFENCE_MAP_TILES"}
+       "GEOFENCE_FIREBASE_WEB_API_KEY", "GEOFENCE_MAP_ROADS", "GEOFENCE_MAP_TILES", "GEOFENCE_API_RATE",
+       "GEOFENCE_API_TOKEN_RATE", "GEOFENCE_API_FAILED_SIGN_INS"}
 SPARK = {"GEOFENCE_POSTGRES_URL", "GEOFENCE_AMQP_URL", "GEOFENCE_REGIONS", "GEOFENCE_WORKERS",
          "GEOFENCE_SPARK_MASTER", "GEOFENCE_JDBC_JAR", "GEOFENCE_SPARK_PARTITIONS"}
 STACK = {"GEOFENCE_STATE_DIR", "GEOFENCE_HOST", "GEOFENCE_AMQP_PORT", "GEOFENCE_MQTT_PORT",
@@ -262,6 +263,9 @@ CODE_DEFAULTS: dict[str, list[tuple[Any, str]]] = {
     "GEOFENCE_WORKERS": [(shell.SidecarConfig, "workers"), (ls.Settings, "workers"), (t.Topology, "workers")],
     "GEOFENCE_API_HOST": [(api_server.ApiConfig, "host")],
     "GEOFENCE_API_PORT": [(api_server.ApiConfig, "port"), (ls.Settings, "api_port")],
+    "GEOFENCE_API_RATE": [(api_server.ApiConfig, "rate")],
+    "GEOFENCE_API_TOKEN_RATE": [(api_server.ApiConfig, "token_rate")],
+    "GEOFENCE_API_FAILED_SIGN_INS": [(api_server.ApiConfig, "failed_sign_ins")],
     "GEOFENCE_FIREBASE_PROJECT": [(api_server.ApiConfig, "firebase_project")],
     "GEOFENCE_PROMETHEUS_URL": [(api_server.ApiConfig, "prometheus_url")],
     "GEOFENCE_FIREBASE_WEB_API_KEY": [(api_server.ApiConfig, "web_api_key")],
