@@ -262,9 +262,9 @@ async def fences(pipeline: ConnectionSettings, tenant: str) -> AsyncIterator[Fen
 
         async def put(spec: FenceSpec, expected_version: int | None = None,
                       create: bool | None = None, owner: str | None = None,
-                      follow_ts: float | None = None) -> Any:
+                      follow_ts: float | None = None, quota_of: str | None = None) -> Any:
             made.append(spec.fence_id)
-            change = await original_put(spec, expected_version, create, owner, follow_ts)
+            change = await original_put(spec, expected_version, create, owner, follow_ts, quota_of)
             await m.applied()  # positions published from now on see the change
             return change
 
