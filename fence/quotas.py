@@ -79,9 +79,12 @@ async def usage(conn: asyncpg.Connection, tenant: str, without_fence: str = "") 
         "SELECT count(*) AS fences, coalesce(sum(vertices), 0) AS vertices, "
         "count(*) FILTER (WHERE follow_object IS NOT NULL) AS follow_fences "
         "FROM fence WHERE tenant = $1 AND deleted_at IS NULL AND id <> $2", tenant, without_fence)
-    subs = await conn.fetchval("SELECT count(*) FROM roam_subscription WHERE tenant = $1", tenant)
     return {"fences": int(row["fences"]), "vertices": int(row["vertices"]),
-            "follow_fences": int(row["follow_fences"]), "subscriptions": int(subs)}
+            "follow_fences": int(row["follow_fences"]), "subscriptions": await _subscriptions(conn, tenant)}
+
+
+async def _subscriptions(conn: asyncpg.Connection, tenant: str) -> int:
+    return int(await conn.fetchval("SELECT count(*) FROM roam_subscription WHERE tenant = $1", tenant))
 
 
 def exceeded(tenant: str, held: dict[str, int], adding: dict[str, int], before: dict[str, int],
@@ -114,7 +117,7 @@ async def check_subscription(conn: asyncpg.Connection, tenant: str, sub_id: str)
     exists: a change)."""
     if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM roam_subscription WHERE id = $1)", sub_id):
         return
-    held = await usage(conn, tenant)
+    held = {"subscriptions": await _subscriptions(conn, tenant)}  # the fences need no count here
     message = exceeded(tenant, held, {"subscriptions": 1}, {}, await limits(conn, tenant))
     if message is not None:
         raise QuotaExceeded(message)

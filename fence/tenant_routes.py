@@ -66,6 +66,12 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
         if role != "admin":
             raise ApiError(403, f"you are {role} of tenant {tenant!r}: only its admins manage its members")
 
+    async def seen_by(conn: asyncpg.Connection, caller: Caller, tenant: str) -> None:
+        """Return if the caller may read the tenant's own pages (any member, an operator); else
+        the 404 of a tenant that does not exist."""
+        if not caller.operator and tenant not in await tenants.memberships(conn, caller.uid):
+            raise _not_found(tenant)
+
     @app.get("/tenants", tags=["tenants"], summary="Your tenants and your role in each")
     async def my_tenants(caller: who) -> dict[str, Any]:
         async with pool.acquire() as conn:
@@ -139,8 +145,7 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
                          "with the quota named; operators change them (`geofence tenant quota`).")
     async def get_quota(caller: who, tenant: str) -> dict[str, Any]:
         async with pool.acquire() as conn:
-            if not caller.operator and tenant not in await tenants.memberships(conn, caller.uid):
-                raise _not_found(tenant)
+            await seen_by(conn, caller, tenant)
             try:
                 await tenants.get_tenant(conn, tenant)
             except (tenants.UnknownTenant, InvalidTenant):
@@ -154,8 +159,7 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
                          "only, never identities (docs/reference.md, the README's privacy rules).")
     async def list_shares(caller: who, tenant: str) -> dict[str, Any]:
         async with pool.acquire() as conn:
-            if not caller.operator and tenant not in await tenants.memberships(conn, caller.uid):
-                raise _not_found(tenant)
+            await seen_by(conn, caller, tenant)
             return {"tenant": tenant, **await tenants.shares(conn, tenant)}
 
     @app.put("/tenants/{tenant}/shares/{to_tenant}", status_code=204, tags=["tenants"],

@@ -3,7 +3,6 @@ firebase_admin's exceptions, the mode guard, and (offline) what firebase-admin i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +10,6 @@ from typing import Any
 
 import google.auth.exceptions
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from firebase_admin import auth as fb_auth
 from firebase_admin import exceptions as fb_exceptions
 
@@ -26,6 +23,7 @@ from fence.auth import (
     Unauthenticated,
     User,
 )
+from tests.unit.service_accounts import service_account_file
 
 PROJECT = "demo-unit"
 NOW = 1_800_000_000.0
@@ -198,15 +196,7 @@ def emulated(monkeypatch: pytest.MonkeyPatch) -> Iterator[FirebaseVerifier]:
 @pytest.fixture(scope="module")
 def service_account(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A syntactically valid service account file (a fresh key no Google server knows)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    path = tmp_path_factory.mktemp("sa") / "service-account.json"
-    path.write_text(json.dumps({
-        "type": "service_account", "project_id": PROJECT, "private_key_id": "unit",
-        "private_key": pem, "client_email": f"unit@{PROJECT}.iam.gserviceaccount.com",
-        "client_id": "1", "token_uri": "https://oauth2.googleapis.com/token"}))
-    return path
+    return service_account_file(tmp_path_factory.mktemp("sa"), PROJECT)
 
 
 @pytest.fixture

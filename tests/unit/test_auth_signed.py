@@ -24,6 +24,7 @@ from cryptography.x509.oid import NameOID
 from deploy.firebase_emulator import encode_unsigned
 from fence import auth
 from fence.auth import FirebaseConfigError, FirebaseVerifier, Reason, Unauthenticated
+from tests.unit.service_accounts import service_account_file
 
 PROJECT = "demo-signed"
 KID = "local-key-1"
@@ -91,15 +92,7 @@ def key_set(key: rsa.RSAPrivateKey) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def service_account(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    path = tmp_path_factory.mktemp("sa") / "service-account.json"
-    path.write_text(json.dumps({
-        "type": "service_account", "project_id": PROJECT, "private_key_id": "unit", "private_key": pem,
-        "client_email": f"unit@{PROJECT}.iam.gserviceaccount.com", "client_id": "1",
-        "token_uri": "https://oauth2.googleapis.com/token"}))
-    return path
+    return service_account_file(tmp_path_factory.mktemp("sa"), PROJECT)
 
 
 @pytest.fixture
