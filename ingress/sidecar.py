@@ -40,8 +40,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import aio_pika
-import aiormq
 import asyncpg
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
@@ -220,13 +218,8 @@ class IngressSidecar:
         sample = self.map_sampler.take()
         real = sample is not None and self.map_listening
         body = pack(MAP, **(sample.to_wire() if sample is not None and real else NO_SAMPLE))
-        try:
-            await self.map_out.publish(aio_pika.Message(body, content_type=CONTENT_TYPE,
-                                                        delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT),
-                                       "", mandatory=True)
-            listening = True
-        except aiormq.exceptions.DeliveryError:  # returned: no map open anywhere
-            listening = False
+        # returned (False): no map open anywhere
+        listening = await shell.publish_sample(self.map_out, body, CONTENT_TYPE, mandatory=True)
         if listening != self.map_listening:
             log.info("live map: %s", "a map is open: sampling positions" if listening
                      else "no map open: sampling stopped")

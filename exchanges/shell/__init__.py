@@ -8,7 +8,8 @@ One module per concept, each with its invariants:
 - metrics: the Counters as Prometheus metric families, `metrics_server` (/metrics);
 - connections: connections and channels, `InstanceLock`, `connection_lost`, `BROKER_GONE`,
   `Backoff`;
-- publish: `Out`, `Plains`, `publish_all`, `dead_letter`, `reply`, `PublishRefused`;
+- publish: `Out`, `Plains`, `publish_all`, `publish_sample`, `dead_letter`, `reply`,
+  `PublishRefused`;
 - pipeline: `send`, `Pipeline` (batches in flight, their tails in order), `PipelineRefused`;
 - intake: `Intake`, `run_batches`, `settle`, `SidecarFault`, `reason_of`;
 - lifecycle: the `Sidecar` protocol, `run_sidecar`, `serve`, `run_session`, `periodic`.
@@ -55,7 +56,16 @@ from exchanges.shell.lifecycle import (
     serve,
 )
 from exchanges.shell.pipeline import Pipeline, PipelineRefused, send
-from exchanges.shell.publish import PERSISTENT, Out, Plains, PublishRefused, dead_letter, publish_all, reply
+from exchanges.shell.publish import (
+    PERSISTENT,
+    Out,
+    Plains,
+    PublishRefused,
+    dead_letter,
+    publish_all,
+    publish_sample,
+    reply,
+)
 
 __all__ = [
     "BROKER_GONE",
@@ -87,6 +97,7 @@ __all__ = [
     "open_connection",
     "periodic",
     "publish_all",
+    "publish_sample",
     "reason_key",
     "reason_of",
     "reply",

@@ -271,6 +271,26 @@ async def _publish(o: Out) -> None:
 _PLAIN_PROPERTIES: dict[tuple[str, int], Basic.Properties] = {}  # (content type, mode) -> properties
 
 
+async def publish_sample(exchange: AbstractExchange, body: bytes, content_type: str, mandatory: bool) -> bool:
+    """A transient message outside the pipeline (a live-map sample): True when routed, False
+    when returned unroutable (`mandatory`). The broker gone while it is written is a
+    `ConnectionError` as for every publish (aiormq fails a write its closing channel still
+    holds with a bare Exception), so a sample never ends a role as a bug would."""
+    try:
+        await exchange.publish(aio_pika.Message(body, content_type=content_type,
+                                                delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT),
+                               "", mandatory=mandatory)
+    except aiormq.exceptions.DeliveryError:
+        return False
+    except ConnectionError:
+        raise
+    except Exception as exc:
+        if type(exc) is Exception:
+            raise ConnectionError(f"sample lost with its channel: {exc!r}") from exc
+        raise
+    return True
+
+
 def _properties(o: Out, persistent: bool = True) -> Basic.Properties:
     mode = int(PERSISTENT) if persistent else int(aio_pika.DeliveryMode.NOT_PERSISTENT)
     if o.headers is None and o.correlation_id is None and o.message_id is None:

@@ -59,7 +59,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import numpy as np
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
@@ -391,9 +390,7 @@ class FenceSidecar:
         self.map_tail.clear()
         self.map_seen = 0
         # not mandatory: with no map open the exchange has no queue and the sample just goes
-        await self.map_out.publish(aio_pika.Message(body, content_type="application/json",
-                                                    delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT), "",
-                                   mandatory=False)
+        await shell.publish_sample(self.map_out, body, "application/json", mandatory=False)
         self.counters.bump("map_samples")
 
     # -- inputs ------------------------------------------------------------------------------

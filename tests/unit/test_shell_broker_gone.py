@@ -50,6 +50,36 @@ async def test_a_publish_error_on_an_open_channel_is_not_taken_for_the_broker_go
         await shell.publish_all([out_on(FakeUnderlay(KeyError("bug"), False))], Counters())
 
 
+class SampleExchange:
+    """An aio-pika exchange whose publish fails with `exc` (or succeeds)."""
+
+    def __init__(self, exc: BaseException | None) -> None:
+        self.exc = exc
+        self.sent: list[bytes] = []
+
+    async def publish(self, message: Any, routing_key: str, mandatory: bool = True) -> None:
+        if self.exc is not None:
+            raise self.exc
+        self.sent.append(message.body)
+
+
+async def test_a_map_sample_lost_with_its_channel_is_the_broker_gone() -> None:
+    # the fault suite's TCP cut under a live-map sample: a bare Exception from aiormq's drain
+    # ended x-fence-w1 as a crash instead of a reconnect
+    with pytest.raises(shell.BROKER_GONE, match="sample lost with its channel"):
+        await shell.publish_sample(cast(Any, SampleExchange(Exception())), b"{}", "application/json", False)
+
+
+async def test_a_map_sample_says_whether_it_was_routed() -> None:
+    routed = SampleExchange(None)
+    assert await shell.publish_sample(cast(Any, routed), b"{}", "application/json", True) is True
+    assert routed.sent == [b"{}"]
+    returned = SampleExchange(aiormq.exceptions.DeliveryError(None, None))
+    assert await shell.publish_sample(cast(Any, returned), b"{}", "application/json", True) is False
+    with pytest.raises(KeyError):  # a bug stays a bug
+        await shell.publish_sample(cast(Any, SampleExchange(KeyError("bug"))), b"{}", "text/plain", True)
+
+
 class LockConnection:
     """A connection whose queue declares are refused (locked) while `locked` says so."""
 
