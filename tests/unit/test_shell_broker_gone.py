@@ -74,7 +74,7 @@ async def test_a_map_sample_says_whether_it_was_routed() -> None:
     routed = SampleExchange(None)
     assert await shell.publish_sample(cast(Any, routed), b"{}", "application/json", True) is True
     assert routed.sent == [b"{}"]
-    returned = SampleExchange(aiormq.exceptions.DeliveryError(None, None))
+    returned = SampleExchange(aiormq.exceptions.DeliveryError(None, cast(Any, None)))
     assert await shell.publish_sample(cast(Any, returned), b"{}", "application/json", True) is False
     with pytest.raises(KeyError):  # a bug stays a bug
         await shell.publish_sample(cast(Any, SampleExchange(KeyError("bug"))), b"{}", "text/plain", True)
