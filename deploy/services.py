@@ -7,15 +7,20 @@ Trade-offs, chosen for a development / CI machine without systemd:
 - RabbitMQ is the machine's own node (Debian package, `/var/lib/rabbitmq`, node
   `rabbit@<host>`), not a private one, so the `rabbitmqctl` an operator types and the scripts
   in `deploy/rabbitmq/` talk to the same broker. The price: its users, vhosts and queues
-  outlive `geofence down`, and a node somebody else started is used as it is (we only add our
-  user, and enable the plugins online if its MQTT port is closed). Its listeners are bound to
-  GEOFENCE_HOST through environment variables, so /etc/rabbitmq is never edited; epmd and the
-  Erlang distribution port still listen on all interfaces (binding them to loopback breaks
-  `rabbitmqctl` wherever the host name does not resolve to loopback). epmd, started by the
-  node, is left running by `down`: it is shared by every Erlang node on the machine.
-- RabbitMQ's `guest` is left alone: it can only log in from loopback, and a node started by
-  an operator may rely on it. Our user `geofence` is an administrator with full permissions
-  on `/`; MQTT clients log in as `/:geofence` (the plugin's `vhost:username` form).
+  outlive `geofence down`, and a node somebody else started is used as it is (we add our
+  user, enable the plugins online if its MQTT port is closed, and restart it if it lacks the
+  host defaults below). Its listeners are bound to
+  GEOFENCE_HOST through environment variables, so /etc/rabbitmq is never edited. Every node
+  carries the host defaults (issue 37): no anonymous MQTT login, a message size bound, and
+  epmd and the Erlang distribution on loopback when the host name resolves to loopback
+  (elsewhere binding them to loopback would break `rabbitmqctl`: they stay on every
+  interface and SECURITY.md says to firewall them). A node running without them is
+  restarted by `up` (`rabbitmq_prepare`). epmd, started by the first node, is left running
+  by `down`: it is shared by every Erlang node on the machine.
+- RabbitMQ's `guest` is deleted while its password is still `guest` (an operator who set
+  another keeps it). Our user `geofence` is an administrator with full permissions on `/`;
+  client users (devices, sensors, gateways, applications) get connection and channel limits
+  (deploy/rabbitmq/credentials.USER_LIMITS).
 - PostgreSQL is a private cluster under the state dir, on its own port and socket directory,
   so it never meets Debian's cluster on 5432 and goes away with the state dir.
 - The Firebase Auth emulator (npm firebase-tools) is installed under the state dir on the
@@ -26,8 +31,10 @@ from __future__ import annotations
 
 import base64
 import functools
+import ipaddress
 import json
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -36,11 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy import exposure, monitoring
 from deploy import firebase_emulator as fe
-from deploy import monitoring
 from deploy.processes import (
     POLL_INTERVAL,
     ProcessId,
+    Say,
     StackError,
     chown,
     identify,
@@ -64,15 +72,76 @@ RABBITMQ_LOG_DIR = Path("/var/log/rabbitmq")
 # --------------------------------------------------------------------------- RabbitMQ
 
 
+MAX_MESSAGE_SIZE = 16 * 1024**2  # bytes: the broker's bound on any message (its default: 128 MiB)
+# What every node of this stack carries (issue 37): no anonymous MQTT login (the plugin's
+# default would log a client with no credentials in as guest), a message size bound.
+HOST_DEFAULT_ARGS = f"-rabbitmq_mqtt allow_anonymous false -rabbit max_message_size {MAX_MESSAGE_SIZE}"
+LOOPBACK_DIST_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
+EPMD_PORT, DIST_PORTS = 4369, (25672, 25673)
+
+
+def host_name_is_loopback() -> bool:
+    """The node's host name resolves to loopback only: `rabbitmqctl` (which reaches the node
+    through epmd at that name's address) still works with epmd and the distribution bound to
+    127.0.0.1."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def dist_on_loopback(settings: Settings) -> bool:
+    """epmd and the Erlang distribution bound to loopback: with a loopback GEOFENCE_HOST
+    whose host name resolves to loopback (else they stay on every interface, and the
+    operator firewalls 4369 and 25672; see SECURITY.md)."""
+    return ipaddress.ip_address(settings.host).is_loopback and host_name_is_loopback()
+
+
+def _node_env(settings: Settings, erl_args: str) -> dict[str, str]:
+    env = {**os.environ, "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"{erl_args} {HOST_DEFAULT_ARGS}"}
+    if dist_on_loopback(settings):
+        env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] += f" {LOOPBACK_DIST_ARGS}"
+        env["ERL_EPMD_ADDRESS"] = "127.0.0.1"  # for the epmd the node starts (the first one)
+    return env
+
+
 def rabbitmq_env(settings: Settings) -> dict[str, str]:
     """Listeners on GEOFENCE_HOST and the configured ports, without touching /etc/rabbitmq."""
     h, mqtt, web = settings.host, settings.mqtt_port, settings.management_port
     erl_args = (f'-rabbitmq_mqtt tcp_listeners [{{"{h}",{mqtt}}}] '
                 f'-rabbitmq_management tcp_config [{{ip,"{h}"}},{{port,{web}}}] '
                 f'-rabbitmq_prometheus tcp_config [{{ip,"{h}"}},{{port,{settings.rabbitmq_metrics_port}}}]')
-    return {**os.environ, "RABBITMQ_NODE_IP_ADDRESS": h,
-            "RABBITMQ_NODE_PORT": str(settings.amqp_port),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": erl_args}
+    return {**_node_env(settings, erl_args), "RABBITMQ_NODE_IP_ADDRESS": h,
+            "RABBITMQ_NODE_PORT": str(settings.amqp_port)}
+
+
+def host_defaults_applied(ctl: Sequence[str] = ("rabbitmqctl",)) -> bool:
+    """The running node carries HOST_DEFAULT_ARGS."""
+    probe = ("{application:get_env(rabbitmq_mqtt, allow_anonymous), "
+             "application:get_env(rabbit, max_message_size)}.")
+    out = run([*ctl, "eval", probe], check=False).stdout.strip()
+    return out.splitlines()[-1:] == [f"{{{{ok,false}},{{ok,{MAX_MESSAGE_SIZE}}}}}"]
+
+
+def rabbitmq_prepare(settings: Settings, say: Say) -> None:
+    """A node of this stack running without the host defaults (started by an older release,
+    or by somebody else) is stopped; every node when epmd or a distribution port listens on
+    every interface where they can be on loopback, and epmd with them. `up` then starts them
+    again with the defaults."""
+    nodes = (("rabbitmq", ("rabbitmqctl",), rabbitmq_running), ("rabbitmq-2", tuple(ctl2()), broker2_running))
+    running = [(name, ctl) for name, ctl, is_running in nodes if is_running(settings)]
+    exposed = dist_on_loopback(settings) and bool(exposure.exposed((EPMD_PORT, *DIST_PORTS)))
+    stale = running if exposed else [(name, ctl) for name, ctl in running if not host_defaults_applied(ctl)]
+    for name, ctl in stale:
+        say(f"{name}: restarting to apply the host defaults (no anonymous MQTT, a message size bound, "
+            "epmd and the Erlang distribution on loopback)")
+        proc = identify(_node_pid(ctl))
+        run([*ctl, "stop"], timeout=settings.start_timeout)
+        wait_gone(proc, settings.start_timeout, name)
+    if exposed and len(stale) == len(running) and exposure.exposed((EPMD_PORT,)):
+        run(["epmd", "-kill"], check=False)  # no node left registered: it exits
+        wait_until(lambda: not exposure.exposed((EPMD_PORT,)), settings.start_timeout, "epmd to stop")
 
 
 def missing_plugins(enabled_plugins_text: str) -> list[str]:
@@ -215,12 +284,12 @@ def broker2_env(settings: Settings) -> dict[str, str]:
     web, prom = settings.broker_management_port(2), settings.broker_metrics_port(2)
     erl_args = (f'-rabbitmq_management tcp_config [{{ip,"{h}"}},{{port,{web}}}] '
                 f'-rabbitmq_prometheus tcp_config [{{ip,"{h}"}},{{port,{prom}}}]')
-    return {**os.environ, "RABBITMQ_NODENAME": broker2_node(), "RABBITMQ_NODE_IP_ADDRESS": h,
+    return {**_node_env(settings, erl_args), "RABBITMQ_NODENAME": broker2_node(),
+            "RABBITMQ_NODE_IP_ADDRESS": h,
             "RABBITMQ_NODE_PORT": str(settings.broker_amqp_port(2)),
-            "RABBITMQ_DIST_PORT": str(25672 + 1), "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_DIST_PORT": str(DIST_PORTS[1]), "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
             "RABBITMQ_LOG_BASE": str(d / "log"), "RABBITMQ_PID_FILE": str(d / "rabbitmq2.pid"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": erl_args}
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins")}
 
 
 def ctl2(*args: str) -> list[str]:
@@ -486,11 +555,12 @@ class Service:
     configure: Callable[[Settings, Secrets, bool], None]
     stop: Callable[[Settings, ProcessId], None]
     wanted: Callable[[Settings], bool] = lambda settings: True  # run by this stack?
+    prepare: Callable[[Settings, Say], None] = lambda settings, say: None  # before `running`
 
 
 SERVICES: tuple[Service, ...] = (
     Service("rabbitmq", rabbitmq_running, rabbitmq_launch, rabbitmq_await, rabbitmq_configure,
-            rabbitmq_stop),
+            rabbitmq_stop, prepare=rabbitmq_prepare),
     Service("rabbitmq-2", broker2_running, broker2_launch, broker2_await, broker2_configure, broker2_stop,
             lambda settings: settings.broker_count == 2),
     Service("postgres", pg_running, pg_launch, pg_await, pg_configure, pg_stop),

@@ -83,6 +83,8 @@ def start_services(settings: Settings, pw: Secrets, say: Say) -> State:
     state: State = {}
     launched: list[Service] = []
     wanted = [svc for svc in SERVICES if svc.wanted(settings)]
+    for svc in wanted:
+        svc.prepare(settings, say)
     for svc in wanted:  # launch all first: they boot in parallel
         if svc.running(settings):
             state[svc.name] = record_for_running(previous.get(svc.name))

@@ -263,6 +263,8 @@ EXCHANGE_TYPES: dict[str, str] = {
 DEAD_LETTER_POLICY = "gf-dead-letters"  # every queue of a vhost but the ones below
 INPUT_LIMITS_POLICY = "gf-input-limits"  # sidecar input queues: dead letters + length limit
 MAP_TAPS_POLICY = "gf-map-taps"  # the live map's queues: short, oldest dropped, no dead letters
+CLIENT_QUEUES_POLICY = "gf-client-queues"  # queues clients fill (app.*, MQTT subscriptions): bounded
+DEAD_LETTER_LIMITS_POLICY = "gf-dead-letter-limits"  # dead-letters itself: bounded, oldest dropped
 FEDERATE_FENCE_IN_POLICY = "gf-federate-x-fence-in"  # gf-fences x-fence.in <- regions
 FEDERATE_EVENTS_POLICY = "gf-federate-events"  # gf-ingress amq.topic <- fence.events
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from deploy.processes import POLL_INTERVAL, Say, StackError, run
 from deploy.rabbitmq import credentials as cred
@@ -22,8 +23,12 @@ from deploy.rabbitmq.plan import (
     Ctl,
     Current,
     CurrentUser,
+    Http,
     Step,
     TopologyConflict,
+    api_path,
+    delete_user_step,
+    password_matches,
     plan,
     render,
     set_topic_permissions,
@@ -230,6 +235,34 @@ def ensure(settings: StackSettings, pw: StackSecrets, say: Say) -> None:
     if stale:
         say(f"rabbitmq devices: {len(stale)} topic permission(s) brought up to date")
         run_steps(stale, management(settings, pw), tuple(passwords(pw).values()), say)
+    for broker in range(1, settings.broker_count + 1):
+        mgmt = management(settings, pw, broker)
+        steps = host_default_steps(mgmt.get("api/users"), mgmt.get("api/user-limits"))
+        if steps:
+            say(f"rabbitmq users{' (second node)' if broker != 1 else ''}: {len(steps)} change(s) "
+                "(the default guest removed, client users' connection and channel limits)")
+            run_steps(steps, mgmt, tuple(passwords(pw).values()), say)
+
+
+def host_default_steps(users: list[dict[str, Any]], limits: list[dict[str, Any]]) -> list[Step]:
+    """What a broker on a host must not keep (issue 37): RabbitMQ's `guest` while its password
+    is still `guest` (an operator who changed it keeps it), and client users (devices,
+    sensors, gateways, applications) without their kind's connection and channel limits
+    (users made by an older release, or whose limits an operator cleared)."""
+    have = {str(x["user"]): dict(x.get("value") or {}) for x in limits}
+    steps: list[Step] = []
+    for u in users:
+        name = str(u["name"])
+        stored = CurrentUser(tags_of(u.get("tags")), u.get("password_hash", ""),
+                             u.get("hashing_algorithm", ""))
+        if name == "guest" and password_matches(stored, "guest"):
+            steps.append(delete_user_step(name))
+            continue
+        want = cred.limits_of(tags_of(u.get("tags")))
+        for key, value in (want or {}).items():
+            if have.get(name, {}).get(key) != value:
+                steps.append(Http("PUT", api_path("user-limits", name, key), {"value": value}))
+    return steps
 
 
 def device_permission_steps(mgmt: Management) -> list[Step]:

@@ -11,6 +11,10 @@ pure data as deploy/rabbitmq/definitions.py's (whose types and regex helpers the
 
 RabbitMQ checks routing keys only where a user has a topic permission for the exchange, so
 every topic exchange one of these may write or bind has one.
+
+Each kind also has connection and channel limits (`USER_LIMITS`, RabbitMQ's user limits, as
+`rabbitmqctl set_user_limits` sets them): a leaked or buggy credential cannot open thousands
+of connections or channels, each costing the broker an Erlang process and memory.
 """
 
 from __future__ import annotations
@@ -25,6 +29,24 @@ from deploy.rabbitmq.definitions import (
 from exchanges import topology as t
 from exchanges.ids import check_object_id
 from exchanges.tenancy import check_tenant
+
+# A device or a sensor: one MQTT connection (the MQTT plugin opens two channels on it), one
+# more while a reconnect overlaps the old one. A gateway or an application: a pool of AMQP
+# connections with a few channels each.
+USER_LIMITS: dict[str, dict[str, int]] = {
+    t.DEVICE_TAG: {"max-connections": 2, "max-channels": 8},
+    t.SENSOR_TAG: {"max-connections": 2, "max-channels": 8},
+    t.GATEWAY_TAG: {"max-connections": 16, "max-channels": 128},
+    t.APP_TAG: {"max-connections": 16, "max-channels": 128},
+}
+
+
+def limits_of(tags: tuple[str, ...] | list[str]) -> dict[str, int] | None:
+    """The user limits of a client user with these tags; None for the platform's users."""
+    for tag in tags:
+        if tag in USER_LIMITS:
+            return USER_LIMITS[tag]
+    return None
 
 
 def device_user(tenant: str, object_id: str) -> str:

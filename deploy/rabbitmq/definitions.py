@@ -28,7 +28,7 @@ each queue group gets one policy carrying all of its settings, and the patterns 
     gf-input-limits   (priority 10, queues) the sidecar input queues of the vhost, which
                       are quorum queues (Raft log, fsynced before the publisher's confirm;
                       a per-message delivery count): dead-letter-exchange dead-letters,
-                      max-length 1,000,000 messages, overflow reject-publish (a full queue
+                      max-length 1,000,000 messages and 2 GiB, overflow reject-publish (a full queue
                       nacks new publishes: publishers with confirms see it and retry;
                       nothing is dropped silently), delivery-limit 10 (a poison message
                       goes to dead-letters with reason delivery_limit), dead-letter-strategy
@@ -39,9 +39,20 @@ each queue group gets one policy carrying all of its settings, and the patterns 
                       max-length 64 messages, overflow drop-head, no dead-letter exchange. A
                       map shows the newest sample; an old one is worth nothing, so dropping it
                       is the point (and dead-lettering it would fill dead-letters with samples).
-    gf-dead-letters   (priority 0, queues) every other queue of the vhost except
-                      dead-letters itself and the map taps: dead-letter-exchange dead-letters.
-                      The dead-letters queue has no limit: a bounded one would drop bad input.
+    gf-dead-letter-limits (priority 5, queues, ^dead-letters$) dead-letters itself: max-length
+                      1,000,000 messages and 256 MiB, overflow drop-head. Bad input is a
+                      client's to send: unbounded, one device's garbage could fill the disk
+                      and raise the alarm that blocks every publisher. Each dead letter is
+                      counted by reason when it is made (geofence_dead_letters_total), so a
+                      dropped one is still counted; the alert fires at 80%.
+    gf-client-queues  (priority 5, queues) the queues clients declare and nobody else drains:
+                      mqtt-subscription-* in gf-ingress (devices', sensors', applications'
+                      MQTT subscriptions), app.* in gf-fences (applications' AMQP queues):
+                      max-length 100,000 messages and 64 MiB, overflow drop-head, no
+                      dead-letter exchange. An idle reader loses its oldest events instead of
+                      refusing the pipeline's publishes (which would stall every tenant).
+    gf-dead-letters   (priority 0, queues) every other queue of the vhost except the groups
+                      above: dead-letter-exchange dead-letters.
     gf-federate-x-fence-in  (gf-fences, exchanges, ^x-fence\\.in$) upstream set "all" (RabbitMQ's
                             implicit set: every upstream of gf-fences, one per region vhost;
                             a region added or removed starts or stops its own link only,
@@ -81,8 +92,20 @@ INPUT_QUEUE_MAX_LENGTH = 1_000_000  # messages; at ~300 B each, ~300 MB of backl
 # a message that kills it only ever drags itself towards the limit.
 DELIVERY_LIMIT = 10
 QUORUM = "quorum"
+INPUT_QUEUE_MAX_BYTES = 2 * 1024**3  # the same bound in bytes: a backlog of big gateway batches
+# Queues a client fills and no sidecar drains (issue 37): a device's garbage dead-lettered, an
+# application's or a device's subscription that nobody reads. Bounded in messages and bytes,
+# the oldest dropped (drop-head): a full one never refuses the pipeline's publishes (that
+# would stall every tenant's events behind one idle reader), and the GeofenceQueueNearLimit
+# alert (deploy/prometheus/rules.yml) fires at 80% of either bound.
+DEAD_LETTER_MAX_LENGTH = 1_000_000
+DEAD_LETTER_MAX_BYTES = 256 * 1024**2
+CLIENT_QUEUE_MAX_LENGTH = 100_000
+CLIENT_QUEUE_MAX_BYTES = 64 * 1024**2
 INPUT_LIMITS_PRIORITY = 10
 MAP_TAPS_PRIORITY = 5
+CLIENT_QUEUES_PRIORITY = 5
+DEAD_LETTER_LIMITS_PRIORITY = 5
 MAP_TAP_MAX_LENGTH = 64  # messages: a few seconds of samples and event batches
 DEAD_LETTER_PRIORITY = 0
 FEDERATION_PRIORITY = 0
@@ -226,10 +249,10 @@ def exactly(*names: str) -> str:
 
 
 def all_but(*names: str, prefixes: tuple[str, ...] = ()) -> str:
-    """A regex matching every name except exactly these and those starting with one of the
-    prefixes (a negative lookahead)."""
+    """A regex matching every name except exactly these and those a prefix starts and goes
+    on from (a negative lookahead)."""
     alternatives = "|".join(regex_escape(n) for n in dict.fromkeys(names))
-    starts = "".join(f"|{regex_escape(p)}" for p in dict.fromkeys(prefixes))
+    starts = "".join(f"|{prefixed(p)}" for p in dict.fromkeys(prefixes))
     return f"^(?!({alternatives})${starts})"
 
 
@@ -266,6 +289,17 @@ def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
     if vhost in region_vhosts(topology):
         return (t.GEO_POSITIONS_QUEUE, t.GEO_CONTROL_QUEUE)
     raise ValueError(f"{vhost!r} is not a vhost of this topology")
+
+
+def client_queue_prefixes(vhost: str) -> tuple[str, ...]:
+    """The queues clients declare in `vhost` (the gf-client-queues policy's group): the MQTT
+    plugin's subscription queues of devices, sensors and applications in gf-ingress, the
+    applications' own `app.<user>.*` queues in gf-fences."""
+    if vhost == t.INGRESS_VHOST:
+        return (t.MQTT_SUBSCRIPTION_QUEUE_PREFIX,)
+    if vhost == t.FENCES_VHOST:
+        return (t.APP_QUEUE_PREFIX,)
+    return ()
 
 
 def _exchange(vhost: str, name: str) -> Exchange:
@@ -439,20 +473,31 @@ def parameters(topology: Topology, endpoint: Endpoint, federation_password: str,
 
 def policies(topology: Topology) -> tuple[Policy, ...]:
     dlx = {"dead-letter-exchange": t.DEAD_LETTER_EXCHANGE}
-    limits = {**dlx, "max-length": INPUT_QUEUE_MAX_LENGTH, "overflow": "reject-publish",
-              "delivery-limit": DELIVERY_LIMIT, "dead-letter-strategy": "at-least-once"}
+    limits = {**dlx, "max-length": INPUT_QUEUE_MAX_LENGTH, "max-length-bytes": INPUT_QUEUE_MAX_BYTES,
+              "overflow": "reject-publish", "delivery-limit": DELIVERY_LIMIT,
+              "dead-letter-strategy": "at-least-once"}
+    client_limits = {"max-length": CLIENT_QUEUE_MAX_LENGTH, "max-length-bytes": CLIENT_QUEUE_MAX_BYTES,
+                     "overflow": "drop-head"}
     found: list[Policy] = []
     for v in topology.vhosts:
         group = input_queues(topology, v)
         found.append(Policy(v, t.INPUT_LIMITS_POLICY, exactly(*group), limits,
                             INPUT_LIMITS_PRIORITY, "queues"))
+        found.append(Policy(v, t.DEAD_LETTER_LIMITS_POLICY, exactly(t.DEAD_LETTER_QUEUE),
+                            {"max-length": DEAD_LETTER_MAX_LENGTH, "max-length-bytes": DEAD_LETTER_MAX_BYTES,
+                             "overflow": "drop-head"}, DEAD_LETTER_LIMITS_PRIORITY, "queues"))
         taps: tuple[str, ...] = ()
         if v in (t.INGRESS_VHOST, t.FENCES_VHOST):
             taps = (t.MAP_TAP_QUEUE_PREFIX,)
             found.append(Policy(v, t.MAP_TAPS_POLICY, f"^{prefixed(t.MAP_TAP_QUEUE_PREFIX)}$",
                                 {"max-length": MAP_TAP_MAX_LENGTH, "overflow": "drop-head"},
                                 MAP_TAPS_PRIORITY, "queues"))
-        found.append(Policy(v, t.DEAD_LETTER_POLICY, all_but(t.DEAD_LETTER_QUEUE, *group, prefixes=taps), dlx,
+        clients = client_queue_prefixes(v)
+        if clients:  # no dead-letter exchange: what a full one drops would flood dead-letters
+            found.append(Policy(v, t.CLIENT_QUEUES_POLICY, either(*(f"^{prefixed(p)}$" for p in clients)),
+                                client_limits, CLIENT_QUEUES_PRIORITY, "queues"))
+        found.append(Policy(v, t.DEAD_LETTER_POLICY,
+                            all_but(t.DEAD_LETTER_QUEUE, *group, prefixes=(*taps, *clients)), dlx,
                             DEAD_LETTER_PRIORITY, "queues"))
     found.append(Policy(t.FENCES_VHOST, t.FEDERATE_FENCE_IN_POLICY, exactly(t.FENCE_IN_EXCHANGE),
                         {"federation-upstream-set": t.REGIONS_UPSTREAM_SET}, FEDERATION_PRIORITY,

@@ -92,7 +92,7 @@ def definitions(new: list[tuple[str, str]], existing: list[str]) -> dict[str, An
     """One definitions document: users (new ones, by password hash), and for every id its
     permission and topic permission in gf-ingress, as `device add` sets them."""
     users = [{"name": i, "password_hash": password_hash(p), "hashing_algorithm": HASHING,
-              "tags": [t.DEVICE_TAG]} for i, p in new]
+              "tags": [t.DEVICE_TAG], "limits": cred.USER_LIMITS[t.DEVICE_TAG]} for i, p in new]
     perms, topics = [], []
     for i in [i for i, _ in new] + existing:
         p, tp = cred.device_permission(i), cred.device_topic_permission(i)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from deploy.rabbitmq.credentials import limits_of
 from deploy.rabbitmq.definitions import (
     SIDECAR_USERS,
     Binding,
@@ -341,11 +342,14 @@ def _policy_steps(defs: Definitions, current: Current) -> list[Step]:
 def device_steps(user: str, password: str, permission: Permission,
                  topic_permissions: tuple[TopicPermission, ...], tags: tuple[str, ...]) -> list[Step]:
     """`geofence device add` (and gateway, application, sensor): the user with its tags, its
-    permissions, its topic permissions. Management API calls, not rabbitmqctl: a call takes
-    milliseconds where rabbitmqctl boots an Erlang VM (about a second each, five per device),
-    and the password still never reaches an argv (it is the body of a request to the
-    loopback management listener)."""
+    connection and channel limits, its permissions, its topic permissions. Management API
+    calls, not rabbitmqctl: a call takes milliseconds where rabbitmqctl boots an Erlang VM
+    (about a second each, five per device), and the password still never reaches an argv
+    (it is the body of a request to the loopback management listener)."""
+    limits = limits_of(tags) or {}
     return [Http("PUT", api_path("users", user), {"password": password, "tags": ",".join(tags)}),
+            *(Http("PUT", api_path("user-limits", user, name), {"value": value})
+              for name, value in limits.items()),
             Http("PUT", api_path("permissions", permission.vhost, user),
                  {"configure": permission.configure, "write": permission.write, "read": permission.read}),
             *(Http("PUT", api_path("topic-permissions", p.vhost, user),

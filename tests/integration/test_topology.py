@@ -116,9 +116,12 @@ async def test_input_queues_carry_the_length_limit_and_dead_letter_policy(
             assert info["type"] == "quorum", (vhost, name)
             assert info["effective_policy_definition"] == {
                 "dead-letter-exchange": t.DEAD_LETTER_EXCHANGE, "max-length": 1_000_000,
-                "overflow": "reject-publish", "delivery-limit": 10, "dead-letter-strategy": "at-least-once"}
+                "max-length-bytes": 2 * 1024**3, "overflow": "reject-publish", "delivery-limit": 10,
+                "dead-letter-strategy": "at-least-once"}
         dead = api(stack, f"api/queues/{q(vhost)}/{q(t.DEAD_LETTER_QUEUE)}")
-        assert dead is not None and dead["durable"] is True and not dead.get("policy")
+        assert dead is not None and dead["durable"] is True
+        assert dead["policy"] == t.DEAD_LETTER_LIMITS_POLICY  # bounded, oldest dropped, no dead-letter loop
+        assert "dead-letter-exchange" not in dead["effective_policy_definition"]
 
 
 async def test_other_queues_get_the_dead_letter_policy(stack: ConnectionSettings,

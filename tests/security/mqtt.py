@@ -20,8 +20,9 @@ WAIT_S = 15.0
 
 class Mqtt:
     def __init__(
-        self, stack: ConnectionSettings, user: str, password: str, client_id: str | None = None
+        self, stack: ConnectionSettings, user: str, password: str | None, client_id: str | None = None
     ) -> None:
+        """`password` None: no user name or password in the CONNECT (anonymous)."""
         cfg = stack["mqtt"]
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.client = mqtt.Client(
@@ -31,7 +32,8 @@ class Mqtt:
             protocol=mqtt.MQTTv311,
             reconnect_on_failure=False,
         )
-        self.client.username_pw_set(f"{t.INGRESS_VHOST}:{user}", password)
+        if password is not None:
+            self.client.username_pw_set(f"{t.INGRESS_VHOST}:{user}", password)
         self.client.on_connect = lambda c, u, f, reason, p: self.events.put(("connack", reason))
         self.client.on_disconnect = lambda c, u, f, reason, p: self.events.put(("disconnect", reason))
         self.client.on_subscribe = lambda c, u, mid, codes, p: self.events.put(("suback", codes))
@@ -43,6 +45,7 @@ class Mqtt:
         self.client.loop_start()
         kind, reason = self.next()
         if kind != "connack" or reason.is_failure:
+            self.client.loop_stop()
             raise AssertionError(f"MQTT login of {user} refused: {kind} {reason}")
 
     def next(self) -> tuple[str, Any]:

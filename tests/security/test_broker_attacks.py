@@ -6,7 +6,6 @@ beside it still works."""
 
 from __future__ import annotations
 
-import ipaddress
 import time
 
 import aio_pika
@@ -14,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from deploy import exposure
 from exchanges import topology as t
 from tests.security.attacks import holds, refused, revealed
 from tests.security.conftest import (
@@ -251,21 +251,8 @@ async def test_a_gateway_publishes_under_its_own_tenant_only(world: World) -> No
 
 
 def _listening(port: int) -> list[str]:
-    """The addresses a TCP port listens on here (/proc/net/tcp and tcp6, state 0A: LISTEN)."""
-    found = []
-    for name, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
-        try:
-            lines = open(name).read().splitlines()[1:]  # noqa: SIM115
-        except OSError:
-            continue
-        for line in lines:
-            local, state = line.split()[1], line.split()[3]
-            address, _, hex_port = local.partition(":")
-            if state == "0A" and int(hex_port, 16) == port and len(address) == width:
-                raw = bytes.fromhex(address)
-                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # host order per word
-                found.append(str(ipaddress.ip_address(words)))
-    return found
+    """The addresses a TCP port listens on here (deploy/exposure.py)."""
+    return [x.address for x in exposure.listeners() if x.port == port]
 
 
 async def test_the_metrics_listen_on_the_loopback_address_only(world: World) -> None:

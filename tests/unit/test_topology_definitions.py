@@ -151,23 +151,32 @@ def test_each_queue_gets_exactly_one_policy_with_all_its_settings(defs: d.Defini
     queue_policies = [p for p in defs.policies if p.apply_to == "queues"]
     others = ["amq.gen-AbC", "federation: x-fence.in -> rabbit@h:gf-fences:x-fence.in",
               "mqtt-subscription-dev1qos1", "x-ingress.positions.old", "my-app.events",
-              "fence.map.vm-12.positions", "fence.map.vm-12.events", "fence.mapping", "fence.map"]
+              "fence.map.vm-12.positions", "fence.map.vm-12.events", "fence.mapping", "fence.map",
+              "app.t1.crm.events", "app.", "xapp.t1.crm", "dead-letters2", "mqtt-subscription-"]
+    client = {"max-length": 100_000, "max-length-bytes": 64 * 1024**2, "overflow": "drop-head"}
     for vhost in defs.vhosts:
         inputs = d.input_queues(defs.topology, vhost)
         for name in (*inputs, "dead-letters", *others):
             matching = [p for p in queue_policies if p.vhost == vhost and re.search(p.pattern, name)]
-            if name == "dead-letters":
-                assert matching == []  # no dead-lettering loop, no limit: nothing dropped
+            if name == "dead-letters":  # bounded, oldest dropped, no dead-lettering loop
+                assert [p.name for p in matching] == [t.DEAD_LETTER_LIMITS_POLICY]
+                assert matching[0].definition == {"max-length": 1_000_000, "max-length-bytes": 256 * 1024**2,
+                                                  "overflow": "drop-head"}
             elif name.startswith(t.MAP_TAP_QUEUE_PREFIX):
                 if vhost in ("gf-ingress", "gf-fences"):
                     assert [p.name for p in matching] == [t.MAP_TAPS_POLICY]
                     assert matching[0].definition == {"max-length": 64, "overflow": "drop-head"}
                 else:
                     assert [p.name for p in matching] == [t.DEAD_LETTER_POLICY]
+            elif any(vhost == v and name.startswith(p) and name != p
+                     for v, p in (("gf-ingress", "mqtt-subscription-"), ("gf-fences", "app."))):
+                assert [p.name for p in matching] == [t.CLIENT_QUEUES_POLICY], (vhost, name)
+                assert matching[0].definition == client
             elif name in inputs:
                 assert [p.name for p in matching] == [t.INPUT_LIMITS_POLICY]
                 assert matching[0].definition == {"dead-letter-exchange": "dead-letters",
                                                   "max-length": 1_000_000,
+                                                  "max-length-bytes": 2 * 1024**3,
                                                   "overflow": "reject-publish",
                                                   "delivery-limit": 10,
                                                   "dead-letter-strategy": "at-least-once"}

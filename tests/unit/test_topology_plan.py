@@ -76,7 +76,7 @@ def test_empty_broker_gets_everything_in_order() -> None:
             "queues", "gf-input-limits",
             r"^(x-ingress\.positions|x-ingress\.batches|fence\.follow|venue\.sensors|venue\.notify"
             r"|venue\.fence-events)$",
-            '{"dead-letter-exchange":"dead-letters","max-length":1000000,'
+            '{"dead-letter-exchange":"dead-letters","max-length":1000000,"max-length-bytes":2147483648,'
             '"overflow":"reject-publish","delivery-limit":10,"dead-letter-strategy":"at-least-once"}'
             ) in argvs(steps)
     assert p.Http("PUT", "api/queues/gf-ingress/x-ingress.positions",
