@@ -34,6 +34,7 @@ from exchanges import shell
 from exchanges import topology as t
 from exchanges.settings import positive
 from exchanges.settings_registry import keys_for
+from exchanges.token_buckets import Limit
 from fence.api import create_app
 from fence.auth import FirebaseVerifier
 from fence.follow_shell import DUE_EVERY_S, REFRESH_S, Follower
@@ -43,7 +44,7 @@ from fence.ops import OpsFigures
 from fence.page_data import add_page_data
 from fence.page_policy import origin_of
 from fence.pages import MapFiles, add_pages
-from fence.rate_limits import Limit, RateLimits
+from fence.rate_limits import RateLimits
 from fence.rpc import RpcServer
 from fence.service import FenceService
 from fence.venues.commands import SensorCommands

@@ -9,8 +9,9 @@ from fastapi import FastAPI, Header, HTTPException
 from fastapi.testclient import TestClient
 
 from exchanges.shell import Counters
+from exchanges.token_buckets import Buckets, Limit
 from fence.api_edges import RateLimit
-from fence.rate_limits import Buckets, Limit, RateLimits, retry_after_header, token_key
+from fence.rate_limits import RateLimits, retry_after_header, token_key
 
 
 def test_a_bucket_gives_its_burst_then_its_rate() -> None:
