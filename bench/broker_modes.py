@@ -281,10 +281,15 @@ def _mqtt_publisher(args: tuple[dict[str, object], list[int], list[str], list[by
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
+    from exchanges.login_guard import client_id_for
+
     cfg, index, topics, payloads, rate, t_start, out, sent_count = args
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{uuid.uuid4().hex[:8]}",
-                         protocol=mqtt.MQTTv311)
+    user = str(cfg["username"]).split(":", 1)[-1]
+    me = client_id_for(user, f"bench-{uuid.uuid4().hex[:8]}")
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=me, protocol=mqtt.MQTTv311)
     client.username_pw_set(str(cfg["username"]), str(cfg["password"]))
+    if cfg.get("ca"):  # MQTTS (bench.e2e --tls)
+        client.tls_set(ca_certs=str(cfg["ca"]))
     client.max_inflight_messages_set(2000)
     client.max_queued_messages_set(0)
     client.connect(str(cfg["host"]), int(str(cfg["port"])), keepalive=60)

@@ -67,6 +67,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench import cli, report
+from bench import tenant as tn
 from bench import workload as wl
 
 ALL = ("core", "amqp", "mqtt", "half")
@@ -490,6 +491,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-park", action="store_true",
                    help="broker modes: leave the run's objects where they are (see bench/broker_modes.py)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tls", action="store_true",
+                   help="amqp, half, mqtt: the gateway or devices over AMQPS / MQTTS with the stack's CA")
     p.add_argument("--max-ranges", type=int, default=wl.MAX_RANGES, help="core: per fence covering")
     p.add_argument("--cells-per-radius", type=float, default=wl.CELLS_PER_RADIUS,
                    help="core: covering resolution: the cell side is about radius / this")
@@ -509,6 +512,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    tn.USE_TLS[0] = args.tls
+    if args.tls:
+        print("-- the gateway and the devices over TLS (AMQPS, MQTTS) with the stack's CA", flush=True)
     modes = list(ALL) if args.mode == "all" else [args.mode]
     w = Workloads(args.seed)
     max_rates: dict[Sizes, float] = {}

@@ -30,6 +30,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import asyncpg
 
@@ -65,6 +66,11 @@ async def ensure_tenant(conn: asyncpg.Connection | str) -> None:
 # --------------------------------------------------------------------------- the run's gateway
 
 
+# The runs' clients over TLS (AMQPS, MQTTS, the stack's CA) instead of the plain loopback
+# listeners: `bench.e2e --tls`, to measure what TLS costs a gateway or a device (issue 37).
+USE_TLS = [False]
+
+
 @dataclass(frozen=True)
 class Gateway:
     """A gateway user of the tenant: its AMQP URL (vhost gf-ingress) and MQTT login."""
@@ -72,6 +78,7 @@ class Gateway:
     name: str
     password: str
     settings: Settings
+    tls: bool = False
 
     @property
     def user(self) -> str:
@@ -79,7 +86,14 @@ class Gateway:
 
     @property
     def amqp_url(self) -> str:
-        return amqp_url(self.settings, self.password, t.INGRESS_VHOST, self.user)
+        url = amqp_url(self.settings, self.password, t.INGRESS_VHOST, self.user)
+        if not self.tls:
+            return url
+        plain = f"{self.settings.host}:{self.settings.amqp_port}/"
+        secure = f"{self.settings.host}:{self.settings.amqps_port}/"
+        ca = quote(str(self.settings.tls_ca_file), safe="")
+        return url.replace("amqp://", "amqps://", 1).replace(plain, secure, 1) + \
+            ("&" if "?" in url else "?") + f"cafile={ca}"
 
     @property
     def routing_key(self) -> str:
@@ -88,8 +102,11 @@ class Gateway:
 
     def mqtt(self) -> dict[str, object]:
         """host, port, username (`gf-ingress:<user>`), password: a paho client's login."""
-        return {"host": self.settings.host, "port": self.settings.mqtt_port,
-                "username": devices.mqtt_login(self.user), "password": self.password}
+        login: dict[str, object] = {"host": self.settings.host, "port": self.settings.mqtt_port,
+                                    "username": devices.mqtt_login(self.user), "password": self.password}
+        if self.tls:  # a publisher calls tls_set(ca_certs=...)
+            login.update(port=self.settings.mqtts_port, ca=str(self.settings.tls_ca_file))
+        return login
 
 
 def _quiet(_: str) -> None:
@@ -104,7 +121,7 @@ def gateway(settings: Settings | None = None) -> Iterator[Gateway]:
     name = f"gw-{uuid.uuid4().hex[:10]}"
     password = devices.add_gateway(settings, pw, TENANT, name, None, _quiet)
     try:
-        yield Gateway(name, password, settings)
+        yield Gateway(name, password, settings, USE_TLS[0])
     finally:
         with contextlib.suppress(devices.DeviceError):
             devices.remove_gateway(settings, pw, TENANT, name, _quiet)

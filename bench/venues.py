@@ -38,6 +38,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from bench import report
 from deploy.demo.sensors import Faults, SimSensor, simulate
 from deploy.settings import load_connection_settings
+from exchanges.login_guard import client_id_for
 from fence.venues import sensor_frames as sf
 from fence.venues.reads import VenueCache, VenueReads
 
@@ -81,8 +82,10 @@ class Publishers:
         self.lock = threading.Lock()
         up = threading.Semaphore(0)
         for k in range(PUBLISHERS):
-            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bv-{run}-{k}", protocol=mqtt.MQTTv311)
-            c.username_pw_set(f"{m['ingress_vhost']}:{m['username'].split(':', 1)[1]}", m["password"])
+            user = m["username"].split(":", 1)[1]
+            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id_for(user, f"bv-{run}-{k}"),
+                            protocol=mqtt.MQTTv311)
+            c.username_pw_set(f"{m['ingress_vhost']}:{user}", m["password"])
             c.max_inflight_messages_set(1000)
             c.max_queued_messages_set(0)
             c.on_connect = lambda *a: up.release()

@@ -50,6 +50,7 @@ from deploy.demo.traffic import Fleet
 from deploy.rabbitmq import devices
 from deploy.settings import Settings, load_connection_settings, load_secrets
 from exchanges import topology as t
+from exchanges.login_guard import client_id_for
 from exchanges.tenancy import qualify, tenant_of
 from fence import reference, store, tenants
 from fence.follow import circle
@@ -158,7 +159,7 @@ class Publishers:
         connected = threading.Semaphore(0)
         user, password = login or (mqtt_cfg["username"].split(":", 1)[1], mqtt_cfg["password"])
         for k in range(n):
-            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"demo-{run}-{user}-{k}",
+            c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id_for(user, f"demo-{run}-{k}"),
                             protocol=mqtt.MQTTv311)
             c.username_pw_set(f"{mqtt_cfg['ingress_vhost']}:{user}", password)
             c.max_inflight_messages_set(1000)

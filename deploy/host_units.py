@@ -27,11 +27,14 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import quote
 
-from deploy import sidecars
+from deploy import sidecars, tls
 from deploy.settings import Secrets, Settings, load_secrets, postgres_dsn, sidecar_amqp_url, sidecar_ids
 from exchanges import shell
 from exchanges import topology as t
+from exchanges.broker_guard import ROLE as GUARD_ROLE
+from exchanges.broker_guard import GuardConfig
 from fence.api_server import ApiConfig
 from spark_jobs.session import JobConfig
 
@@ -40,7 +43,9 @@ ROOT = UNITS.parent.parent  # the checkout the install copies (`git archive HEAD
 DEFAULT_PREFIX, DEFAULT_ETC = Path("/opt/geofence"), Path("/etc/geofence")
 # local-stack settings a host must not get: the Auth emulator turns signature checks off, the
 # journal dir and the state paths are the units' own (StateDirectory)
-LOCAL_ONLY = ("FIREBASE_AUTH_EMULATOR_HOST", "GEOFENCE_JOURNAL_DIR", "GEOFENCE_MAP_ROADS")
+# (the API's HTTPS: that host's own certificate, or its TLS proxy: see the api unit's comment)
+LOCAL_ONLY = ("FIREBASE_AUTH_EMULATOR_HOST", "GEOFENCE_JOURNAL_DIR", "GEOFENCE_MAP_ROADS",
+              "GEOFENCE_API_TLS_LISTEN", "GEOFENCE_API_TLS_CERT", "GEOFENCE_API_TLS_KEY")
 SPARK_ENV = "spark.env"
 INSTANCED = ("x-geo", "x-fence")  # template units (@): one instance per region / worker
 _FILE = re.compile(r"^EnvironmentFile=-?(\S+)$", re.M)
@@ -79,18 +84,21 @@ def check(role: str, instance: str, env: Mapping[str, str]) -> None:
     """The role's own parser on `env`: a ConfigError for a missing, bad or unknown key."""
     if role == "api":
         ApiConfig.from_env(env)
+    elif role == GUARD_ROLE:
+        GuardConfig.from_env(env)
     elif role == "spark":
         JobConfig.from_env(env)
     else:
         shell.SidecarConfig.from_env(role, instance, env)
 
 
-def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str]] | None = None
-                 ) -> dict[str, dict[str, str]]:
+def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str]] | None = None,
+                 etc: Path = DEFAULT_ETC) -> dict[str, dict[str, str]]:
     """File name -> settings, for `roles` ((role, instance); default: every process of the
     topology, and the nightly jobs). A kind of role shares `<role>.env`; its instances' own
     metrics port goes to `<role>-<instance>.env`."""
-    wanted = list(roles) if roles is not None else [*sidecar_ids(settings.topology), ("spark", "")]
+    wanted = list(roles) if roles is not None else [*sidecar_ids(settings.topology), ("spark", ""),
+                                                    (GUARD_ROLE, "")]
     # a region or worker this host is to run before `geofence region / worker add` made it
     # part of the topology (render first, install, then add)
     new_r = tuple(dict.fromkeys(i for r, i in wanted if r == "x-geo" and i not in settings.regions))
@@ -101,6 +109,10 @@ def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str
     for role, instance in wanted:
         if role == "spark":
             files[SPARK_ENV] = spark_environment(settings, pw)
+            continue
+        if role == GUARD_ROLE:  # on the broker's host: no credentials (it reads the store itself)
+            files[f"{GUARD_ROLE}.env"] = {"GEOFENCE_GUARD_PORT": str(settings.guard_port),
+                                          "GEOFENCE_GUARD_FAILED_LOGINS": f"{settings.guard_failed_logins:g}"}
             continue
         env = {k: v for k, v in sidecars.environment(settings, pw, sidecars.Sidecar(role, instance)).items()
                if k not in LOCAL_ONLY}
@@ -116,7 +128,10 @@ def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str
             files[f"{role}-{instance}.env"] = own
         else:
             files[f"{role}.env"] = {**env, "GEOFENCE_METRICS_LISTEN": metrics}
-    return files
+    # the stack's CA as the host has it (the plan installs it there): AMQPS, PostgreSQL's TLS
+    local_ca, host_ca = str(settings.tls_ca_file), str(etc / "ca.pem")
+    return {name: {k: v.replace(local_ca, host_ca).replace(quote(local_ca, safe=""), quote(host_ca, safe=""))
+                   for k, v in env.items()} for name, env in files.items()}
 
 
 def spark_environment(settings: Settings, pw: Secrets) -> dict[str, str]:
@@ -139,8 +154,10 @@ def check_file(name: str, text: str, shared: Mapping[str, str] | None = None) ->
         check(stem, "", env)
 
 
-def write(out: Path, prefix: Path, etc: Path, files: Mapping[str, Mapping[str, str]]) -> list[Path]:
-    """The rendered units under out/units, the environment files (mode 600) under out/env."""
+def write(out: Path, prefix: Path, etc: Path, files: Mapping[str, Mapping[str, str]],
+          ca: Path | None = None) -> list[Path]:
+    """The rendered units under out/units, the environment files (mode 600) under out/env,
+    and the stack's CA beside them (`ca`)."""
     written = []
     (out / "units").mkdir(parents=True, exist_ok=True)
     env_dir = out / "env"
@@ -157,6 +174,10 @@ def write(out: Path, prefix: Path, etc: Path, files: Mapping[str, Mapping[str, s
         path.touch(mode=0o600)
         path.chmod(stat.S_IRUSR | stat.S_IWUSR)
         path.write_text(text)
+        written.append(path)
+    if ca is not None:
+        path = env_dir / "ca.pem"
+        path.write_bytes(ca.read_bytes())
         written.append(path)
     return written
 
@@ -189,6 +210,7 @@ def plan(out: Path, prefix: Path, etc: Path, files: Mapping[str, object]) -> lis
         f"(cd {prefix}/fence/web && npm ci --no-audit --no-fund)   # the pages' JS libraries",
         f"install -d -m 700 {etc}   # systemd reads the files as root, before it drops to the user",
         f"install -m 600 {out}/env/*.env {etc}/",
+        f"install -m 644 {out}/env/ca.pem {etc}/ca.pem   # the stack's CA: AMQPS and PostgreSQL's TLS",
         f"install -m 644 {out}/units/* /etc/systemd/system/",
         "systemctl daemon-reload",
         f"systemctl enable --now {' '.join(enable)}",
@@ -196,11 +218,11 @@ def plan(out: Path, prefix: Path, etc: Path, files: Mapping[str, object]) -> lis
 
 
 def parse_roles(raw: str) -> list[tuple[str, str]]:
-    """`x-ingress,x-geo:a,x-fence:w0,api,spark` -> [(role, instance), ...]."""
+    """`x-ingress,x-geo:a,x-fence:w0,api,spark,broker-guard` -> [(role, instance), ...]."""
     out = []
     for item in filter(None, (s.strip() for s in raw.split(","))):
         role, _, instance = item.partition(":")
-        if role not in (*sidecars.USERS, "spark"):
+        if role not in (*sidecars.USERS, "spark", GUARD_ROLE):
             raise shell.ConfigError(f"--roles: unknown role {role!r}")
         if (role in ("x-geo", "x-fence")) != bool(instance):
             raise shell.ConfigError(f"--roles: {role!r} " + ("needs :<instance>" if not instance
@@ -252,8 +274,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     roles = parse_roles(args.roles) if args.roles else None
-    files = environments(settings, load_secrets(settings), roles)
-    written = write(args.out, args.prefix, args.etc, files)
+    files = environments(settings, load_secrets(settings), roles, args.etc)
+    ca = tls.ensure(settings.state_dir, settings.host, settings.tls_dir).ca  # made here if need be
+    written = write(args.out, args.prefix, args.etc, files, ca)
     print(f"{len(written)} files under {args.out} (env files mode 600: they hold passwords)")
     steps = plan(args.out, args.prefix, args.etc, files)
     if args.action == "render":

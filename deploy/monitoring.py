@@ -36,7 +36,7 @@ def targets(settings: Settings) -> dict[str, list[dict[str, object]]]:
     return {
         "targets-geofence.json": [
             {"targets": [f"{METRICS_HOST}:{port}"], "labels": {"name": name}}
-            for name, port in settings.metrics_ports().items()],
+            for name, port in {**settings.metrics_ports(), "broker-guard": settings.guard_port}.items()],
         "targets-rabbitmq.json": [{"targets": [f"{h}:{settings.rabbitmq_metrics_port}"],
                                    "labels": {"name": "rabbitmq"}}],
     }

@@ -33,8 +33,6 @@ import base64
 import functools
 import ipaddress
 import json
-import os
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -45,6 +43,21 @@ from typing import Any
 
 from deploy import exposure, monitoring
 from deploy import firebase_emulator as fe
+from deploy.broker_host import (
+    DIST_PORTS,
+    EPMD_PORT,
+    MAX_MESSAGE_SIZE,
+    dist_on_loopback,
+    guard_args,
+    guard_await,
+    guard_configure,
+    guard_launch,
+    guard_running,
+    guard_stop,
+    node_env,
+    rabbitmq_tls_args,
+    server_tls,
+)
 from deploy.processes import (
     POLL_INTERVAL,
     ProcessId,
@@ -64,7 +77,7 @@ from deploy.rabbitmq.nodes import broker2_node
 from deploy.settings import FIREBASE_PROJECT, USER, Secrets, Settings, management_url
 
 PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel",
-           "rabbitmq_prometheus")
+           "rabbitmq_prometheus", "rabbitmq_auth_backend_http")
 ENABLED_PLUGINS_FILE = Path("/etc/rabbitmq/enabled_plugins")
 RABBITMQ_LOG_DIR = Path("/var/log/rabbitmq")
 
@@ -72,56 +85,33 @@ RABBITMQ_LOG_DIR = Path("/var/log/rabbitmq")
 # --------------------------------------------------------------------------- RabbitMQ
 
 
-MAX_MESSAGE_SIZE = 16 * 1024**2  # bytes: the broker's bound on any message (its default: 128 MiB)
-# What every node of this stack carries (issue 37): no anonymous MQTT login (the plugin's
-# default would log a client with no credentials in as guest), a message size bound.
-HOST_DEFAULT_ARGS = f"-rabbitmq_mqtt allow_anonymous false -rabbit max_message_size {MAX_MESSAGE_SIZE}"
-LOOPBACK_DIST_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
-EPMD_PORT, DIST_PORTS = 4369, (25672, 25673)
-
-
-def host_name_is_loopback() -> bool:
-    """The node's host name resolves to loopback only: `rabbitmqctl` (which reaches the node
-    through epmd at that name's address) still works with epmd and the distribution bound to
-    127.0.0.1."""
-    try:
-        infos = socket.getaddrinfo(socket.gethostname(), None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
-
-
-def dist_on_loopback(settings: Settings) -> bool:
-    """epmd and the Erlang distribution bound to loopback: with a loopback GEOFENCE_HOST
-    whose host name resolves to loopback (else they stay on every interface, and the
-    operator firewalls 4369 and 25672; see SECURITY.md)."""
-    return ipaddress.ip_address(settings.host).is_loopback and host_name_is_loopback()
-
-
-def _node_env(settings: Settings, erl_args: str) -> dict[str, str]:
-    env = {**os.environ, "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"{erl_args} {HOST_DEFAULT_ARGS}"}
-    if dist_on_loopback(settings):
-        env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] += f" {LOOPBACK_DIST_ARGS}"
-        env["ERL_EPMD_ADDRESS"] = "127.0.0.1"  # for the epmd the node starts (the first one)
-    return env
-
-
 def rabbitmq_env(settings: Settings) -> dict[str, str]:
-    """Listeners on GEOFENCE_HOST and the configured ports, without touching /etc/rabbitmq."""
+    """Listeners on GEOFENCE_HOST and the configured ports (the TLS ones on
+    GEOFENCE_PUBLIC_HOST), without touching /etc/rabbitmq."""
     h, mqtt, web = settings.host, settings.mqtt_port, settings.management_port
     erl_args = (f'-rabbitmq_mqtt tcp_listeners [{{"{h}",{mqtt}}}] '
                 f'-rabbitmq_management tcp_config [{{ip,"{h}"}},{{port,{web}}}] '
-                f'-rabbitmq_prometheus tcp_config [{{ip,"{h}"}},{{port,{settings.rabbitmq_metrics_port}}}]')
-    return {**_node_env(settings, erl_args), "RABBITMQ_NODE_IP_ADDRESS": h,
+                f'-rabbitmq_prometheus tcp_config [{{ip,"{h}"}},{{port,{settings.rabbitmq_metrics_port}}}] '
+                f"{guard_args(settings)} {rabbitmq_tls_args(settings)}")
+    return {**node_env(settings, erl_args), "RABBITMQ_NODE_IP_ADDRESS": h,
             "RABBITMQ_NODE_PORT": str(settings.amqp_port)}
 
 
-def host_defaults_applied(ctl: Sequence[str] = ("rabbitmqctl",)) -> bool:
-    """The running node carries HOST_DEFAULT_ARGS."""
+def host_defaults_applied(ctl: Sequence[str] = ("rabbitmqctl",), settings: Settings | None = None) -> bool:
+    """The running node carries HOST_DEFAULT_ARGS (and, given the first node's `settings`, the
+    login guard's chain and the TLS listeners)."""
     probe = ("{application:get_env(rabbitmq_mqtt, allow_anonymous), "
-             "application:get_env(rabbit, max_message_size)}.")
-    out = run([*ctl, "eval", probe], check=False).stdout.strip()
-    return out.splitlines()[-1:] == [f"{{{{ok,false}},{{ok,{MAX_MESSAGE_SIZE}}}}}"]
+             "application:get_env(rabbit, max_message_size), application:get_env(rabbit, auth_backends), "
+             "application:get_env(rabbit, ssl_listeners), "
+             "application:get_env(rabbitmq_mqtt, ssl_listeners)}.")
+    out = "".join(run([*ctl, "eval", probe], check=False).stdout.split())  # a term printed over lines
+    if settings is None:
+        tail = "{ok,[rabbit_auth_backend_internal]},{ok,[]},{ok,[]}"
+    else:
+        h = settings.public_host
+        tail = (f'{{ok,[{{rabbit_auth_backend_http,rabbit_auth_backend_internal}}]}},'
+                f'{{ok,[{{"{h}",{settings.amqps_port}}}]}},{{ok,[{{"{h}",{settings.mqtts_port}}}]}}')
+    return out.endswith(f"{{{{ok,false}},{{ok,{MAX_MESSAGE_SIZE}}},{tail}}}")
 
 
 def rabbitmq_prepare(settings: Settings, say: Say) -> None:
@@ -132,7 +122,9 @@ def rabbitmq_prepare(settings: Settings, say: Say) -> None:
     nodes = (("rabbitmq", ("rabbitmqctl",), rabbitmq_running), ("rabbitmq-2", tuple(ctl2()), broker2_running))
     running = [(name, ctl) for name, ctl, is_running in nodes if is_running(settings)]
     exposed = dist_on_loopback(settings) and bool(exposure.exposed((EPMD_PORT, *DIST_PORTS)))
-    stale = running if exposed else [(name, ctl) for name, ctl in running if not host_defaults_applied(ctl)]
+    stale = running if exposed else [
+        (name, ctl) for name, ctl in running
+        if not host_defaults_applied(ctl, settings if name == "rabbitmq" else None)]
     for name, ctl in stale:
         say(f"{name}: restarting to apply the host defaults (no anonymous MQTT, a message size bound, "
             "epmd and the Erlang distribution on loopback)")
@@ -284,7 +276,7 @@ def broker2_env(settings: Settings) -> dict[str, str]:
     web, prom = settings.broker_management_port(2), settings.broker_metrics_port(2)
     erl_args = (f'-rabbitmq_management tcp_config [{{ip,"{h}"}},{{port,{web}}}] '
                 f'-rabbitmq_prometheus tcp_config [{{ip,"{h}"}},{{port,{prom}}}]')
-    return {**_node_env(settings, erl_args), "RABBITMQ_NODENAME": broker2_node(),
+    return {**node_env(settings, erl_args), "RABBITMQ_NODENAME": broker2_node(),
             "RABBITMQ_NODE_IP_ADDRESS": h,
             "RABBITMQ_NODE_PORT": str(settings.broker_amqp_port(2)),
             "RABBITMQ_DIST_PORT": str(DIST_PORTS[1]), "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
@@ -375,20 +367,42 @@ def pg_conf_text(settings: Settings) -> str:
             f"port = {settings.pg_port}\n"
             f"unix_socket_directories = {lit(settings.pg_socket_dir)}\n"
             "password_encryption = 'scram-sha-256'\n"
+            # TCP clients over TLS only (pg_hba_text), the server certificate of deploy/tls.py
+            "ssl = on\n"
+            f"ssl_cert_file = {lit(server_tls(settings, 'postgres').cert)}\n"
+            f"ssl_key_file = {lit(server_tls(settings, 'postgres').key)}\n"
+            "ssl_min_protocol_version = 'TLSv1.2'\n"
             # the events archive takes a few rows per position update: its indexes (a random
             # primary key) stay in memory well past PostgreSQL's default of 128MB
             "shared_buffers = '512MB'\n")
 
 
-def pg_write_conf(settings: Settings) -> None:
-    ours = settings.pg_data / "geofence.conf"
-    ours.write_text(pg_conf_text(settings))
-    chown(ours, "postgres")
+def pg_hba_text(settings: Settings) -> str:
+    """Local (socket) logins by peer; TCP ones over TLS only, with a password; plain TCP refused."""
+    nets = ["127.0.0.1/32", "::1/128"]
+    if not ipaddress.ip_address(settings.host).is_loopback:
+        nets.append("0.0.0.0/0")
+    return ("# Written by `geofence up` at every start.\n"
+            "local   all all                peer\n"
+            + "".join(f"hostssl all all {net:<18} scram-sha-256\n" for net in nets)
+            + "hostnossl all all 0.0.0.0/0     reject\nhostnossl all all ::/0          reject\n")
+
+
+def pg_write_conf(settings: Settings) -> bool:
+    """geofence.conf and pg_hba.conf as these settings want them: True when one changed."""
+    changed = False
+    for path, text in ((settings.pg_data / "geofence.conf", pg_conf_text(settings)),
+                       (settings.pg_data / "pg_hba.conf", pg_hba_text(settings))):
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            changed = True
+        chown(path, "postgres")
     main = settings.pg_data / "postgresql.conf"
     include = "include_if_exists = 'geofence.conf'\n"
     if include not in main.read_text():
         with main.open("a") as f:
             f.write("\n" + include)
+    return changed
 
 
 def pg_clear_stale_pidfile(settings: Settings) -> None:
@@ -441,6 +455,8 @@ def pg_setup_sql(password: str) -> str:
 
 
 def pg_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
+    if pg_write_conf(settings) and not started_now:  # TLS and the logins: a reload applies them
+        run(as_postgres(settings, "pg_ctl", "-D", str(settings.pg_data), "reload"))
     run(as_postgres(settings, "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h",
                     str(settings.pg_socket_dir), "-p", str(settings.pg_port), "-d", "postgres"),
         stdin=pg_setup_sql(pw.postgres_password))
@@ -559,6 +575,7 @@ class Service:
 
 
 SERVICES: tuple[Service, ...] = (
+    Service("broker-guard", guard_running, guard_launch, guard_await, guard_configure, guard_stop),
     Service("rabbitmq", rabbitmq_running, rabbitmq_launch, rabbitmq_await, rabbitmq_configure,
             rabbitmq_stop, prepare=rabbitmq_prepare),
     Service("rabbitmq-2", broker2_running, broker2_launch, broker2_await, broker2_configure, broker2_stop,

@@ -103,6 +103,13 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_API_PORT": ("api_port", _port),
     "GEOFENCE_FIREBASE_AUTH_PORT": ("firebase_auth_port", _port),
     "GEOFENCE_PROMETHEUS_PORT": ("prometheus_port", _port),
+    "GEOFENCE_GUARD_PORT": ("guard_port", _port),
+    "GEOFENCE_PUBLIC_HOST": ("public_host", _ipv4),
+    "GEOFENCE_AMQPS_PORT": ("amqps_port", _port),
+    "GEOFENCE_MQTTS_PORT": ("mqtts_port", _port),
+    "GEOFENCE_API_TLS_PORT": ("api_tls_port", _port),
+    "GEOFENCE_TLS_DIR": ("tls_dir", _abs_path),
+    "GEOFENCE_GUARD_FAILED_LOGINS": ("guard_failed_logins", lambda key, raw: positive(key, raw, float)),
     "GEOFENCE_RABBITMQ_METRICS_PORT": ("rabbitmq_metrics_port", _port),
     "GEOFENCE_METRICS_PORT": ("metrics_port", _port),
     "GEOFENCE_PG_BINDIR": ("pg_bindir", _abs_path),
@@ -145,6 +152,27 @@ class Settings:
     api_port: int = 8080  # the fence API (HTTP), `geofence api`
     firebase_auth_port: int = 9099  # the Firebase Auth emulator
     prometheus_port: int = 9090  # Debian's prometheus, scraping everything below
+    guard_port: int = 15680  # the broker's login guard (exchanges/broker_guard.py), loopback
+    public_host: str = "0.0.0.0"  # the TLS listeners: AMQPS, MQTTS, the API's HTTPS
+    amqps_port: int = 5671
+    mqtts_port: int = 8883
+    api_tls_port: int = 8443
+    tls_dir: Path | None = None  # an operator's own certificates; None: the local CA (deploy/tls.py)
+
+    @property
+    def tls_ca_file(self) -> Path:
+        """The CA every TLS client of the stack trusts (deploy/tls.py)."""
+        return (self.tls_dir or self.state_dir / "tls") / "ca.pem"
+
+    @property
+    def tls_cert_file(self) -> Path:
+        """The servers' certificate (each server has its copy: deploy/services.server_tls)."""
+        return self.tls_ca_file.parent / "server.pem"
+
+    @property
+    def tls_key_file(self) -> Path:
+        return self.tls_ca_file.parent / "server.key"
+    guard_failed_logins: float = 10.0  # failed broker logins a minute per user name
     rabbitmq_metrics_port: int = 15692  # RabbitMQ's rabbitmq_prometheus plugin
     metrics_port: int = 9470  # the first sidecar's /metrics; the others follow (metrics_ports)
     pg_bindir: Path | None = None  # None: the newest /usr/lib/postgresql/*/bin
@@ -225,7 +253,8 @@ class Settings:
                 "management": self.management_port, "postgres": self.pg_port,
                 "memcached": self.memcached_port, "api": self.api_port,
                 "firebase-auth": self.firebase_auth_port, "prometheus": self.prometheus_port,
-                "rabbitmq-metrics": self.rabbitmq_metrics_port,
+                "rabbitmq-metrics": self.rabbitmq_metrics_port, "broker-guard": self.guard_port,
+                "amqps": self.amqps_port, "mqtts": self.mqtts_port, "api (https)": self.api_tls_port,
                 **({"amqp (broker 2)": self.broker_amqp_port(2),
                     "management (broker 2)": self.broker_management_port(2),
                     "rabbitmq-metrics (broker 2)": self.broker_metrics_port(2)}
@@ -457,9 +486,14 @@ def amqp_url(settings: Settings, password: str, vhost: str = "/", user: str = US
 
 
 def sidecar_amqp_url(settings: Settings, user: str, password: str, name: str, broker: int = 1) -> str:
-    """A process's broker URL: its user, and `name` as the connection's name in RabbitMQ."""
-    return (f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{settings.host}:"
-            f"{settings.broker_amqp_port(broker)}/?name={quote(name, safe='')}")
+    """A process's broker URL: its user, and `name` as the connection's name in RabbitMQ. On
+    this host's loopback, plain; to another host's broker (a second host's files, `geofence
+    host render`), AMQPS with the stack's CA (the first node's TLS listener)."""
+    who, named = f"{quote(user, safe='')}:{quote(password, safe='')}", f"?name={quote(name, safe='')}"
+    if broker != 1 or ipaddress.ip_address(settings.host).is_loopback:
+        return f"amqp://{who}@{settings.host}:{settings.broker_amqp_port(broker)}/{named}"
+    return (f"amqps://{who}@{settings.host}:{settings.amqps_port}/{named}"
+            f"&cafile={quote(str(settings.tls_ca_file), safe='')}")
 
 
 def user_urls(settings: Settings, pw: Secrets) -> dict[str, dict[str, str]]:
@@ -470,8 +504,10 @@ def user_urls(settings: Settings, pw: Secrets) -> dict[str, dict[str, str]]:
 
 
 def postgres_dsn(settings: Settings, password: str) -> str:
+    """Over TLS, the server's certificate checked against the stack's CA and its name
+    (verify-full): the server refuses plain TCP (deploy/services.pg_hba_text)."""
     return (f"postgresql://{USER}:{quote(password, safe='')}@{settings.host}:{settings.pg_port}"
-            f"/{USER}")
+            f"/{USER}?sslmode=verify-full&sslrootcert={quote(str(settings.tls_ca_file), safe='/')}")
 
 
 def management_url(settings: Settings) -> str:

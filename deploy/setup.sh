@@ -58,9 +58,11 @@ java_ok() {
 
 missing_packages() {
     local p
-    # chromium + chromium-driver: the page tests' real browser (tests/integration/browser.py)
+    # chromium + chromium-driver: the page tests' real browser (tests/integration/browser.py);
+    # iproute2: the TLS tests' network namespace (a client outside this host's loopback);
+    # libnss3-tools: certutil, so that the browser of the page tests trusts the stack's CA
     for p in rabbitmq-server memcached libpostgresql-jdbc-java gcc libc6-dev prometheus chromium \
-             chromium-driver; do
+             chromium-driver iproute2 libnss3-tools; do
         pkg_installed "$p" || echo "$p"
     done
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || echo postgresql

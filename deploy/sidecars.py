@@ -95,6 +95,9 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
         env["GEOFENCE_JOURNAL_DIR"] = str(settings.state_dir / "state" / sc.name)
     if sc.role == "api":
         env.update({"GEOFENCE_API_HOST": settings.host, "GEOFENCE_API_PORT": str(settings.api_port),
+                    "GEOFENCE_API_TLS_LISTEN": f"{settings.public_host}:{settings.api_tls_port}",
+                    "GEOFENCE_API_TLS_CERT": str(settings.tls_cert_file),
+                    "GEOFENCE_API_TLS_KEY": str(settings.tls_key_file),
                     "GEOFENCE_PROMETHEUS_URL": f"http://{settings.host}:{settings.prometheus_port}",
                     "GEOFENCE_FIREBASE_PROJECT": FIREBASE_PROJECT,
                     "GEOFENCE_MAP_ROADS": str(settings.map_roads_file),

@@ -17,7 +17,7 @@ import os
 import urllib.request
 from dataclasses import dataclass
 
-from deploy import sidecars
+from deploy import broker_host, sidecars
 from deploy.demo import map_roads
 from deploy.processes import (
     Say,
@@ -65,6 +65,7 @@ def up(settings: Settings, say: Say) -> State:
     require_root()
     prepare_state_dir(settings)
     pw = ensure_secrets(settings)
+    broker_host.tls_setup(settings, say)  # before the servers that read them start
     state = start_services(settings, pw, say)
     rabbit_topology.ensure(settings, pw, say)
     map_roads.ensure(settings.map_roads_file)  # before the API reads it

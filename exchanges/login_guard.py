@@ -4,13 +4,11 @@ RabbitMQ's own user store says. Pure; its HTTP shell answers rabbitmq_auth_backe
 RabbitMQ 3.10 keeps MQTT client ids in one registry keyed by the id alone, across vhosts: any
 user who can log in anywhere may take another's client id, and the broker disconnects the
 other (the MQTT spec's "session takeover"). It neither throttles failed logins. The guard
-sits in the broker's chain of auth backends (deploy/rabbitmq: `{internal, [internal, http]}`
-then `http`): the first element authenticates with RabbitMQ's own store and asks both
-`internal` and the guard to authorise, so the guard can veto a login whose password was
-right; the second, `http` alone, is asked after the first refused, so the guard sees the failed
-logins too. It cannot tell the two calls apart (one URL), so it checks the password itself
-against the user's hash in RabbitMQ's store (`rabbit_hash_ok`, the hash read through the
-management API and cached by the shell).
+authenticates every login in the broker's chain of auth backends (deploy/services.py:
+`[{rabbit_auth_backend_http, rabbit_auth_backend_internal}]`, authorisation left to RabbitMQ's
+own store), so it sees every login, right or wrong, once per connection. It checks the
+password itself against the user's hash in RabbitMQ's store (`rabbit_hash_ok`; the hash read
+through the management API and cached by the shell, exchanges/broker_guard.py).
 
 A login is refused when:
 - the password is wrong, or the user unknown: counted against the user name;
@@ -64,6 +62,12 @@ def rabbit_hash(password: str, salt: bytes, algorithm: str = "rabbit_password_ha
     if len(salt) != 4:
         raise ValueError("RabbitMQ's salt is 4 bytes")
     return base64.b64encode(salt + HASHES[algorithm](salt + password.encode()).digest()).decode()
+
+
+def client_id_for(username: str, suffix: str) -> str:
+    """An MQTT client id the guard lets `username` use beside its own name (several
+    connections of one user: a gateway's, a tool's)."""
+    return f"{username}{CLIENT_ID_SEP}{suffix}"
 
 
 def client_id_allowed(username: str, client_id: str) -> bool:

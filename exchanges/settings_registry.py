@@ -36,6 +36,7 @@ ROLES: dict[str, str] = {
              "every command that works on the local stack",
     "cli": "a `geofence` command itself (up, fence, dlq, region, worker)",
     "build": "the C kernel's build (hilbert_c/build_kernel.py, at pip install)",
+    "broker-guard": "the broker's login guard (`geofence broker-guard`, exchanges/broker_guard.py)",
 }
 # The roles SidecarConfig (exchanges/shell/config.py) serves: each of them accepts the keys of
 # all of them (one parser, one file may serve several). The API reads the sidecar keys too,
@@ -113,6 +114,11 @@ SETTINGS: tuple[Setting, ...] = (
             "The address the HTTP API listens on."),
     Setting("GEOFENCE_API_PORT", "port", "8080", ("api", "stack"),
             "The HTTP API's port; the local stack's API listens there."),
+    Setting("GEOFENCE_API_TLS_LISTEN", "host:port", None, ("api",),
+            "Where the API also serves HTTPS (with GEOFENCE_API_TLS_CERT and _KEY); unset: plain "
+            "HTTP only (behind a TLS proxy)."),
+    Setting("GEOFENCE_API_TLS_CERT", "file", None, ("api",), "The HTTPS certificate (PEM, its chain)."),
+    Setting("GEOFENCE_API_TLS_KEY", "file", None, ("api",), "The HTTPS certificate's key (PEM)."),
     Setting("GEOFENCE_API_RATE", "requests/s", "200", ("api",),
             "Requests (and map websockets) a second one client address may make, in bursts of "
             "twice as many; more are answered 429 with Retry-After (fence/rate_limits.py)."),
@@ -123,6 +129,18 @@ SETTINGS: tuple[Setting, ...] = (
             "Failed sign-ins (answers 401) a minute one client address may have, in bursts of "
             "twice as many; beyond, every request of that address is answered 429 until it "
             "refills (a guessing client is slowed, nobody else)."),
+    # ------------------------------------------------------------ the broker's login guard
+    Setting("GEOFENCE_GUARD_HOST", "IPv4 address", "127.0.0.1", ("broker-guard",),
+            "Where the login guard listens (RabbitMQ calls it for every login: keep it on loopback)."),
+    Setting("GEOFENCE_GUARD_PORT", "port", "15680", ("broker-guard", "stack"),
+            "The login guard's port (its /auth/user, /metrics and /health)."),
+    Setting("GEOFENCE_GUARD_NODE", "Erlang node name", None, ("broker-guard",),
+            "The RabbitMQ node whose users the guard reads (`rabbitmqctl -n`; unset: "
+            "rabbitmqctl's default, the node of this host)."),
+    Setting("GEOFENCE_GUARD_FAILED_LOGINS", "per minute", "10", ("broker-guard", "stack"),
+            "Failed RabbitMQ logins (AMQP, MQTT, management) a minute one user name may have, in "
+            "bursts of twice as many; beyond, its right password is refused too until the bucket "
+            "refills. The platform's own users are never locked out (their failures are counted)."),
     Setting("GEOFENCE_FIREBASE_PROJECT", "Firebase project id", "demo-geofence", ("api",),
             "The Firebase project whose ID tokens the API accepts (demo-*: the Auth emulator, "
             "offline). A real project also needs GOOGLE_APPLICATION_CREDENTIALS and "
@@ -157,6 +175,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("GEOFENCE_AMQP_PORT", "port", "5672", ("stack",),
             "RabbitMQ's AMQP port (the second node: the next port)."),
     Setting("GEOFENCE_MQTT_PORT", "port", "1883", ("stack",), "RabbitMQ's MQTT port."),
+    Setting("GEOFENCE_PUBLIC_HOST", "IPv4 address", "0.0.0.0", ("stack",),
+            "The address the TLS listeners face the network on: AMQPS, MQTTS and the API's HTTPS "
+            "(the plain ones stay on GEOFENCE_HOST); 127.0.0.1 keeps them on this host."),
+    Setting("GEOFENCE_AMQPS_PORT", "port", "5671", ("stack",), "RabbitMQ's AMQP over TLS."),
+    Setting("GEOFENCE_MQTTS_PORT", "port", "8883", ("stack",), "RabbitMQ's MQTT over TLS."),
+    Setting("GEOFENCE_API_TLS_PORT", "port", "8443", ("stack",), "The API's HTTPS port."),
+    Setting("GEOFENCE_TLS_DIR", "directory", None, ("stack",),
+            "An operator's own certificates (`ca.pem`, `server.pem`, `server.key`) for every TLS "
+            "listener; unset: a local CA and certificate made under the state dir (deploy/tls.py)."),
     Setting("GEOFENCE_MANAGEMENT_PORT", "port", "15672", ("stack",),
             "RabbitMQ's management API (the second node: the next port)."),
     Setting("GEOFENCE_PG_PORT", "port", "55432", ("stack",), "The local stack's PostgreSQL."),

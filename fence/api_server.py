@@ -72,6 +72,9 @@ class ApiConfig:
     rate: float = 200.0  # requests/s per client address (fence/rate_limits.py)
     token_rate: float = 100.0  # requests/s per bearer token
     failed_sign_ins: float = 30.0  # a minute, per client address
+    tls_listen: tuple[str, int] | None = None  # HTTPS as well, here (GEOFENCE_API_TLS_LISTEN)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def rate_limits(self) -> RateLimits:
         return RateLimits(Limit(self.rate, 2 * self.rate), Limit(self.token_rate, 2 * self.token_rate),
@@ -118,12 +121,26 @@ class ApiConfig:
                 kw[field] = positive(key, env[key], float)
                 if not math.isfinite(kw[field]):
                     raise shell.ConfigError(f"{key}={env[key]!r}: a finite number")
+        if env.get("GEOFENCE_API_TLS_LISTEN"):
+            raw = env["GEOFENCE_API_TLS_LISTEN"]
+            host, _, port_text = raw.rpartition(":")
+            tls_port = positive("GEOFENCE_API_TLS_LISTEN", port_text, int) if port_text.isdigit() else 0
+            if not host or not 0 < tls_port <= 65535:
+                raise shell.ConfigError(f"GEOFENCE_API_TLS_LISTEN={raw!r}: host:port expected")
+            files = {k: env.get(k) for k in ("GEOFENCE_API_TLS_CERT", "GEOFENCE_API_TLS_KEY")}
+            missing = [k for k, v in files.items() if not v or not Path(v).is_file()]
+            if missing:
+                raise shell.ConfigError(f"GEOFENCE_API_TLS_LISTEN needs {' and '.join(missing)} "
+                                        "(readable files)")
+            kw.update(tls_listen=(host, tls_port), tls_cert=files["GEOFENCE_API_TLS_CERT"],
+                      tls_key=files["GEOFENCE_API_TLS_KEY"])
         return cls(sidecar, emulator_host=env.get("FIREBASE_AUTH_EMULATOR_HOST") or None,
                    credentials_path=env.get("GOOGLE_APPLICATION_CREDENTIALS") or None, **kw)
 
     def describe(self) -> str:
         auth = f"Auth emulator {self.emulator_host}" if self.emulator_host else "Firebase"
-        return (f"{self.sidecar.describe()}; HTTP on {self.host}:{self.port}; ID tokens of project "
+        https = f", HTTPS on {self.tls_listen[0]}:{self.tls_listen[1]}" if self.tls_listen else ""
+        return (f"{self.sidecar.describe()}; HTTP on {self.host}:{self.port}{https}; ID tokens of project "
                 f"{self.firebase_project} ({auth})")
 
 
@@ -208,22 +225,32 @@ async def main(config: ApiConfig) -> int:
                         "emulator": emulator},
                   MapFiles(Path(config.map_roads) if config.map_roads else None, config.map_tiles))
         add_page_data(app, OpsFigures(config.prometheus_url) if config.prometheus_url else None, feed)
-        server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                        access_log=False, lifespan="off", http="httptools",
-                                        ws="wsproto", ws_per_message_deflate=False))  # see fence/map_view.py
+        def server_on(host: str, port: int, **tls: Any) -> _Server:
+            return _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                          lifespan="off", http="httptools", ws="wsproto",
+                                          ws_per_message_deflate=False, **tls))  # see fence/map_view.py
+
+        # the plain one on GEOFENCE_API_HOST (loopback, or behind a TLS proxy), the HTTPS one
+        # where clients outside the host reach it: one application, one set of limits
+        servers = [server_on(config.host, config.port)]
+        if config.tls_listen is not None:
+            servers.append(server_on(*config.tls_listen, ssl_certfile=config.tls_cert,
+                                     ssl_keyfile=config.tls_key))
 
         async def stop_http() -> None:
             await stop.wait()
-            server.should_exit = True
+            for server in servers:
+                server.should_exit = True
 
-        async def http() -> None:
+        async def http(server: _Server) -> None:
             try:
                 await server.serve()
             finally:
-                stop.set()  # the HTTP server ended (or never started): stop the rest too
+                stop.set()  # an HTTP server ended (or never started): stop the rest too
 
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(http())
+            for server in servers:
+                tg.create_task(http(server))
             tg.create_task(stop_http())
             tg.create_task(serve_amqp(config, rpc, follower, counters, stop, lambda: venue_metrics(venues)))
             tg.create_task(feed.run(stop))

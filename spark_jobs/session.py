@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from exchanges import settings_registry
 from exchanges import topology as t
@@ -105,9 +105,13 @@ class Jdbc:
 
     @staticmethod
     def from_url(postgres_url: str) -> Jdbc:
+        """The JDBC form of a postgresql:// URL; its TLS parameters (sslmode, sslrootcert) kept:
+        PgJDBC reads them as libpq does."""
         u = urlsplit(postgres_url)
         host = u.hostname or "localhost"
-        return Jdbc(f"jdbc:postgresql://{host}:{u.port or 5432}{u.path or '/postgres'}",
+        tls = [(k, v) for k, v in parse_qsl(u.query) if k in ("sslmode", "sslrootcert")]
+        query = ("?" + urlencode(tls, safe="/")) if tls else ""
+        return Jdbc(f"jdbc:postgresql://{host}:{u.port or 5432}{u.path or '/postgres'}{query}",
                     unquote(u.username or ""), unquote(u.password or ""))
 
     def properties(self) -> dict[str, str]:

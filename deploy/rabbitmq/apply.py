@@ -74,9 +74,11 @@ def passwords(pw: StackSecrets) -> dict[str, str]:
 def definitions_for(settings: StackSettings, pw: StackSecrets) -> d.Definitions:
     """The whole topology (the federation upstream of a region placed on the second node
     connects there)."""
-    elsewhere = {t.region_vhost(r): d.Endpoint(settings.host, settings.broker_amqp_port(b))
+    ca = str(settings.state_dir / "tls" / "rabbitmq" / "ca.pem")  # the brokers' copy (services.server_tls)
+    elsewhere = {t.region_vhost(r): d.Endpoint(settings.host, settings.broker_amqp_port(b),
+                                               settings.amqps_port, ca)
                  for r, b in settings.placement}
-    return d.build(settings.topology, d.Endpoint(settings.host, settings.amqp_port),
+    return d.build(settings.topology, d.Endpoint(settings.host, settings.amqp_port, settings.amqps_port, ca),
                    passwords(pw)[t.FEDERATION_USER], elsewhere)
 
 

@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -120,10 +121,21 @@ _REGEX_SPECIALS = frozenset(".^$*+?{}[]\\|()")
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where federation links connect (the AMQP listener of the broker)."""
+    """Where federation links connect: the broker's plain AMQP listener when it is on this
+    host's loopback, else its AMQPS one, the peer's certificate checked against `cacertfile`
+    (the CA as the downstream broker reads it) and its name."""
 
     host: str
     amqp_port: int
+    amqps_port: int = 5671
+    cacertfile: str = ""
+
+    @property
+    def loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
 
 
 @dataclass(frozen=True)
@@ -448,8 +460,13 @@ def user_vhosts(topology: Topology) -> dict[str, tuple[str, ...]]:
 
 
 def amqp_uri(endpoint: Endpoint, user: str, password: str, vhost: str) -> str:
-    return (f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{endpoint.host}:"
-            f"{endpoint.amqp_port}/{quote(vhost, safe='')}")
+    """A federation link's URI: plain on loopback, AMQPS with verify_peer across hosts."""
+    who = f"{quote(user, safe='')}:{quote(password, safe='')}"
+    if endpoint.loopback:
+        return f"amqp://{who}@{endpoint.host}:{endpoint.amqp_port}/{quote(vhost, safe='')}"
+    tls = (f"cacertfile={quote(endpoint.cacertfile, safe='/')}&verify=verify_peer"
+           f"&server_name_indication={quote(endpoint.host, safe='')}")
+    return f"amqps://{who}@{endpoint.host}:{endpoint.amqps_port}/{quote(vhost, safe='')}?{tls}"
 
 
 def upstream(endpoint: Endpoint, federation_password: str, vhost: str, exchange: str) -> dict[str, Any]:

@@ -15,9 +15,7 @@ of user is refused, as is a bad id, before anything is written.
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import io
 import secrets
 from collections.abc import Callable, Iterable
@@ -29,6 +27,7 @@ from deploy.rabbitmq.apply import tags_of
 from deploy.rabbitmq.plan import api_path
 from exchanges import topology as t
 from exchanges.ids import check_object_id
+from exchanges.login_guard import rabbit_hash
 
 HASHING = "rabbit_password_hashing_sha256"
 CHUNK = 2_000  # users per definitions import
@@ -40,10 +39,7 @@ class BulkError(ValueError):
 
 def password_hash(password: str, salt: bytes | None = None) -> str:
     """RabbitMQ's rabbit_password_hashing_sha256: base64(salt(4) + sha256(salt + password))."""
-    salt = secrets.token_bytes(4) if salt is None else salt
-    if len(salt) != 4:
-        raise ValueError("the salt is 4 bytes")
-    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+    return rabbit_hash(password, secrets.token_bytes(4) if salt is None else salt, HASHING)
 
 
 def parse_ids(text: str, reserved: Iterable[str]) -> list[str]:

@@ -26,6 +26,9 @@ class StackSettings(Protocol):
     def amqp_port(self) -> int: ...
 
     @property
+    def amqps_port(self) -> int: ...
+
+    @property
     def start_timeout(self) -> float: ...
 
     @property

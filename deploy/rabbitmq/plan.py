@@ -16,13 +16,10 @@ topology declared (`definitions.RETIRED_BINDINGS`, and the users of `RETIRED_USE
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -39,6 +36,7 @@ from deploy.rabbitmq.definitions import (
     Queue,
     TopicPermission,
 )
+from exchanges.login_guard import rabbit_hash_ok
 from exchanges.settings import mask
 
 MASK = "****"
@@ -47,11 +45,6 @@ FEDERATION_COMPONENTS = ("federation-upstream", "federation-upstream-set")
 # Not among the plugins `geofence up` enables before the node starts: the federation links'
 # status page of the management API (/api/federation-links), enabled online.
 EXTRA_PLUGINS = ("rabbitmq_federation_management",)
-_HASHES: dict[str, Callable[[bytes], Any]] = {
-    "rabbit_password_hashing_sha256": hashlib.sha256,
-    "rabbit_password_hashing_sha512": hashlib.sha512,
-    "rabbit_password_hashing_md5": hashlib.md5,
-}
 # The Debian wrapper runs `su rabbitmq -c "rabbitmqctl \"arg\" ..."`: inside those double
 # quotes the shell still expands $name, ${, $(, backquotes, and eats a backslash before
 # \ $ ` " or a newline. Arguments with any of these would reach rabbitmqctl changed.
@@ -201,15 +194,7 @@ class Current:
 
 def password_matches(user: CurrentUser, password: str) -> bool:
     """Checks a password against RabbitMQ's stored hash: base64(salt[4] + H(salt + pw))."""
-    digest = _HASHES.get(user.hashing_algorithm)
-    try:
-        raw = base64.b64decode(user.password_hash, validate=True)
-    except ValueError:
-        return False
-    if digest is None or len(raw) <= 4:
-        return False
-    salt, stored = raw[:4], raw[4:]
-    return hmac.compare_digest(digest(salt + password.encode()).digest(), stored)
+    return rabbit_hash_ok(password, user.password_hash, user.hashing_algorithm)
 
 
 def queue_type(have: Mapping[str, Any]) -> str:

@@ -150,7 +150,7 @@ def _quiet(_: str) -> None:
 def add_gateway(settings: Settings, pw: Secrets, tenant: str, name: str) -> TenantGateway:
     """A new gateway user `<tenant>.<name>` (a generated password)."""
     password = devices.add_gateway(settings, pw, tenant, name, None, _quiet)
-    return TenantGateway(name, password, settings, tenant)
+    return TenantGateway(name, password, settings, tenant=tenant)
 
 
 def remove_gateway(settings: Settings, pw: Secrets, gw: TenantGateway) -> None:

@@ -6,7 +6,9 @@ members (`geofence tenant member add`), the sign-in form filled in."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -30,8 +32,21 @@ FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "-
          "--disable-dev-shm-usage", "--window-size=1400,1000")
 
 
+def trusting(home: Path, ca: Path) -> None:
+    """A home whose NSS database (the one Chromium reads on Linux) trusts `ca` to identify
+    servers: the browser trusts the stack's CA the way a user's machine would be told to."""
+    certutil = shutil.which("certutil")
+    assert certutil, "certutil missing (Debian's libnss3-tools): `bash deploy/setup.sh` installs it"
+    db = home / ".pki" / "nssdb"
+    db.mkdir(parents=True)
+    subprocess.run([certutil, "-d", f"sql:{db}", "-N", "--empty-password"], check=True, capture_output=True)
+    subprocess.run([certutil, "-d", f"sql:{db}", "-A", "-n", "geofence local CA", "-t", "C,,", "-i", str(ca)],
+                   check=True, capture_output=True)
+
+
 @contextmanager
-def chromium() -> Iterator[Any]:
+def chromium(trust: Path | None = None) -> Iterator[Any]:
+    """`trust`: a CA the browser trusts beside the system's (the stack's, for its HTTPS)."""
     binary, driver_binary = shutil.which("chromium"), shutil.which("chromedriver")
     assert binary and driver_binary, "chromium / chromedriver missing: `bash deploy/setup.sh` installs them"
     with tempfile.TemporaryDirectory(prefix="gf-chromium-") as profile:
@@ -40,7 +55,12 @@ def chromium() -> Iterator[Any]:
         for flag in (*FLAGS, f"--user-data-dir={profile}"):
             options.add_argument(flag)
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-        driver = webdriver.Chrome(service=Service(driver_binary), options=options)
+        env = None
+        if trust is not None:
+            home = Path(profile) / "home"
+            trusting(home, trust)
+            env = {**os.environ, "HOME": str(home)}
+        driver = webdriver.Chrome(service=Service(driver_binary, env=env), options=options)
         try:
             yield driver
         finally:

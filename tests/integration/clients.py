@@ -29,6 +29,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings
 from exchanges import topology as t
+from exchanges.login_guard import client_id_for
 from exchanges.tenancy import qualify
 from fence.service import OPERATOR_CLAIM, TENANT_HEADER
 
@@ -214,12 +215,13 @@ class MqttDevice:
         topic), `dev` ignored."""
         cfg = stack["mqtt"]
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        client_id = f"admin-{uuid.uuid4().hex[:12]}" if admin else dev.user
+        admin_user = cfg["username"].split(":", 1)[1]
+        client_id = client_id_for(admin_user, f"admin-{uuid.uuid4().hex[:12]}") if admin else dev.user
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   clean_session=clean_session, protocol=mqtt.MQTTv311,
                                   reconnect_on_failure=False)
         if admin:
-            self.client.username_pw_set(f"{cfg['ingress_vhost']}:{cfg['username'].split(':', 1)[1]}",
+            self.client.username_pw_set(f"{cfg['ingress_vhost']}:{admin_user}",
                                         cfg["password"])
         else:
             self.client.username_pw_set(f"{cfg['ingress_vhost']}:{dev.user}", dev.password)

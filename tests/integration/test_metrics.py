@@ -65,11 +65,11 @@ def test_the_configuration_and_the_alert_rules_pass_promtool(stack: ConnectionSe
     checked = promtool("check", "config", "prometheus.yml", cwd=live)  # the copy with its targets
     assert checked.returncode == 0 and "WARNING" not in checked.stdout + checked.stderr, checked
     rules = promtool("check", "rules", "rules.yml", cwd=PROMETHEUS_DIR)
-    assert rules.returncode == 0 and "9 rules found" in rules.stdout, rules
+    assert rules.returncode == 0 and "10 rules found" in rules.stdout, rules
     tested = promtool("test", "rules", "rules_test.yml", cwd=PROMETHEUS_DIR)
     assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested
     targets = json.loads((live / "targets-geofence.json").read_text())
-    assert [g["labels"]["name"] for g in targets] == list(stack["metrics"])
+    assert [g["labels"]["name"] for g in targets] == [*stack["metrics"], "broker-guard"]
 
 
 async def test_every_process_serves_its_metrics_and_positions_move_them(stack: ConnectionSettings,
@@ -140,7 +140,7 @@ async def test_prometheus_scrapes_every_target_and_answers(stack: ConnectionSett
         targets = json.loads(get(f"{base}/api/v1/targets"))["data"]["activeTargets"]
         seen.clear()
         seen.update({t_["labels"]["name"]: t_["health"] for t_ in targets})
-        return set(seen) == {*stack["metrics"], "rabbitmq"} and set(seen.values()) == {"up"}
+        return set(seen) == {*stack["metrics"], "broker-guard", "rabbitmq"} and set(seen.values()) == {"up"}
 
     await poll(all_up, "every target scraped and up")
     rows = await asyncio.to_thread(query, base, 'geofence_messages_received_total{role="x-ingress"}')

@@ -23,6 +23,7 @@ import aio_pika
 import asyncpg
 import httpx
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
 from deploy import firebase_emulator as fe
@@ -81,12 +82,15 @@ async def test_the_ops_page_shows_the_live_pipeline(stack: ConnectionSettings) -
             def shown() -> bool:
                 """The traffic in the tile, every process listed up (a process restarted by
                 `geofence up` just before is down until its next scrape: the page follows)."""
-                rows = driver.find_elements(By.CSS_SELECTOR, "#processes tbody tr")
-                seen["updates"] = driver.find_element(By.ID, "updates").text
-                seen["listed"] = {r.find_elements(By.TAG_NAME, "td")[0].text:
-                                  r.find_elements(By.TAG_NAME, "td")[1].text for r in rows}
+                try:
+                    rows = driver.find_elements(By.CSS_SELECTOR, "#processes tbody tr")
+                    seen["updates"] = driver.find_element(By.ID, "updates").text
+                    seen["listed"] = {r.find_elements(By.TAG_NAME, "td")[0].text:
+                                      r.find_elements(By.TAG_NAME, "td")[1].text for r in rows}
+                except StaleElementReferenceException:  # the table redrawn while it was read
+                    return False
                 return (seen["updates"] not in (NONE, "0.0", "")
-                        and seen["listed"] == dict.fromkeys(stack["metrics"], "up"))
+                        and seen["listed"] == dict.fromkeys([*stack["metrics"], "broker-guard"], "up"))
 
             end = time.monotonic() + WAIT
             while not shown() and time.monotonic() < end:

@@ -40,6 +40,7 @@ from deploy.settings import ConnectionSettings, Settings
 from exchanges import routing_store
 from exchanges import topology as t
 from exchanges.fence_binding import INDEX_BITS
+from exchanges.login_guard import client_id_for
 from exchanges.tenancy import name_of, qualify, split
 from exchanges.worldmap import Worldmap
 from fence import store
@@ -153,8 +154,8 @@ class MqttWatcher:
         self.stack = stack
         self.messages: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.subacks: queue.Queue[Any] = queue.Queue()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=uid("watcher"),
-                                  protocol=mqtt.MQTTv311)
+        me = client_id_for(t.ADMIN_USER, uid("watcher"))
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=me, protocol=mqtt.MQTTv311)
         self.client.username_pw_set(f"{cfg['ingress_vhost']}:{t.ADMIN_USER}", cfg["password"])
         self.client.on_message = lambda c, u, msg: self.messages.put(
             (msg.topic, json.loads(bytes(msg.payload))))

@@ -27,6 +27,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from deploy.processes import load_state
 from deploy.settings import ConnectionSettings, Settings, load_connection_settings
+from exchanges.login_guard import client_id_for
 
 DEADLINE = 15.0  # seconds, for any single wait
 
@@ -69,8 +70,9 @@ def test_mqtt_subscriber_receives_its_own_publish(stack: ConnectionSettings) -> 
         codes.append(reason)
         connected.set()
 
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-{uuid.uuid4().hex[:8]}",
-                         protocol=mqtt.MQTTv311)
+    me = cfg["username"].split(":", 1)[-1]
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311,
+                         client_id=client_id_for(me, f"test-{uuid.uuid4().hex[:8]}"))
     client.username_pw_set(cfg["username"], cfg["password"])
     client.on_connect = on_connect
     client.on_subscribe = lambda *args: subscribed.set()

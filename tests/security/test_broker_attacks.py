@@ -232,7 +232,7 @@ async def test_a_gateway_publishes_under_its_own_tenant_only(world: World) -> No
     answer = await refused(publish_batch(world, f"{world.b}.gw", world.a, body))
     own = await refused(publish_batch(world, f"{world.b}.gw", world.b, body))
     mqtt_answer = "n/a"
-    c = Mqtt(world.stack, f"{world.b}.gw", world.secrets[f"{world.b}.gw"], client_id=f"{world.b}.gw-1")
+    c = Mqtt(world.stack, f"{world.b}.gw", world.secrets[f"{world.b}.gw"], client_id=f"{world.b}.gw:1")
     try:
         mqtt_answer = c.publish(
             f"positions/{world.a}/van-9",

@@ -13,10 +13,11 @@ import aio_pika
 import httpx
 import orjson
 
-from deploy import exposure, services
+from deploy import broker_host, exposure
 from deploy.rabbitmq import credentials as cred
 from deploy.rabbitmq import definitions as d
-from deploy.settings import Settings
+from deploy.rabbitmq import devices
+from deploy.settings import Settings, load_secrets
 from exchanges import topology as t
 from tests.integration.clients import api, q
 from tests.security.attacks import holds, refused
@@ -50,13 +51,13 @@ async def test_guest_is_gone(world: World) -> None:
 
 
 async def test_epmd_and_the_erlang_distribution_face_loopback_only(world: World) -> None:
-    ports = (services.EPMD_PORT, *services.DIST_PORTS)
+    ports = (broker_host.EPMD_PORT, *broker_host.DIST_PORTS)
     bound = sorted({f"{x.address}:{x.port}" for x in exposure.listeners() if x.port in ports})
     settings = Settings.from_env()
     holds("outsider (another host)", "connect to epmd (4369) and the Erlang distribution (25672)",
           f"listening on {bound}",
-          f"this host's name resolves to loopback: {services.host_name_is_loopback()}",
-          services.dist_on_loopback(settings) and bool(bound) and not exposure.exposed(ports))
+          f"this host's name resolves to loopback: {broker_host.host_name_is_loopback()}",
+          broker_host.dist_on_loopback(settings) and bool(bound) and not exposure.exposed(ports))
 
 
 async def test_a_device_holds_two_connections_at_most(world: World) -> None:
@@ -89,9 +90,9 @@ async def test_a_message_over_the_size_bound_is_refused(world: World) -> None:
             x = await ch.get_exchange(t.GATEWAY_EXCHANGE, ensure=False)
             await x.publish(aio_pika.Message(body), world.b, timeout=DEADLINE)
 
-    answer = await refused(send(b"x" * (services.MAX_MESSAGE_SIZE + 1)))
+    answer = await refused(send(b"x" * (broker_host.MAX_MESSAGE_SIZE + 1)))
     legit = await refused(send(orjson.dumps({"positions": []})))
-    holds("a tenant's gateway", f"publish {services.MAX_MESSAGE_SIZE + 1:,} bytes", answer,
+    holds("a tenant's gateway", f"publish {broker_host.MAX_MESSAGE_SIZE + 1:,} bytes", answer,
           f"a small batch: {legit}", answer.startswith("refused") and legit == "accepted")
 
 
@@ -136,3 +137,58 @@ async def _policy_of(world: World, vhost: str, name: str) -> dict[str, object]:
         if policy or time.monotonic() > deadline:
             return dict(policy)
         await asyncio.sleep(0.2)
+
+
+async def test_a_device_cannot_take_another_devices_client_id(world: World) -> None:
+    """RabbitMQ's MQTT plugin keys sessions by client id alone: before the guard, a device
+    logging in with another's id disconnected it (and could keep it offline)."""
+    victim, attacker = f"{world.a}.van-1", f"{world.b}.van-1"
+    held = Mqtt(world.stack, victim, world.secrets[victim])
+    try:
+        try:
+            Mqtt(world.stack, attacker, world.secrets[attacker], client_id=victim).close()
+            answer = "accepted"
+        except AssertionError as exc:
+            answer = f"refused ({str(exc).rsplit(':', 1)[-1].strip()})"
+        still = held.publish(f"positions/{world.a}/van-1", orjson.dumps(
+            {"lon": 2.35, "lat": 48.85, "ts": time.time()}))
+    finally:
+        held.close()
+    holds("another tenant's device", "MQTT CONNECT with the victim's client id and its own credentials",
+          answer, f"the victim, connected meanwhile, publishes: {still}",
+          answer.startswith("refused") and still == "puback")
+
+
+async def test_failed_mqtt_logins_lock_the_user_name_out(world: World) -> None:
+    settings = Settings.from_env()
+    pw = load_secrets(settings)
+    name = f"lock-{uuid.uuid4().hex[:8]}"
+    user = f"{world.b}.{name}"
+    password = devices.add(settings, pw, world.b, name, None, lambda _: None)
+    try:
+        burst = int(2 * settings.guard_failed_logins) + 2  # the bucket's burst, and what refills meanwhile
+        wrong = []
+        for _ in range(burst):
+            try:
+                Mqtt(world.stack, user, "not-" + password).close()
+                wrong.append("accepted")
+            except AssertionError:
+                wrong.append("refused")
+        try:
+            Mqtt(world.stack, user, password).close()
+            right = "accepted"
+        except AssertionError as exc:
+            right = f"refused ({str(exc).rsplit(':', 1)[-1].strip()})"
+        other = f"{world.b}.van-1"
+        beside = Mqtt(world.stack, other, world.secrets[other])
+        beside.close()
+        async with httpx.AsyncClient(timeout=DEADLINE) as http:
+            metrics = (await http.get(f"http://127.0.0.1:{settings.guard_port}/metrics")).text
+    finally:
+        devices.remove_device(settings, pw, world.b, name, lambda _: None)
+    locked = [line for line in metrics.splitlines() if line.startswith("geofence_broker_lockouts_total")]
+    holds("outsider guessing a device's password", f"{burst} wrong MQTT passwords, then the right one",
+          f"{wrong.count('refused')} x refused, then the right one {right}",
+          f"another device of the tenant logs in; {locked[0] if locked else 'no lock-out counted'}",
+          wrong.count("refused") == burst and right.startswith("refused") and bool(locked)
+          and int(locked[0].split()[-1]) >= 1)

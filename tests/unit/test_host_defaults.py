@@ -1,6 +1,6 @@
 """The broker's host defaults without a broker: the listeners read from /proc/net (deploy/
 exposure.py), the users `up` fixes (deploy/rabbitmq/apply.host_default_steps) and the nodes'
-environment (deploy/services.py)."""
+environment (deploy/services.py, deploy/broker_host.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import exposure, services
+from deploy import broker_host, exposure, services
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import device_bulk
 from deploy.rabbitmq.credentials import USER_LIMITS
@@ -66,12 +66,12 @@ def test_a_guest_whose_password_was_changed_is_kept() -> None:
 @pytest.mark.parametrize("loopback", [True, False])
 def test_every_node_carries_the_host_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                               loopback: bool) -> None:
-    monkeypatch.setattr(services, "host_name_is_loopback", lambda: loopback)
+    monkeypatch.setattr(broker_host, "host_name_is_loopback", lambda: loopback)
     s = Settings.from_env({"GEOFENCE_STATE_DIR": str(tmp_path), "GEOFENCE_BROKERS": "2"})
     for env in (services.rabbitmq_env(s), services.broker2_env(s)):
         args = env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
         assert "-rabbitmq_mqtt allow_anonymous false" in args
-        assert f"-rabbit max_message_size {services.MAX_MESSAGE_SIZE}" in args
+        assert f"-rabbit max_message_size {broker_host.MAX_MESSAGE_SIZE}" in args
         assert ("-kernel inet_dist_use_interface {127,0,0,1}" in args) is loopback
         assert (env.get("ERL_EPMD_ADDRESS") == "127.0.0.1") is loopback
     assert services.broker2_env(s)["RABBITMQ_DIST_PORT"] == "25673"

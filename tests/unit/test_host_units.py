@@ -127,3 +127,19 @@ def test_install_runs_the_printed_steps_in_order_and_stops_at_a_failure(tmp_path
     with pytest.raises(ConfigError, match="step 3 failed"):
         h.install(steps, said.append, False, True, fail_third)
     assert ran == steps[:3]  # nothing after the failure
+
+
+def test_a_second_host_reaches_the_first_over_tls(tmp_path: Path) -> None:
+    settings = Settings(host="10.0.0.5", state_dir=tmp_path)
+    files = h.environments(settings, SECRETS, [("x-fence", "w2"), ("api", "")], Path("/etc/gf"))
+    ingress_url = files["x-fence.env"]["GEOFENCE_AMQP_URL"]
+    assert ingress_url.startswith("amqps://x-fence:x-fence-pw@10.0.0.5:5671/?")
+    assert "cafile=%2Fetc%2Fgf%2Fca.pem" in ingress_url
+    dsn = files["api.env"]["GEOFENCE_POSTGRES_URL"]
+    assert dsn.endswith("sslmode=verify-full&sslrootcert=/etc/gf/ca.pem")
+    assert not any(k.startswith("GEOFENCE_API_TLS") for k in files["api.env"])
+    out = tmp_path / "out"
+    written = h.write(out, REPO, Path("/etc/gf"), files, h.tls.ensure(tmp_path, settings.host).ca)
+    assert out / "env" / "ca.pem" in written
+    steps = h.plan(out, REPO, Path("/etc/gf"), files)
+    assert any("install -m 644" in s and "/etc/gf/ca.pem" in s for s in steps)

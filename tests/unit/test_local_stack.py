@@ -115,7 +115,8 @@ def test_connection_settings_shape() -> None:
         "users": {},  # sidecar users: see test_topology_stack.py
         "mqtt": {"host": "127.0.0.1", "port": 1883, "username": "/:geofence",
                  "password": "rabbit-Secret_1", "ingress_vhost": "gf-ingress"},
-        "postgres": {"dsn": "postgresql://geofence:pg-Secret_2@127.0.0.1:55432/geofence"},
+        "postgres": {"dsn": "postgresql://geofence:pg-Secret_2@127.0.0.1:55432/geofence"
+                            "?sslmode=verify-full&sslrootcert=/var/lib/geofence/tls/ca.pem"},
         "memcached": {"host": "127.0.0.1", "port": 11211},
         "management": {"url": "http://127.0.0.1:15672/"},
         "api": "http://127.0.0.1:8080",
@@ -231,9 +232,10 @@ def test_parse_proc_stat_handles_odd_command_names() -> None:
 def test_missing_plugins_reads_the_erlang_list() -> None:
     assert missing_plugins(
         "[rabbitmq_federation,rabbitmq_management,rabbitmq_mqtt,rabbitmq_shovel,\n"
-        " rabbitmq_prometheus].\n") == []
+        " rabbitmq_prometheus,rabbitmq_auth_backend_http].\n") == []
     assert missing_plugins("[rabbitmq_management].") == [
-        "rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_shovel", "rabbitmq_prometheus"]
+        "rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_shovel", "rabbitmq_prometheus",
+        "rabbitmq_auth_backend_http"]
     assert missing_plugins("") == list(PLUGINS)
 
 

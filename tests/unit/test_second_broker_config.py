@@ -75,7 +75,7 @@ def test_the_second_node_runs_apart(tmp_path: Path) -> None:
     assert env["RABBITMQ_NODENAME"] == broker2_node() and env["RABBITMQ_NODE_PORT"] == "5673"
     erl = env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
     assert env["RABBITMQ_MNESIA_BASE"].startswith(str(tmp_path)) and "15673" in erl
-    assert "rabbitmq_mqtt" not in erl
+    assert "rabbitmq_mqtt tcp_listeners" not in erl and "ssl_listeners" not in erl  # no MQTT, no TLS
 
 
 def test_clients_reach_a_placed_region_on_its_node() -> None:

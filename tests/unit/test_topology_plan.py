@@ -139,11 +139,14 @@ def test_device_steps_set_every_topic_permission() -> None:
     steps = p.device_steps(gateway, "pw", cred.gateway_permission(gateway),
                            cred.gateway_topic_permissions(gateway), ("gf-gateway",))
     assert [(s.method, s.path) for s in steps if isinstance(s, p.Http)] == [
-        ("PUT", "api/users/acme.gw-1"), ("PUT", "api/permissions/gf-ingress/acme.gw-1"),
+        ("PUT", "api/users/acme.gw-1"), ("PUT", "api/user-limits/acme.gw-1/max-connections"),
+        ("PUT", "api/user-limits/acme.gw-1/max-channels"), ("PUT", "api/permissions/gf-ingress/acme.gw-1"),
         ("PUT", "api/topic-permissions/gf-ingress/acme.gw-1"),
         ("PUT", "api/topic-permissions/gf-ingress/acme.gw-1")]
     bodies = [s.body for s in steps if isinstance(s, p.Http)]
     assert bodies[0] == {"password": "pw", "tags": "gf-gateway"}
+    assert bodies[1:3] == [{"value": 16}, {"value": 128}]
+    bodies = [bodies[0], *bodies[3:]]
     perm = cred.gateway_permission(gateway)
     assert bodies[1] == {"configure": perm.configure, "write": perm.write, "read": perm.read}
     assert [(b["exchange"], b["write"]) for b in bodies[2:]] == [
