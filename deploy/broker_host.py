@@ -20,12 +20,6 @@ from deploy.processes import ProcessId, Say, StackError, identify, port_open, te
 from deploy.settings import METRICS_HOST, Secrets, Settings
 
 
-def tls_files(settings: Settings) -> tls.TlsFiles:
-    """Where the CA and the server certificate are: the operator's GEOFENCE_TLS_DIR, else the
-    local CA's under the state dir (made by `tls_setup`)."""
-    return tls.TlsFiles(settings.tls_ca_file, settings.tls_cert_file, settings.tls_key_file)
-
-
 def server_tls(settings: Settings, who: str) -> tls.TlsFiles:
     """A server's own copy (its user owns the key): <state dir>/tls/<who>/."""
     d = settings.state_dir / "tls" / who
