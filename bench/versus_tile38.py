@@ -47,6 +47,7 @@ from typing import Any
 from shapely.geometry import mapping
 
 from bench import report
+from bench import tenant as tn
 from bench import workload as wl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -291,6 +292,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tile38", type=Path, default=TILE38, help=f"the server binary ({TILE38})")
     p.add_argument("--only", choices=("tile38", "ours"), help="run one side only")
+    p.add_argument("--tls", action="store_true", help="our gateway over AMQPS with the stack's CA")
     a = p.parse_args(argv)
     try:
         a.fence_counts = [int(x) for x in a.fences.split(",") if x.strip()]
@@ -306,6 +308,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    tn.USE_TLS[0] = a.tls
     have_tile38 = a.tile38.is_file() and os.access(a.tile38, os.X_OK)
     if not have_tile38 and a.only != "ours":
         report.warn(f"no Tile38 binary at {a.tile38}: running ours alone")
