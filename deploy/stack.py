@@ -181,6 +181,7 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
     state = load_state(settings.state_file)
     ours = {svc.name: is_ours(state.get(svc.name)) for svc in SERVICES}
     h = settings.host
+    tls_host = h if settings.public_host == "0.0.0.0" else settings.public_host  # the TLS listeners'
     rabbit = amqp_url(settings, pw.rabbitmq_password) if pw else f"amqp://{h}:{settings.amqp_port}"
     pg = postgres_dsn(settings, pw.postgres_password) if pw else f"postgresql://{h}:{settings.pg_port}"
     rows: tuple[StatusRow, ...] = (
@@ -189,6 +190,13 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
                   f"mqtt://{h}:{settings.mqtt_port} (login /:{USER})"),
         StatusRow("management", port_open(h, settings.management_port), ours["rabbitmq"],
                   management_url(settings)),
+        StatusRow("tls", all(port_open(tls_host, p) for p in (settings.amqps_port, settings.mqtts_port)),
+                  ours["rabbitmq"], f"amqps :{settings.amqps_port}, mqtts :{settings.mqtts_port}, "
+                  f"api https :{settings.api_tls_port} on {settings.public_host}; clients trust "
+                  f"{settings.tls_ca_file}"),
+        StatusRow("broker-guard", port_open(METRICS_HOST, settings.guard_port), ours["broker-guard"],
+                  f"http://{METRICS_HOST}:{settings.guard_port}/auth/user (every RabbitMQ login), "
+                  f"log {settings.log_dir / 'broker-guard.log'}"),
         *((StatusRow("rabbitmq-2", port_open(h, settings.broker_amqp_port(2)), ours["rabbitmq-2"],
                      f"amqp://{h}:{settings.broker_amqp_port(2)} (second node; regions "
                      f"{', '.join(r for r, _ in settings.placement) or 'none yet'}), management "
