@@ -86,14 +86,12 @@ class Gateway:
 
     @property
     def amqp_url(self) -> str:
-        url = amqp_url(self.settings, self.password, t.INGRESS_VHOST, self.user)
         if not self.tls:
-            return url
-        plain = f"{self.settings.host}:{self.settings.amqp_port}/"
-        secure = f"{self.settings.host}:{self.settings.amqps_port}/"
-        ca = quote(str(self.settings.tls_ca_file), safe="")
-        return url.replace("amqp://", "amqps://", 1).replace(plain, secure, 1) + \
-            ("&" if "?" in url else "?") + f"cafile={ca}"
+            return amqp_url(self.settings, self.password, t.INGRESS_VHOST, self.user)
+        s = self.settings
+        who = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        return (f"amqps://{who}@{s.host}:{s.amqps_port}/{quote(t.INGRESS_VHOST, safe='')}"
+                f"?cafile={quote(str(s.tls_ca_file), safe='')}")
 
     @property
     def routing_key(self) -> str:

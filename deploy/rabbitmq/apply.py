@@ -28,13 +28,13 @@ from deploy.rabbitmq.plan import (
     TopologyConflict,
     api_path,
     delete_user_step,
-    password_matches,
     plan,
     render,
     set_topic_permissions,
     wrapper_safe,
 )
 from exchanges import topology as t
+from exchanges.login_guard import rabbit_hash_ok
 from exchanges.settings import mask
 
 STAMP_NAME = "rabbitmq-topology.sha256"
@@ -255,9 +255,8 @@ def host_default_steps(users: list[dict[str, Any]], limits: list[dict[str, Any]]
     steps: list[Step] = []
     for u in users:
         name = str(u["name"])
-        stored = CurrentUser(tags_of(u.get("tags")), u.get("password_hash", ""),
-                             u.get("hashing_algorithm", ""))
-        if name == "guest" and password_matches(stored, "guest"):
+        stored = u.get("password_hash", ""), u.get("hashing_algorithm", "")
+        if name == "guest" and rabbit_hash_ok("guest", *stored):
             steps.append(delete_user_step(name))
             continue
         want = cred.limits_of(tags_of(u.get("tags")))
