@@ -20,7 +20,7 @@ from deploy.settings import Settings, load_secrets
 from exchanges import shell
 
 ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.x_geo.sidecar",
-         "x-fence": "fence.x_fence.sidecar", "fence-archiver": "fence.archive", "api": "fence.api_server",
+         "x-fence": "fence.x_fence.slots", "fence-archiver": "fence.archive", "api": "fence.api_server",
          "venue-sensors": "fence.venues.sidecar"}
 
 

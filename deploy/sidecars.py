@@ -72,7 +72,7 @@ def input_queues(topology: t.Topology) -> list[tuple[str, str]]:
 
 # Sidecar settings `geofence up` passes on from its own environment (the rest it sets itself).
 PASSED_ON = ("GEOFENCE_DRAIN_S", "GEOFENCE_BATCH_MAX", "GEOFENCE_PREFETCH", "GEOFENCE_LOG_LEVEL",
-             "GEOFENCE_PERSISTENCE")
+             "GEOFENCE_PERSISTENCE", "GEOFENCE_FENCE_BACKUPS", "GEOFENCE_TAKEOVER_S")
 
 
 def passed_on(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -358,6 +358,10 @@ async def remove(settings: Settings, pw: Secrets, name: str, say: Say) -> Outcom
             raise WorkerError(f"queue {q} still holds {left} messages: not deleted (`geofence dlq` or "
                               f"start x-fence-{name} again to see what they are)")
         steps.append(Http("DELETE", path, None))
+    # its journal stream: what it held was handed over (its backups follow their new workers')
+    journal = api_path("queues", t.FENCES_VHOST, t.fence_journal_queue(name))
+    if mgmt.exists(journal):
+        steps.append(Http("DELETE", journal, None))
     if steps:
         await asyncio.to_thread(rabbit.run_steps, steps, mgmt, tuple(rabbit.passwords(pw).values()), say)
     await asyncio.to_thread(rabbit.apply, settings, pw, say)

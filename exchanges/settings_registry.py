@@ -106,6 +106,14 @@ SETTINGS: tuple[Setting, ...] = (
             "A session that consumed nothing for this long (neither recovering, paused nor "
             "standing by) is ended and a new one connects; one that will not end within 30 s "
             "makes the process exit (70) for its supervisor to restart it."),
+    Setting("GEOFENCE_FENCE_BACKUPS", "integer >= 0", "1", ("x-fence", "cli"),
+            "How many other x-fence processes hold each worker's state as a backup (the next "
+            "workers in name order), kept current from the worker's journal stream "
+            "(x-fence.<worker>.journal); one of them takes the worker over when its process is "
+            "gone. 0: none (a worker lost with its disk loses its state). `geofence up` passes it on."),
+    Setting("GEOFENCE_TAKEOVER_S", "seconds > 0", "1", ("x-fence", "cli"),
+            "How long a backup sees a worker's instance lock free before it takes the worker over "
+            "(its own process takes it at once: it stays home when both are up)."),
     Setting("GEOFENCE_MAX_FUTURE_S", "seconds > 0", "300", ("x-ingress",),
             "x-ingress refuses (dead-letters, with the reason) a position whose ts is more than "
             "this ahead of its receive time: a device or gateway clock ahead."),

@@ -212,6 +212,13 @@ class StateDir:
         self.generation = max([gen, *journals]) if journals or gen else 0
         return Recovered(snapshot, records, gen, torn)
 
+    @_locked
+    def take_over(self) -> None:
+        """Instead of `load`, when the state comes from elsewhere (a worker's journal stream,
+        issue 38): the next generation is past every file here, which `start` then deletes."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.generation = max([0, *self._generations("snapshot"), *self._generations("journal")])
+
     # -- writing -----------------------------------------------------------------------------
 
     @_locked

@@ -163,6 +163,11 @@ VENUES_LOCK = "lock.venue-sensors"  # in gf-ingress
 GEO_LOCK = "lock.x-geo"  # in each region's vhost
 
 
+def fence_journal_queue(worker: str) -> str:
+    """A stream in gf-fences: the worker's journal, shipped to its backups (issue 38)."""
+    return f"x-fence.{worker}.journal"
+
+
 def fence_lock(worker: str) -> str:  # in gf-fences
     return f"lock.x-fence.{worker}"
 
@@ -265,6 +270,7 @@ INPUT_LIMITS_POLICY = "gf-input-limits"  # sidecar input queues: dead letters + 
 MAP_TAPS_POLICY = "gf-map-taps"  # the live map's queues: short, oldest dropped, no dead letters
 CLIENT_QUEUES_POLICY = "gf-client-queues"  # queues clients fill (app.*, MQTT subscriptions): bounded
 DEAD_LETTER_LIMITS_POLICY = "gf-dead-letter-limits"  # dead-letters itself: bounded, oldest dropped
+JOURNAL_STREAMS_POLICY = "gf-journal-streams"  # gf-fences: the workers' journal streams' retention
 FEDERATE_FENCE_IN_POLICY = "gf-federate-x-fence-in"  # gf-fences x-fence.in <- regions
 FEDERATE_EVENTS_POLICY = "gf-federate-events"  # gf-ingress amq.topic <- fence.events
 

@@ -93,6 +93,13 @@ INPUT_QUEUE_MAX_LENGTH = 1_000_000  # messages; at ~300 B each, ~300 MB of backl
 # a message that kills it only ever drags itself towards the limit.
 DELIVERY_LIMIT = 10
 QUORUM = "quorum"
+STREAM = "stream"
+# A worker's journal stream (issue 38, exchanges/replica_log.py) keeps its newest snapshots and
+# the records between them: a snapshot of ~300k objects is ~30 MB, a generation's records up to
+# 64 MB (exchanges/state_dir.py's rotation); whole segments go, oldest first.
+JOURNAL_STREAM_MAX_BYTES = 1024**3
+JOURNAL_STREAM_SEGMENT_BYTES = 64 * 1024**2
+JOURNAL_STREAMS_PRIORITY = 10
 INPUT_QUEUE_MAX_BYTES = 2 * 1024**3  # the same bound in bytes: a backlog of big gateway batches
 # Queues a client fills and no sidecar drains (issue 37): a device's garbage dead-lettered, an
 # application's or a device's subscription that nobody reads. Bounded in messages and bytes,
@@ -334,10 +341,16 @@ def exchanges(topology: Topology) -> tuple[Exchange, ...]:
     return tuple(found)
 
 
+def journal_streams(topology: Topology) -> tuple[str, ...]:
+    """The workers' journal streams in gf-fences (their backups read them)."""
+    return tuple(t.fence_journal_queue(w) for w in topology.workers)
+
+
 def queues(topology: Topology) -> tuple[Queue, ...]:
-    return tuple(q for v in topology.vhosts
-                 for q in (*(Queue(v, name, QUORUM) for name in input_queues(topology, v)),
-                           Queue(v, t.DEAD_LETTER_QUEUE)))
+    return (*(q for v in topology.vhosts
+              for q in (*(Queue(v, name, QUORUM) for name in input_queues(topology, v)),
+                        Queue(v, t.DEAD_LETTER_QUEUE))),
+            *(Queue(t.FENCES_VHOST, name, STREAM) for name in journal_streams(topology)))
 
 
 def bindings(topology: Topology) -> tuple[Binding, ...]:
@@ -417,9 +430,10 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     found.append(Permission(t.FENCE_USER, fences, locks,
                             exactly(t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE, t.TENANT_BATCHES_EXCHANGE,
                                     t.MAP_EVENTS_EXCHANGE, dlx, DEFAULT_EXCHANGE),
-                            # its own input and control queues only, not the archive's nor the API's
+                            # its own input, control and journal queues only, not the archive's nor the API's
                             exactly(*(q for w in topology.workers
-                                      for q in (t.fence_queue(w), t.fence_control_queue(w))))))
+                                      for q in (t.fence_queue(w), t.fence_control_queue(w),
+                                                t.fence_journal_queue(w))))))
     found += [Permission(t.MANAGER_USER, v, NOTHING, exactly(t.GEO_CONTROL_EXCHANGE), NOTHING)
               for v in regions]
     # the fence service: control, its API queue (answers on the default exchange), the follow tap;
@@ -513,8 +527,14 @@ def policies(topology: Topology) -> tuple[Policy, ...]:
         if clients:  # no dead-letter exchange: what a full one drops would flood dead-letters
             found.append(Policy(v, t.CLIENT_QUEUES_POLICY, either(*(f"^{prefixed(p)}$" for p in clients)),
                                 client_limits, CLIENT_QUEUES_PRIORITY, "queues"))
+        streams = journal_streams(topology) if v == t.FENCES_VHOST else ()
+        if streams:  # retention: no dead-lettering on a stream (nothing leaves it but old segments)
+            found.append(Policy(v, t.JOURNAL_STREAMS_POLICY, exactly(*streams),
+                                {"max-length-bytes": JOURNAL_STREAM_MAX_BYTES,
+                                 "stream-max-segment-size-bytes": JOURNAL_STREAM_SEGMENT_BYTES},
+                                JOURNAL_STREAMS_PRIORITY, "queues"))
         found.append(Policy(v, t.DEAD_LETTER_POLICY,
-                            all_but(t.DEAD_LETTER_QUEUE, *group, prefixes=(*taps, *clients)), dlx,
+                            all_but(t.DEAD_LETTER_QUEUE, *group, *streams, prefixes=(*taps, *clients)), dlx,
                             DEAD_LETTER_PRIORITY, "queues"))
     found.append(Policy(t.FENCES_VHOST, t.FEDERATE_FENCE_IN_POLICY, exactly(t.FENCE_IN_EXCHANGE),
                         {"federation-upstream-set": t.REGIONS_UPSTREAM_SET}, FEDERATION_PRIORITY,

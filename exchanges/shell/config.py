@@ -75,6 +75,9 @@ class SidecarConfig:
     # x-ingress refuses a position whose ts is more than this ahead of its receive time (a
     # device with a wrong clock would otherwise silence its object until then).
     max_future_s: float = MAX_FUTURE_S
+    # x-fence: the workers after this one in name order back it up (fence/x_fence/slots.py)
+    fence_backups: int = 1
+    takeover_s: float = 1.0
 
     @classmethod
     def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,
@@ -120,6 +123,13 @@ class SidecarConfig:
         for key, name in (("GEOFENCE_STALL_S", "stall_s"), ("GEOFENCE_MAX_FUTURE_S", "max_future_s")):
             if key in env:
                 kw[name] = positive(key, env[key], float)
+        if "GEOFENCE_FENCE_BACKUPS" in env:
+            raw = env["GEOFENCE_FENCE_BACKUPS"]
+            if not raw.strip().isdigit():
+                raise ConfigError(f"GEOFENCE_FENCE_BACKUPS={raw!r}: an integer >= 0")
+            kw["fence_backups"] = int(raw)
+        if "GEOFENCE_TAKEOVER_S" in env:
+            kw["takeover_s"] = positive("GEOFENCE_TAKEOVER_S", env["GEOFENCE_TAKEOVER_S"], float)
         if env.get("GEOFENCE_METRICS_LISTEN"):
             try:
                 parse_listen(env["GEOFENCE_METRICS_LISTEN"])

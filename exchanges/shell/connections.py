@@ -84,15 +84,20 @@ class InstanceLock:
     Exclusive consumers alone are no guard: a role consumes several queues, and a prefetch
     change consumes again (a gap another instance can take)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, stand_by: bool = True) -> None:
         self.name = name
         self.locked_out = False
+        # False: a lock held by another is TookOver at once (a worker's slot, which stands by
+        # outside its sessions: fence/x_fence/slots.py), not InstanceLocked retried in them
+        self.stand_by = stand_by
 
     async def acquire(self, conn: AbstractConnection, stack: contextlib.AsyncExitStack) -> None:
         ch = await open_channel(conn, stack)  # its own: a refused declare closes the channel
         try:
             await ch.declare_queue(self.name, exclusive=True, auto_delete=True, durable=False)
         except aiormq.exceptions.ChannelLockedResource as exc:
+            if not self.stand_by:
+                raise TookOver(f"{self.name} is held by another instance") from exc
             if not self.locked_out:
                 log.error("another instance holds %s: standing by until it goes", self.name)
             self.locked_out = True

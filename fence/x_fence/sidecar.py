@@ -67,13 +67,15 @@ from exchanges import control, routing_store, shell
 from exchanges import topology as t
 from exchanges.fence_events import ENTERED, EXITED, Event, is_shared, presence_json
 from exchanges.hash_ring import HashRing
-from exchanges.state_dir import Recovered, StateDir
+from exchanges.state_dir import StateDir
 from exchanges.state_dir import pack as journal_pack
 from exchanges.worker_batch import WorkerBatch
 from fence import store
 from fence.x_fence import roaming, sidecar_control
 from fence.x_fence.core import XFence
+from fence.x_fence.replica import Replica
 from fence.x_fence.sidecar_inputs import RoamStep, read_inputs
+from fence.x_fence.worker_state import WorkerState
 
 log = logging.getLogger("geofence")
 MAP_EVENTS = 200  # per sample: what a map's frame shows at most (fence/map_view.FRAME_EVENTS)
@@ -92,16 +94,19 @@ class Entry:
 
 
 class FenceSidecar:
-    def __init__(self, config: shell.SidecarConfig) -> None:
+    def __init__(self, config: shell.SidecarConfig, replica: Replica | None = None,
+                 counters: shell.Counters | None = None) -> None:
         self.config = config
         self.worker = config.instance
-        self.instance_lock = shell.InstanceLock(t.fence_lock(self.worker))
+        # the worker's journal stream (fence/x_fence/replica.py), run by a slot (slots.py)
+        self.replica = replica if config.persistence else None
+        self.instance_lock = shell.InstanceLock(t.fence_lock(self.worker), stand_by=self.replica is None)
         self.ring = HashRing(list(config.workers))  # the stored ring replaces it at `recover`
         self.ring_version = 0
         self.core = XFence(self.worker)
         self.roam: roaming.RoamMatcher | None = None  # proximity subscriptions (fence/x_fence/roaming.py)
         self.roam_log: list[dict[str, Any]] = []  # its messages applied since the last journal record
-        self.counters = shell.Counters()
+        self.counters = counters if counters is not None else shell.Counters()  # a slot's outlive it
         self.lock = asyncio.Lock()  # the core and the order of what it emits
         self.map_tail: deque[bytes] = deque(maxlen=MAP_EVENTS)  # the newest events' bodies
         self.map_seen = 0  # events since the last map sample
@@ -128,26 +133,30 @@ class FenceSidecar:
         self.replayed = (0, 0)  # journal records replayed, of
         self.pipeline = shell.Pipeline()  # the steps in flight (see the docstring)
 
-    def _load(self) -> Recovered:
-        """The core from the snapshot and the journal (a new core if there are none). Runs in
-        a thread (the event loop answers heartbeats, /metrics and `inspect` meanwhile, which
-        see `replayed` and touch nothing else of the state)."""
+    def _load(self, from_stream: bool = False) -> str:
+        """The core from the snapshot and the journal (a new core if there are none); with
+        `from_stream`, from the worker's stream if it has a state. Runs in a thread (the event
+        loop answers heartbeats, /metrics and `inspect` meanwhile, which see `replayed` and
+        touch nothing else of the state). Says where the state came from."""
         assert self.journal is not None
-        got = self.journal.load()
-        self.replayed = (0, len(got.records))
-        self.core = XFence.restore(got.snapshot) if got.snapshot is not None else XFence(self.worker)
-        roam = got.snapshot.get("roam") if got.snapshot is not None else None
-        self.roam = roaming.matcher_of(roam, self.worker) if roam is not None else None
         self.roam_log = []
         self._rotating = False
+        state = self.replica.state() if from_stream and self.replica is not None else None
+        if state is not None:
+            self.journal.take_over()
+            self.core, self.roam = state.core, state.roam
+            return f"stream {t.fence_journal_queue(self.worker)}"
+        got = self.journal.load()
+        self.replayed = (0, len(got.records))
+        state = WorkerState.of(got.snapshot, self.worker)
         for i, record in enumerate(got.records):
-            if "roam" in record:  # the proximity messages applied, again (their events were sent)
-                for msg in record["roam"]:
-                    self.roam, _ = roaming.step(self.roam, msg, self.worker)
-            else:
-                self.core.apply(record)
+            state.apply(record)
             self.replayed = (i + 1, len(got.records))
-        return got
+        self.core, self.roam = state.core, state.roam
+        if got.snapshot is None and not got.records:
+            return f"nothing in {self.journal.path}: a new worker"
+        return (f"{self.journal.path}: snapshot {got.generation} + {len(got.records)} journal records"
+                + (f" (a torn record of {got.torn_bytes} bytes cut off)" if got.torn_bytes else ""))
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """Nothing before the first session: the state is rebuilt in it (`_prepare`), while the
@@ -176,21 +185,23 @@ class FenceSidecar:
         await self._start_journal()
         self.ready = True
 
+    async def _load_logged(self) -> None:
+        where = await asyncio.to_thread(self._load, True)
+        log.info("state recovered from %s: %s", where, self.core.stats())
+
     async def _recover(self, stop: asyncio.Event) -> bool:
-        if self.journal is not None:
-            got = await asyncio.to_thread(self._load)
-            if got.snapshot is not None or got.records:
-                log.info("state recovered from %s: snapshot %d + %d journal records%s: %s", self.journal.path,
-                         got.generation, len(got.records),
-                         f" (a torn record of {got.torn_bytes} bytes cut off)" if got.torn_bytes else "",
-                         self.core.stats())
-            else:
-                log.info("no state in %s: a new worker", self.journal.path)
-        ring = await routing_store.read_until_stopped(
-            self.config.postgres_url, lambda conn: routing_store.ring_or(conn, self.config.workers),
-            "worker ring", stop)
-        records = await routing_store.read_until_stopped(self.config.postgres_url, store.live_fences,
-                                                         "fences", stop)
+        # the stored fences read while the state loads (a takeover waits for both)
+        stored = asyncio.ensure_future(asyncio.gather(
+            routing_store.read_until_stopped(self.config.postgres_url,
+                                             lambda conn: routing_store.ring_or(conn, self.config.workers),
+                                             "worker ring", stop),
+            routing_store.read_until_stopped(self.config.postgres_url, store.live_fences, "fences", stop)))
+        try:
+            if self.journal is not None:
+                await self._load_logged()
+            ring, records = await stored
+        finally:
+            stored.cancel()
         if records is None or ring is None:
             return False
         self.ring_version, self.ring = ring
@@ -219,6 +230,11 @@ class FenceSidecar:
         got = await routing_store.read_until_stopped(self.config.postgres_url, read, "deleted fences", stop)
         return got or []
 
+    def abandon(self) -> None:
+        """After TookOver (another process runs the worker): no snapshot, the files let go."""
+        if self.journal is not None:
+            self.journal.close()
+
     async def close(self) -> None:
         """At a clean stop: a snapshot, so the next start replays no journal; not of a core
         holding unacked effects (a batch cut off at the drain deadline): the journal stays."""
@@ -241,12 +257,10 @@ class FenceSidecar:
         assert self.journal is not None
         async with self.lock:
             self.journal.close()
-            got = await asyncio.to_thread(self._load)
+            where = await asyncio.to_thread(self._load)
             self.started = False
             self.unpersisted = 0
-            log.warning("a session ended with a batch not journaled: state reloaded from %s "
-                        "(snapshot %d + %d journal records)", self.journal.path, got.generation,
-                        len(got.records))
+            log.warning("a session ended with a batch not journaled: state reloaded from %s", where)
 
     async def _start_journal(self) -> None:
         """First session: publish the recovery's events, then begin a new generation."""
@@ -259,6 +273,10 @@ class FenceSidecar:
                 await asyncio.to_thread(self.journal.start, snapshot)
                 self.n_persisted = len(self.core._objects)
                 self.started = True
+            if self.replica is not None:  # the stream gets the whole state at each session's start
+                data = await asyncio.to_thread(journal_pack, self._state())
+                await self.replica.ship(self.out_ch.default_exchange, self.replica.snapshot(data),
+                                        self.counters)
 
     def _entry(self, counted: bool = False) -> Entry:
         """Under the lock, right after a step was applied: its journal records (the proximity
@@ -289,7 +307,13 @@ class FenceSidecar:
             self.unpersisted -= 1  # nothing to reload from (persistence off: the benchmark's)
             return
         started = time.perf_counter()
-        written = await asyncio.to_thread(self._write_sync, entry)
+        frames = self.replica.frames(entry.records, entry.snapshot) if self.replica is not None else []
+        if frames:  # the local sync and the stream's confirms side by side
+            assert self.replica is not None
+            shipped = self.replica.ship(self.out_ch.default_exchange, frames, self.counters)
+            written, _ = await asyncio.gather(asyncio.to_thread(self._write_sync, entry), shipped)
+        else:
+            written = await asyncio.to_thread(self._write_sync, entry)
         if entry.records:
             self.counters.bump("journal_records", len(entry.records))
             self.counters.bump("journal_bytes", written)
@@ -356,6 +380,9 @@ class FenceSidecar:
             conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
             await self.instance_lock.acquire(conn, stack)  # before the journal is touched
             self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
+            if self.replica is not None:  # everything an earlier master wrote read (TookOver: stale)
+                await self.replica.check_in(cfg, self.out_ch.default_exchange, self.counters,
+                                            first=not self.recovered)
             self.events: AbstractExchange = await self.out_ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
             self.event_batches = await self.out_ch.get_exchange(t.EVENT_BATCHES_EXCHANGE, ensure=False)
             self.tenant_batches = await self.out_ch.get_exchange(t.TENANT_BATCHES_EXCHANGE, ensure=False)

@@ -182,7 +182,8 @@ def test_read_refuses_an_undeclared_key(monkeypatch: pytest.MonkeyPatch) -> None
 SIDECAR = {"GEOFENCE_AMQP_URL", "GEOFENCE_POSTGRES_URL", "GEOFENCE_REGIONS", "GEOFENCE_WORKERS",
            "GEOFENCE_DRAIN_S", "GEOFENCE_BATCH_MAX", "GEOFENCE_PREFETCH", "GEOFENCE_LOG_LEVEL",
            "GEOFENCE_JOURNAL_DIR", "GEOFENCE_PERSISTENCE", "GEOFENCE_MEMCACHED_URL",
-           "GEOFENCE_METRICS_LISTEN", "GEOFENCE_STALL_S", "GEOFENCE_MAX_FUTURE_S"}
+           "GEOFENCE_METRICS_LISTEN", "GEOFENCE_STALL_S", "GEOFENCE_MAX_FUTURE_S", "GEOFENCE_FENCE_BACKUPS",
+           "GEOFENCE_TAKEOVER_S"}
 API = {"GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT", "GEOFENCE_PROMETHEUS_URL",
        "GEOFENCE_FIREBASE_WEB_API_KEY", "GEOFENCE_MAP_ROADS", "GEOFENCE_MAP_TILES", "GEOFENCE_API_RATE",
        "GEOFENCE_API_TOKEN_RATE", "GEOFENCE_API_FAILED_SIGN_INS", "GEOFENCE_API_TLS_LISTEN",
@@ -261,7 +262,8 @@ def _as_text(value: Any) -> str | None:
 CODE_DEFAULTS: dict[str, list[tuple[Any, str]]] = {
     **{f"GEOFENCE_{n.upper()}": [(shell.SidecarConfig, n)]
        for n in ("drain_s", "batch_max", "prefetch", "log_level", "journal_dir", "persistence",
-                 "memcached_url", "metrics_listen", "stall_s", "max_future_s")},
+                 "memcached_url", "metrics_listen", "stall_s", "max_future_s", "fence_backups",
+                 "takeover_s")},
     "GEOFENCE_REGIONS": [(shell.SidecarConfig, "regions"), (ls.Settings, "regions"), (t.Topology, "regions")],
     "GEOFENCE_WORKERS": [(shell.SidecarConfig, "workers"), (ls.Settings, "workers"), (t.Topology, "workers")],
     "GEOFENCE_API_HOST": [(api_server.ApiConfig, "host")],

@@ -1,0 +1,220 @@
+"""A role's journal shipped over a RabbitMQ stream queue (issue 38: a worker's backups): the
+reader that follows a stream into a `ReplicaLog` (exchanges/replica_log.py), the probe of
+another instance's lock, the standby that follows while the lock is held, and the shipping
+of frames.
+
+Invariants:
+- A stream is read from where the reader stopped (`ReplicaLog.last_offset` + 1), or from its
+  first offset: a redelivered offset is read once.
+- A master writes a marker (a token of its own) when its session begins, its instance lock
+  held; reading up to that marker is reading everything any earlier master wrote, since no
+  other instance can write once the lock is ours (its connection is gone with its lock).
+- A standby never takes the lock: it says when the lock has been free for `grace_s`; the
+  caller then takes it in its session (where a race lost is TookOver, back to standby).
+
+Trade-off: the lock is probed by a passive declare every POLL_S (a refused declare closes its
+channel: a channel per probe) rather than told by the broker (single-active-consumer would
+tell at once but is a consumer of a queue the lock's owner may leave idle): a takeover waits
+up to POLL_S more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import aiormq
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
+
+from exchanges.backoff import Backoff
+from exchanges.replica_log import SINCE, Frame, ReplicaLog
+from exchanges.shell.config import SidecarConfig
+from exchanges.shell.connections import BROKER_GONE, open_channel, open_connection
+from exchanges.shell.counters import Counters
+from exchanges.shell.publish import Out, publish_all
+
+log = logging.getLogger("geofence")
+
+POLL_S = 0.25
+PROBE_S = 2.0  # how long a new reader waits for the stream's last frame (none: an empty stream)
+# A new reader starts this long before the snapshot the last frame names: the writer's clock
+# against the broker's chunk times (further off: the whole stream is read, replica.check_in)
+SINCE_MARGIN_S = 30.0
+Start = str | int | datetime  # x-stream-offset: "first", "last", an offset, a time
+STREAM_PREFETCH = 16  # deliveries in flight to a reader: a snapshot part is up to 8 MiB
+OFFSET_HEADER = "x-stream-offset"
+
+
+class StreamFollower:
+    """Reads one stream queue into a ReplicaLog, across connections."""
+
+    def __init__(self, queue: str, replica: ReplicaLog | None = None) -> None:
+        self.queue = queue
+        self.log = replica if replica is not None else ReplicaLog()
+        self.read = 0  # deliveries read
+        self.refused = 0  # frames that were no frames of ours (counted, skipped)
+        self._changed = asyncio.Event()
+        self._channel: AbstractChannel | None = None
+        self._consumer: tuple[AbstractQueue, str] | None = None
+        self._closing = False  # no ack once set: an ack behind the channel's close is a connection error
+
+    async def attach(self, conn: AbstractConnection, stack: contextlib.AsyncExitStack,
+                     start: Start | None = None) -> Start:
+        """Consume from `start` ("first", "last", an offset, a time), by default from where
+        this reader stopped (or, new to the stream, `fresh_start`); returns where it began."""
+        if start is None:
+            start = self.log.last_offset + 1 if self.log.last_offset >= 0 else await self.fresh_start(conn)
+        self._closing = False
+        ch = await open_channel(conn, stack, prefetch=STREAM_PREFETCH)
+        queue = await ch.get_queue(self.queue, ensure=False)
+        self._consumer = (queue, await queue.consume(self._on, arguments={OFFSET_HEADER: start}))
+        self._channel = ch
+        return start
+
+    async def fresh_start(self, conn: AbstractConnection) -> Start:
+        """Where a reader new to the stream begins: SINCE_MARGIN_S before the newest snapshot
+        the stream's last frame names (its SINCE), else at the first offset."""
+        ch = await conn.channel(publisher_confirms=False)
+        try:
+            await ch.set_qos(prefetch_count=1)
+            queue = await ch.get_queue(self.queue, ensure=False)
+            seen: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+            async def first(message: AbstractIncomingMessage) -> None:  # never acked: the channel goes
+                if not seen.done():
+                    seen.set_result(dict(message.headers or {}))
+
+            await queue.consume(first, arguments={OFFSET_HEADER: "last"})
+            try:
+                headers = await asyncio.wait_for(seen, PROBE_S)
+            except TimeoutError:
+                return "first"  # an empty stream
+        finally:
+            if not ch.is_closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ch.close(), 5)
+        since = headers.get(SINCE)
+        if not isinstance(since, int) or since <= 0:
+            return "first"
+        return datetime.fromtimestamp(since / 1000 - SINCE_MARGIN_S, tz=UTC)
+
+    async def detach(self) -> None:
+        """Stop reading: the consumer cancelled (nothing more is delivered), then its channel
+        closed; what was delivered and not read yet is read again at the next attach."""
+        self._closing = True
+        ch, self._channel = self._channel, None
+        consumer, self._consumer = self._consumer, None
+        if ch is None or ch.is_closed:
+            return
+        with contextlib.suppress(Exception):
+            if consumer is not None:
+                await asyncio.wait_for(consumer[0].cancel(consumer[1]), 5)
+            await asyncio.wait_for(ch.close(), 5)
+
+    async def _on(self, message: AbstractIncomingMessage) -> None:
+        # the channel closed under the ack (a session's end): read again from last_offset
+        with contextlib.suppress(aiormq.exceptions.ChannelInvalidStateError):
+            await self._read(message)
+
+    async def _read(self, message: AbstractIncomingMessage) -> None:
+        if self._closing:
+            return  # not read, not acked: read again from last_offset at the next attach
+        async with message.process(requeue=False):  # on a stream, an ack is credit: nothing goes
+            headers = dict(message.headers or {})
+            offset = headers.get(OFFSET_HEADER)
+            try:
+                if not isinstance(offset, int):
+                    raise ValueError(f"a delivery without its {OFFSET_HEADER}")
+                self.log.feed(offset, headers, message.body)
+            except ValueError as exc:
+                self.refused += 1
+                log.error("%s: a frame refused: %s", self.queue, exc)
+            self.read += 1
+            self._changed.set()
+
+    async def until_marker(self, token: str, stop: asyncio.Event | None = None) -> tuple[bool, str | None]:
+        """Reads until the marker `token`: (read, the master of the frame before it)."""
+        while True:
+            seen, before = self.log.writer_before(token)
+            if seen or (stop is not None and stop.is_set()):
+                return seen, before
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 1.0)
+            if self._channel is not None and self._channel.is_closed:
+                raise ConnectionError(f"{self.queue}: the stream's channel closed while reading")
+
+
+async def ship(exchange: AbstractExchange, queue: str, frames: Sequence[Frame], counters: Counters) -> None:
+    """Frames published to the stream `queue` (through the default exchange `exchange`),
+    persistent and confirmed, in order."""
+    if frames:
+        await publish_all([Out(exchange, queue, f.body, "application/msgpack", headers=f.headers)
+                           for f in frames], counters)
+        counters.bump("replica_frames", len(frames))
+        counters.bump("replica_bytes", sum(len(f.body) for f in frames))
+
+
+async def lock_held(conn: AbstractConnection, name: str) -> bool:
+    """Whether another connection holds the exclusive queue `name` (an instance lock)."""
+    ch = await conn.channel(publisher_confirms=False)
+    try:
+        await ch.declare_queue(name, passive=True)
+    except aiormq.exceptions.ChannelLockedResource:
+        return True  # the broker closed the channel with its refusal: closing it again is an error
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False
+    with contextlib.suppress(Exception):  # ours (a lock left by this connection): closed by us
+        await asyncio.wait_for(ch.close(), 5)
+    return True
+
+
+async def stand_by(config: SidecarConfig, vhost: str, follower: StreamFollower, lock: str, grace_s: float,
+                   stop: asyncio.Event) -> bool:
+    """Follows the stream while another instance holds `lock`; True once the lock has been
+    free for `grace_s` (the caller takes it), False when `stop` is set first."""
+    backoff = Backoff(cap=2.0)
+    said = False
+    while not stop.is_set():
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                conn = await open_connection(config, vhost, stack)
+                await follower.attach(conn, stack)
+                free_since: float | None = None
+                while not stop.is_set():
+                    if conn.is_closed:
+                        raise ConnectionError("broker connection closed")
+                    held = await lock_held(conn, lock)
+                    now = time.monotonic()
+                    if held:
+                        free_since = None
+                        if not said:
+                            log.info("%s is held by another instance: standing by, following %s", lock,
+                                     follower.queue)
+                            said = True
+                    else:
+                        free_since = free_since if free_since is not None else now
+                        if now - free_since >= grace_s:
+                            await follower.detach()
+                            return True
+                    backoff.reset()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), POLL_S)
+        except BROKER_GONE as exc:
+            delay = backoff.next()
+            log.warning("standby of %s: broker unavailable (%s: %s); again in %.1fs", lock,
+                        type(exc).__name__, exc, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+    return False
