@@ -1,4 +1,4 @@
-"""`geofence worker list | add | remove | hot`: the x-fence workers.
+"""`geofence worker list | add | remove | hot | lost`: the x-fence workers.
 
 `list`: the ring in force (stored by `worker add / remove`, else GEOFENCE_WORKERS), each
 worker's weight and share of the ring, and what it holds (fences, objects inside, positions
@@ -6,7 +6,9 @@ held for a gate), asked over its control queue; a worker that does not answer is
 down. `add NAME [--weight K]` and `remove NAME`: a worker added or removed while positions
 flow, its fences' state handed over (deploy/worker_ops.py), with a SUMMARY line. `hot FENCE...
 --masters N`: the fence judged by N workers, each for its share of the objects (the hash
-ring's hot fences), handed over the same way.
+ring's hot fences), handed over the same way. `lost NAME`: the process running worker NAME is
+gone for good or hung (docs/operations.md, "Losing a host"): its connections are closed, and a
+standby that follows the worker's journal stream takes it over with its state.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ async def gather() -> dict[str, Any]:
         row: dict[str, Any] = {"worker": w, "on_ring": w in ring.nodes, "weight": ring.weights.get(w, 0),
                                "share": shares.get(w, 0.0), "up": "stats" in a,
                                "recovering": a.get("recovering")}
+        if a.get("master"):  # the process running it (host/pid/...): its own, or a backup's
+            row["process"] = a["master"]["process"]
         if "stats" in a:
             s = a["stats"]
             row.update(fences=s["fences"], objects=s["objects"], inside=s["inside_pairs"], held=s["held_now"],
@@ -68,15 +72,17 @@ def human(data: dict[str, Any]) -> str:
         else:
             tail = "     down"
         ring = "" if r["on_ring"] else "  (not on the ring)"
-        lines.append(f"{r['worker']:<10}{r['weight']:>7}{r['share']:>8.1%}{tail}{ring}")
+        on = f"  on {r['process']}" if r.get("process") else ""
+        lines.append(f"{r['worker']:<10}{r['weight']:>7}{r['share']:>8.1%}{tail}{ring}{on}")
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("action", choices=("list", "add", "remove", "hot"),
+    parser.add_argument("action", choices=("list", "add", "remove", "hot", "lost"),
                         help="list the workers; add one (its share of the fences handed over, live); "
                              "remove one (its fences handed to the others, live); hot: give a fence "
-                             "--masters N workers, its objects spread over them (live)")
+                             "--masters N workers, its objects spread over them (live); lost: the "
+                             "process running a worker is gone or hung: a backup takes the worker over")
     parser.add_argument("worker", nargs="*", help="the worker to add or remove (a name such as w2); "
                                                   "hot: the fence(s)")
     parser.add_argument("--masters", type=int, default=None,
@@ -104,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"geofence worker {args.action}: --masters goes with hot, and only with it",
                   file=sys.stderr)
             return 2
+        if args.action == "lost":  # the ring stays: another process runs the worker
+            settings = live(Settings.from_env())
+            print(asyncio.run(worker_ops.lost(settings, load_secrets(settings), args.worker[0], say)),
+                  flush=True)
+            return 0
         refused = overriding("GEOFENCE_WORKERS", "workers")
         if refused:
             print(f"geofence worker {args.action}: {refused}", file=sys.stderr)

@@ -36,7 +36,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ from deploy import monitoring, sidecars
 from deploy.inspect_cmd import ask
 from deploy.processes import Say, StackError
 from deploy.rabbitmq import apply as rabbit
+from deploy.rabbitmq.management import Management, ManagementError
 from deploy.rabbitmq.plan import Http, Step, api_path
 from deploy.region_ops import Timer, live, percent, until
 from deploy.settings import Secrets, Settings, connection_settings, write_live_topology
@@ -411,3 +412,51 @@ async def hot(settings: Settings, pw: Secrets, fence_ids: Sequence[str], masters
     say(f"worker hot {shown}: masters {out.masters[0]} -> {out.masters[1]}")
     await hand_over(settings, pw, (version, ring), new, out, say)
     return out
+
+
+# --------------------------------------------------------------------------- a worker's host lost
+
+
+def lock_owner(mgmt: Management, worker: str) -> str | None:
+    """The name of the process (its connections' client-provided name) holding the worker's
+    instance lock, or None when no process holds it."""
+    path = api_path("queues", t.FENCES_VHOST, t.fence_lock(worker))
+    try:
+        queue = mgmt.get(path)
+    except ManagementError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    owner = (queue.get("owner_pid_details") or {}).get("name")
+    if not owner:
+        return None
+    conn = mgmt.get(api_path("connections", owner))
+    return str((conn.get("client_properties") or {}).get("connection_name") or owner)
+
+
+async def lost(settings: Settings, pw: Secrets, worker: str, say: Callable[[str], None],
+               timeout: float = 60.0) -> str:
+    """The process running `worker` declared lost (hung, or its host gone while the broker has
+    not noticed): every connection of that process closed, so its instance locks go and each
+    of its workers is taken over by a standby that follows its journal stream (fence/x_fence/
+    slots.py). Returns once another process runs `worker`: the summary line."""
+    mgmt = rabbit.management(settings, pw)
+    started = time.monotonic()
+    process = await asyncio.to_thread(lock_owner, mgmt, worker)
+    if process is None:
+        say(f"no process holds worker {worker}: a standby takes it over by itself")
+    else:
+        conns = await asyncio.to_thread(mgmt.get, "api/connections?columns=name,client_properties,user")
+        mine = [c["name"] for c in conns if c.get("user") == t.FENCE_USER
+                and (c.get("client_properties") or {}).get("connection_name") == process]
+        for name in mine:
+            await asyncio.to_thread(mgmt.request, "DELETE", api_path("connections", name))
+        say(f"closed {len(mine)} connection(s) of {process}, which ran worker {worker}")
+    while time.monotonic() - started < timeout:
+        now = await asyncio.to_thread(lock_owner, mgmt, worker)
+        if now is not None and now != process:
+            return (f"SUMMARY worker {worker}: taken over by {now} in "
+                    f"{time.monotonic() - started:.1f}s (its state from x-fence.{worker}.journal)")
+        await asyncio.sleep(0.2)
+    raise WorkerError(f"no standby took worker {worker} over within {timeout:g}s: is an x-fence "
+                      f"process that backs it up running (GEOFENCE_FENCE_BACKUPS)?")

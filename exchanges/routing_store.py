@@ -59,6 +59,14 @@ async def read_until_stopped(dsn: str, read: Callable[[asyncpg.Connection], Awai
     return None
 
 
+# PostgreSQL away, not refusing: the network or the server gone (OSError, class 08), a connection
+# asyncpg closed (InterfaceError), the server shutting down or starting (class 57: admin or crash
+# shutdown, "cannot connect now"). What meets one is retried or answered 503, never dead-lettered.
+STORE_AWAY: tuple[type[BaseException], ...] = (
+    OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError)
+
+
 class StoreConnection:
     """A sidecar's own PostgreSQL connection, made again when lost. `run(work, what)` is
     `work(conn)`, retried with backoff while PostgreSQL is away (a connection lost, or one a
@@ -88,8 +96,7 @@ class StoreConnection:
             try:
                 async with self.turn:
                     return await work(await self.connection())
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                    asyncpg.exceptions.InternalClientError) as exc:
+            except (*STORE_AWAY, asyncpg.exceptions.InternalClientError) as exc:
                 await self.close()
                 if self.stop.is_set():
                     raise

@@ -172,6 +172,12 @@ def fence_lock(worker: str) -> str:  # in gf-fences
     return f"lock.x-fence.{worker}"
 
 
+def fence_home_lock(worker: str) -> str:
+    """In gf-fences: held (an exclusive queue) by the worker's own process while it stands by
+    for it: a backup running the worker hands it back, and takes it only when this is gone."""
+    return f"lock.x-fence.{worker}.home"
+
+
 def event_routing_key(fence_id: str, kind: str, object_id: str) -> str:
     """The routing key of an event on fence.events (the MQTT topic with '/' for '.'), from the
     qualified ids of its fence and object (exchanges/tenancy.py): one key serves the fence's

@@ -11,6 +11,7 @@ belong to the caller's tenant.
 # definition time, and the dependency alias `Who` is local to create_app.
 import logging
 import time
+import traceback
 from typing import Annotated, Any, Protocol
 
 import asyncpg
@@ -38,6 +39,7 @@ from fence.venues.reads import Unavailable, VenueReads
 log = logging.getLogger("geofence")
 WHERE_HELP = ('conditions on the positions\' extra fields, JSON: [["type", "==", "truck"], '
               '["speed", ">", 20]] (ops == != < <= > >= in between)')
+STORE_RETRY_AFTER_S = 5  # a 503 while PostgreSQL is away: when to try again
 
 
 def _where(raw: str | None) -> Any:
@@ -142,6 +144,21 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         # string too long for its column): the caller's mistake, said, not a 500
         log.warning("%s %s: PostgreSQL refused a value: %s", request.method, request.url.path, exc)
         return JSONResponse({"error": f"a value was refused: {str(exc)[:200]}"}, status_code=422)
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(asyncpg.PostgresConnectionError)
+    @app.exception_handler(asyncpg.InterfaceError)
+    @app.exception_handler(asyncpg.exceptions.OperatorInterventionError)  # (routing_store.STORE_AWAY)
+    async def store_away(request: Request, exc: Exception) -> JSONResponse:
+        # PostgreSQL away (stopped, restarting, unreachable): our side, for a while; the
+        # request's transaction did not commit unless it had before the connection went
+        store = not isinstance(exc, OSError) or any(
+            "asyncpg" in f.filename for f in traceback.extract_tb(exc.__traceback__))
+        what = "the fence store (PostgreSQL)" if store else "a service this request needs"
+        log.warning("%s %s: %s is unreachable: %s: %s", request.method, request.url.path, what,
+                    type(exc).__name__, exc)
+        return JSONResponse({"error": f"{what} is unreachable: try again shortly"},
+                            status_code=503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import shapely
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from exchanges import shell
+from exchanges import routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import PositionBatch, unpack
 from exchanges.contract import BAD_INPUT, InvalidMessage
@@ -47,8 +47,13 @@ class Follower:
         self.dlx = dlx
 
     async def refresh(self) -> None:
-        async with self.manager.pool.acquire() as conn:
-            records = await store.following(conn)
+        try:
+            async with self.manager.pool.acquire() as conn:
+                records = await store.following(conn)
+        except routing_store.STORE_AWAY as exc:  # the fences it follows stay as they were read last
+            self.counters.bump("follow_refresh_failures")
+            log.warning("cannot read the following fences (PostgreSQL away: %s: %s)", type(exc).__name__, exc)
+            return
         self.records = {r.fence.fence_id: r for r in records}
         rows = []
         for r in records:

@@ -426,7 +426,7 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     found += [Permission(t.GEO_USER, v, exactly(t.GEO_LOCK),
                          exactly(t.FENCE_IN_EXCHANGE, dlx, DEFAULT_EXCHANGE),
                          exactly(*input_queues(topology, v))) for v in regions]
-    locks = exactly(*(t.fence_lock(w) for w in topology.workers))
+    locks = exactly(*(lock for w in topology.workers for lock in (t.fence_lock(w), t.fence_home_lock(w))))
     found.append(Permission(t.FENCE_USER, fences, locks,
                             exactly(t.EVENTS_EXCHANGE, t.EVENT_BATCHES_EXCHANGE, t.TENANT_BATCHES_EXCHANGE,
                                     t.MAP_EVENTS_EXCHANGE, dlx, DEFAULT_EXCHANGE),

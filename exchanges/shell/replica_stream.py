@@ -39,10 +39,10 @@ from aio_pika.abc import (
 
 from exchanges.backoff import Backoff
 from exchanges.replica_log import SINCE, Frame, ReplicaLog
+from exchanges.shell import publish
 from exchanges.shell.config import SidecarConfig
 from exchanges.shell.connections import BROKER_GONE, open_channel, open_connection
 from exchanges.shell.counters import Counters
-from exchanges.shell.publish import Out, publish_all
 
 log = logging.getLogger("geofence")
 
@@ -54,6 +54,15 @@ SINCE_MARGIN_S = 30.0
 Start = str | int | datetime  # x-stream-offset: "first", "last", an offset, a time
 STREAM_PREFETCH = 16  # deliveries in flight to a reader: a snapshot part is up to 8 MiB
 OFFSET_HEADER = "x-stream-offset"
+
+
+async def _channel(conn: AbstractConnection) -> AbstractChannel:
+    """A plain channel (no confirms), not on a stack: a probe's, closed by its caller or by the
+    broker's refusal. A connection closed meanwhile is a ConnectionError (aiormq: RuntimeError)."""
+    try:
+        return await conn.channel(publisher_confirms=False)
+    except RuntimeError as exc:
+        raise ConnectionError(f"the connection closed while a channel was opened: {exc}") from exc
 
 
 class StreamFollower:
@@ -85,7 +94,7 @@ class StreamFollower:
     async def fresh_start(self, conn: AbstractConnection) -> Start:
         """Where a reader new to the stream begins: SINCE_MARGIN_S before the newest snapshot
         the stream's last frame names (its SINCE), else at the first offset."""
-        ch = await conn.channel(publisher_confirms=False)
+        ch = await _channel(conn)
         try:
             await ch.set_qos(prefetch_count=1)
             queue = await ch.get_queue(self.queue, ensure=False)
@@ -160,15 +169,25 @@ async def ship(exchange: AbstractExchange, queue: str, frames: Sequence[Frame], 
     """Frames published to the stream `queue` (through the default exchange `exchange`),
     persistent and confirmed, in order."""
     if frames:
-        await publish_all([Out(exchange, queue, f.body, "application/msgpack", headers=f.headers)
-                           for f in frames], counters)
+        # through the module: a test's patch of publish.publish_all reaches it
+        await publish.publish_all([publish.Out(exchange, queue, f.body, "application/msgpack",
+                                               headers=f.headers) for f in frames], counters)
         counters.bump("replica_frames", len(frames))
         counters.bump("replica_bytes", sum(len(f.body) for f in frames))
 
 
+async def hold(conn: AbstractConnection, stack: contextlib.AsyncExitStack, name: str) -> None:
+    """The exclusive queue `name`, owned by `conn` (gone with it)."""
+    ch = await open_channel(conn, stack)  # its own: a refused declare closes the channel
+    try:
+        await ch.declare_queue(name, exclusive=True, auto_delete=True, durable=False)
+    except aiormq.exceptions.ChannelLockedResource:  # an older instance still going away
+        log.info("%s is held by another connection: not holding it", name)
+
+
 async def lock_held(conn: AbstractConnection, name: str) -> bool:
     """Whether another connection holds the exclusive queue `name` (an instance lock)."""
-    ch = await conn.channel(publisher_confirms=False)
+    ch = await _channel(conn)
     try:
         await ch.declare_queue(name, passive=True)
     except aiormq.exceptions.ChannelLockedResource:
@@ -181,31 +200,40 @@ async def lock_held(conn: AbstractConnection, name: str) -> bool:
 
 
 async def stand_by(config: SidecarConfig, vhost: str, follower: StreamFollower, lock: str, grace_s: float,
-                   stop: asyncio.Event) -> bool:
+                   stop: asyncio.Event, unseen_grace_s: float | None = None, home: str = "",
+                   present: bool = False) -> bool:
     """Follows the stream while another instance holds `lock`; True once the lock has been
-    free for `grace_s` (the caller takes it), False when `stop` is set first."""
+    free for `grace_s` (the caller takes it), False when `stop` is set first. A lock never
+    seen held by this standby must be free for `unseen_grace_s` (default: `grace_s`): at a
+    stack's start, the instance whose lock it is gets there first. `home`: an exclusive queue
+    this standby holds while it stands by (`present`: the lock's own instance, which takes the
+    lock at once), or that blocks it while another holds it (a backup yields to the owner)."""
     backoff = Backoff(cap=2.0)
-    said = False
+    said = seen = False
+    unseen_grace_s = grace_s if unseen_grace_s is None else unseen_grace_s
     while not stop.is_set():
         try:
             async with contextlib.AsyncExitStack() as stack:
                 conn = await open_connection(config, vhost, stack)
+                if home and present:
+                    await hold(conn, stack, home)
                 await follower.attach(conn, stack)
                 free_since: float | None = None
                 while not stop.is_set():
                     if conn.is_closed:
                         raise ConnectionError("broker connection closed")
-                    held = await lock_held(conn, lock)
+                    held = await lock_held(conn, lock) or bool(home and not present
+                                                               and await lock_held(conn, home))
                     now = time.monotonic()
                     if held:
-                        free_since = None
+                        free_since, seen = None, True
                         if not said:
                             log.info("%s is held by another instance: standing by, following %s", lock,
                                      follower.queue)
                             said = True
                     else:
                         free_since = free_since if free_since is not None else now
-                        if now - free_since >= grace_s:
+                        if now - free_since >= (grace_s if seen else unseen_grace_s):
                             await follower.detach()
                             return True
                     backoff.reset()

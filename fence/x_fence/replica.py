@@ -42,11 +42,13 @@ log = logging.getLogger("geofence")
 
 
 class Replica:
-    def __init__(self, worker: str, follower: StreamFollower | None = None) -> None:
+    def __init__(self, worker: str, follower: StreamFollower | None = None, process: str = "") -> None:
         self.worker = worker
         self.queue = t.fence_journal_queue(worker)
         self.follower = follower if follower is not None else StreamFollower(self.queue)
-        self.master = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        # who writes: the process (x-fence-<its own worker>), its host and pid, this instance
+        self.master = (f"{process or 'x-fence-' + worker}@{socket.gethostname()}/{os.getpid()}/"
+                       f"{uuid.uuid4().hex[:6]}")
         self.generation = 0  # of the last snapshot shipped
         self.since = 0  # when (ms since the epoch) the newest snapshot it knows of began
         self.seq = 0  # of the next records frame in it

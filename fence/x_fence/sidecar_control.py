@@ -99,6 +99,9 @@ def inspect(sc: FenceSidecar, msg: dict[str, Any]) -> dict[str, Any]:
                 "counters": sc.counters.to_json(), "ring_version": sc.ring_version}
     out: dict[str, Any] = {"worker": sc.worker, "stats": sc.core.stats(),
                            "counters": sc.counters.to_json(), "ring_version": sc.ring_version}
+    if sc.replica is not None:  # the process running the worker (host/pid/...) and its stream
+        out["master"] = {"process": sc.replica.master, "stream": sc.replica.queue,
+                         "generation": sc.replica.generation}
     if sc.journal is not None:
         out["journal"] = {"dir": str(sc.journal.path), "generation": sc.journal.generation,
                           "journal_bytes": sc.journal.journal_bytes,

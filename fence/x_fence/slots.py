@@ -6,10 +6,16 @@ worker) and also backs up the GEOFENCE_FENCE_BACKUPS workers before it in name o
 process holds the worker's instance lock, following the worker's journal stream
 (x-fence.<worker>.journal), and runs the worker (fence/x_fence/sidecar.py) once the lock is
 free: at once for its home worker, after GEOFENCE_TAKEOVER_S of a free lock for another
-(so that a worker whose process is up stays there). Its state then comes from the stream:
+(so that a worker whose process is up stays there; UNSEEN_TAKEOVER_S for a lock the slot
+never saw held, so that at a stack's start every worker begins at home). Its state then comes from the stream:
 everything its last master acknowledged, the rest redelivered from its queue. A standby
 keeps that state hot (replica.Shadow: the newest snapshot built, each record applied as it
 is read): a takeover applies only the records of its last moments.
+
+A worker goes home: the home slot holds `lock.x-fence.<worker>.home` while it stands by, a
+backup never takes a worker whose home slot stands by, and a backup running a worker hands it
+back (a clean stop of its session: drained, snapshotted) once that lock appears, e.g. when a
+lost host's replacement starts, or after `geofence up` restarted the processes in turn.
 
 A slot whose worker is taken from it (the lock held by another process when a session
 begins, or the stream written by another since its last session) goes back to standby: what
@@ -39,12 +45,17 @@ from exchanges import shell
 from exchanges import topology as t
 from exchanges.replica_log import backed_by
 from exchanges.shell.metrics import metrics_server, registry_of
-from exchanges.shell.replica_stream import stand_by
+from exchanges.shell.replica_stream import lock_held, stand_by
 from fence.x_fence.replica import Replica, Shadow
 from fence.x_fence.sidecar import FenceSidecar
 
 log = logging.getLogger("geofence")
 KEEP_UP_S = 0.5
+# A backup takes over a worker whose lock it never saw held (a stack starting, a process
+# started while the worker's own was gone) after this long: at a start the home process,
+# which takes its lock at once, gets there first.
+UNSEEN_TAKEOVER_S = 15.0
+HOME_POLL_S = 1.0  # how often a backup running a worker looks for the worker's own process
 
 
 @dataclass
@@ -91,16 +102,44 @@ async def keep_up(replica: Replica, done: asyncio.Event) -> None:
             await asyncio.wait_for(done.wait(), KEEP_UP_S)
 
 
+async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()
+
+
+async def _home_back(config: shell.SidecarConfig, worker: str, until: asyncio.Event) -> None:
+    """While a backup runs `worker`: sets `until` once the worker's own process stands by for
+    it (its home lock held), so that the backup stops cleanly and the worker goes home."""
+    backoff = shell.Backoff(cap=5.0)
+    while not until.is_set():
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                conn = await shell.open_connection(config, t.FENCES_VHOST, stack)
+                while not until.is_set():
+                    if await lock_held(conn, t.fence_home_lock(worker)):
+                        log.warning("worker %s: its own process stands by for it: handing it back", worker)
+                        until.set()
+                        return
+                    backoff.reset()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(until.wait(), HOME_POLL_S)
+        except shell.BROKER_GONE:  # the session sees the broker go too; try again later
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(until.wait(), backoff.next())
+
+
 async def run_slot(config: shell.SidecarConfig, slot: Slot, stop: asyncio.Event) -> None:
     cfg = slot_config(config, slot.worker)
     while not stop.is_set():
-        replica = slot.replica = Replica(slot.worker)
+        replica = slot.replica = Replica(slot.worker, process=config.name)
         slot.counters.gauge("standby", 1)
         keeping = asyncio.Event()
         keeper = asyncio.create_task(keep_up(replica, keeping), name=f"shadow of {slot.worker}")
         try:
             free = await stand_by(cfg, t.FENCES_VHOST, replica.follower, t.fence_lock(slot.worker),
-                                  0.0 if slot.home else config.takeover_s, stop)
+                                  0.0 if slot.home else config.takeover_s, stop,
+                                  0.0 if slot.home else max(UNSEEN_TAKEOVER_S, config.takeover_s),
+                                  t.fence_home_lock(slot.worker), present=slot.home)
         finally:
             keeping.set()
             await keeper  # its thread done: the shadow is the session's from here
@@ -111,17 +150,26 @@ async def run_slot(config: shell.SidecarConfig, slot: Slot, stop: asyncio.Event)
             log.warning("worker %s: its instance lock has been free for %.1fs: taking it over here",
                         slot.worker, config.takeover_s)
         sidecar = slot.sidecar = FenceSidecar(cfg, replica, slot.counters)
-        try:
-            await shell.serve(cfg, sidecar.session, stop, slot.counters, sidecar.gauges)
-        except shell.TookOver as exc:
-            log.warning("worker %s: %s: standing by again", slot.worker, exc)
-            sidecar.abandon()
-            continue
-        finally:
-            slot.sidecar = None
+        until = asyncio.Event()  # the process's stop, or (a backup) the worker's own process back
+        async with asyncio.TaskGroup() as tg:
+            ends = [tg.create_task(_relay(stop, until))]
+            if not slot.home:
+                ends.append(tg.create_task(_home_back(cfg, slot.worker, until)))
+            try:
+                await shell.serve(cfg, sidecar.session, until, slot.counters, sidecar.gauges)
+            except shell.TookOver as exc:
+                log.warning("worker %s: %s: standing by again", slot.worker, exc)
+                sidecar.abandon()
+                continue
+            finally:
+                slot.sidecar = None
+                for task in ends:
+                    task.cancel()
         await sidecar.close()
-        log.info("worker %s stopped: %s", slot.worker, slot.counters.line())
-        return
+        if stop.is_set():
+            log.info("worker %s stopped: %s", slot.worker, slot.counters.line())
+            return
+        log.info("worker %s handed back to its own process (it stands by): standing by here", slot.worker)
 
 
 async def main(config: shell.SidecarConfig) -> int:

@@ -6,11 +6,12 @@ planted bad input dead-lettered, nothing else).
 - A worker's host lost: its x-fence process killed with `kill -9` and its state directory
   deleted, not restarted: the worker's backup (the next worker's process, which follows its
   journal stream) takes it over with its state. The host is replaced afterwards (the process
-  started again on an empty disk: it stands by, its worker stays where it went).
+  started again on an empty disk: it rebuilds its standbys from the streams, and its worker
+  is handed back to it).
 - A backup lost, then its master: with two workers each process backs the other up, so w1's
-  host lost is w0's backup lost (and w1 taken over by w0's process); w1's host is replaced
-  empty (its standby rebuilds from the streams), then w0's host, which now runs both
-  workers, is lost: the replaced one takes both over.
+  host lost is w0's backup lost (and w1 taken over by w0's process meanwhile); w1's host is
+  replaced empty (its standbys rebuilt from the streams, w1 handed back to it), then w0's
+  host is lost: the replacement takes w0 over.
 
 The recovery of each: from the kill to the lost worker's queues consumed again and an event
 of its fences, caused by a position published after the kill, received.

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exchanges.replica_log import Frame, ReplicaLog, records_frame, snapshot_frames
+from exchanges.replica_log import Frame, ReplicaLog, backed_by, marker_frame, records_frame, snapshot_frames
 
 
 def fed(frames: list[Frame], start: int = 0) -> ReplicaLog:
@@ -72,3 +72,26 @@ def test_a_frame_of_no_kind_is_refused() -> None:
         ReplicaLog().feed(0, {"gf-gen": 1}, b"")
     with pytest.raises(ValueError, match="no generation"):
         ReplicaLog().feed(0, {"gf-kind": "records"}, b"")
+
+
+def test_each_worker_is_backed_by_the_next_ones_in_name_order() -> None:
+    ws = ["w2", "w0", "w1"]
+    assert backed_by("w0", ws, 1) == ["w2"] and backed_by("w1", ws, 1) == ["w0"]
+    assert backed_by("w0", ws, 2) == ["w2", "w1"] and backed_by("w0", ws, 5) == ["w2", "w1"]
+    assert backed_by("w0", ["w0"], 1) == [] and backed_by("w0", ws, 0) == []
+    # every worker has `copies` backups, none of them itself
+    for copies in (1, 2):
+        holders = {w: [p for p in ws if w in backed_by(p, ws, copies)] for w in ws}
+        assert all(len(h) == copies and w not in h for w, h in holders.items())
+    with pytest.raises(ValueError):
+        backed_by("w9", ws, 1)
+
+
+def test_the_newest_snapshot_says_when_it_began_and_markers_who_wrote_before() -> None:
+    frames = [*snapshot_frames(4, b"s", 10, "m1", since=1234), records_frame(4, 0, b"a", "m1", 1234),
+              marker_frame("m2", "m2#1", 1234)]
+    log = fed(frames)
+    got = log.recovered()
+    assert got is not None and got.since == 1234 and log.max_generation == 4
+    assert log.writer_before("m2#1") == (True, "m1") and log.writer_before("m3#1") == (False, None)
+    assert log.last_writer == "m2"

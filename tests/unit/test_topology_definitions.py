@@ -74,8 +74,7 @@ def test_default_topology_names() -> None:
         ("gf-region-a", "dead-letters"),
         ("gf-region-b", "x-geo.positions"), ("gf-region-b", "x-geo.control"),
         ("gf-region-b", "dead-letters"),
-        ("gf-fences", "x-fence.w0"), ("gf-fences", "x-fence.w0.control"),
-        ("gf-fences", "x-fence.w1"), ("gf-fences", "x-fence.w1.control"),
+        *(("gf-fences", f"x-fence.{w}{q}") for w in ("w0", "w1") for q in ("", ".control", ".journal")),
         ("gf-fences", "fence.archive"), ("gf-fences", "fence.api"), ("gf-fences", "dead-letters")}
     assert d.Exchange("gf-fences", "x-fence.in", "direct") in DEFAULT.exchanges
     assert d.Exchange("gf-region-b", "x-fence.in", "direct") in DEFAULT.exchanges
@@ -324,7 +323,8 @@ def test_permission_regexes(user: str, vhost: str, right: str, resource: str, al
 def test_sidecars_configure_only_their_instance_lock_and_admin_everything() -> None:
     locks = {(t.INGRESS_USER, "gf-ingress"): "^lock\\.x-ingress$",
              (t.GEO_USER, "gf-region-a"): "^lock\\.x-geo$", (t.GEO_USER, "gf-region-b"): "^lock\\.x-geo$",
-             (t.FENCE_USER, "gf-fences"): "^(lock\\.x-fence\\.w0|lock\\.x-fence\\.w1)$",
+             (t.FENCE_USER, "gf-fences"): "^(lock\\.x-fence\\.w0|lock\\.x-fence\\.w0\\.home|"
+                                          "lock\\.x-fence\\.w1|lock\\.x-fence\\.w1\\.home)$",
              # the API's own live-map queues (exclusive, fence/map_feed.py)
              (t.MANAGER_USER, "gf-fences"): "^fence\\.map\\..+$",
              (t.MANAGER_USER, "gf-ingress"): "^fence\\.map\\..+$"}
