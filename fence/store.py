@@ -2,7 +2,7 @@
 
 Tables come from deploy/migrations/. A change is one transaction: the fence row (version
 bumped, never reset) and its fence_range rows together, so x-geo recovering from
-`region_bindings` and x-fence recovering from `live_fences` always see a whole version.
+`region_bindings` and x-fence recovering from `fences_by_ids` always see a whole version.
 The control messages are sent after the commit (fence.manager): a crash in between leaves
 the store ahead of the sidecars, and re-applying the change (any later version) repairs it.
 """
@@ -222,8 +222,17 @@ async def deleted_fences(conn: asyncpg.Connection, fence_ids: list[str]) -> list
     return [(r["id"], int(r["version"]), r["updated_at"].timestamp()) for r in rows]
 
 
-async def live_fences(conn: asyncpg.Connection) -> list[FenceRecord]:
-    return [_record(r) for r in await conn.fetch(_SELECT + " ORDER BY f.id")]
+async def live_fence_versions(conn: asyncpg.Connection) -> list[tuple[str, int]]:
+    """(id, version) of every live fence: what a worker compares its state with at a start,
+    before it reads the definitions of those it lacks or holds older (`fences_by_ids`)."""
+    return [(r["id"], int(r["version"])) for r in
+            await conn.fetch("SELECT id, version FROM fence WHERE deleted_at IS NULL ORDER BY id")]
+
+
+async def fences_by_ids(conn: asyncpg.Connection, fence_ids: list[str]) -> list[FenceRecord]:
+    """The live fences among `fence_ids`, by id."""
+    return [_record(r) for r in await conn.fetch(_SELECT + " AND f.id = ANY($1::text[]) ORDER BY f.id",
+                                                 fence_ids)]
 
 
 async def find_fences(conn: asyncpg.Connection, tenant: str | None = None,

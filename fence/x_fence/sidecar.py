@@ -190,45 +190,50 @@ class FenceSidecar:
         log.info("state recovered from %s: %s", where, self.core.stats())
 
     async def _recover(self, stop: asyncio.Event) -> bool:
-        # the stored fences read while the state loads (a takeover waits for both)
+        # the stored fences' versions read while the state loads (a takeover waits for both),
+        # then the definitions of those the state lacks or holds older (few, after a takeover)
         stored = asyncio.ensure_future(asyncio.gather(
             routing_store.read_until_stopped(self.config.postgres_url,
                                              lambda conn: routing_store.ring_or(conn, self.config.workers),
                                              "worker ring", stop),
-            routing_store.read_until_stopped(self.config.postgres_url, store.live_fences, "fences", stop)))
+            routing_store.read_until_stopped(self.config.postgres_url, store.live_fence_versions,
+                                             "fences", stop)))
         try:
             if self.journal is not None:
                 await self._load_logged()
-            ring, records = await stored
+            ring, versions = await stored
         finally:
             stored.cancel()
-        if records is None or ring is None:
+        if versions is None or ring is None:
             return False
         self.ring_version, self.ring = ring
-        mine = [r for r in records if self.worker in self.ring.masters(r.fence.fence_id)]
+        mine = {f: v for f, v in versions if self.worker in self.ring.masters(f)}
+        stale = [f for f, v in mine.items() if v > self.core.version_of(f)]
+        records = (await self._read(lambda conn: store.fences_by_ids(conn, stale), "fences", stop)
+                   if stale else [])
+        if records is None:
+            return False
         events: list[Event] = []
-        for r in mine:  # version-guarded: what the state has already is a no-op
+        for r in records:  # version-guarded: what the state has already is a no-op
             events += self.core.define(r.fence, r.updated_at.timestamp())
-        gone = sorted(set(self.core.fences()) - {r.fence.fence_id for r in mine})
+        gone = sorted(set(self.core.fences()) - set(mine))
         if gone:
-            tombstones = await self._tombstones(gone, stop)
+            tombstones = await self._read(lambda conn: store.deleted_fences(conn, gone), "deleted fences",
+                                          stop) or []
             for fence_id, version, deleted_at in tombstones:
                 events += self.core.drop(fence_id, version, deleted_at)
             # a fence the store has neither live nor deleted was renamed away (migration 0024
             # qualified every id by its tenant): dropped, its stays ended now
-            unknown = set(gone) - {f for f, _, _ in tombstones} - {r.fence.fence_id for r in records}
+            unknown = set(gone) - {f for f, _, _ in tombstones} - {f for f, _ in versions}
             for fence_id in sorted(unknown):
                 events += self.core.drop(fence_id, self.core.version_of(fence_id) + 1, time.time())
         self.pending = events
-        log.info("%d of %d fences are on worker %s; %d events from fences changed while it was down",
-                 len(mine), len(records), self.worker, len(events))
+        log.info("%d of %d fences are on worker %s (%d read again); %d events from fences changed while it "
+                 "was down", len(mine), len(versions), self.worker, len(records), len(events))
         return True
 
-    async def _tombstones(self, fence_ids: list[str], stop: asyncio.Event) -> list[tuple[str, int, float]]:
-        async def read(conn: Any) -> list[tuple[str, int, float]]:
-            return await store.deleted_fences(conn, fence_ids)
-        got = await routing_store.read_until_stopped(self.config.postgres_url, read, "deleted fences", stop)
-        return got or []
+    async def _read(self, read: Any, what: str, stop: asyncio.Event) -> Any:
+        return await routing_store.read_until_stopped(self.config.postgres_url, read, what, stop)
 
     def abandon(self) -> None:
         """After TookOver (another process runs the worker): no snapshot, the files let go."""

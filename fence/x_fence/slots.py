@@ -55,6 +55,9 @@ KEEP_UP_S = 0.5
 # started while the worker's own was gone) after this long: at a start the home process,
 # which takes its lock at once, gets there first.
 UNSEEN_TAKEOVER_S = 15.0
+# a standby is ready (a takeover costs it little) with its shadow built from the stream's newest
+# snapshot and at most this many of its records still to apply
+READY_BEHIND = 200
 HOME_POLL_S = 1.0  # how often a backup running a worker looks for the worker's own process
 
 
@@ -69,14 +72,14 @@ class Slot:
     def gauges(self) -> dict[str, float]:
         """This slot's share of the process's slot gauges."""
         standby = self.replica is not None and self.sidecar is None
-        behind = 0
+        behind, ready = 0, False
         if standby and self.replica is not None:
-            got = self.replica.follower.log.recovered()
-            behind = len(got.records) - self.replica.shadow.applied if got is not None else 0
+            got, shadow = self.replica.follower.log.recovered(), self.replica.shadow
+            if got is not None and shadow.of == (got.generation, got.first_offset):
+                behind = len(got.records) - shadow.applied
+                ready = behind <= READY_BEHIND
         return {"slots_serving": float(self.sidecar is not None), "slots_standing_by": float(standby),
-                "standby_shadows_ready": float(standby and self.replica is not None
-                                               and self.replica.shadow.state is not None),
-                "standby_records_behind": float(max(0, behind))}
+                "standby_shadows_ready": float(ready), "standby_records_behind": float(max(0, behind))}
 
 
 def slot_config(config: shell.SidecarConfig, worker: str) -> shell.SidecarConfig:

@@ -5,6 +5,7 @@ workload is two tenants sharing the stack (tests/faults/tenants.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from deploy.settings import ConnectionSettings
 from tests.faults import report
 from tests.faults.run import Workload, make_workload
 from tests.faults.stack import Stack
-from tests.faults.tenants import remove_leftover_gateways
+from tests.faults.tenants import remove_leftover_fences, remove_leftover_gateways
 from tests.faults.timing import say
 
 FAULTS_DIR = Path(__file__).parent
@@ -75,6 +76,9 @@ def fault_stack(stack: ConnectionSettings) -> Iterator[Stack]:
     gone = remove_leftover_gateways(s.settings, s.pw)
     if gone:
         say(f"removed gateway users earlier fault runs left behind: {', '.join(gone)}")
+    fences = asyncio.run(remove_leftover_fences(s.conn))
+    if fences:
+        say(f"removed {fences} fences earlier fault runs left behind")
     try:
         yield s
     finally:

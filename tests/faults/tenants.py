@@ -31,10 +31,11 @@ import asyncpg
 import msgpack
 import numpy as np
 
+from bench import broker_modes as bm
 from bench import tenant as tn
 from bench import workload as wl
 from deploy.rabbitmq import devices
-from deploy.settings import Secrets, Settings
+from deploy.settings import ConnectionSettings, Secrets, Settings
 from exchanges import topology as t
 from exchanges.tenancy import qualify
 from fence import tenants
@@ -177,3 +178,21 @@ def remove_leftover_gateways(settings: Settings, pw: Secrets,
 def qualified(tenant_of: Sequence[str], names: Sequence[str]) -> list[str]:
     """Names as the pipeline has them, each qualified by its tenant."""
     return [qualify(x, n) for x, n in zip(tenant_of, names, strict=True)]
+
+
+async def remove_leftover_fences(conn: ConnectionSettings) -> int:
+    """The fences runs of the suite left behind (a run that could not clean up: PostgreSQL or
+    the broker away at its end), removed through the fence service; returns how many. Only
+    while no run is going on. They would otherwise weigh on every later run (a worker's
+    start reads the fences it owns)."""
+    pg = await asyncpg.connect(conn["postgres"]["dsn"])
+    try:
+        ids = [r["id"] for r in await pg.fetch(
+            "SELECT id FROM fence WHERE deleted_at IS NULL AND tenant = ANY($1::text[]) AND id LIKE '%:b%'",
+            list(TENANTS))]
+    finally:
+        await pg.close()
+    if ids:
+        async with bm.fence_manager(conn, Settings.from_env()) as m:
+            await bm.remove_stored(m, ids)
+    return len(ids)
