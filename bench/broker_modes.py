@@ -358,9 +358,9 @@ def pipeline_backlog() -> int:
     """Messages (ready and unacknowledged) in the pipeline's queues, from the management API."""
     settings = Settings.from_env()
     mgmt = rabbit.management(settings, load_secrets(settings))
-    queues = mgmt.get("api/queues?columns=vhost,name,messages")
-    return sum(int(q.get("messages") or 0) for q in queues
-               if str(q.get("name", "")).startswith(PIPELINE_QUEUES))
+    queues = mgmt.get("api/queues?columns=vhost,name,messages,type")
+    return sum(int(q.get("messages") or 0) for q in queues  # a stream keeps what it was sent: no backlog
+               if str(q.get("name", "")).startswith(PIPELINE_QUEUES) and q.get("type") != "stream")
 
 
 async def wait_idle(timeout: float = IDLE_TIMEOUT_S, settle: float = IDLE_SETTLE_S,

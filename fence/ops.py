@@ -40,8 +40,9 @@ QUERIES = {
     "recovering": "geofence_recovering == 1",
     "paused": "geofence_paused == 1",
     "standby": "geofence_standby == 1",
-    "ready": "rabbitmq_detailed_queue_messages_ready",
-    "unacked": "rabbitmq_detailed_queue_messages_unacked",
+    # (not the workers' journal streams: a stream keeps what it was sent, it has no backlog)
+    "ready": 'rabbitmq_detailed_queue_messages_ready{queue!~"x-fence\\\\..+\\\\.journal"}',
+    "unacked": 'rabbitmq_detailed_queue_messages_unacked{queue!~"x-fence\\\\..+\\\\.journal"}',
     "dead_letters": "sum by (role, reason) (geofence_dead_letters_total)",
     "dead_letters_15m": "sum by (role, reason) (increase(geofence_dead_letters_total[15m]))",
     "p50": "histogram_quantile(0.5, sum by (le) (rate(geofence_event_latency_seconds_bucket[1m])))",
