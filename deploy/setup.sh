@@ -198,7 +198,9 @@ if [ "${#failed[@]}" != 0 ]; then
     say "failed: ${failed[*]} (pytest runs all the same)"
 fi
 rc=0
-"$VENV/bin/python" -m pytest || rc=$?
+# the unit tests (no services, no shared state) on two workers, then the rest in order
+"$VENV/bin/python" -m pytest -n 2 tests/unit || rc=$?
+"$VENV/bin/python" -m pytest --ignore=tests/unit || rc=$?
 if [ "${#failed[@]}" != 0 ] && [ "$rc" = 0 ]; then
     rc=1
 fi
