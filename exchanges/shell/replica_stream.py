@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import aiormq
 from aio_pika.abc import (
@@ -56,6 +57,26 @@ STREAM_PREFETCH = 16  # deliveries in flight to a reader: a snapshot part is up 
 OFFSET_HEADER = "x-stream-offset"
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _gone_on_bare(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """aiormq fails an operation on a connection or channel that is closing with a bare
+    `Exception` (the broker going away, as ConnectionError is everywhere else): said so here,
+    so that a standby or a session reconnects instead of the process ending as on a bug."""
+    @functools.wraps(fn)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            if type(exc) is Exception:
+                raise ConnectionError(f"the broker connection went away: {exc!r}") from exc
+            raise
+    return run
+
+
+@_gone_on_bare
 async def _channel(conn: AbstractConnection) -> AbstractChannel:
     """A plain channel (no confirms), not on a stack: a probe's, closed by its caller or by the
     broker's refusal. A connection closed meanwhile is a ConnectionError (aiormq: RuntimeError)."""
@@ -78,6 +99,7 @@ class StreamFollower:
         self._consumer: tuple[AbstractQueue, str] | None = None
         self._closing = False  # no ack once set: an ack behind the channel's close is a connection error
 
+    @_gone_on_bare
     async def attach(self, conn: AbstractConnection, stack: contextlib.AsyncExitStack,
                      start: Start | None = None) -> Start:
         """Consume from `start` ("first", "last", an offset, a time), by default from where
@@ -91,6 +113,7 @@ class StreamFollower:
         self._channel = ch
         return start
 
+    @_gone_on_bare
     async def fresh_start(self, conn: AbstractConnection) -> Start:
         """Where a reader new to the stream begins: SINCE_MARGIN_S before the newest snapshot
         the stream's last frame names (its SINCE), else at the first offset."""
@@ -176,6 +199,7 @@ async def ship(exchange: AbstractExchange, queue: str, frames: Sequence[Frame], 
         counters.bump("replica_bytes", sum(len(f.body) for f in frames))
 
 
+@_gone_on_bare
 async def hold(conn: AbstractConnection, stack: contextlib.AsyncExitStack, name: str) -> None:
     """The exclusive queue `name`, owned by `conn` (gone with it)."""
     ch = await open_channel(conn, stack)  # its own: a refused declare closes the channel
@@ -185,6 +209,7 @@ async def hold(conn: AbstractConnection, stack: contextlib.AsyncExitStack, name:
         log.info("%s is held by another connection: not holding it", name)
 
 
+@_gone_on_bare
 async def lock_held(conn: AbstractConnection, name: str) -> bool:
     """Whether another connection holds the exclusive queue `name` (an instance lock)."""
     ch = await _channel(conn)
