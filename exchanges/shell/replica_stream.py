@@ -48,6 +48,7 @@ from exchanges.shell.counters import Counters
 log = logging.getLogger("geofence")
 
 POLL_S = 0.25
+MARKER_TIMEOUT_S = 30.0
 PROBE_S = 2.0  # how long a new reader waits for the stream's last frame (none: an empty stream)
 # A new reader starts this long before the snapshot the last frame names: the writer's clock
 # against the broker's chunk times (further off: the whole stream is read, replica.check_in)
@@ -175,9 +176,17 @@ class StreamFollower:
             self.read += 1
             self._changed.set()
 
-    async def until_marker(self, token: str, stop: asyncio.Event | None = None) -> tuple[bool, str | None]:
-        """Reads until the marker `token`: (read, the master of the frame before it)."""
+    async def until_marker(self, token: str, stop: asyncio.Event | None = None,
+                           timeout: float = MARKER_TIMEOUT_S) -> tuple[bool, str | None]:
+        """Reads until the marker `token`: (read, the master of the frame before it). A stream
+        that delivers nothing new for `timeout` (its consumer cancelled by a restarting broker)
+        is a ConnectionError: the session starts again."""
+        quiet_since, last = time.monotonic(), self.read
         while True:
+            if self.read != last:
+                quiet_since, last = time.monotonic(), self.read
+            elif time.monotonic() - quiet_since > timeout:
+                raise ConnectionError(f"{self.queue}: nothing delivered for {timeout:g}s before the marker")
             seen, before = self.log.writer_before(token)
             if seen or (stop is not None and stop.is_set()):
                 return seen, before

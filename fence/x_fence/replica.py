@@ -104,13 +104,19 @@ class Replica:
                           self.worker, read.broken or "no complete snapshot")
             return None
         ahead = self.shadow.catch_up(got)
+        # the shadow's state goes to the session; the bytes read stay until the session has
+        # shipped its own snapshot (`started`): a session that ends before takes them again
         state, self.shadow = self.shadow.state, Shadow(self.worker)
-        self.follower.log = ReplicaLog(last_offset=read.last_offset, max_generation=read.max_generation,
-                                       last_writer=read.last_writer)
         log.info("worker %s: state from its stream: snapshot generation %d (%d bytes) + %d records, "
                  "%d of them applied as they came", self.worker, got.generation, len(got.snapshot),
                  len(got.records), len(got.records) - ahead)
         return state
+
+    def started(self) -> None:
+        """The session shipped its snapshot: what was read of the stream is let go."""
+        read = self.follower.log
+        self.follower.log = ReplicaLog(last_offset=read.last_offset, max_generation=read.max_generation,
+                                       last_writer=read.last_writer)
 
     def snapshot(self, data: bytes) -> list[Frame]:
         self.generation += 1

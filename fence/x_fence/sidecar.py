@@ -282,6 +282,7 @@ class FenceSidecar:
                 data = await asyncio.to_thread(journal_pack, self._state())
                 await self.replica.ship(self.out_ch.default_exchange, self.replica.snapshot(data),
                                         self.counters)
+                self.replica.started()
 
     def _entry(self, counted: bool = False) -> Entry:
         """Under the lock, right after a step was applied: its journal records (the proximity
