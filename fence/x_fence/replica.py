@@ -95,7 +95,7 @@ class Replica:
     def state(self) -> WorkerState | None:
         """The stream's state (the newest complete snapshot and the records after it, most of
         it already applied by the standby), or None when it has none to give; the bytes read
-        are let go. In a thread."""
+        stay until `started`. In a thread."""
         got = self.follower.log.recovered()
         read = self.follower.log
         if got is None:
