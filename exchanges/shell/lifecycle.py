@@ -110,7 +110,8 @@ class SessionStalled(ConnectionError):
 
 async def _serve(config: SidecarConfig, session: Session, stop: asyncio.Event, counters: Counters | None
                  ) -> None:
-    backoff = Backoff()
+    # capped low: a broker that is back (a restart, a cluster node's peer) is found within 2 s
+    backoff = Backoff(cap=2.0)
     while not stop.is_set():
         started = time.monotonic()
         lost: BaseException | None = None

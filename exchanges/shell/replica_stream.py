@@ -237,13 +237,14 @@ async def stand_by(config: SidecarConfig, vhost: str, follower: StreamFollower, 
                    stop: asyncio.Event, unseen_grace_s: float | None = None, home: str = "",
                    present: bool = False) -> bool:
     """Follows the stream while another instance holds `lock`; True once the lock has been
-    free for `grace_s` (the caller takes it), False when `stop` is set first. A lock never
-    seen held by this standby must be free for `unseen_grace_s` (default: `grace_s`): at a
-    stack's start, the instance whose lock it is gets there first. `home`: an exclusive queue
+    free for `grace_s` (the caller takes it), False when `stop` is set first. A lock not
+    seen held since the standby's last connect must be free for `unseen_grace_s` (default:
+    `grace_s`): at a stack's start or after a broker restart, the instance whose lock it is
+    gets there first. `home`: an exclusive queue
     this standby holds while it stands by (`present`: the lock's own instance, which takes the
     lock at once), or that blocks it while another holds it (a backup yields to the owner)."""
     backoff = Backoff(cap=2.0)
-    said = seen = False
+    said = False
     unseen_grace_s = grace_s if unseen_grace_s is None else unseen_grace_s
     while not stop.is_set():
         try:
@@ -252,7 +253,10 @@ async def stand_by(config: SidecarConfig, vhost: str, follower: StreamFollower, 
                 if home and present:
                     await hold(conn, stack, home)
                 await follower.attach(conn, stack)
+                # seen on this connection only: after the standby's own reconnect (a broker
+                # restart) every master reconnects too, and their locks are free meanwhile
                 free_since: float | None = None
+                seen = False
                 while not stop.is_set():
                     if conn.is_closed:
                         raise ConnectionError("broker connection closed")

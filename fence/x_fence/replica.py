@@ -20,6 +20,7 @@ Invariants (beside the local journal's, exchanges/state_dir.py):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -56,22 +57,31 @@ class Replica:
         self.shadow = Shadow(worker)
 
     async def check_in(self, config: SidecarConfig, exchange: AbstractExchange, counters: Counters,
-                       first: bool) -> None:
+                       first: bool, stop: asyncio.Event | None = None) -> None:
         """At a session's start, the instance lock held: everything written before read (the
         whole stream from where the standby stopped, `first`; else its tail), and for a
         later session, TookOver if another master wrote since this one. The stream is read on
-        a connection of its own, closed after: the session's owns the lock and the work."""
+        a connection of its own, closed after: the session's owns the lock and the work.
+        `stop` set before the marker is read: TookOver (what was read is not all there is)."""
         self.sessions += 1
         token = f"{self.master}#{self.sessions}"
         known = self.follower.log.recovered()
         if known is not None:
             self.since = max(self.since, known.since)
+        began = time.monotonic()
         async with contextlib.AsyncExitStack() as stack:
             conn = await open_connection(config, t.FENCES_VHOST, stack)
             started = await self.follower.attach(conn, stack, None if first else "last")
+            read_from = self.follower.read
             await ship(exchange, self.queue, [marker_frame(self.master, token, self.since)], counters)
-            _, before = await self.follower.until_marker(token)
+            shipped = time.monotonic()
+            seen, before = await self.follower.until_marker(token, stop)
             await self.follower.detach()
+            if not seen:
+                raise TookOver(f"worker {self.worker}: stopped while its stream was read")
+            log.info("worker %s: its stream read up to this session's marker in %.2fs (marker confirmed in "
+                     "%.2fs, %d frames read)", self.worker, time.monotonic() - began, shipped - began,
+                     self.follower.read - read_from)
             if first and self.follower.log.recovered() is None and started != "first":
                 # began at a snapshot that was not there (a writer's clock far off the broker's):
                 # the whole stream, then
@@ -79,8 +89,10 @@ class Replica:
                             self.worker, started)
                 self.follower.log = ReplicaLog()
                 await self.follower.attach(conn, stack, "first")
-                await self.follower.until_marker(token)
+                seen, _ = await self.follower.until_marker(token, stop)
                 await self.follower.detach()
+                if not seen:
+                    raise TookOver(f"worker {self.worker}: stopped while its stream was read")
         self.generation = max(self.generation, self.follower.log.max_generation)
         if not first and before != self.master:
             raise TookOver(f"worker {self.worker}: another process wrote its stream since this one's last "

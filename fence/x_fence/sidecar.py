@@ -382,13 +382,14 @@ class FenceSidecar:
 
     async def session(self, stop: asyncio.Event) -> None:
         cfg = self.config
+        began = time.monotonic()
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
             await self.instance_lock.acquire(conn, stack)  # before the journal is touched
             self.out_ch: AbstractChannel = await shell.open_channel(conn, stack, confirms=cfg.persistence)
             if self.replica is not None:  # everything an earlier master wrote read (TookOver: stale)
                 await self.replica.check_in(cfg, self.out_ch.default_exchange, self.counters,
-                                            first=not self.recovered)
+                                            first=not self.recovered, stop=stop)
             self.events: AbstractExchange = await self.out_ch.get_exchange(t.EVENTS_EXCHANGE, ensure=False)
             self.event_batches = await self.out_ch.get_exchange(t.EVENT_BATCHES_EXCHANGE, ensure=False)
             self.tenant_batches = await self.out_ch.get_exchange(t.TENANT_BATCHES_EXCHANGE, ensure=False)
@@ -401,8 +402,9 @@ class FenceSidecar:
                                      cfg.prefetch)
             controls = shell.Intake.on(await ctl_ch.get_queue(t.fence_control_queue(self.worker)), 64, 64)
             self.inputs = inputs
-            log.info("worker %s: consuming %s, and %s once the state is rebuilt", self.worker,
-                     t.fence_control_queue(self.worker), t.fence_queue(self.worker))
+            log.info("worker %s: consuming %s, and %s once the state is rebuilt (%.2fs after connecting)",
+                     self.worker, t.fence_control_queue(self.worker), t.fence_queue(self.worker),
+                     time.monotonic() - began)
             try:
                 await shell.run_session(
                     stop, [conn], [controls, inputs],

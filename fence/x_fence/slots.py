@@ -7,7 +7,8 @@ process holds the worker's instance lock, following the worker's journal stream
 (x-fence.<worker>.journal), and runs the worker (fence/x_fence/sidecar.py) once the lock is
 free: at once for its home worker, after GEOFENCE_TAKEOVER_S of a free lock for another
 (so that a worker whose process is up stays there; UNSEEN_TAKEOVER_S for a lock the slot
-never saw held, so that at a stack's start every worker begins at home). Its state then comes from the stream:
+has not seen held since it last connected, so that at a stack's start, or after a broker
+restart that every process reconnects from, every worker stays at home). Its state then comes from the stream:
 everything its last master acknowledged, the rest redelivered from its queue. A standby
 keeps that state hot (replica.Shadow: the newest snapshot built, each record applied as it
 is read): a takeover applies only the records of its last moments.
@@ -51,9 +52,9 @@ from fence.x_fence.sidecar import FenceSidecar
 
 log = logging.getLogger("geofence")
 KEEP_UP_S = 0.5
-# A backup takes over a worker whose lock it never saw held (a stack starting, a process
-# started while the worker's own was gone) after this long: at a start the home process,
-# which takes its lock at once, gets there first.
+# A backup takes over a worker whose lock it has not seen held since it connected (a stack
+# starting, a broker restart, a process started while the worker's own was gone) after this
+# long: the home process, which takes its lock at once, gets there first.
 UNSEEN_TAKEOVER_S = 15.0
 # a standby is ready (a takeover costs it little) with its shadow built from the stream's newest
 # snapshot and at most this many of its records still to apply
