@@ -13,10 +13,22 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from deploy import tls
-from deploy.processes import ProcessId, Say, StackError, identify, port_open, terminate, wait_until
+from deploy.processes import (
+    POLL_INTERVAL,
+    ProcessId,
+    Say,
+    StackError,
+    identify,
+    port_open,
+    run,
+    terminate,
+    wait_until,
+)
 from deploy.settings import METRICS_HOST, Secrets, Settings
 
 
@@ -37,6 +49,8 @@ def tls_setup(settings: Settings, say: Say) -> tls.TlsFiles:
     return made
 
 
+PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel",
+           "rabbitmq_prometheus", "rabbitmq_auth_backend_http")
 MAX_MESSAGE_SIZE = 16 * 1024**2  # bytes: the broker's bound on any message (its default: 128 MiB)
 # What every node of this stack carries (issue 37): no anonymous MQTT login (the plugin's
 # default would log a client with no credentials in as guest), a message size bound.
@@ -69,6 +83,25 @@ def node_env(settings: Settings, erl_args: str) -> dict[str, str]:
         env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] += f" {LOOPBACK_DIST_ARGS}"
         env["ERL_EPMD_ADDRESS"] = "127.0.0.1"  # for the epmd the node starts (the first one)
     return env
+
+
+def await_startup(ctl: Sequence[str], settings: Settings, what: str, logs: str) -> None:
+    """`rabbitmqctl await_startup` fails at once until the node is known to epmd: poll it."""
+    deadline = time.monotonic() + settings.start_timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StackError(f"{what} did not start within {settings.start_timeout:g}s; see {logs}")
+        proc = run([*ctl, "await_startup", "--timeout", str(max(1, int(left)))], check=False,
+                   timeout=left + 30)
+        if proc.returncode == 0:
+            return
+        time.sleep(POLL_INTERVAL)
+
+
+def node_pid(ctl: Sequence[str]) -> int:
+    out = run([*ctl, "eval", "list_to_integer(os:getpid())."]).stdout
+    return int(out.strip().splitlines()[-1])
 
 
 def guard_args(settings: Settings) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import re
@@ -150,7 +151,9 @@ class Tally:
 
 class Publishers:
     """A few paho MQTT connections (vhost gf-ingress), QoS 1: as `login` (user, password), a
-    tenant's gateway, else as the administrator."""
+    tenant's gateway, else as the administrator. With a cluster of RabbitMQ nodes (`nodes` of
+    the MQTT settings) the connections are spread over them, and one whose node goes away
+    reconnects to the next (paho resends what was not acknowledged), as a device would."""
 
     def __init__(self, mqtt_cfg: dict[str, Any], run: str, n: int, tally: Tally,
                  login: tuple[str, str] | None = None) -> None:
@@ -165,7 +168,12 @@ class Publishers:
             c.max_inflight_messages_set(1000)
             c.on_connect = lambda cl, u, f, reason, p: connected.release()
             c.on_publish = lambda cl, u, mid, reason, p: tally.ack()
-            c.connect(mqtt_cfg["host"], mqtt_cfg["port"], keepalive=30)
+            listed = mqtt_cfg.get("nodes") or [(mqtt_cfg["host"], mqtt_cfg["port"])]
+            nodes = [(str(h), int(p)) for h, p in listed]
+            if len(nodes) > 1:
+                c.on_disconnect = functools.partial(_next_node, nodes)
+            host, port = nodes[k % len(nodes)]
+            c.connect(host, port, keepalive=30)
             c.loop_start()
             self.clients.append(c)
         for _ in range(n):
@@ -186,6 +194,12 @@ class Publishers:
         for c in self.clients:
             c.disconnect()
             c.loop_stop()
+
+
+def _next_node(nodes: list[tuple[str, int]], client: mqtt.Client, *_: Any) -> None:
+    """on_disconnect: paho's loop reconnects, to the node after the one that went away."""
+    k = nodes.index((client.host, client.port)) if (client.host, client.port) in nodes else -1
+    client.host, client.port = nodes[(k + 1) % len(nodes)]
 
 
 class Screen:

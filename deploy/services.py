@@ -33,7 +33,6 @@ import base64
 import functools
 import ipaddress
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -41,12 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy import exposure, monitoring
+from deploy import broker_cluster, exposure, monitoring
 from deploy import firebase_emulator as fe
 from deploy.broker_host import (
     DIST_PORTS,
     EPMD_PORT,
     MAX_MESSAGE_SIZE,
+    PLUGINS,
+    await_startup,
     dist_on_loopback,
     guard_args,
     guard_await,
@@ -55,11 +56,11 @@ from deploy.broker_host import (
     guard_running,
     guard_stop,
     node_env,
+    node_pid,
     rabbitmq_tls_args,
     server_tls,
 )
 from deploy.processes import (
-    POLL_INTERVAL,
     ProcessId,
     Say,
     StackError,
@@ -76,8 +77,6 @@ from deploy.processes import (
 from deploy.rabbitmq.nodes import broker2_node
 from deploy.settings import FIREBASE_PROJECT, USER, Secrets, Settings, management_url
 
-PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel",
-           "rabbitmq_prometheus", "rabbitmq_auth_backend_http")
 ENABLED_PLUGINS_FILE = Path("/etc/rabbitmq/enabled_plugins")
 RABBITMQ_LOG_DIR = Path("/var/log/rabbitmq")
 
@@ -128,7 +127,7 @@ def rabbitmq_prepare(settings: Settings, say: Say) -> None:
     for name, ctl in stale:
         say(f"{name}: restarting to apply the host defaults (no anonymous MQTT, a message size bound, "
             "epmd and the Erlang distribution on loopback)")
-        proc = identify(_node_pid(ctl))
+        proc = identify(node_pid(ctl))
         run([*ctl, "stop"], timeout=settings.start_timeout)
         wait_gone(proc, settings.start_timeout, name)
     if exposed and len(stale) == len(running) and exposure.exposed((EPMD_PORT,)):
@@ -162,27 +161,8 @@ def rabbitmq_launch(settings: Settings) -> None:
            env=rabbitmq_env(settings))
 
 
-def _await_startup(ctl: Sequence[str], settings: Settings, what: str, logs: str) -> None:
-    """`rabbitmqctl await_startup` fails at once until the node is known to epmd: poll it."""
-    deadline = time.monotonic() + settings.start_timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise StackError(f"{what} did not start within {settings.start_timeout:g}s; see {logs}")
-        proc = run([*ctl, "await_startup", "--timeout", str(max(1, int(left)))], check=False,
-                   timeout=left + 30)
-        if proc.returncode == 0:
-            return
-        time.sleep(POLL_INTERVAL)
-
-
-def _node_pid(ctl: Sequence[str]) -> int:
-    out = run([*ctl, "eval", "list_to_integer(os:getpid())."]).stdout
-    return int(out.strip().splitlines()[-1])
-
-
 def rabbitmq_await(settings: Settings) -> ProcessId:
-    _await_startup(["rabbitmqctl"], settings, "RabbitMQ",
+    await_startup(["rabbitmqctl"], settings, "RabbitMQ",
                    f"{RABBITMQ_LOG_DIR}/ and {settings.log_dir}/rabbitmq-launch.log")
     _await_rabbitmq_listeners(settings)
     return identify(rabbitmq_pid())
@@ -203,7 +183,7 @@ def _await_rabbitmq_listeners(settings: Settings) -> None:
 
 
 def rabbitmq_pid() -> int:
-    return _node_pid(["rabbitmqctl"])
+    return node_pid(["rabbitmqctl"])
 
 
 def rabbitmq_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
@@ -304,12 +284,12 @@ def broker2_launch(settings: Settings) -> None:
 
 
 def broker2_await(settings: Settings) -> ProcessId:
-    _await_startup(ctl2(), settings, "the second RabbitMQ",
+    await_startup(ctl2(), settings, "the second RabbitMQ",
                    f"{broker2_dir(settings) / 'log'} and {settings.log_dir}/rabbitmq2-launch.log")
     for port in (settings.broker_amqp_port(2), settings.broker_management_port(2)):
         wait_until(functools.partial(port_open, settings.host, port), settings.start_timeout,
                    f"the second RabbitMQ to listen on {settings.host}:{port}")
-    return identify(_node_pid(ctl2()))
+    return identify(node_pid(ctl2()))
 
 
 def broker2_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
@@ -580,6 +560,8 @@ SERVICES: tuple[Service, ...] = (
             rabbitmq_stop, prepare=rabbitmq_prepare),
     Service("rabbitmq-2", broker2_running, broker2_launch, broker2_await, broker2_configure, broker2_stop,
             lambda settings: settings.broker_count == 2),
+    *(Service(f"rabbitmq-n{k}", *broker_cluster.node_service(k), broker_cluster.wanted(k))
+      for k in broker_cluster.CLUSTER_NODES),
     Service("postgres", pg_running, pg_launch, pg_await, pg_configure, pg_stop),
     Service("memcached", memcached_running, memcached_launch, memcached_await,
             memcached_configure, memcached_stop),

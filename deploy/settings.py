@@ -81,6 +81,12 @@ def _brokers(key: str, raw: str) -> int:
     return int(raw)
 
 
+def _broker_nodes(key: str, raw: str) -> int:
+    if raw not in ("1", "3"):
+        raise SettingsError(f"{key}={raw!r}: 1 (one RabbitMQ node) or 3 (a cluster of three)")
+    return int(raw)
+
+
 def _names(key: str, raw: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(","))
     if not all(names):
@@ -118,6 +124,7 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "GEOFENCE_WORKERS": ("workers", _names),
     "GEOFENCE_MAP_TILES": ("map_tiles", _tile_url),
     "GEOFENCE_BROKERS": ("brokers", lambda key, raw: _brokers(key, raw)),
+    "GEOFENCE_BROKER_NODES": ("broker_nodes", _broker_nodes),
 }
 ENV_KEYS = settings_registry.keys_for("stack")
 WORKER_PORTS = 16  # metrics ports kept for x-fence workers (see Settings.metrics_ports)
@@ -184,6 +191,8 @@ class Settings:
     # ports, not clustered: regions placed on it are federated to the first over AMQP)
     brokers: int = 1
     placement: tuple[tuple[str, int], ...] = ()  # regions not on broker 1: (region, broker)
+    # the first broker's cluster: 1 node, or 3 (deploy/broker_cluster.py)
+    broker_nodes: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -207,6 +216,8 @@ class Settings:
         if live is not None:
             values["placement"] = tuple((r, b) for r, b in live.get("placement", ())
                                         if r in values.get("regions", cls.regions))
+            if "broker_nodes" not in values and "broker_nodes" in live:
+                values["broker_nodes"] = live["broker_nodes"]
         settings = cls(**values)
         try:
             _ = settings.topology  # validates the region and worker names
@@ -237,6 +248,11 @@ class Settings:
     def broker_metrics_port(self, broker: int) -> int:
         return self.rabbitmq_metrics_port + broker - 1
 
+    def node_port(self, base: int, node: int) -> int:
+        """Node `node` (1..broker_nodes) of the first broker's cluster: its port for the
+        service whose first node's port is `base` (the next nodes 100 ports up each)."""
+        return base + 100 * (node - 1)
+
     def vhost_port(self, vhost: str) -> int:
         """The AMQP port of the node that holds `vhost`."""
         if vhost.startswith(topo.REGION_VHOST_PREFIX):
@@ -259,6 +275,10 @@ class Settings:
                     "management (broker 2)": self.broker_management_port(2),
                     "rabbitmq-metrics (broker 2)": self.broker_metrics_port(2)}
                    if self.broker_count == 2 else {}),
+                **{f"{what} (node {n})": self.node_port(base, n) for n in range(2, self.broker_nodes + 1)
+                   for what, base in (("amqp", self.amqp_port), ("mqtt", self.mqtt_port),
+                                      ("management", self.management_port),
+                                      ("rabbitmq-metrics", self.rabbitmq_metrics_port))},
                 **{f"{name} metrics": port for name, port in self.metrics_ports().items()}}
 
     def metrics_ports(self) -> dict[str, int]:
@@ -335,6 +355,8 @@ def read_live_topology(state_dir: Path) -> dict[str, Any] | None:
         placed = data.get("placement", {})
         if placed:
             out["placement"] = tuple(sorted((str(r), int(b)) for r, b in placed.items()))
+        if "broker_nodes" in data:
+            out["broker_nodes"] = _broker_nodes("broker_nodes", str(data["broker_nodes"]))
         return out
     except FileNotFoundError:
         return None
@@ -366,6 +388,8 @@ def write_live_topology(settings: Settings, regions: tuple[str, ...], workers: t
     body: dict[str, Any] = {"regions": list(regions), "workers": list(workers)}
     if placed:
         body["placement"] = dict(placed)
+    if settings.broker_nodes != 1:
+        body["broker_nodes"] = settings.broker_nodes
     tmp.write_text(json.dumps(body, indent=2) + "\n")
     os.replace(tmp, path)
     return new
@@ -441,6 +465,7 @@ class MqttSettings(TypedDict):
     username: str
     password: str
     ingress_vhost: str  # devices log in as "<ingress_vhost>:<object_id>"
+    nodes: list[list[str | int]]  # [host, port] of each node of the first broker's cluster
 
 
 class PostgresSettings(TypedDict):
@@ -466,6 +491,7 @@ class ConnectionSettings(TypedDict):
     ("/" and every vhost of the topology); `users` maps a sidecar user to its URL per vhost."""
 
     amqp: dict[str, str]
+    amqp_nodes: list[list[str | int]]  # [host, port] of each node of the first broker's cluster
     users: dict[str, dict[str, str]]
     mqtt: MqttSettings
     postgres: PostgresSettings
@@ -485,13 +511,17 @@ def amqp_url(settings: Settings, password: str, vhost: str = "/", user: str = US
             f"{settings.vhost_port(vhost)}/{quote(vhost, safe='')}")
 
 
-def sidecar_amqp_url(settings: Settings, user: str, password: str, name: str, broker: int = 1) -> str:
+def sidecar_amqp_url(settings: Settings, user: str, password: str, name: str, broker: int = 1,
+                     node: int = 1) -> str:
     """A process's broker URL: its user, and `name` as the connection's name in RabbitMQ. On
-    this host's loopback, plain; to another host's broker (a second host's files, `geofence
-    host render`), AMQPS with the stack's CA (the first node's TLS listener)."""
+    this host's loopback, plain (to `node` of the first broker's cluster); to another host's
+    broker (a second host's files, `geofence host render`), AMQPS with the stack's CA (the
+    first node's TLS listener)."""
     who, named = f"{quote(user, safe='')}:{quote(password, safe='')}", f"?name={quote(name, safe='')}"
     if broker != 1 or ipaddress.ip_address(settings.host).is_loopback:
-        return f"amqp://{who}@{settings.host}:{settings.broker_amqp_port(broker)}/{named}"
+        port = (settings.node_port(settings.amqp_port, node) if broker == 1
+                else settings.broker_amqp_port(broker))
+        return f"amqp://{who}@{settings.host}:{port}/{named}"
     return (f"amqps://{who}@{settings.host}:{settings.amqps_port}/{named}"
             f"&cafile={quote(str(settings.tls_ca_file), safe='')}")
 
@@ -521,7 +551,12 @@ def connection_settings(settings: Settings, pw: Secrets) -> ConnectionSettings:
         "users": user_urls(settings, pw),
         "mqtt": {"host": settings.host, "port": settings.mqtt_port,
                  "username": f"/:{USER}", "password": pw.rabbitmq_password,
-                 "ingress_vhost": topo.INGRESS_VHOST},
+                 "ingress_vhost": topo.INGRESS_VHOST,
+                 "nodes": [[settings.host, settings.node_port(settings.mqtt_port, n)]
+                           for n in range(1, settings.broker_nodes + 1)]},
+        # the first broker's cluster, node 1 first (the URLs above are node 1's)
+        "amqp_nodes": [[settings.host, settings.node_port(settings.amqp_port, n)]
+                       for n in range(1, settings.broker_nodes + 1)],
         "postgres": {"dsn": postgres_dsn(settings, pw.postgres_password)},
         "memcached": {"host": settings.host, "port": settings.memcached_port},
         "management": {"url": management_url(settings)},

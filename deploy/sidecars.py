@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import json
 import os
 import subprocess
@@ -37,6 +38,7 @@ from deploy.settings import (
     postgres_dsn,
     sidecar_amqp_url,
     sidecar_ids,
+    sidecar_names,
 )
 from exchanges import topology as t
 
@@ -83,10 +85,13 @@ def passed_on(environ: dict[str, str] | None = None) -> dict[str, str]:
 def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
     user = USERS[sc.role]
     broker = settings.broker_of(sc.instance) if sc.role == "x-geo" else 1  # its region's node
-    env = {"GEOFENCE_AMQP_URL": sidecar_amqp_url(settings, user, pw.users[user], sc.name, broker),
+    node, others = cluster_place(settings, sc) if broker == 1 else (1, [])
+    env = {"GEOFENCE_AMQP_URL": sidecar_amqp_url(settings, user, pw.users[user], sc.name, broker, node),
            "GEOFENCE_POSTGRES_URL": postgres_dsn(settings, pw.postgres_password),
            "GEOFENCE_REGIONS": ",".join(settings.regions),
            "GEOFENCE_WORKERS": ",".join(settings.workers)}
+    if others:
+        env["GEOFENCE_AMQP_NODES"] = ",".join(f"{h}:{p}" for h, p in others)
     env.update(passed_on())
     env["GEOFENCE_METRICS_LISTEN"] = f"{METRICS_HOST}:{settings.metrics_ports()[sc.name]}"
     if sc.role in ("api", "venue-sensors"):  # the venues' read cache
@@ -105,6 +110,24 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
         if settings.map_tiles:
             env["GEOFENCE_MAP_TILES"] = settings.map_tiles
     return env
+
+
+# the roles whose connections fail over between a cluster's nodes (exchanges/shell): spread
+# over the nodes; the API's fence manager (aio-pika's robust connection, one URL) stays on node 1
+SPREAD_ROLES = ("x-ingress", "x-geo", "x-fence", "fence-archiver", "venue-sensors")
+
+
+def cluster_place(settings: Settings, sc: Sidecar) -> tuple[int, list[tuple[str, int]]]:
+    """The first broker's cluster node a process connects to (1..broker_nodes; on loopback,
+    where every node listens, the processes in turn) and the other nodes, in the order it
+    fails over to them."""
+    n = settings.broker_nodes
+    if n == 1 or not ipaddress.ip_address(settings.host).is_loopback:
+        return 1, []
+    names = sidecar_names(settings.topology)
+    first = names.index(sc.name) % n if sc.role in SPREAD_ROLES and sc.name in names else 0
+    order = [(first + i) % n + 1 for i in range(n)]
+    return order[0], [(settings.host, settings.node_port(settings.amqp_port, k)) for k in order[1:]]
 
 
 def api_url(settings: Settings) -> str:

@@ -17,7 +17,7 @@ import os
 import urllib.request
 from dataclasses import dataclass
 
-from deploy import broker_host, sidecars
+from deploy import broker_cluster, broker_host, sidecars
 from deploy.demo import map_roads
 from deploy.processes import (
     Say,
@@ -67,12 +67,18 @@ def up(settings: Settings, say: Say) -> State:
     pw = ensure_secrets(settings)
     broker_host.tls_setup(settings, say)  # before the servers that read them start
     state = start_services(settings, pw, say)
+    for name in broker_cluster.retire(settings, say):  # nodes above GEOFENCE_BROKER_NODES
+        state.pop(name, None)
+        save_state(settings.state_file, state)
     rabbit_topology.ensure(settings, pw, say)
+    if settings.broker_nodes > 1:
+        broker_cluster.settle(settings, say)
     map_roads.ensure(settings.map_roads_file)  # before the API reads it
     sidecars.up(settings, pw, say)  # the pipeline's processes, once the broker is set up
     recorded = read_live_topology(settings.state_dir) or {}
-    if (recorded.get("regions"), recorded.get("workers"), recorded.get("placement", ())) != \
-            (settings.regions, settings.workers, settings.placement):
+    if (recorded.get("regions"), recorded.get("workers"), recorded.get("placement", ()),
+            recorded.get("broker_nodes", 1)) != (settings.regions, settings.workers, settings.placement,
+                                                 settings.broker_nodes):
         write_live_topology(settings, settings.regions, settings.workers)  # what runs (see Settings)
     return state
 
@@ -202,6 +208,12 @@ def status(settings: Settings, pw: Secrets | None) -> Status:
                      f"{', '.join(r for r, _ in settings.placement) or 'none yet'}), management "
                      f"http://{h}:{settings.broker_management_port(2)}/"),)
           if settings.broker_count == 2 else ()),
+        *(StatusRow(f"rabbitmq-n{n}", port_open(h, settings.node_port(settings.amqp_port, n)),
+                    ours[f"rabbitmq-n{n}"], f"amqp://{h}:{settings.node_port(settings.amqp_port, n)}, "
+                    f"mqtt :{settings.node_port(settings.mqtt_port, n)} (cluster node {n} of "
+                    f"{settings.broker_nodes}, {broker_cluster.node_name(n)}), management "
+                    f"http://{h}:{settings.node_port(settings.management_port, n)}/")
+          for n in range(2, settings.broker_nodes + 1)),
         StatusRow("postgres", port_open(h, settings.pg_port), ours["postgres"], pg),
         StatusRow("memcached", port_open(h, settings.memcached_port), ours["memcached"],
                   f"{h}:{settings.memcached_port}"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -16,9 +17,14 @@ from deploy.settings import (
     load_secrets,
 )
 from deploy.stack import down, format_status, status, up
+from exchanges import settings_registry
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    if name == "up":
+        parser.add_argument("--broker-nodes", type=int, choices=(1, 3), default=None,
+                            help="RabbitMQ nodes in the first broker's cluster (recorded in the state "
+                                 "dir; GEOFENCE_BROKER_NODES, else what was recorded, else 1)")
     if name == "status":
         parser.add_argument("--json", action="store_true",
                             help="print the connection settings (with passwords) as JSON")
@@ -61,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env()
         if command == "up":
+            nodes = getattr(args, "broker_nodes", None)
+            if nodes is not None and nodes != settings.broker_nodes:
+                if settings_registry.read("GEOFENCE_BROKER_NODES"):
+                    raise SettingsError("GEOFENCE_BROKER_NODES is set: unset it, or use it instead of "
+                                        "--broker-nodes")
+                settings = dataclasses.replace(settings, broker_nodes=nodes)
             return _up(settings)
         if command == "down":
             return _down(settings)

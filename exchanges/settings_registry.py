@@ -106,6 +106,10 @@ SETTINGS: tuple[Setting, ...] = (
             "A session that consumed nothing for this long (neither recovering, paused nor "
             "standing by) is ended and a new one connects; one that will not end within 30 s "
             "makes the process exit (70) for its supervisor to restart it."),
+    Setting("GEOFENCE_AMQP_NODES", "host:port,...", None, _SIDECARS,
+            "The other nodes of GEOFENCE_AMQP_URL's RabbitMQ cluster (same user, same vhosts): a "
+            "connection that cannot reach its node goes to the next one. `geofence up "
+            "--broker-nodes 3` sets it for every sidecar."),
     Setting("GEOFENCE_FENCE_BACKUPS", "integer >= 0", "1", ("x-fence", "cli"),
             "How many other x-fence processes hold each worker's state as a backup (the next "
             "workers in name order), kept current from the worker's journal stream "
@@ -211,6 +215,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("GEOFENCE_BROKERS", "1 | 2", "1", ("stack",),
             "RabbitMQ nodes of the local stack: 2 starts a second, independent node (not "
             "clustered) on the next ports, for regions placed on it (`geofence region`)."),
+    Setting("GEOFENCE_BROKER_NODES", "1 | 3", "1", ("stack",),
+            "Nodes of the local stack's RabbitMQ cluster: 3 starts two more nodes (ports 100 and "
+            "200 above the first's) that join the first; quorum queues and streams get a member "
+            "on each, sidecars fail over between them. `geofence up --broker-nodes N` sets it "
+            "and records it in the state dir."),
     # ------------------------------------------------------------ build
     Setting("GEOFENCE_KERNEL_CFLAGS", "compiler flags", None, ("build",),
             "Extra C compiler flags for the Hilbert kernel (-march=native for a local build; the "

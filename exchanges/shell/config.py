@@ -78,6 +78,8 @@ class SidecarConfig:
     # x-fence: the workers after this one in name order back it up (fence/x_fence/slots.py)
     fence_backups: int = 1
     takeover_s: float = 1.0
+    # the other nodes of amqp_url's cluster (host, port): open_connection fails over to them
+    amqp_nodes: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_env(cls, role: str, instance: str, environ: Mapping[str, str] | None = None,
@@ -130,6 +132,8 @@ class SidecarConfig:
             kw["fence_backups"] = int(raw)
         if "GEOFENCE_TAKEOVER_S" in env:
             kw["takeover_s"] = positive("GEOFENCE_TAKEOVER_S", env["GEOFENCE_TAKEOVER_S"], float)
+        if env.get("GEOFENCE_AMQP_NODES"):
+            kw["amqp_nodes"] = parse_nodes("GEOFENCE_AMQP_NODES", env["GEOFENCE_AMQP_NODES"])
         if env.get("GEOFENCE_METRICS_LISTEN"):
             try:
                 parse_listen(env["GEOFENCE_METRICS_LISTEN"])
@@ -150,6 +154,13 @@ class SidecarConfig:
     @property
     def name(self) -> str:
         return f"{self.role}-{self.instance}" if self.instance else self.role
+
+    @property
+    def amqp_endpoints(self) -> tuple[tuple[str, int], ...]:
+        """amqp_url's node, then the other nodes of its cluster."""
+        parts = urlsplit(self.amqp_url)
+        default = 5671 if parts.scheme == "amqps" else 5672
+        return ((parts.hostname or "localhost", parts.port or default), *self.amqp_nodes)
 
     def amqp_for(self, vhost: str, endpoint: tuple[str, int] | None = None) -> str:
         """The AMQP URL for one vhost, with the connection named after this sidecar; on
@@ -177,3 +188,14 @@ class SidecarConfig:
 def setup_logging(config: SidecarConfig) -> None:
     logging.basicConfig(level=config.log_level,
                         format=f"%(asctime)s {config.name} %(levelname)s %(message)s")
+
+
+def parse_nodes(key: str, raw: str) -> tuple[tuple[str, int], ...]:
+    """`host:port,host:port` (GEOFENCE_AMQP_NODES)."""
+    out = []
+    for item in (i.strip() for i in raw.split(",")):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{key}={raw!r}: host:port,... expected ({item!r})")
+        out.append((host, int(port)))
+    return tuple(out)

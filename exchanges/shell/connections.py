@@ -36,13 +36,45 @@ BROKER_GONE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelI
                ConnectionError, OSError)
 
 
+CONNECT_S = 10.0  # one node's connect timeout
+FAILOVER_CONNECT_S = 3.0  # one node's, with other nodes of its cluster to try next
+# the node of a cluster each AMQP URL last connected to: a process stays on the node it failed
+# over to (its connections move back only when that node fails in turn)
+_node_of: dict[str, int] = {}
+
+
 async def open_connection(config: SidecarConfig, vhost: str, stack: contextlib.AsyncExitStack,
                           endpoint: tuple[str, int] | None = None) -> AbstractConnection:
     """A connection to `vhost` (on `endpoint` when it lives on another broker), closed with
-    the stack."""
-    conn = await aio_pika.connect(config.amqp_for(vhost, endpoint), timeout=10)
+    the stack. With the other nodes of a cluster (GEOFENCE_AMQP_NODES), the node last reached
+    first, then the next ones; the last node's error when none answers."""
+    conn: AbstractConnection
+    if endpoint is not None or not config.amqp_nodes:
+        conn = await aio_pika.connect(config.amqp_for(vhost, endpoint), timeout=CONNECT_S)
+    else:
+        conn = await _connect_any(config, vhost)
     stack.push_async_callback(_close_quietly, conn)
     return conn
+
+
+async def _connect_any(config: SidecarConfig, vhost: str) -> AbstractConnection:
+    nodes = config.amqp_endpoints
+    first = _node_of.get(config.amqp_url, 0)
+    for i in range(len(nodes)):
+        k = (first + i) % len(nodes)
+        try:
+            conn = await aio_pika.connect(config.amqp_for(vhost, nodes[k]), timeout=FAILOVER_CONNECT_S)
+        except (*BROKER_GONE, TimeoutError) as exc:
+            if i == len(nodes) - 1:
+                raise
+            log.warning("%s: RabbitMQ node %s:%d unreachable (%s): trying %s:%d", config.name, *nodes[k],
+                        type(exc).__name__, *nodes[(k + 1) % len(nodes)])
+            continue
+        if k != first:
+            log.warning("%s: connected to RabbitMQ node %s:%d of its cluster", config.name, *nodes[k])
+        _node_of[config.amqp_url] = k
+        return conn
+    raise AssertionError("unreachable: a cluster has a node")
 
 
 async def _close_quietly(closable: AbstractConnection | AbstractChannel) -> None:

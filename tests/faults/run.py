@@ -323,6 +323,28 @@ class FaultRun:
         self._measure(f, queues, "any")
         return f
 
+    async def kill_broker_node(self, node: int) -> Fault:
+        """kill -9 of one node of the first broker's cluster (its Erlang VM: no goodbye to
+        its peers or clients); until every input queue has its consumer and events flow through
+        every region and worker."""
+        nodes = self.stack.settings.broker_nodes
+        f = self._begin(f"RabbitMQ node {node} of {nodes} killed (kill -9)", "broker")
+        await asyncio.to_thread(self.stack.kill_broker_node, node)
+        self._measure(f, self._every_queue(), "every")
+        return f
+
+    async def start_broker_node(self, node: int) -> Fault:
+        """The killed node started again: it rejoins and its queue members catch up, while
+        events flow on."""
+        f = self._begin(f"RabbitMQ node {node} started again", "broker")
+        await asyncio.to_thread(self.stack.start_broker_node, node)
+        f.note = f"back in {time.monotonic() - f.started:.1f}s"
+        self._measure(f, self._every_queue(), "every")
+        return f
+
+    def _every_queue(self) -> list[tuple[str, str]]:
+        return [(v, q) for n in self.stack.names for v, q in sidecar_queues(self.stack.topology, n)]
+
     async def cut(self, proxy: TcpProxy, names: Sequence[str]) -> Fault:
         f = self._begin("TCP cut", "cut")
         n = await asyncio.to_thread(proxy.cut)
@@ -433,6 +455,10 @@ class FaultRun:
         seen = [0]
         kind, _, which = scope.partition(":")
         region = self.regions.index(which) if kind == "region" else -1
+        # "every": an event through each region and each worker (a broker node's loss touches
+        # whichever sidecars were connected to it)
+        todo = ({("region", r) for r in range(len(self.regions))}
+                | {("worker", w) for w in self.stack.ring.nodes})
 
         async def check() -> bool:
             ds = self.collector.deliveries
@@ -440,6 +466,11 @@ class FaultRun:
                 i = self.where.get((d.event[2], d.event[3]))
                 if i is None or i < update:
                     continue
+                if kind == "every":
+                    todo.difference_update({("region", self.region_of_update[i]),
+                                            ("worker", self.stack.ring.node_for(d.event[1]))})
+                    if todo:
+                        continue
                 if kind == "region" and self.region_of_update[i] != region:
                     continue
                 if kind == "worker" and self.stack.ring.node_for(d.event[1]) != which:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 from aio_pika.abc import AbstractConnection
 
-from deploy import sidecars
+from deploy import broker_cluster, sidecars
 from deploy.processes import ProcessId, ServiceRecord, identify, load_state, save_state, wait_gone
 from deploy.processes import terminate as terminate_process
 from deploy.rabbitmq.apply import management
@@ -175,6 +175,21 @@ class Stack:
         proc = rabbitmq_await(self.settings)
         state = load_state(self.settings.state_file)
         state["rabbitmq"] = ServiceRecord(True, proc)  # ours now: `geofence down` stops it
+        save_state(self.settings.state_file, state)
+
+    def kill_broker_node(self, node: int) -> None:
+        """SIGKILL of a cluster node's Erlang VM (deploy/broker_cluster.py), until it is gone."""
+        proc = identify(broker_cluster.node_pid_of(node))
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_gone(proc, 30, f"RabbitMQ node {node}")
+
+    def start_broker_node(self, node: int) -> None:
+        """A cluster node started again as `geofence up` starts it (it rejoins by itself)."""
+        broker_cluster.start(self.settings, node)
+        proc = broker_cluster.await_started(self.settings, node)
+        broker_cluster.configure(self.settings, self.pw, True, node)
+        state = load_state(self.settings.state_file)
+        state[f"rabbitmq-n{node}"] = ServiceRecord(True, proc)
         save_state(self.settings.state_file, state)
 
     # -- health -------------------------------------------------------------------------------

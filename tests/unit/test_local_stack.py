@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.broker_host import PLUGINS
 from deploy.processes import (
     ProcessId,
     ServiceRecord,
@@ -22,7 +23,7 @@ from deploy.processes import (
     record_for_running,
     save_state,
 )
-from deploy.services import PLUGINS, missing_plugins, pg_conf_text, pg_setup_sql, rabbitmq_env
+from deploy.services import missing_plugins, pg_conf_text, pg_setup_sql, rabbitmq_env
 from deploy.settings import (
     Secrets,
     Settings,
@@ -113,8 +114,10 @@ def test_connection_settings_shape() -> None:
         "amqp": {v: f"amqp://geofence:rabbit-Secret_1@127.0.0.1:5672/{v.replace('/', '%2F')}"
                  for v in ("/", "gf-ingress", "gf-region-a", "gf-region-b", "gf-fences")},
         "users": {},  # sidecar users: see test_topology_stack.py
+        "amqp_nodes": [["127.0.0.1", 5672]],
         "mqtt": {"host": "127.0.0.1", "port": 1883, "username": "/:geofence",
-                 "password": "rabbit-Secret_1", "ingress_vhost": "gf-ingress"},
+                 "password": "rabbit-Secret_1", "ingress_vhost": "gf-ingress",
+                 "nodes": [["127.0.0.1", 1883]]},
         "postgres": {"dsn": "postgresql://geofence:pg-Secret_2@127.0.0.1:55432/geofence"
                             "?sslmode=verify-full&sslrootcert=/var/lib/geofence/tls/ca.pem"},
         "memcached": {"host": "127.0.0.1", "port": 11211},
