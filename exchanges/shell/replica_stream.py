@@ -63,13 +63,19 @@ R = TypeVar("R")
 
 
 def _gone_on_bare(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """aiormq fails an operation on a connection or channel that is closing with a bare
-    `Exception` (the broker going away, as ConnectionError is everywhere else): said so here,
-    so that a standby or a session reconnects instead of the process ending as on a bug."""
+    """The broker going away, as ConnectionError is everywhere else, so that a standby or a
+    session reconnects instead of the process ending as on a bug: aiormq's bare `Exception`
+    for an operation on a connection or channel that is closing, and a stream whose node has
+    not started it yet (a restarting broker, a cluster node still joining: 404 "home node ...
+    is down or inaccessible")."""
     @functools.wraps(fn)
     async def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            if "down or inaccessible" in str(exc):
+                raise ConnectionError(f"the stream is not available yet: {exc}") from exc
+            raise
         except Exception as exc:
             if type(exc) is Exception:
                 raise ConnectionError(f"the broker connection went away: {exc!r}") from exc

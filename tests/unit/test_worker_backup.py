@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiormq
 import pytest
 
 from deploy.rabbitmq import definitions as d
@@ -25,6 +26,7 @@ from exchanges import shell
 from exchanges import topology as t
 from exchanges.hash_ring import HashRing
 from exchanges.replica_log import ReplicaLog, marker_frame
+from exchanges.shell import replica_stream
 from exchanges.x_geo.core import XGeo
 from fence.x_fence.replica import Replica, Shadow
 from fence.x_fence.sidecar import FenceSidecar
@@ -172,3 +174,22 @@ def test_each_worker_has_its_journal_stream_with_a_retention_and_no_dead_letteri
     fence_user = [p for p in d.permissions(topology) if p.user == t.FENCE_USER and p.vhost == t.FENCES_VHOST]
     assert all(re.fullmatch(fence_user[0].read, s) for s in streams)  # the backups read them
     assert all(re.fullmatch(fence_user[0].configure, t.fence_home_lock(w)) for w in ("w0", "w1"))
+
+
+@pytest.mark.parametrize(("raised", "seen"), [
+    (aiormq.exceptions.ChannelNotFoundEntity("NOT_FOUND - home node 'rabbit@vm' of durable queue 'x-fence."
+                                             "w0.journal' in vhost 'gf-fences' is down or inaccessible"),
+     ConnectionError),
+    (aiormq.exceptions.ChannelNotFoundEntity("NOT_FOUND - no queue 'x' in vhost 'gf-fences'"),
+     aiormq.exceptions.ChannelNotFoundEntity),
+    (Exception("<Channel closed>"), ConnectionError),
+    (ValueError("a bug"), ValueError),
+])
+async def test_a_stream_not_up_yet_or_a_closing_connection_is_the_broker_gone(raised: Exception,
+                                                                              seen: type[Exception]) -> None:
+    @replica_stream._gone_on_bare
+    async def op() -> None:
+        raise raised
+
+    with pytest.raises(seen):
+        await op()
