@@ -162,11 +162,17 @@ def grow(settings: Settings, node: int) -> None:
     run(["rabbitmq-queues", "-n", first_node(), "grow", node_name(node), "all"],
         timeout=settings.start_timeout)
     for stream in journal_streams(settings.topology):
-        done = run(["rabbitmq-streams", "-n", first_node(), "add_replica", "-p", t.FENCES_VHOST, stream,
-                    node_name(node)], check=False, timeout=settings.start_timeout)
-        said = (done.stdout + done.stderr).lower()
-        if done.returncode != 0 and not any(w in said for w in ("already", "not_found", "not found")):
-            raise StackError(f"stream {stream}: no replica on {node_name(node)}: {said.strip()[-300:]}")
+        said = stream_replica(settings, "add_replica", stream, node)
+        if said not in ("ok", "{error,already_member}", "{error,not_found}"):
+            raise StackError(f"stream {stream}: no replica on {node_name(node)}: {said[-300:]}")
+
+
+def stream_replica(settings: Settings, op: str, stream: str, node: int) -> str:
+    """rabbit_stream_queue's add_replica / delete_replica for a journal stream (Debian's
+    package has no `rabbitmq-streams` on the PATH); what it returned, e.g. `ok`."""
+    term = f"rabbit_stream_queue:{op}(<<\"{t.FENCES_VHOST}\">>, <<\"{stream}\">>, '{node_name(node)}')."
+    done = run(ctl(1, "eval", term), check=False, timeout=settings.start_timeout)
+    return "".join((done.stdout or done.stderr).split())
 
 
 def stop(settings: Settings, proc: ProcessId, node: int) -> None:
@@ -186,8 +192,7 @@ def retire(settings: Settings, say: Say) -> list[str]:
         if running(settings, node):
             run(["rabbitmq-queues", "-n", first_node(), "shrink", name], timeout=settings.start_timeout)
             for stream in journal_streams(settings.topology):
-                run(["rabbitmq-streams", "-n", first_node(), "delete_replica", "-p", t.FENCES_VHOST, stream,
-                     name], check=False, timeout=settings.start_timeout)
+                stream_replica(settings, "delete_replica", stream, node)
             proc = identify(node_pid(ctl(node)))
             run(ctl(node, "stop_app"), timeout=settings.start_timeout)
             run(ctl(node, "stop"), timeout=settings.start_timeout)

@@ -22,15 +22,17 @@ from tests.faults.tenants import remove_leftover_fences, remove_leftover_gateway
 from tests.faults.timing import say
 
 FAULTS_DIR = Path(__file__).parent
+CLUSTER_ROW = "test_broker_cluster.py"
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The fault tests last (a stable sort: every group keeps its order); they need the stack."""
+    """The fault tests last (a stable sort: every group keeps its order); they need the stack.
+    The cluster's row last of them: it makes RabbitMQ three nodes and one again."""
     for item in items:
         if FAULTS_DIR in item.path.parents:
             item.add_marker(pytest.mark.integration)
-    items.sort(key=lambda item: FAULTS_DIR in item.path.parents)
+    items.sort(key=lambda item: (FAULTS_DIR in item.path.parents, item.path.name == CLUSTER_ROW))
 
 
 SEEDS: list[int] = []  # the session's fault seed, for the summary
