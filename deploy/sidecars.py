@@ -247,10 +247,10 @@ def up(settings: Settings, pw: Secrets, say: Say) -> None:
 
 
 def digest_of(settings: Settings, sc: Sidecar) -> str:
-    """The code, the settings passed on and the sidecar's metrics port: a sidecar runs
-    again when one of them changed (not for the regions and workers listed in its
+    """The code, the settings passed on, the sidecar's metrics port and its broker nodes: a
+    sidecar runs again when one of them changed (not for the regions and workers listed in its
     environment: the roles follow those live)."""
-    seen = {**passed_on(), "metrics": settings.metrics_ports()[sc.name]}
+    seen = {**passed_on(), "metrics": settings.metrics_ports()[sc.name], "nodes": cluster_place(settings, sc)}
     return hashlib.sha256((code_digest() + json.dumps(seen, sort_keys=True)).encode()).hexdigest()
 
 

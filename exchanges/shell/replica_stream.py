@@ -56,6 +56,8 @@ SINCE_MARGIN_S = 30.0
 Start = str | int | datetime  # x-stream-offset: "first", "last", an offset, a time
 STREAM_PREFETCH = 16  # deliveries in flight to a reader: a snapshot part is up to 8 MiB
 OFFSET_HEADER = "x-stream-offset"
+SHIP_CONFIRM_S = 3.0  # how long a frame's confirm may take (plus SHIP_BYTES_PER_S for its bytes)
+SHIP_BYTES_PER_S = 10e6
 
 
 P = ParamSpec("P")
@@ -205,11 +207,21 @@ class StreamFollower:
 
 async def ship(exchange: AbstractExchange, queue: str, frames: Sequence[Frame], counters: Counters) -> None:
     """Frames published to the stream `queue` (through the default exchange `exchange`),
-    persistent and confirmed, in order."""
+    persistent and confirmed, in order. Not confirmed within SHIP_CONFIRM_S (and the time
+    their bytes take): a ConnectionError, the session ends and its next one ships again
+    (RabbitMQ 3.10 never confirms a frame whose stream lost its leader meanwhile, a cluster
+    node lost: found by the fault suite)."""
     if frames:
-        # through the module: a test's patch of publish.publish_all reaches it
-        await publish.publish_all([publish.Out(exchange, queue, f.body, "application/msgpack",
-                                               headers=f.headers) for f in frames], counters)
+        size = sum(len(f.body) for f in frames)
+        deadline = SHIP_CONFIRM_S + size / SHIP_BYTES_PER_S
+        try:
+            # through the module: a test's patch of publish.publish_all reaches it
+            await asyncio.wait_for(publish.publish_all(
+                [publish.Out(exchange, queue, f.body, "application/msgpack", headers=f.headers)
+                 for f in frames], counters), deadline)
+        except TimeoutError:
+            raise ConnectionError(f"{queue}: {len(frames)} frames ({size:,} bytes) not confirmed within "
+                                  f"{deadline:.1f}s (the stream's leader lost?)") from None
         counters.bump("replica_frames", len(frames))
         counters.bump("replica_bytes", sum(len(f.body) for f in frames))
 

@@ -193,3 +193,17 @@ async def test_a_stream_not_up_yet_or_a_closing_connection_is_the_broker_gone(ra
 
     with pytest.raises(seen):
         await op()
+
+
+async def test_a_frame_the_stream_never_confirms_ends_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RabbitMQ 3.10 drops the confirm of a frame whose stream lost its leader: the master
+    must not wait for it forever (its inputs would stay unacked, its worker stalled)."""
+    async def never(*_: Any, **__: Any) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(replica_stream.publish, "publish_all", never)
+    monkeypatch.setattr(replica_stream, "SHIP_CONFIRM_S", 0.05)
+    frames = [marker_frame("m", "m#1", 0)]
+    with pytest.raises(ConnectionError, match="not confirmed within"):
+        await replica_stream.ship(SimpleNamespace(), "x-fence.w0.journal", frames,  # type: ignore[arg-type]
+                                  shell.Counters())
