@@ -150,11 +150,24 @@ def settle(settings: Settings, say: Say) -> None:
     step does nothing when there is nothing to do."""
     for node in range(2, settings.broker_nodes + 1):
         grow(settings, node)
+    wait_until(functools.partial(coordinated, settings), max(settings.start_timeout, 120),
+               "every RabbitMQ node to be a member of the streams' coordinator and MQTT's tracker")
     done = run(["rabbitmq-queues", "-n", first_node(), "rebalance", "quorum"], check=False,
                timeout=settings.start_timeout)
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip()[-200:]
         say(f"rabbitmq: the quorum queues' leaders not rebalanced: {said}")
+
+
+def coordinated(settings: Settings) -> bool:
+    """The streams' coordinator (a Raft cluster that adds a joined node by itself, within
+    about a minute) and MQTT's client-id tracker have a member on every node."""
+    names = [node_name(n) for n in range(1, settings.broker_nodes + 1)]
+    for cluster in ("rabbit_stream_coordinator", "mqtt_node"):
+        said = run(ctl(1, "eval", f"ra:members({{{cluster}, node()}})."), check=False).stdout
+        if not all(f"{{{cluster},{n}}}" in "".join(said.split()).replace("'", "") for n in names):
+            return False
+    return True
 
 
 def grow(settings: Settings, node: int) -> None:
@@ -193,6 +206,13 @@ def retire(settings: Settings, say: Say) -> list[str]:
             run(["rabbitmq-queues", "-n", first_node(), "shrink", name], timeout=settings.start_timeout)
             for stream in journal_streams(settings.topology):
                 stream_replica(settings, "delete_replica", stream, node)
+            # the Raft clusters of the streams' coordinator and of MQTT's client ids lose their
+            # member there while they have a majority: a node forgotten with its member still
+            # listed leaves them without one (streams and MQTT logins then fail on node 1)
+            run(ctl(1, "eval", f"ra:remove_member({{rabbit_stream_coordinator, node()}}, "
+                               f"{{rabbit_stream_coordinator, '{name}'}})."), check=False,
+                timeout=settings.start_timeout)
+            run(ctl(1, "decommission_mqtt_node", name), check=False, timeout=settings.start_timeout)
             proc = identify(node_pid(ctl(node)))
             run(ctl(node, "stop_app"), timeout=settings.start_timeout)
             run(ctl(node, "stop"), timeout=settings.start_timeout)
