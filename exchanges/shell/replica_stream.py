@@ -56,7 +56,10 @@ SINCE_MARGIN_S = 30.0
 Start = str | int | datetime  # x-stream-offset: "first", "last", an offset, a time
 STREAM_PREFETCH = 16  # deliveries in flight to a reader: a snapshot part is up to 8 MiB
 OFFSET_HEADER = "x-stream-offset"
-SHIP_CONFIRM_S = 3.0  # how long a frame's confirm may take (plus SHIP_BYTES_PER_S for its bytes)
+# How long a frame's confirm may take (plus SHIP_BYTES_PER_S for its bytes) before the stream is
+# taken for lost: 3 s ended sessions again and again at F=10,000 on two loaded cores (a stream's
+# confirms there take seconds), so a lost leader costs up to this long instead.
+SHIP_CONFIRM_S = 30.0
 SHIP_BYTES_PER_S = 10e6
 
 
