@@ -319,8 +319,7 @@ class FaultRun:
         down_s = time.monotonic() - f.started
         await asyncio.to_thread(self.stack.start_broker)
         f.note = f"stop {down_s:.1f}s, start {time.monotonic() - f.started - down_s:.1f}s"
-        queues = [(v, q) for n in self.stack.names for v, q in sidecar_queues(self.stack.topology, n)]
-        self._measure(f, queues, "any")
+        self._measure(f, self._every_queue(), "any")
         return f
 
     async def kill_broker_node(self, node: int) -> Fault:
