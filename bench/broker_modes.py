@@ -97,6 +97,7 @@ class BrokerRun:
     backlog: int = 0  # the largest pipeline backlog seen then (messages; -1: unknown)
     parked: int = 0  # parking updates sent after the run
     arrivals: np.ndarray = field(default_factory=lambda: np.empty(0))  # each event's receipt (time.time())
+    duplicates: int = 0  # raw deliveries of an event_id already received (dropped before the check)
 
     @property
     def updates_per_s(self) -> float:
@@ -187,11 +188,15 @@ async def remove_fences(conn: ConnectionSettings, fences: Sequence[wl.Fence], pa
 class EventSink:
     """fence.event-batches (every event, one message per x-fence batch: the consumer of
     everything, as Tile38's PSUBSCRIBE * is) -> the run's events with their receipt time, the
-    ids qualified again by the events' tenant (bench/tenant.py)."""
+    ids qualified again by the events' tenant (bench/tenant.py). Delivery is at least once:
+    an event_id seen before is a raw duplicate, counted and dropped (as a consumer does), so
+    that the check against the reference is of distinct events."""
 
     def __init__(self, conn: ConnectionSettings, prefix: str) -> None:
         self.url, self.prefix = conn["amqp"][t.FENCES_VHOST], prefix
         self.got: list[tuple[wl.EventTuple, float]] = []
+        self.ids: set[str] = set()
+        self.duplicates = 0
         self.arrived = asyncio.Event()
         self.want = 0
         self.conn: aio_pika.abc.AbstractConnection | None = None
@@ -208,7 +213,13 @@ class EventSink:
         now, prefix = time.time(), self.prefix
         # this run's fences and objects: a fence defined here also sees objects of earlier
         # runs still inside it (not timed out), and says so (ENTER at its definition)
-        self.got += [(e, now) for e in tn.run_events(orjson.loads(m.body), prefix)]
+        for e, event_id in tn.run_events_with_ids(orjson.loads(m.body), prefix):
+            if event_id is not None:
+                if event_id in self.ids:
+                    self.duplicates += 1
+                    continue
+                self.ids.add(event_id)
+            self.got.append((e, now))
         if self.want and len(self.got) >= self.want:
             self.arrived.set()
 
@@ -515,6 +526,7 @@ async def _run(gw: tn.Gateway, mode: str, fences: Sequence[wl.Fence], stream: wl
             if ticker:
                 ticker.cancel()
     result.events = [e for e, _ in sink.got]
+    result.duplicates = sink.duplicates
     result.arrivals = np.array([recv for _, recv in sink.got], np.float64)
     where = update_index(st, tn.TENANT)
     lat = [(recv - sent_at[where[(e[2], e[3])]]) * 1000.0 for e, recv in sink.got if (e[2], e[3]) in where]

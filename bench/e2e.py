@@ -281,6 +281,7 @@ def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, la
         "  publish (s)": f"{r.publish_s:.2f}",
         "updates/s": f"{r.updates_per_s:,.0f}",
         "events": f"{len(r.events):,}",
+        "  raw duplicates": f"{r.duplicates:,}",
         "events/s": f"{len(r.events) / r.total_s if r.total_s else 0.0:,.0f}",
         "latency p50 (ms)": f"{out.p50:.1f}",
         "latency p95 (ms)": f"{out.p95:.1f}",
@@ -293,7 +294,9 @@ def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, la
     backlog = "unknown" if r.backlog < 0 else f"{r.backlog:,} messages at most"
     out.notes = [f"{intake}: {what}; {r.latency_ms.size:,} latencies; fences in and applied "
                  f"{r.setup_s:.1f} s (production path); then {r.idle_wait_s:.1f} s until the pipeline "
-                 f"was idle (backlog {backlog}); {r.parked:,} parking updates after"]
+                 f"was idle (backlog {backlog}); {r.parked:,} parking updates after; "
+                 f"{len(r.events):,} distinct events (by event_id) checked, {r.duplicates:,} raw "
+                 "duplicates dropped"]
     return out
 
 
@@ -415,7 +418,8 @@ def top_functions(profiler: cProfile.Profile, n: int = 20) -> str:
 
 
 ROWS = ("objects", "updates", "batch", "rate asked (/s)", "setup (s)", "  drain wait (s)", "stream (s)",
-        "  publish (s)", "  cpu (s)", "updates/s", "  after round 1", "events", "events/s",
+        "  publish (s)", "  cpu (s)", "updates/s", "  after round 1", "events",
+        "  raw duplicates", "events/s",
         "ingress (us/update)", "geo (us/update)", "fence (us/update)", "latency p50 (ms)",
         "latency p95 (ms)", "latency p99 (ms)", "  max (ms)", "reference (s)", "events match", "target",
         "ratio")

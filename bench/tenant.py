@@ -161,8 +161,18 @@ def event_tuple(wire: object) -> EventTuple | None:
 def run_events(batch: object, prefix: str) -> list[EventTuple]:
     """The tenant's events of one batch (a JSON array) whose fence and object are both a run's
     (their names start with `prefix`: `bench:<prefix>...` qualified), as reference tuples."""
+    return [e for e, _ in run_events_with_ids(batch, prefix)]
+
+
+def run_events_with_ids(batch: object, prefix: str) -> list[tuple[EventTuple, str | None]]:
+    """`run_events` with each event's `event_id` (None where a body has none)."""
     if not isinstance(batch, list):
         return []
     qualified_prefix = qualified(prefix)
-    return [e for e in map(event_tuple, batch)
-            if e is not None and e[1].startswith(qualified_prefix) and e[2].startswith(qualified_prefix)]
+    out = []
+    for wire in batch:
+        e = event_tuple(wire)
+        if e is not None and e[1].startswith(qualified_prefix) and e[2].startswith(qualified_prefix):
+            event_id = wire.get("event_id") if isinstance(wire, dict) else None
+            out.append((e, event_id if isinstance(event_id, str) else None))
+    return out

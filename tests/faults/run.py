@@ -327,8 +327,9 @@ class FaultRun:
         its peers or clients); until every input queue has its consumer and events flow through
         every region and worker."""
         nodes = self.stack.settings.broker_nodes
+        proc = await asyncio.to_thread(self.stack.broker_node_process, node)
         f = self._begin(f"RabbitMQ node {node} of {nodes} killed (kill -9)", "broker")
-        await asyncio.to_thread(self.stack.kill_broker_node, node)
+        await asyncio.to_thread(self.stack.kill_broker_node, node, proc)
         self._measure(f, self._every_queue(), "every")
         return f
 

@@ -177,9 +177,13 @@ class Stack:
         state["rabbitmq"] = ServiceRecord(True, proc)  # ours now: `geofence down` stops it
         save_state(self.settings.state_file, state)
 
-    def kill_broker_node(self, node: int) -> None:
-        """SIGKILL of a cluster node's Erlang VM (deploy/broker_cluster.py), until it is gone."""
-        proc = identify(broker_cluster.node_pid_of(node))
+    def broker_node_process(self, node: int) -> ProcessId:
+        """A cluster node's Erlang VM (deploy/broker_cluster.py). Asked of the node itself
+        (`rabbitmqctl eval`: seconds on a loaded machine), before the fault's clock starts."""
+        return identify(broker_cluster.node_pid_of(node))
+
+    def kill_broker_node(self, node: int, proc: ProcessId) -> None:
+        """SIGKILL of a cluster node's Erlang VM, until it is gone."""
         os.kill(proc.pid, signal.SIGKILL)
         wait_gone(proc, 30, f"RabbitMQ node {node}")
 

@@ -22,7 +22,7 @@ import aiormq
 import pytest
 
 from deploy.rabbitmq import definitions as d
-from exchanges import shell
+from exchanges import replica_log, shell
 from exchanges import topology as t
 from exchanges.hash_ring import HashRing
 from exchanges.replica_log import ReplicaLog, marker_frame
@@ -203,7 +203,54 @@ async def test_a_frame_the_stream_never_confirms_ends_the_session(monkeypatch: p
 
     monkeypatch.setattr(replica_stream.publish, "publish_all", never)
     monkeypatch.setattr(replica_stream, "SHIP_CONFIRM_S", 0.05)
+    monkeypatch.setattr(replica_stream, "PROBE_AFTER_S", 0.01)
     frames = [marker_frame("m", "m#1", 0)]
-    with pytest.raises(ConnectionError, match="not confirmed within"):
+    counters = shell.Counters()
+    with pytest.raises(ConnectionError, match="nothing confirmed within"):
         await replica_stream.ship(SimpleNamespace(), "x-fence.w0.journal", frames,  # type: ignore[arg-type]
-                                  shell.Counters())
+                                  counters)
+    assert counters.other["replica_confirms_lost"] == 1
+
+
+def _publisher(lost: set[bytes], slow_s: float, published: list[list[Any]]) -> Any:
+    """publish_all as a stream confirms: in order, after `slow_s` each; never those in `lost`."""
+    confirmed = asyncio.Lock()
+
+    async def publish_all(outs: list[Any], counters: Any) -> None:
+        published.append(outs)
+        if any(o.body in lost for o in outs):  # in flight at a leader change
+            await asyncio.Event().wait()
+        async with confirmed:  # in order: a later publish is confirmed after an earlier one
+            await asyncio.sleep(slow_s)
+    return publish_all
+
+
+async def test_a_probe_confirmed_first_tells_a_lost_confirm_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream changed leader with the frames in flight: the probe sent after them goes to
+    the new leader and is confirmed, theirs never are: the session ends at the probe, not
+    at SHIP_CONFIRM_S."""
+    published: list[list[Any]] = []
+    monkeypatch.setattr(replica_stream.publish, "publish_all", _publisher({b"records"}, 0.0, published))
+    monkeypatch.setattr(replica_stream, "PROBE_AFTER_S", 0.02)
+    counters = shell.Counters()
+    frames = [replica_log.records_frame(3, 0, b"records", "m#1", 7)]
+    with pytest.raises(ConnectionError, match="a probe sent after them was confirmed first"):
+        ship = replica_stream.ship(SimpleNamespace(), "x-fence.w0.journal", frames, counters)  # type: ignore[arg-type]
+        await asyncio.wait_for(ship, replica_stream.SHIP_CONFIRM_S / 10)
+    probe = published[1][0]
+    assert probe.headers[replica_log.KIND] == replica_log.MARKER
+    assert probe.headers[replica_log.MASTER] == "m#1"
+    assert counters.other["replica_confirms_lost"] == 1
+
+
+async def test_a_slow_stream_confirms_the_frames_before_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only slow: the frames' confirms come first (a stream confirms in order), the probe
+    costs a small marker frame and the frames count as shipped."""
+    published: list[list[Any]] = []
+    monkeypatch.setattr(replica_stream.publish, "publish_all", _publisher(set(), 0.05, published))
+    monkeypatch.setattr(replica_stream, "PROBE_AFTER_S", 0.01)
+    counters = shell.Counters()
+    frames = [replica_log.records_frame(3, 0, b"records", "m#1", 7)]
+    await replica_stream.ship(SimpleNamespace(), "x-fence.w0.journal", frames, counters)  # type: ignore[arg-type]
+    assert len(published) == 2  # the frames, then the probe
+    assert counters.other["replica_frames"] == 1 and counters.other["replica_confirms_lost"] == 0
