@@ -181,6 +181,11 @@ class Queue:
     vhost: str
     name: str
     type: str = "classic"  # quorum | classic (a queue's type is fixed when it is declared)
+    # x-single-active-consumer (fixed at declaration too): the broker hands the queue to one
+    # consumer at a time, the next one only once the last one's unacked messages are back in
+    # it, so per-object order holds across a consumer's death by the broker's own rule (a
+    # cluster node lost included: see SINGLE_ACTIVE_INPUTS)
+    single_active: bool = False
 
 
 @dataclass(frozen=True)
@@ -297,6 +302,16 @@ def region_vhosts(topology: Topology) -> tuple[str, ...]:
     return tuple(t.region_vhost(r) for r in topology.regions)
 
 
+# The input queues whose sidecar runs as one instance (its InstanceLock) and consumes in order:
+# single active consumer. Not the API's (fence.api, fence.follow: every API process shares
+# them). Why the broker's rule rather than the sidecar's wait for its predecessor's consumer to
+# go: RabbitMQ 3.10's quorum queues keep listing a consumer whose node died ("suspected
+# down", its messages returned) until the node is back, and then make it a consumer again for
+# a moment, handing it messages that come back behind newer ones; a single-active-consumer
+# queue parks it among the waiting ones instead (found by the fault suite's cluster row).
+SHARED_INPUT_QUEUES = frozenset({t.API_QUEUE, t.FOLLOW_QUEUE})
+
+
 def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
     """The queues sidecars consume in `vhost` (the gf-input-limits policy's group)."""
     if vhost == t.INGRESS_VHOST:
@@ -348,7 +363,8 @@ def journal_streams(topology: Topology) -> tuple[str, ...]:
 
 def queues(topology: Topology) -> tuple[Queue, ...]:
     return (*(q for v in topology.vhosts
-              for q in (*(Queue(v, name, QUORUM) for name in input_queues(topology, v)),
+              for q in (*(Queue(v, name, QUORUM, name not in SHARED_INPUT_QUEUES)
+                          for name in input_queues(topology, v)),
                         Queue(v, t.DEAD_LETTER_QUEUE))),
             *(Queue(t.FENCES_VHOST, name, STREAM) for name in journal_streams(topology)))
 

@@ -142,9 +142,16 @@ def declare_exchange(x: Exchange) -> Http:
     return Http("PUT", api_path("exchanges", x.vhost, x.name), {"type": x.type, **EXCHANGE_PROPERTIES})
 
 
+SAC = "x-single-active-consumer"
+
+
+def queue_arguments(q: Queue) -> dict[str, Any]:
+    return {"x-queue-type": q.type, **({SAC: True} if q.single_active else {})}
+
+
 def declare_queue(q: Queue) -> Http:
     return Http("PUT", api_path("queues", q.vhost, q.name),
-                {**QUEUE_PROPERTIES, "arguments": {"x-queue-type": q.type}})
+                {**QUEUE_PROPERTIES, "arguments": queue_arguments(q)})
 
 
 def delete_empty_queue(q: Queue) -> Http:
@@ -201,10 +208,22 @@ def queue_type(have: Mapping[str, Any]) -> str:
     return str(have.get("type") or (have.get("arguments") or {}).get("x-queue-type") or "classic")
 
 
+def single_active(have: Mapping[str, Any]) -> bool:
+    return (have.get("arguments") or {}).get(SAC) is True
+
+
 def _queue_conflict(have: Mapping[str, Any]) -> bool:
-    args = {k: v for k, v in (have.get("arguments") or {}).items() if k != "x-queue-type"}
+    args = {k: v for k, v in (have.get("arguments") or {}).items() if k not in ("x-queue-type", SAC)}
     return (bool(have.get("durable")) is not True or bool(have.get("auto_delete"))
             or bool(have.get("exclusive")) or args != {})
+
+
+def _kind(q: Queue | Mapping[str, Any]) -> str:
+    if isinstance(q, Queue):
+        kind, sac = q.type, q.single_active
+    else:
+        kind, sac = queue_type(q), single_active(q)
+    return f"{kind}{' single-active-consumer' if sac else ''}"
 
 
 def _exchange_conflict(x: Exchange, have: Mapping[str, Any]) -> bool:
@@ -281,13 +300,13 @@ def _declare_steps(defs: Definitions, current: Current) -> list[Step]:
             steps.append(declare_queue(q))
         elif _queue_conflict(have_q):
             conflicts.append(f"queue {q.name} in {q.vhost} is {compact_json(have_q)}, the "
-                             f"topology wants a durable {q.type} queue without arguments")
-        elif queue_type(have_q) != q.type:
-            # A queue's type is fixed at declaration: an empty one is deleted and declared
-            # again (with its bindings); one holding messages is left for the operator.
+                             f"topology wants a durable {_kind(q)} queue without other arguments")
+        elif queue_type(have_q) != q.type or single_active(have_q) != q.single_active:
+            # A queue's type and arguments are fixed at declaration: an empty one is deleted and
+            # declared again (with its bindings); one holding messages is left for the operator.
             if int(have_q.get("messages") or 0):
-                conflicts.append(f"queue {q.name} in {q.vhost} is a {queue_type(have_q)} queue holding "
-                                 f"{have_q['messages']} messages, the topology wants a {q.type} queue: "
+                conflicts.append(f"queue {q.name} in {q.vhost} is a {_kind(have_q)} queue holding "
+                                 f"{have_q['messages']} messages, the topology wants a {_kind(q)} queue: "
                                  "let its consumer drain it (stop its publishers) and apply again")
             else:
                 steps += [delete_empty_queue(q), declare_queue(q)]

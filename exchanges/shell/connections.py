@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 from collections.abc import Sequence
 
@@ -42,31 +41,6 @@ FAILOVER_CONNECT_S = 3.0  # one node's, with other nodes of its cluster to try n
 # the node of a cluster each AMQP URL last connected to: a process stays on the node it failed
 # over to (its connections move back only when that node fails in turn)
 _node_of: dict[str, int] = {}
-# The nodes this process failed over from because they refused a connection (their VM gone,
-# not a slow network): a quorum queue keeps listing the consumers it had there ("suspected
-# down", their unacked messages already returned to the queue at the node's loss) until the
-# node is back or forgotten. Each may hide one such consumer per queue (exclusive consumers):
-# see `stale_consumers`.
-_left_dead: set[tuple[str, int]] = set()
-
-
-def stale_consumers() -> int:
-    """How many consumers of a queue this process consumed may still be counted by the broker
-    although their connections died with a node (one per node it left dead). The broker
-    returned their unacked messages when it saw the node go: waiting for them to go too
-    would wait for the node to come back."""
-    return len(_left_dead)
-
-
-def _refused(exc: BaseException) -> bool:
-    """Whether a connect failed because nothing listens there (ECONNREFUSED), through
-    aiormq's wrapping (AMQPConnectionError(111, ...))."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError) or (seen.args and seen.args[0] == errno.ECONNREFUSED):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 async def open_connection(config: SidecarConfig, vhost: str, stack: contextlib.AsyncExitStack,
@@ -91,8 +65,6 @@ async def _connect_any(config: SidecarConfig, vhost: str) -> AbstractConnection:
         try:
             conn = await aio_pika.connect(config.amqp_for(vhost, nodes[k]), timeout=FAILOVER_CONNECT_S)
         except (*BROKER_GONE, TimeoutError) as exc:
-            if i == 0 and _refused(exc):  # the node this process was on: gone, with its VM
-                _left_dead.add(nodes[k])
             if i == len(nodes) - 1:
                 raise
             log.warning("%s: RabbitMQ node %s:%d unreachable (%s): trying %s:%d", config.name, *nodes[k],
@@ -100,7 +72,6 @@ async def _connect_any(config: SidecarConfig, vhost: str) -> AbstractConnection:
             continue
         if k != first:
             log.warning("%s: connected to RabbitMQ node %s:%d of its cluster", config.name, *nodes[k])
-        _left_dead.discard(nodes[k])  # back: the broker dropped what it listed of ours there
         _node_of[config.amqp_url] = k
         return conn
     raise AssertionError("unreachable: a cluster has a node")

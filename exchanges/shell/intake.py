@@ -28,7 +28,7 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractQueu
 from pamqp.commands import Basic
 
 from exchanges.contract import InvalidMessage
-from exchanges.shell import connections, publish
+from exchanges.shell import publish
 from exchanges.shell.connections import BROKER_GONE
 from exchanges.shell.counters import Counters
 from exchanges.shell.pipeline import Pipeline
@@ -147,13 +147,12 @@ class Intake:
         return self.received >= self.backlog and not self._buf
 
     # How long `start` waits for the broker to drop a dead predecessor's consumer. It drops
-    # it as soon as it sees the connection gone, which the instance lock already waited for;
-    # except a consumer whose connection died with a cluster node: a quorum queue returns its
-    # messages at once but lists it until the node is back (connections.stale_consumers).
+    # it as soon as it sees the connection gone, which the instance lock already waited for.
+    # The input queues of single-instance roles have a single active consumer besides
+    # (deploy/rabbitmq/definitions.py SHARED_INPUT_QUEUES): there the broker itself holds a
+    # new consumer back until the last one's messages are returned, and a consumer whose
+    # cluster node died stops being counted at once.
     PREDECESSOR_WAIT_S = 30.0
-    # After leaving a dead node: how long an answer of no consumer and no message is taken for
-    # a queue whose leader died with the node and is being elected (an idle queue waits it out)
-    LEADERLESS_S = 1.0
 
     async def start(self) -> None:
         declared = getattr(self.queue, "declaration_result", None)
@@ -171,9 +170,8 @@ class Intake:
             underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
 
     async def _without_predecessor(self) -> Any:
-        """Polls the queue (passive declares) until it has no consumer but those this process
-        left on a dead node (`connections.stale_consumers`), or PREDECESSOR_WAIT_S passed
-        (then it says so and goes on); the last declare-ok (None without a channel)."""
+        """Polls the queue (passive declares) until it has no consumer, or PREDECESSOR_WAIT_S
+        passed (then it says so and goes on); the last declare-ok (None without a channel)."""
         channel = getattr(self.queue, "channel", None)
         if channel is None:  # the unit tests' fake queue
             return None
@@ -182,19 +180,8 @@ class Intake:
             declared = (await channel.declare_queue(self.queue.name, passive=True)).declaration_result
             consumers = int(getattr(declared, "consumer_count", 0) or 0)
             waited = time.monotonic() - started
-            stale = connections.stale_consumers()
-            empty = not consumers and not getattr(declared, "message_count", 0)
-            if stale and empty and waited < self.LEADERLESS_S:
-                # a quorum queue electing a leader answers (0, 0) (RabbitMQ's stat times out): the
-                # leftover consumer's messages may not be returned yet
-                await asyncio.sleep(0.05)
-                continue
-            if consumers <= stale:
-                if consumers:
-                    log.info("%s: %d consumer(s) still listed, left by this process on a RabbitMQ node "
-                             "that is gone (their messages returned to the queue): consuming",
-                             self.queue.name, consumers)
-                elif waited > 0.05:
+            if not consumers:
+                if waited > 0.05:
                     log.info("%s: the previous consumer was dropped after %.2fs; consuming", self.queue.name,
                              waited)
                 return declared

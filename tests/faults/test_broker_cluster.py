@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 
+import aio_pika
 import pytest
 
-from deploy import broker_cluster
+from deploy import broker_cluster, exposure
 from tests.faults.run import FaultRun, Workload, execute
 from tests.faults.stack import Stack
 from tests.faults.timing import say
 from tests.faults.verdict import failure_message
+from tests.security.attacks import refused
+from tests.security.mqtt import Mqtt
 
 pytestmark = pytest.mark.timeout(900)
 KILLED = 2  # a node that holds queue leaders and sidecar connections (not node 1: see broker_cluster)
@@ -34,6 +38,28 @@ def _shape(stack: Stack, nodes: int) -> None:
     stack.up()
 
 
+async def _host_defaults_of_the_other_nodes(stack: Stack) -> None:
+    """Nodes 2 and 3 have node 1's host defaults (the attack table's rows, tests/security/
+    test_host_defaults.py, run against node 1): no anonymous MQTT, no guest, every port of
+    theirs (AMQP, MQTT, management, Prometheus, the Erlang distribution) on loopback only."""
+    s = stack.settings
+    for node in range(2, s.broker_nodes + 1):
+        mqtt_port = s.node_port(s.mqtt_port, node)
+        conn = {**stack.conn, "mqtt": {**stack.conn["mqtt"], "port": mqtt_port}}
+        try:
+            await asyncio.to_thread(Mqtt, conn, "", None, f"anon-{uuid.uuid4().hex[:8]}")  # type: ignore[arg-type]
+            anonymous = "accepted"
+        except AssertionError:
+            anonymous = "refused"
+        amqp_port = s.node_port(s.amqp_port, node)
+        guest = await refused(aio_pika.connect(f"amqp://guest:guest@{s.host}:{amqp_port}/", timeout=10))
+        bases = (s.amqp_port, s.mqtt_port, s.management_port, s.rabbitmq_metrics_port)
+        ports = [s.node_port(base, node) for base in bases] + [broker_cluster.DIST_PORT[node]]
+        listening = {x.port for x in exposure.listeners()} & set(ports)
+        assert anonymous == "refused" and guest.startswith("refused"), (node, anonymous, guest)
+        assert listening == set(ports) and not exposure.exposed(ports), (node, sorted(listening), ports)
+
+
 async def test_one_broker_node_of_three_killed_then_back(fault_stack: Stack, workload: Workload,
                                                          fault_seed: int) -> None:
     stack = fault_stack
@@ -41,6 +67,7 @@ async def test_one_broker_node_of_three_killed_then_back(fault_stack: Stack, wor
     try:
         members = await asyncio.to_thread(broker_cluster.members, 1)
         assert len(members) == 3, f"the cluster has {members}"
+        await _host_defaults_of_the_other_nodes(stack)
         run = FaultRun(stack, workload, f"RabbitMQ node {KILLED} of 3 killed (kill -9), then started again",
                        fault_seed + 11)
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import aiormq
 import pytest
 
 from deploy import broker_cluster, sidecars
@@ -146,83 +144,3 @@ async def test_a_connection_goes_to_the_next_node_and_stays_there(monkeypatch: p
             await connections.open_connection(_config(), "gf-ingress", stack)
     assert tried == [5772]
 
-
-async def test_a_node_left_because_it_refused_may_hide_one_consumer_per_queue(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A quorum queue lists a consumer whose connection died with its node (suspected down,
-    its messages returned) until the node is back: a process that left a node which refused
-    it tolerates one such consumer; one that left a node which timed out (its VM may live,
-    with the consumer and its messages) tolerates none; and none once it is back on that node."""
-    config = _config(GEOFENCE_AMQP_NODES="127.0.0.1:5872")
-    failure: dict[int, BaseException] = {}
-
-    class Conn:
-        is_closed = False
-
-        async def close(self) -> None:
-            pass
-
-    async def connect(url: str, timeout: float) -> Conn:
-        port = int(url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
-        if port in failure:
-            raise failure[port]
-        return Conn()
-
-    monkeypatch.setattr(connections.aio_pika, "connect", connect)
-    monkeypatch.setattr(connections, "_node_of", {})
-    monkeypatch.setattr(connections, "_left_dead", set())
-    failure[5772] = TimeoutError()
-    async with contextlib.AsyncExitStack() as stack:
-        await connections.open_connection(config, "gf-ingress", stack)
-    assert connections.stale_consumers() == 0
-    connections._node_of.clear()
-    failure[5772] = aiormq.exceptions.AMQPConnectionError(111, "Connect call failed ('127.0.0.1', 5772)")
-    async with contextlib.AsyncExitStack() as stack:
-        await connections.open_connection(config, "gf-ingress", stack)
-    assert connections.stale_consumers() == 1
-    failure.clear()
-    failure[5872] = ConnectionRefusedError("node 2 gone in turn")
-    async with contextlib.AsyncExitStack() as stack:
-        await connections.open_connection(config, "gf-ingress", stack)
-    assert connections.stale_consumers() == 1  # back on 5772 (none left there), 5872 left dead
-
-
-async def test_the_predecessor_wait_passes_over_consumers_left_on_a_dead_node(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    counts = [1, 1, 0]
-
-    class Channel:
-        async def declare_queue(self, name: str, passive: bool) -> Any:
-            n = counts.pop(0) if len(counts) > 1 else counts[0]
-            return SimpleNamespace(declaration_result=SimpleNamespace(consumer_count=n, message_count=0))
-
-    queue = SimpleNamespace(name="x-geo.positions", channel=Channel())
-    intake = shell.Intake.on(queue, 10, 10)  # type: ignore[arg-type]
-    monkeypatch.setattr(connections, "_left_dead", {("127.0.0.1", 5772)})
-    await intake._without_predecessor()
-    assert counts == [1, 0]  # one declare: the one consumer listed is this process's on the dead node
-    monkeypatch.setattr(connections, "_left_dead", set())
-    await intake._without_predecessor()
-    assert counts == [0]  # otherwise until the broker dropped it
-
-
-async def test_after_leaving_a_dead_node_an_empty_answer_is_a_leader_being_elected(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A quorum queue whose leader died with the node answers (0 consumers, 0 messages) until
-    a new one is elected: the leftover consumer's messages may not be back yet, so that answer
-    is trusted only after LEADERLESS_S; a real count (here 1, the leftover) at once."""
-    answers = [(0, 0), (0, 0), (1, 40)]
-
-    class Channel:
-        async def declare_queue(self, name: str, passive: bool) -> Any:
-            c, m = answers.pop(0) if len(answers) > 1 else answers[0]
-            return SimpleNamespace(declaration_result=SimpleNamespace(consumer_count=c, message_count=m))
-
-    intake = shell.Intake.on(SimpleNamespace(name="x-geo.positions", channel=Channel()), 10, 10)  # type: ignore[arg-type]
-    monkeypatch.setattr(connections, "_left_dead", {("127.0.0.1", 5772)})
-    declared = await intake._without_predecessor()
-    assert (declared.consumer_count, declared.message_count) == (1, 40)
-    answers[:] = [(0, 0)]  # an idle queue: waited out
-    monkeypatch.setattr(shell.Intake, "LEADERLESS_S", 0.1)
-    declared = await intake._without_predecessor()
-    assert declared.consumer_count == 0

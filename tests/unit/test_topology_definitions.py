@@ -129,7 +129,7 @@ def test_a_gateway_batch_reaches_x_ingress_under_its_tenants_key_only() -> None:
 
 def test_workers_and_regions_are_parameters() -> None:
     assert "gf-region-eu-1" in BIG.vhosts
-    assert d.Queue("gf-fences", "x-fence.w2.control", "quorum") in BIG.queues
+    assert d.Queue("gf-fences", "x-fence.w2.control", "quorum", single_active=True) in BIG.queues
     upstreams = [p.name for p in BIG.parameters if p.component == "federation-upstream"
                  and p.vhost == "gf-fences"]
     assert upstreams == ["gf-region-a", "gf-region-b", "gf-region-eu-1"]
@@ -598,3 +598,11 @@ def test_the_sensor_sidecar_and_sensors_touch_only_their_own() -> None:
         assert not re.search(write, key)
     assert re.search(read, "commands.sensor.s-1") and not re.search(read, "commands.sensor.s-2")
     assert cred.sensor_permission("s-1") == cred.device_permission("s-1")
+
+
+def test_every_input_queue_of_a_single_instance_role_has_a_single_active_consumer() -> None:
+    """One consumer at a time by the broker's rule (per-object order across a consumer's death,
+    a cluster node's included); the API's queues are shared by its processes."""
+    shared = {q for q in BIG.queues if q.type == "quorum" and not q.single_active}
+    assert {q.name for q in shared} == {t.API_QUEUE, t.FOLLOW_QUEUE}
+    assert all(not q.single_active for q in BIG.queues if q.type != "quorum")

@@ -38,7 +38,7 @@ def applied(defs: d.Definitions, passwords: dict[str, str]) -> p.Current:
     cur.exchanges = {(x.vhost, x.name): {"type": x.type, **p.EXCHANGE_PROPERTIES}
                      for x in defs.exchanges}
     cur.queues = {(q.vhost, q.name): {**p.QUEUE_PROPERTIES, "exclusive": False, "type": q.type,
-                                      "arguments": {"x-queue-type": q.type}, "messages": 0}
+                                      "arguments": p.queue_arguments(q), "messages": 0}
                   for q in defs.queues}
     cur.bindings = {(b.vhost, b.source, b.queue, b.routing_key) for b in defs.bindings}
     cur.parameters = {(x.vhost, x.component, x.name): x.value for x in defs.parameters}
@@ -80,6 +80,9 @@ def test_empty_broker_gets_everything_in_order() -> None:
             '"overflow":"reject-publish","delivery-limit":10,"dead-letter-strategy":"at-least-once"}'
             ) in argvs(steps)
     assert p.Http("PUT", "api/queues/gf-ingress/x-ingress.positions",
+                  {"durable": True, "auto_delete": False,
+                   "arguments": {"x-queue-type": "quorum", "x-single-active-consumer": True}}) in steps
+    assert p.Http("PUT", "api/queues/gf-ingress/fence.follow",  # every API process consumes it
                   {"durable": True, "auto_delete": False, "arguments": {"x-queue-type": "quorum"}}) in steps
     assert p.Http("PUT", "api/queues/gf-ingress/dead-letters",
                   {"durable": True, "auto_delete": False, "arguments": {"x-queue-type": "classic"}}) in steps
@@ -197,7 +200,7 @@ def test_only_differences_are_planned() -> None:
         p.ctl("change_password", t.GEO_USER, stdin=PASSWORDS[t.GEO_USER]),
         p.ctl("set_user_tags", t.ARCHIVER_USER),
         p.set_permissions(perm),
-        p.declare_queue(d.Queue("gf-fences", "x-fence.w1", "quorum")),
+        p.declare_queue(d.Queue("gf-fences", "x-fence.w1", "quorum", single_active=True)),
         p.bind(d.Binding("gf-fences", "x-fence.in", "x-fence.w1", "w1")),
         p.set_policy(fence_in),
     ]
@@ -243,7 +246,7 @@ def test_an_empty_queue_of_another_type_is_declared_again_with_its_bindings() ->
     cur = applied(DEFS, PASSWORDS)
     cur.queues[("gf-fences", "x-fence.w0")] = {"durable": True, "auto_delete": False, "exclusive": False,
                                                 "arguments": {}, "type": "classic", "messages": 0}
-    q = d.Queue("gf-fences", "x-fence.w0", "quorum")
+    q = d.Queue("gf-fences", "x-fence.w0", "quorum", single_active=True)
     assert p.plan(DEFS, PASSWORDS, cur) == [
         p.Http("DELETE", "api/queues/gf-fences/x-fence.w0?if-empty=true", None), p.declare_queue(q),
         p.bind(d.Binding("gf-fences", "x-fence.in", "x-fence.w0", "w0"))]
@@ -254,7 +257,8 @@ def test_a_queue_of_another_type_holding_messages_is_left_to_the_operator() -> N
     cur.queues[("gf-fences", "x-fence.w0")] = {"durable": True, "auto_delete": False, "exclusive": False,
                                                 "arguments": {}, "type": "classic", "messages": 7}
     with pytest.raises(p.TopologyConflict, match=r"x-fence\.w0 in gf-fences is a classic queue holding 7 "
-                                                 r"messages.*wants a quorum queue: let its consumer drain"):
+                                                 r"messages.*wants a quorum single-active-consumer queue: "
+                                                 r"let its consumer drain"):
         p.plan(DEFS, PASSWORDS, cur)
 
 
@@ -273,7 +277,8 @@ def test_render_masks_secrets_and_quotes_for_the_shell() -> None:
             "'^(dead-letters|fence\\.follow|fence\\.map-positions)$' "
             "'^(x-ingress\\.positions|x-ingress\\.batches)$'") in lines
     assert ("api PUT api/queues/gf-fences/x-fence.w0 "
-            "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{\"x-queue-type\":\"quorum\"}}'") in lines
+            "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{\"x-queue-type\":\"quorum\","
+            "\"x-single-active-consumer\":true}}'") in lines
     assert "amqp://federation:****@127.0.0.1:5672/gf-region-a" in text
     assert "api()" in p.api_function("http://127.0.0.1:15672/")
 
@@ -306,3 +311,21 @@ def test_a_retired_user_is_deleted_where_the_broker_has_it() -> None:
     del cur.users[t.GATEWAY_USER]
     cur.permissions.pop((t.GATEWAY_USER, "gf-ingress"))
     assert p.plan(DEFS, PASSWORDS, cur) == []  # gone: nothing to do
+
+
+def test_an_input_queue_declared_before_single_active_consumer_is_declared_again_when_empty() -> None:
+    """A queue's arguments are fixed at declaration: an input queue of a stack from before
+    single active consumer is deleted (if empty: the broker refuses otherwise) and declared
+    again with its bindings; one holding messages is the operator's (drain it, apply again)."""
+    cur = applied(DEFS, PASSWORDS)
+    key = ("gf-fences", "x-fence.w0")
+    cur.queues[key] = {**cur.queues[key], "arguments": {"x-queue-type": "quorum"}}
+    steps = p.plan(DEFS, PASSWORDS, cur)
+    assert p.Http("DELETE", "api/queues/gf-fences/x-fence.w0?if-empty=true", None) in steps
+    assert p.Http("PUT", "api/queues/gf-fences/x-fence.w0",
+                  {"durable": True, "auto_delete": False,
+                   "arguments": {"x-queue-type": "quorum", "x-single-active-consumer": True}}) in steps
+    assert any(isinstance(x, p.Http) and x.method == "POST" and "/q/x-fence.w0" in x.path for x in steps)
+    cur.queues[key] = {**cur.queues[key], "messages": 12}
+    with pytest.raises(p.TopologyConflict, match="single-active-consumer queue: let its consumer drain it"):
+        p.plan(DEFS, PASSWORDS, cur)
