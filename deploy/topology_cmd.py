@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     if name == "topology":
         a = sub.add_parser("apply", help="compare the broker with the topology, run what differs")
         a.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+        a.add_argument("--redeclare-input-queues", action="store_true",
+                       help="delete and declare again the empty input queues declared with other "
+                            "arguments (a stack from before single active consumer); stop their "
+                            "publishers first: what reaches a queue meanwhile is lost")
         sub.add_parser("show", help="print every command of the topology, as for an empty "
                                     "broker (passwords masked)")
         return
@@ -85,7 +89,8 @@ def _topology(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     if args.action == "show":
         print(show_script(settings, pw))
         return 0
-    steps = ap.apply(settings, pw, _say, dry_run=bool(args.dry_run))
+    steps = ap.apply(settings, pw, _say, dry_run=bool(args.dry_run),
+                     redeclare=bool(args.redeclare_input_queues))
     if not steps:
         print("the broker holds the topology: nothing to change")
     elif args.dry_run:

@@ -176,17 +176,21 @@ def _stamp_path(settings: StackSettings) -> Path:
     return settings.state_dir / STAMP_NAME
 
 
-def apply(settings: StackSettings, pw: StackSecrets, say: Say, dry_run: bool = False) -> list[Step]:
+def apply(settings: StackSettings, pw: StackSecrets, say: Say, dry_run: bool = False,
+          redeclare: bool = False) -> list[Step]:
     """Compare everything and run what differs, on each node; returns the steps (run, or
-    not if dry_run)."""
+    not if dry_run). `redeclare`: the empty quorum queues declared with other arguments are
+    deleted and declared again (their publishers stopped: see plan._declare_steps)."""
     pws = passwords(pw)
     hidden = tuple(pws.values())
     done: list[Step] = []
+    pending: list[str] = []
     for broker, defs in per_broker(settings, pw):
         mgmt = management(settings, pw, broker)
         try:
             steps = [on_node(x, broker)
-                     for x in plan(defs, pws, read_with_retry(mgmt, defs, settings.start_timeout))]
+                     for x in plan(defs, pws, read_with_retry(mgmt, defs, settings.start_timeout), pending,
+                                   redeclare)]
         except TopologyConflict as exc:
             raise TopologyError(str(exc)) from None
         if broker != 1 and steps:
@@ -197,7 +201,12 @@ def apply(settings: StackSettings, pw: StackSecrets, say: Say, dry_run: bool = F
         else:
             run_steps(steps, mgmt, hidden, say)
         done += steps
-    if not dry_run:
+    if pending:  # said at every apply (no stamp) until they are declared again
+        say(f"  {len(pending)} input queue(s) declared before single active consumer, left as they are: "
+            f"{', '.join(pending)}. They work, but a cluster node's loss can reorder their messages. "
+            "To declare them again: stop what publishes to them (devices, gateways), let them drain, then "
+            "`geofence topology apply --redeclare-input-queues`")
+    elif not dry_run:
         write_stamp(settings, digest(settings, pw))
     return done
 

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from deploy.rabbitmq.credentials import limits_of
 from deploy.rabbitmq.definitions import (
+    QUORUM,
     SIDECAR_USERS,
     Binding,
     Definitions,
@@ -235,17 +236,20 @@ def _exchange_conflict(x: Exchange, have: Mapping[str, Any]) -> bool:
 # --------------------------------------------------------------------------- the plan
 
 
-def plan(defs: Definitions, passwords: Mapping[str, str], current: Current) -> list[Step]:
+def plan(defs: Definitions, passwords: Mapping[str, str], current: Current,
+         pending: list[str] | None = None, redeclare: bool = False) -> list[Step]:
     """The steps that make the broker hold `defs`, in an order that works on an empty one:
     plugins, vhosts, users, permissions, exchanges, queues, bindings, federation upstreams,
-    policies. Raises TopologyConflict if an exchange or queue exists with other properties."""
+    policies. Raises TopologyConflict if an exchange or queue exists with other properties.
+    A quorum queue declared with another single-active-consumer flag is named in `pending`
+    and left as it is, unless `redeclare` (see `_declare_steps`)."""
     steps: list[Step] = []
     if not current.federation_api:
         steps.append(Ctl(("rabbitmq-plugins", "enable", *EXTRA_PLUGINS)))
     steps += [ctl("add_vhost", v) for v in defs.vhosts if v not in current.vhosts]
     steps += _user_steps(defs, passwords, current)
     steps += _permission_steps(defs, current)
-    steps += _declare_steps(defs, current)
+    steps += _declare_steps(defs, current, pending if pending is not None else [], redeclare)
     steps += _parameter_steps(defs, current)
     steps += _policy_steps(defs, current)
     return steps
@@ -283,7 +287,7 @@ def _permission_steps(defs: Definitions, current: Current) -> list[Step]:
     return steps
 
 
-def _declare_steps(defs: Definitions, current: Current) -> list[Step]:
+def _declare_steps(defs: Definitions, current: Current, pending: list[str], redeclare: bool) -> list[Step]:
     steps: list[Step] = []
     conflicts: list[str] = []
     for x in defs.exchanges:
@@ -304,12 +308,19 @@ def _declare_steps(defs: Definitions, current: Current) -> list[Step]:
         elif queue_type(have_q) != q.type or single_active(have_q) != q.single_active:
             # A queue's type and arguments are fixed at declaration: an empty one is deleted and
             # declared again (with its bindings); one holding messages is left for the operator.
-            if int(have_q.get("messages") or 0):
+            # A quorum queue cannot be deleted "if empty": what is published between the check
+            # and the delete would be lost, so only on the operator's word (`redeclare`, its
+            # publishers stopped); until then it works as declared, and is named in `pending`.
+            if queue_type(have_q) == QUORUM and not redeclare:
+                pending.append(f"{q.vhost}/{q.name}")
+            elif int(have_q.get("messages") or 0):
                 conflicts.append(f"queue {q.name} in {q.vhost} is a {_kind(have_q)} queue holding "
                                  f"{have_q['messages']} messages, the topology wants a {_kind(q)} queue: "
                                  "let its consumer drain it (stop its publishers) and apply again")
             else:
-                steps += [delete_empty_queue(q), declare_queue(q)]
+                delete = (delete_empty_queue(q) if queue_type(have_q) != QUORUM
+                          else Http("DELETE", api_path("queues", q.vhost, q.name), None))
+                steps += [delete, declare_queue(q)]
                 redeclared.add((q.vhost, q.name))
     if conflicts:
         raise TopologyConflict("; ".join(conflicts) + ": delete them (management UI or API) "

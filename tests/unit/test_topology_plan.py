@@ -313,19 +313,27 @@ def test_a_retired_user_is_deleted_where_the_broker_has_it() -> None:
     assert p.plan(DEFS, PASSWORDS, cur) == []  # gone: nothing to do
 
 
-def test_an_input_queue_declared_before_single_active_consumer_is_declared_again_when_empty() -> None:
-    """A queue's arguments are fixed at declaration: an input queue of a stack from before
-    single active consumer is deleted (if empty: the broker refuses otherwise) and declared
-    again with its bindings; one holding messages is the operator's (drain it, apply again)."""
+def test_an_input_queue_declared_before_single_active_consumer_waits_for_the_operator() -> None:
+    """A queue's arguments are fixed at declaration, and a quorum queue cannot be deleted "if
+    empty" (a message published between the check and the delete would be lost): an input
+    queue of a stack from before single active consumer is left as it is and named, until the
+    operator redeclares (its publishers stopped): then, empty, it is deleted and declared again
+    with its bindings; one holding messages is theirs to drain."""
     cur = applied(DEFS, PASSWORDS)
     key = ("gf-fences", "x-fence.w0")
     cur.queues[key] = {**cur.queues[key], "arguments": {"x-queue-type": "quorum"}}
-    steps = p.plan(DEFS, PASSWORDS, cur)
-    assert p.Http("DELETE", "api/queues/gf-fences/x-fence.w0?if-empty=true", None) in steps
-    assert p.Http("PUT", "api/queues/gf-fences/x-fence.w0",
-                  {"durable": True, "auto_delete": False,
-                   "arguments": {"x-queue-type": "quorum", "x-single-active-consumer": True}}) in steps
+    pending: list[str] = []
+    assert p.plan(DEFS, PASSWORDS, cur, pending) == []
+    cur.queues[key] = {**cur.queues[key], "messages": 5}  # a live stack's queue: left all the same
+    assert p.plan(DEFS, PASSWORDS, cur, pending) == []
+    assert pending == ["gf-fences/x-fence.w0"] * 2
+    cur.queues[key] = {**cur.queues[key], "messages": 0}
+    steps = p.plan(DEFS, PASSWORDS, cur, redeclare=True)
+    assert steps[:2] == [p.Http("DELETE", "api/queues/gf-fences/x-fence.w0", None),
+                         p.Http("PUT", "api/queues/gf-fences/x-fence.w0",
+                                {"durable": True, "auto_delete": False,
+                                 "arguments": {"x-queue-type": "quorum", "x-single-active-consumer": True}})]
     assert any(isinstance(x, p.Http) and x.method == "POST" and "/q/x-fence.w0" in x.path for x in steps)
     cur.queues[key] = {**cur.queues[key], "messages": 12}
     with pytest.raises(p.TopologyConflict, match="single-active-consumer queue: let its consumer drain it"):
-        p.plan(DEFS, PASSWORDS, cur)
+        p.plan(DEFS, PASSWORDS, cur, redeclare=True)
