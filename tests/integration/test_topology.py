@@ -114,6 +114,9 @@ async def test_input_queues_carry_the_length_limit_and_dead_letter_policy(
             assert info["durable"] is True
             assert info["policy"] == t.INPUT_LIMITS_POLICY, (vhost, name)
             assert info["type"] == "quorum", (vhost, name)
+            # one consumer at a time by the broker's rule, but for the API's shared queues
+            shared = name in (t.API_QUEUE, t.FOLLOW_QUEUE)
+            assert info["arguments"].get("x-single-active-consumer", False) is not shared, (vhost, name)
             assert info["effective_policy_definition"] == {
                 "dead-letter-exchange": t.DEAD_LETTER_EXCHANGE, "max-length": 1_000_000,
                 "max-length-bytes": 2 * 1024**3, "overflow": "reject-publish", "delivery-limit": 10,
