@@ -159,14 +159,18 @@ class Publishers:
                  login: tuple[str, str] | None = None) -> None:
         self.clients = []
         self.tally = tally
-        connected = threading.Semaphore(0)
+        # one per client, set by its first accepted CONNACK: a refused one (a gateway user made
+        # again a moment ago, not yet read by the login guard) is retried by paho's loop, and
+        # nothing is published before every client is in
+        connected = [threading.Event() for _ in range(n)]
         user, password = login or (mqtt_cfg["username"].split(":", 1)[1], mqtt_cfg["password"])
         for k in range(n):
             c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id_for(user, f"demo-{run}-{k}"),
                             protocol=mqtt.MQTTv311)
             c.username_pw_set(f"{mqtt_cfg['ingress_vhost']}:{user}", password)
             c.max_inflight_messages_set(1000)
-            c.on_connect = lambda cl, u, f, reason, p: connected.release()
+            c.reconnect_delay_set(1, 2)
+            c.on_connect = functools.partial(_accepted, connected[k])
             c.on_publish = lambda cl, u, mid, reason, p: tally.ack()
             listed = mqtt_cfg.get("nodes") or [(mqtt_cfg["host"], mqtt_cfg["port"])]
             nodes = [(str(h), int(p)) for h, p in listed]
@@ -176,8 +180,9 @@ class Publishers:
             c.connect(host, port, keepalive=30)
             c.loop_start()
             self.clients.append(c)
-        for _ in range(n):
-            if not connected.acquire(timeout=20):
+        deadline = time.monotonic() + 20
+        for event in connected:
+            if not event.wait(max(deadline - time.monotonic(), 0.0)):
                 raise RuntimeError("MQTT connection not accepted within 20 s: is the stack up?")
 
     def publish(self, i: int, tenant: str, object_id: str, lon: float, lat: float, ts: float) -> None:
@@ -194,6 +199,13 @@ class Publishers:
         for c in self.clients:
             c.disconnect()
             c.loop_stop()
+
+
+def _accepted(event: threading.Event, client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
+              *_: Any) -> None:
+    """on_connect: the CONNACK accepted the login (a refusal is retried by paho's loop)."""
+    if not reason.is_failure:
+        event.set()
 
 
 def _next_node(nodes: list[tuple[str, int]], client: mqtt.Client, *_: Any) -> None:

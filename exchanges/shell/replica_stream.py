@@ -255,6 +255,9 @@ async def ship(exchange: AbstractExchange, queue: str, frames: Sequence[Frame], 
                        else "a probe sent after them was confirmed first: the stream changed leader")
                 raise ConnectionError(f"{queue}: {len(frames)} frames ({size:,} bytes) not confirmed ({why})")
         shipping.result()
+        took = time.monotonic() - started
+        if took > PROBE_AFTER_S:  # a stream electing a leader, or a slow one: said, for the operator
+            log.info("%s: %d frames confirmed after %.1fs", queue, len(frames), took)
     finally:
         for task in (shipping, probing):
             if task is not None and not task.done():
