@@ -319,6 +319,15 @@ def down(settings: Settings, say: Say) -> None:
         _stop_one(settings, records, name, say, "geofence down")
 
 
+def consumed(queue: dict[str, Any]) -> bool:
+    """A queue of the management API has a consumer: its `consumers` figure, or where the queue's
+    own figures are missing its `consumer_details` (from the consumers' channels). RabbitMQ
+    3.10 stops the figures of the quorum queues node 1 leads once a cluster has shrunk to one
+    node and grown again (seen on this machine: `consumers`, `messages` and `state` absent,
+    the consumers there)."""
+    return bool(queue.get("consumers") or queue.get("consumer_details"))
+
+
 def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S) -> None:
     """Until every input queue has a consumer (and every sidecar still runs)."""
     mgmts = {b: management(settings, pw, b) for b in range(1, settings.broker_count + 1)}
@@ -329,7 +338,7 @@ def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S
         if dead:
             raise StackError(f"sidecar {', '.join(dead)} exited; see {log_path(settings, dead[0])}")
         missing = [f"{v}/{q}" for v, q in input_queues(settings.topology)
-                   if not mgmts[broker_of_vhost(settings, v)].get(api_path("queues", v, q)).get("consumers")]
+                   if not consumed(mgmts[broker_of_vhost(settings, v)].get(api_path("queues", v, q)))]
         if not port_open(settings.host, settings.api_port):
             missing.append(f"the fence API on {api_url(settings)}")
         if not missing:

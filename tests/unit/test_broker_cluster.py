@@ -144,3 +144,12 @@ async def test_a_connection_goes_to_the_next_node_and_stays_there(monkeypatch: p
             await connections.open_connection(_config(), "gf-ingress", stack)
     assert tried == [5772]
 
+
+
+def test_a_queue_whose_figures_are_missing_is_consumed_by_its_consumer_details() -> None:
+    """RabbitMQ 3.10 stops the figures of the quorum queues node 1 leads once a cluster shrank
+    and grew again: `geofence up` counts the consumers the channels report."""
+    assert sidecars.consumed({"consumers": 1})
+    assert sidecars.consumed({"consumer_details": [{"consumer_tag": "ctag3.x", "active": True}]})
+    assert not sidecars.consumed({"consumers": 0, "consumer_details": []})
+    assert not sidecars.consumed({})
