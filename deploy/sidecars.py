@@ -319,13 +319,13 @@ def down(settings: Settings, say: Say) -> None:
         _stop_one(settings, records, name, say, "geofence down")
 
 
-def consumed(queue: dict[str, Any]) -> bool:
-    """A queue of the management API has a consumer: its `consumers` figure, or where the queue's
-    own figures are missing its `consumer_details` (from the consumers' channels). RabbitMQ
-    3.10 stops the figures of the quorum queues node 1 leads once a cluster has shrunk to one
-    node and grown again (seen on this machine: `consumers`, `messages` and `state` absent,
-    the consumers there)."""
-    return bool(queue.get("consumers") or queue.get("consumer_details"))
+def consumed_queues(consumers: list[dict[str, Any]]) -> set[str]:
+    """The queues of the management API's consumer list (`api/consumers/<vhost>`, from the
+    consumers' channels). Not the queues' own `consumers` figure: RabbitMQ 3.10 stops the
+    figures of the quorum queues node 1 leads once a cluster has shrunk to one node and grown
+    again (seen on this machine: the figures absent, a queue's page an HTTP 500, its
+    consumers there)."""
+    return {str((c.get("queue") or {}).get("name")) for c in consumers}
 
 
 def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S) -> None:
@@ -337,8 +337,10 @@ def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S
         dead = [n for n, ok in running(settings).items() if not ok]
         if dead:
             raise StackError(f"sidecar {', '.join(dead)} exited; see {log_path(settings, dead[0])}")
-        missing = [f"{v}/{q}" for v, q in input_queues(settings.topology)
-                   if not consumed(mgmts[broker_of_vhost(settings, v)].get(api_path("queues", v, q)))]
+        queues = input_queues(settings.topology)
+        consumed = {v: consumed_queues(mgmts[broker_of_vhost(settings, v)].get(api_path("consumers", v)))
+                    for v in {v for v, _ in queues}}
+        missing = [f"{v}/{q}" for v, q in queues if q not in consumed[v]]
         if not port_open(settings.host, settings.api_port):
             missing.append(f"the fence API on {api_url(settings)}")
         if not missing:

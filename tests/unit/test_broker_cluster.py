@@ -146,10 +146,10 @@ async def test_a_connection_goes_to_the_next_node_and_stays_there(monkeypatch: p
 
 
 
-def test_a_queue_whose_figures_are_missing_is_consumed_by_its_consumer_details() -> None:
+def test_the_queues_consumed_are_read_from_the_consumers_channels() -> None:
     """RabbitMQ 3.10 stops the figures of the quorum queues node 1 leads once a cluster shrank
-    and grew again: `geofence up` counts the consumers the channels report."""
-    assert sidecars.consumed({"consumers": 1})
-    assert sidecars.consumed({"consumer_details": [{"consumer_tag": "ctag3.x", "active": True}]})
-    assert not sidecars.consumed({"consumers": 0, "consumer_details": []})
-    assert not sidecars.consumed({})
+    and grew again: `geofence up` reads the consumers the channels report."""
+    listed = [{"queue": {"name": "x-geo.positions", "vhost": "gf-region-a"}, "consumer_tag": "ctag3.x"},
+              {"queue": {"name": "x-geo.control", "vhost": "gf-region-a"}, "consumer_tag": "ctag4.y"}]
+    assert sidecars.consumed_queues(listed) == {"x-geo.positions", "x-geo.control"}
+    assert sidecars.consumed_queues([]) == set()

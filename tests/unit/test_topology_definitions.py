@@ -598,11 +598,3 @@ def test_the_sensor_sidecar_and_sensors_touch_only_their_own() -> None:
         assert not re.search(write, key)
     assert re.search(read, "commands.sensor.s-1") and not re.search(read, "commands.sensor.s-2")
     assert cred.sensor_permission("s-1") == cred.device_permission("s-1")
-
-
-def test_every_input_queue_of_a_single_instance_role_has_a_single_active_consumer() -> None:
-    """One consumer at a time by the broker's rule (per-object order across a consumer's death,
-    a cluster node's included); the API's queues are shared by its processes."""
-    shared = {q for q in BIG.queues if q.type == "quorum" and not q.single_active}
-    assert {q.name for q in shared} == {t.API_QUEUE, t.FOLLOW_QUEUE}
-    assert all(not q.single_active for q in BIG.queues if q.type != "quorum")

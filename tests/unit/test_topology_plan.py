@@ -337,3 +337,13 @@ def test_an_input_queue_declared_before_single_active_consumer_waits_for_the_ope
     cur.queues[key] = {**cur.queues[key], "messages": 12}
     with pytest.raises(p.TopologyConflict, match="single-active-consumer queue: let its consumer drain it"):
         p.plan(DEFS, PASSWORDS, cur, redeclare=True)
+
+
+def test_every_input_queue_of_a_single_instance_role_has_a_single_active_consumer() -> None:
+    """One consumer at a time by the broker's rule (per-object order across a consumer's death,
+    a cluster node's included); the API's queues are shared by its processes."""
+    shared = {q for q in DEFS.queues if q.type == "quorum" and not q.single_active}
+    assert {q.name for q in shared} == {t.API_QUEUE, t.FOLLOW_QUEUE}
+    assert all(not q.single_active for q in DEFS.queues if q.type != "quorum")
+    single = {q.name for q in DEFS.queues if q.single_active}
+    assert single >= {"x-ingress.positions", "x-fence.w0", "x-geo.control"}
