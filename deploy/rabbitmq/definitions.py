@@ -184,7 +184,7 @@ class Queue:
     # x-single-active-consumer (fixed at declaration too): the broker hands the queue to one
     # consumer at a time, the next one only once the last one's unacked messages are back in
     # it, so per-object order holds across a consumer's death by the broker's own rule (a
-    # cluster node lost included: see SINGLE_ACTIVE_INPUTS)
+    # cluster node lost included: see SHARED_INPUT_QUEUES)
     single_active: bool = False
 
 

@@ -160,6 +160,12 @@ def delete_empty_queue(q: Queue) -> Http:
     return Http("DELETE", api_path("queues", q.vhost, q.name) + "?if-empty=true", None)
 
 
+def delete_queue(q: Queue) -> Http:
+    """Delete a queue whatever it holds (a quorum queue has no "if empty": the caller checked,
+    its publishers stopped)."""
+    return Http("DELETE", api_path("queues", q.vhost, q.name), None)
+
+
 def bind(b: Binding) -> Http:
     return Http("POST", api_path("bindings", b.vhost, "e", b.source, "q", b.queue),
                 {"routing_key": b.routing_key, "arguments": {}})
@@ -318,8 +324,7 @@ def _declare_steps(defs: Definitions, current: Current, pending: list[str], rede
                                  f"{have_q['messages']} messages, the topology wants a {_kind(q)} queue: "
                                  "let its consumer drain it (stop its publishers) and apply again")
             else:
-                delete = (delete_empty_queue(q) if queue_type(have_q) != QUORUM
-                          else Http("DELETE", api_path("queues", q.vhost, q.name), None))
+                delete = delete_queue(q) if queue_type(have_q) == QUORUM else delete_empty_queue(q)
                 steps += [delete, declare_queue(q)]
                 redeclared.add((q.vhost, q.name))
     if conflicts:

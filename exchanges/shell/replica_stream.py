@@ -212,6 +212,15 @@ class StreamFollower:
                 raise ConnectionError(f"{self.queue}: the stream's channel closed while reading")
 
 
+def _published(exchange: AbstractExchange, queue: str, frames: Sequence[Frame],
+               counters: Counters) -> asyncio.Future[None]:
+    """The frames published, persistent, in order; done when all are confirmed. Through the
+    module: a test's patch of publish.publish_all reaches it."""
+    return asyncio.ensure_future(publish.publish_all(
+        [publish.Out(exchange, queue, f.body, "application/msgpack", headers=f.headers) for f in frames],
+        counters))
+
+
 async def ship(exchange: AbstractExchange, queue: str, frames: Sequence[Frame], counters: Counters) -> None:
     """Frames published to the stream `queue` (through the default exchange `exchange`),
     persistent and confirmed, in order. RabbitMQ 3.10 never confirms a frame whose stream
@@ -226,10 +235,7 @@ async def ship(exchange: AbstractExchange, queue: str, frames: Sequence[Frame], 
         return
     size = sum(len(f.body) for f in frames)
     transfer = size / SHIP_BYTES_PER_S
-    # through the module: a test's patch of publish.publish_all reaches it
-    shipping = asyncio.ensure_future(publish.publish_all(
-        [publish.Out(exchange, queue, f.body, "application/msgpack", headers=f.headers) for f in frames],
-        counters))
+    shipping = _published(exchange, queue, frames, counters)
     probing: asyncio.Future[None] | None = None
     started = time.monotonic()
     try:
@@ -239,9 +245,7 @@ async def ship(exchange: AbstractExchange, queue: str, frames: Sequence[Frame], 
             head = frames[0].headers
             probe = marker_frame(str(head.get(MASTER, "")), f"probe:{uuid.uuid4().hex}",
                                  int(head.get(SINCE, 0) or 0))
-            probing = asyncio.ensure_future(publish.publish_all(
-                [publish.Out(exchange, queue, probe.body, "application/msgpack", headers=probe.headers)],
-                counters))
+            probing = _published(exchange, queue, [probe], counters)
             left = SHIP_CONFIRM_S + transfer - (time.monotonic() - started)
             finished, _ = await asyncio.wait({shipping, probing}, timeout=max(left, 0.0),
                                              return_when=asyncio.FIRST_COMPLETED)
