@@ -134,6 +134,13 @@ class FollowCore:
             f.moved_at + self.min_interval_s, now - self.min_interval_s / 2)
         return move
 
+    def failed(self, move: Move) -> None:
+        """`move` could not be stored (PostgreSQL away): it waits to go again with `due`,
+        unless a newer position waits already."""
+        f = self._by_object.get(move.object_id, {}).get(move.fence_id)
+        if f is not None and (f.pending is None or f.pending.ts < move.ts):
+            f.pending = move
+
     def forget(self, fence_id: str) -> None:
         for fs in self._by_object.values():
             fs.pop(fence_id, None)

@@ -108,6 +108,11 @@ class Follower:
                 self.counters.bump("follow_moves")
             except store.StaleMove:
                 self.counters.bump("follow_stale")
+            except routing_store.STORE_AWAY as exc:  # tried again at the next `due`
+                self.counters.bump("follow_store_away")
+                self.core.failed(move)
+                log.warning("fence %s cannot follow %s now (PostgreSQL away: %s: %s)", f.fence_id,
+                            move.object_id, type(exc).__name__, exc)
             except (store.UnknownFence, store.NotOwner):
                 self.core.forget(f.fence_id)  # deleted (or re-created) meanwhile
                 self.records.pop(f.fence_id, None)

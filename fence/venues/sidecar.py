@@ -97,8 +97,8 @@ class SensorSidecar:
 
     async def _load_phones(self, hive_ids: list[str]) -> None:
         """The app figure of these hives from the events archive (the live events correct it)."""
-        conn = await self.db.connection()
-        for hive_id, object_id, inside, ts in await venue_store.phones(conn, hive_ids):
+        rows = await self.db.run(lambda conn: venue_store.phones(conn, hive_ids), "read the hives' phones")
+        for hive_id, object_id, inside, ts in rows:
             self.hives[hive_id].phone(object_id, inside, ts)
 
     def _apply_load(self, got: tuple[dict, dict, dict], complete: bool = True) -> None:  # type: ignore[type-arg]
@@ -131,9 +131,8 @@ class SensorSidecar:
     async def _reload_locked(self) -> list[HiveOccupancy]:
         """Sensors and hives from the store; a hive with a new fence gets its phones from the
         archive, stored at once. Returns those hives (their figure to publish)."""
-        conn = await self.db.connection()
         before = {hid: h.fence_id for hid, h in self.hives.items()}
-        self._apply_load(await venue_store.load(conn))
+        self._apply_load(await self.db.run(venue_store.load, "read the sensors and hives"))
         changed = [hid for hid, h in self.hives.items() if h.fence_id and before.get(hid) != h.fence_id]
         await self._bind_fences()  # first: what happens from now on is queued, what came before archived
         if not changed:
@@ -212,8 +211,9 @@ class SensorSidecar:
         async with self.lock:
             unknown = {f.sensor_id for f in frames} - set(self.core.sensors)
             if unknown:  # registered since the last reload? (an unknown one costs a query a batch)
-                self._apply_load(await venue_store.load(await self.db.connection(), sorted(unknown)),
-                                 complete=False)
+                got = await self.db.run(lambda conn: venue_store.load(conn, sorted(unknown)),
+                                        "read the new sensors")
+                self._apply_load(got, complete=False)
             done = self.core.process(frames)
             if done.events:  # an event frame delivered before counts no more (its rows are stored)
                 events = done.events
@@ -352,11 +352,13 @@ class SensorSidecar:
     async def _without_deleted(self, done: Processed, moved: Sequence[HiveOccupancy],
                                closed: Sequence[tuple[str, DayCounts]], states: dict[str, Any]) -> tuple[
             Processed, list[HiveOccupancy], list[tuple[str, DayCounts]], dict[str, Any]]:
-        conn = await self.db.connection()
-        hives = {r["id"] for r in await conn.fetch("SELECT id FROM hive WHERE id = ANY($1::text[])",
-                                                    list(self.hives))}
-        sensors = {r["id"] for r in await conn.fetch("SELECT id FROM sensor WHERE id = ANY($1::text[])",
-                                                      list(self.core.sensors))}
+        async def present(conn: asyncpg.Connection) -> tuple[set[str], set[str]]:
+            hives = await conn.fetch("SELECT id FROM hive WHERE id = ANY($1::text[])", list(self.hives))
+            sensors = await conn.fetch("SELECT id FROM sensor WHERE id = ANY($1::text[])",
+                                       list(self.core.sensors))
+            return {r["id"] for r in hives}, {r["id"] for r in sensors}
+
+        hives, sensors = await self.db.run(present, "read which hives and sensors remain")
         for hid in set(self.hives) - hives:
             del self.hives[hid]
         for sid in set(self.core.sensors) - sensors:

@@ -301,10 +301,29 @@ class QueueProbe:
             total += n
         return total
 
+    async def in_flight(self, queues: Sequence[tuple[str, str]]) -> int | None:
+        """Ready messages (now) and those delivered but not acked yet (the management API's
+        figure, up to 5 s old) in all of them; None if a figure is missing. A sidecar that
+        took a batch and waits on its next hop (a journal stream or a quorum queue still
+        recovering after a broker restart) leaves none ready, but its batch is not done."""
+        ready = await self.ready(queues)
+        if ready is None:
+            return None
+        unacked = 0
+        for v, q in queues:
+            n = await asyncio.to_thread(self._management_figure, v, q, "messages_unacknowledged")
+            if n is None:
+                return None
+            unacked += n
+        return ready + unacked
+
     def _management_ready(self, vhost: str, queue: str) -> int | None:
+        return self._management_figure(vhost, queue, "messages_ready")
+
+    def _management_figure(self, vhost: str, queue: str, figure: str) -> int | None:
         try:
             got = management(self.stack.settings, self.stack.pw).get(api_path("queues", vhost, queue))
-            return int(got.get("messages_ready") or 0)
+            return int(got.get(figure) or 0)
         except Exception:
             return None
 

@@ -464,3 +464,19 @@ def test_positions_once_an_interval_with_jitter_all_move() -> None:
     for k, j in enumerate(jitter):
         moved += len(c.observe("car", *north(50.0 * k), TS + k, 100.0 + k + j))
     assert moved == len(jitter)
+
+
+def test_a_move_the_store_could_not_take_goes_again_when_due() -> None:
+    c = core(("f1", "car", 100.0))
+    (move,) = observe(c, (LON, LAT), TS, 0.0)
+    c.failed(move)  # PostgreSQL away
+    assert c.due(1000.0) == [move]
+    assert c.due(2000.0) == []
+
+
+def test_a_failed_move_gives_way_to_a_newer_position_waiting() -> None:
+    c = core(("f1", "car", 100.0))
+    (first,) = observe(c, (LON, LAT), TS, 0.0)
+    assert observe(c, north(50), TS + 1, 0.1) == []  # waits for its interval
+    c.failed(first)
+    assert c.due(1000.0) == [at(north(50), TS + 1)]
