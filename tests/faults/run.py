@@ -514,11 +514,9 @@ class FaultRun:
         return out
 
     async def _settle(self, published: float) -> None:
-        """Until every event came, or nothing more is coming. Quiet counts from the later of
-        the last event and the last position confirmed: after a broker restart the collector
-        had heard nothing for 17 s when the stream's last 10,000 positions went in at once, and
-        a quiet counted from the last event ended the run before their events came (CI, the
-        proximity fault row: 1,549 of them were archived after the verdict)."""
+        """Until every event came, or nothing more is coming: quiet since the last event and
+        the last position confirmed (after a broker restart the stream's last positions went in
+        at once 17 s after the last event: CI ended the run before their events came)."""
         want = len(self.reference)
         end = time.monotonic() + SETTLE_DEADLINE_S
         while time.monotonic() < end:
