@@ -42,7 +42,7 @@ import numpy as np
 import orjson
 
 import hilbert_c as hk
-from bench import report
+from bench import mqtt_load, report
 from bench import tenant as tn
 from bench import workload as wl
 from deploy.rabbitmq import apply as rabbit
@@ -286,17 +286,24 @@ async def publish_gateway(conn: ConnectionSettings, bodies: Sequence[tuple[int, 
 
 
 def _mqtt_publisher(args: tuple[dict[str, object], list[int], list[str], list[bytes], float | None,
-                                float, mp.Queue, object]) -> None:  # type: ignore[type-arg]
-    """One paho client (a process): its objects' updates in stream order, QoS 1; adds what it
-    has handed to paho to the shared counter `sent_count` every 256 messages."""
+                                float, mp.Queue, object, bool]) -> None:  # type: ignore[type-arg]
+    """One MQTT client (a process): its objects' updates in stream order, QoS 1; adds what it
+    has handed over to the shared counter `sent_count` (every 256 messages with paho). The
+    lean publisher (bench/mqtt_load.py) unless `paho`."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
     from exchanges.login_guard import client_id_for
 
-    cfg, index, topics, payloads, rate, t_start, out, sent_count = args
+    cfg, index, topics, payloads, rate, t_start, out, sent_count, paho = args
     user = str(cfg["username"]).split(":", 1)[-1]
     me = client_id_for(user, f"bench-{uuid.uuid4().hex[:8]}")
+    if not paho:
+        sent_lean = mqtt_load.run(cfg, me, index, topics, payloads, rate, t_start)
+        with sent_count.get_lock():  # type: ignore[attr-defined]
+            sent_count.value += len(index)  # type: ignore[attr-defined]
+        out.put((index, sent_lean))
+        return
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=me, protocol=mqtt.MQTTv311)
     client.username_pw_set(str(cfg["username"]), str(cfg["password"]))
     if cfg.get("ca"):  # MQTTS (bench.e2e --tls)
@@ -330,12 +337,20 @@ def _mqtt_publisher(args: tuple[dict[str, object], list[int], list[str], list[by
 
 
 def publish_mqtt(gateway: tn.Gateway, stream: wl.Stream, sent_at: np.ndarray, rate: float | None,
-                 clients: int, sent_count: object | None = None) -> None:
+                 clients: int, sent_count: object | None = None, paho: bool = False) -> None:
     """Every update as MQTT `positions/<tenant>/<object>`, logged in as the run's gateway user
     (bench/tenant.py: it may publish any of its tenant's objects). sent_count: a
     multiprocessing Value("q") of the fork context counting the updates handed to the clients
     (for a progress display), or None."""
-    cfg = gateway.mqtt()
+    publish_mqtt_as(gateway.mqtt(), f"{t.POSITIONS_TOPIC_PREFIX}/{tn.TENANT}", stream, sent_at, rate, clients,
+                    sent_count, paho)
+
+
+def publish_mqtt_as(cfg: dict[str, object], prefix: str, stream: wl.Stream, sent_at: np.ndarray,
+                    rate: float | None, clients: int, sent_count: object | None = None,
+                    paho: bool = False) -> None:
+    """publish_mqtt with a paho login of its own (`cfg` as Gateway.mqtt() has it) on topics
+    `<prefix>/<object>` (bench/mqtt_baseline.py: the bare broker's run)."""
     names = stream.object_ids
     part = stream.obj % clients  # an object always goes through the same client (its order)
     ctx = mp.get_context("fork")
@@ -345,11 +360,11 @@ def publish_mqtt(gateway: tn.Gateway, stream: wl.Stream, sent_at: np.ndarray, ra
     jobs = []
     for p in range(clients):
         idx = np.flatnonzero(part == p).tolist()
-        topics = [f"{t.POSITIONS_TOPIC_PREFIX}/{tn.TENANT}/{names[stream.obj[i]]}" for i in idx]
+        topics = [f"{prefix}/{names[stream.obj[i]]}" for i in idx]
         payloads = [orjson.dumps({"lon": float(stream.lon[i]), "lat": float(stream.lat[i]),
                                   "ts": float(stream.ts[i])}) for i in idx]
         jobs.append(ctx.Process(target=_mqtt_publisher,
-                                args=((cfg, idx, topics, payloads, rate, t_start, out, sent_count),)))
+                                args=((cfg, idx, topics, payloads, rate, t_start, out, sent_count, paho),)))
     for j in jobs:
         j.start()
     for _ in jobs:
@@ -447,22 +462,23 @@ async def park(conn: ConnectionSettings, st: wl.Stream, batch: int, gateway: tn.
 async def run(mode: str, fences: Sequence[wl.Fence], stream: wl.Stream, reference: Sequence[wl.EventTuple],
               batch: int, rate: float | None, clients: int = 2, say: object = print,
               progress: ProgressFn | None = None, idle: bool = True, parking: bool = True,
-              run_id: str | None = None) -> BrokerRun:
+              run_id: str | None = None, paho: bool = False) -> BrokerRun:
     """One run: fences in, (idle: the pipeline drained,) the stream through `mode` ("amqp" or
     "mqtt") at `rate` updates/s (None: as fast as possible), events read back and timed,
     (parking: the objects parked,) the fences removed, also when the run fails. progress, if
     given, is called every TICK_S with (phase, done, total). `run_id` (default: a fresh one)
     names the run's fences and objects `b<run_id>-<id>` (`bench:b<run_id>-<id>` qualified).
     The positions go through a gateway user made for the run (bench/tenant.py), removed
-    after it."""
+    after it; over MQTT from the lean publisher (bench/mqtt_load.py) unless `paho`."""
     async with tn.run_gateway() as gw:
         return await _run(gw, mode, fences, stream, reference, batch, rate, clients, progress, idle, parking,
-                          run_id)
+                          run_id, paho)
 
 
 async def _run(gw: tn.Gateway, mode: str, fences: Sequence[wl.Fence], stream: wl.Stream,
                reference: Sequence[wl.EventTuple], batch: int, rate: float | None, clients: int,
-               progress: ProgressFn | None, idle: bool, parking: bool, run_id: str | None) -> BrokerRun:
+               progress: ProgressFn | None, idle: bool, parking: bool, run_id: str | None,
+               paho: bool = False) -> BrokerRun:
     conn = load_connection_settings()
     run_id = run_id or uuid.uuid4().hex[:6]
     fs, st = renamed(fences, stream, run_id)
@@ -500,7 +516,7 @@ async def _run(gw: tn.Gateway, mode: str, fences: Sequence[wl.Fence], stream: wl
         else:
             sent_count = mp.get_context("fork").Value("q", 0)
             status.count = lambda: int(sent_count.value)
-            await asyncio.to_thread(publish_mqtt, gw, st, sent_at, rate, clients, sent_count)
+            await asyncio.to_thread(publish_mqtt, gw, st, sent_at, rate, clients, sent_count, paho)
             t0 = float(sent_at.min()) - time.time() + time.perf_counter()
         result.publish_s = time.perf_counter() - t0
         status.phase, status.total, status.count = "events", len(ref), lambda: len(sink.got)

@@ -1,11 +1,15 @@
-"""Capacity (issue 18): CPU microseconds per update for each role and for RabbitMQ and
-PostgreSQL, from the kernel's counters (/proc/<pid>/stat: user + system time) read when an
-amqp run starts streaming and when its last event arrived, and from them the cores needed for
-10k, 100k and 1M updates/s at each fence count. The basis on which an operator sizes a
-deployment that outgrows one machine.
+"""Capacity (issues 18, 39): CPU microseconds per update for each role and for RabbitMQ and
+PostgreSQL, from the kernel's counters (/proc/<pid>/stat: user + system time) read when a run
+starts streaming and when its last event arrived, and from them the cores needed for 10k, 100k
+and 1M updates/s at each fence count (with --path mqtt: 100k, 1M and 10M devices reporting
+every 10 s). The basis on which an operator sizes a deployment that outgrows one machine.
 
-    python -m bench.capacity [--fences 1000,10000] [--objects 10000] [--updates U] [--batch 1000]
-        [--profile DIR]
+    python -m bench.capacity [--path amqp|mqtt] [--fences 1000,10000] [--objects 10000]
+        [--updates U] [--batch 1000] [--clients 4] [--profile DIR]
+
+--path amqp (the default): gateway batches of --batch positions. --path mqtt: one MQTT message
+per update from --clients paho processes (their CPU is the benchmark's row: the children's
+time of this process).
 
 With --profile, every sidecar is sampled by py-spy over the same window (bench/profiles.py):
 the raw stacks go to DIR/F<fences>/<sidecar>.txt and the top functions of each are printed.
@@ -42,18 +46,21 @@ from deploy.sidecars import load_records
 
 TICKS = os.sysconf("SC_CLK_TCK")
 RATES = (10_000, 100_000, 1_000_000)
+DEVICE_EVERY_S = 10  # --path mqtt: a device reports every 10 s, so 10k updates/s are 100k devices
 UPDATES = {1_000: 50_000, 10_000: 20_000}
 ROLE_OF = {"x-ingress": "x-ingress", "x-geo": "x-geo (all regions)", "x-fence": "x-fence (all workers)",
            "fence-archiver": "fence-archiver", "api": "api"}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads); 0 if it is gone."""
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of a process (all its threads), with `children` also those
+    of its children it waited for; 0 if it is gone."""
     try:
         fields = proc_stat_fields(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, ValueError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15)
+    own = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return (own + (int(fields[13]) + int(fields[14]) if children else 0)) / TICKS  # cutime, cstime
 
 
 def postgres_pids() -> list[int]:
@@ -83,7 +90,7 @@ class Sample:
             s[role] += cpu_seconds(int(rec["pid"]))
         s["RabbitMQ"] = cpu_seconds(broker_pid)
         s["PostgreSQL"] = sum(cpu_seconds(p) for p in postgres_pids())
-        s["this benchmark (publisher, reader)"] = cpu_seconds(os.getpid())
+        s["this benchmark (publisher, reader)"] = cpu_seconds(os.getpid(), children=True)
         return Sample(dict(s))
 
 
@@ -111,14 +118,14 @@ class Window:
                 self.profiles.stop()
 
 
-def measure(f: int, n: int, u: int, batch: int, seed: int, profile: Path | None = None
-            ) -> tuple[e2e.Outcome, dict[str, float]]:
-    """One amqp run; the CPU microseconds per update of each role while it streamed (and,
-    with `profile`, py-spy's samples of each sidecar over that window)."""
+def measure(f: int, n: int, u: int, batch: int, seed: int, profile: Path | None = None,
+            path: str = "amqp", clients: int = 4) -> tuple[e2e.Outcome, dict[str, float]]:
+    """One run of `path` ("amqp" or "mqtt"); the CPU microseconds per update of each role
+    while it streamed (and, with `profile`, py-spy's samples of each sidecar over that window)."""
     settings = Settings.from_env()
     window = Window(settings, rabbitmq_pid(), profiles=Profiles(profile / f"F{f}") if profile else None)
-    args = argparse.Namespace(clients=1, no_idle_wait=False, no_park=False)
-    out = e2e.run_broker(args, e2e.Workloads(seed), e2e.Sizes(f, n, u, batch), "amqp", "amqp",
+    args = argparse.Namespace(clients=clients, no_idle_wait=False, no_park=False, paho=False)
+    out = e2e.run_broker(args, e2e.Workloads(seed), e2e.Sizes(f, n, u, batch), path, path,
                          progress_hook=window.phase)
     if window.profiles is not None:
         window.profiles.stop()
@@ -133,8 +140,19 @@ def measure(f: int, n: int, u: int, batch: int, seed: int, profile: Path | None 
     return out, us
 
 
+def rate_label(path: str, rate: int) -> str:
+    """An update rate as a column says it: devices reporting every 10 s on the MQTT path."""
+    if path == "mqtt":
+        devices = rate * DEVICE_EVERY_S
+        return f"{devices / 1e6:g}M devices" if devices >= 1e6 else f"{devices // 1000:,}k devices"
+    return f"{rate:,}/s"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--path", choices=("amqp", "mqtt"), default="amqp",
+                   help="gateway batches (amqp) or one MQTT message per update (mqtt)")
+    p.add_argument("--clients", type=int, default=4, help="mqtt: publishing processes")
     p.add_argument("--fences", default="1000,10000", help="fence counts, comma-separated")
     p.add_argument("--objects", type=int, default=10_000)
     p.add_argument("--updates", type=int, help="per run (default 50,000 at F=1,000, 20,000 at F=10,000)")
@@ -157,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     results: list[tuple[int, e2e.Outcome, dict[str, float]]] = []
     for f in a.fence_counts:
         u = a.updates or UPDATES.get(f, 20_000)
-        out, us = measure(f, a.objects, u, a.batch, a.seed, a.profile)
+        out, us = measure(f, a.objects, u, a.batch, a.seed, a.profile, a.path, a.clients)
         results.append((f, out, us))
         state = out.error or ("events match the reference" if not out.diff else "EVENTS DIFFER: not counted")
-        print(f"amqp F={f:,}: {out.updates_per_s:,.0f} updates/s; {state}", flush=True)
+        print(f"{a.path} F={f:,}: {out.updates_per_s:,.0f} updates/s; {state}", flush=True)
     counted = [(f, us) for f, out, us in results if us and not out.error and not out.diff]
     if not counted:
         print(report.summary(["no run could be counted"], "FAILED", lead="capacity"))
@@ -169,14 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     bench_role = "this benchmark (publisher, reader)"
     pipeline = [r for r in roles if r != bench_role]
     print()
-    print("CPU microseconds per update (while streaming):")
+    print(f"CPU microseconds per update ({a.path}, while streaming):")
     rows = [[r, *(f"{us.get(r, 0.0):,.1f}" for _, us in counted)] for r in roles]
     rows.append(["pipeline total (without the benchmark)",
                  *(f"{sum(us.get(r, 0.0) for r in pipeline):,.1f}" for _, us in counted)])
     print(report.table(["role", *(f"F={f:,}" for f, _ in counted)], rows))
     print()
     print("Cores needed (CPU seconds per second; linear):")
-    header = ["role", *(f"F={f:,} @ {rate:,}/s" for f, _ in counted for rate in RATES)]
+    header = ["role", *(f"F={f:,} @ {rate_label(a.path, rate)}" for f, _ in counted for rate in RATES)]
     crows = [[r, *(f"{us.get(r, 0.0) * rate / 1e6:,.1f}" for _, us in counted for rate in RATES)]
              for r in pipeline]
     crows.append(["total", *(f"{sum(us.get(r, 0.0) for r in pipeline) * rate / 1e6:,.1f}"

@@ -92,6 +92,9 @@ DURABLE_MIN_RATIO = 0.70  # the production setting within 30% of the fast one
 HALF_P99_MS = 50.0
 
 
+MQTT_OF_BARE = 0.8  # issue 39: the MQTT path at >= 80% of the bare broker's, same publishers
+
+
 def rate_target(mode: str, fences: int) -> float | None:
     """updates/s the issue asks for."""
     if mode == "core":
@@ -127,6 +130,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     profile: str = ""
     fast_rate: float = 0.0  # durable: the same run's rate with persistence off
+    bare_rate: float = 0.0  # mqtt: the bare broker's, same publishers, same run (bench/mqtt_baseline.py)
 
     @property
     def label(self) -> str:
@@ -143,6 +147,10 @@ class Outcome:
                 return f">={DURABLE_MIN_RATIO:.2f}x fast", None
             return (f">={DURABLE_MIN_RATIO:.2f}x {self.fast_rate:,.0f}/s",
                     report.ratio(self.updates_per_s, DURABLE_MIN_RATIO * self.fast_rate))
+        if self.mode == "mqtt" and self.bare_rate:
+            share = (report.ratio(self.updates_per_s, MQTT_OF_BARE * self.bare_rate)
+                     if self.updates_per_s else None)
+            return f">={MQTT_OF_BARE:.0%} of {self.bare_rate:,.0f}/s", share
         if self.mode == "half":
             return f"p99<={HALF_P99_MS:g}ms", report.ratio(self.p99, HALF_P99_MS, lower_is_better=True)
         want = rate_target(self.mode, self.fences)
@@ -263,7 +271,7 @@ def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, la
 
         r = asyncio.run(bm.run(intake, fences, stream, reference, z.batch, rate, clients=args.clients,
                                progress=tell, idle=not args.no_idle_wait,
-                               parking=not args.no_park))
+                               parking=not args.no_park, paho=getattr(args, "paho", False)))
     except Exception as exc:  # a sidecar restarted, the stack is down...: the other runs go on
         progress.close()
         out.error = report.error_text(exc)
@@ -289,8 +297,8 @@ def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, la
         "  max (ms)": f"{float(r.latency_ms.max()):.1f}" if r.latency_ms.size else "-",
         "reference (s)": f"{ref_s:.1f}",
     }
-    what = (f"gateway batches of {z.batch:,}" if intake == "amqp"
-            else f"one message per update, {args.clients} clients")
+    what = (f"gateway batches of {z.batch:,}" if intake == "amqp" else
+            f"one message per update, {args.clients} {publisher_kind(args)} clients")
     backlog = "unknown" if r.backlog < 0 else f"{r.backlog:,} messages at most"
     out.notes = [f"{intake}: {what}; {r.latency_ms.size:,} latencies; fences in and applied "
                  f"{r.setup_s:.1f} s (production path); then {r.idle_wait_s:.1f} s until the pipeline "
@@ -298,6 +306,10 @@ def run_broker(args: argparse.Namespace, w: Workloads, z: Sizes, intake: str, la
                  f"{len(r.events):,} distinct events (by event_id) checked, {r.duplicates:,} raw "
                  "duplicates dropped"]
     return out
+
+
+def publisher_kind(args: argparse.Namespace) -> str:
+    return "paho" if getattr(args, "paho", False) else "lean"
 
 
 def sizes(args: argparse.Namespace, mode: str) -> list[Sizes]:
@@ -319,7 +331,33 @@ def mode_amqp(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes,
 
 
 def mode_mqtt(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes, float]) -> list[Outcome]:
-    return [run_broker(args, w, z, "mqtt", "mqtt")]
+    """The bare broker with the same publishers first (bench/mqtt_baseline.py), then the
+    pipeline; the pipeline's target is a share of the bare broker's rate of this run."""
+    bare = run_bare_mqtt(args, w, z)
+    out = run_broker(args, w, z, "mqtt", "mqtt")
+    out.bare_rate = bare.updates_per_s if bare.ok else 0.0
+    if out.bare_rate and out.updates_per_s:
+        out.notes.append(f"the pipeline took {out.updates_per_s / out.bare_rate:.0%} of the bare broker's "
+                         f"{out.bare_rate:,.0f} updates/s (same publishers, same run)")
+    return [bare, out]
+
+
+def run_bare_mqtt(args: argparse.Namespace, w: Workloads, z: Sizes) -> Outcome:
+    from bench import mqtt_baseline  # the stack's clients, only when asked for
+
+    out = Outcome("mqtt bare", 0, z.objects, z.updates, 1)
+    progress = report.Progress(f"mqtt bare broker, N={z.objects:,}")
+    try:
+        r = asyncio.run(mqtt_baseline.run(w.stream(z.objects, z.updates), args.clients, publisher_kind(args)))
+        out.updates_per_s = r.updates_per_s
+        out.error = "" if r.received == r.updates else f"the consumer got {r.received:,} of {r.updates:,}"
+        out.figures = {"stream (s)": f"{r.seconds:.2f}", "updates/s": f"{r.updates_per_s:,.0f}"}
+        out.notes = [f"mqtt bare: {args.clients} {publisher_kind(args)} clients, {mqtt_baseline.PATH}"]
+    except Exception as exc:
+        out.error = report.error_text(exc)
+    finally:
+        progress.close()
+    return out
 
 
 def mode_half(args: argparse.Namespace, w: Workloads, z: Sizes, ctx: dict[Sizes, float]) -> list[Outcome]:
@@ -490,6 +528,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=None,
                    help="half: the max rate (updates/s) instead of an amqp run as fast as possible")
     p.add_argument("--clients", type=int, default=2, help="mqtt: publishing processes")
+    p.add_argument("--paho", action="store_true",
+                   help="mqtt: publish with paho-mqtt (a device library; ~250 us of CPU per message here) "
+                        "instead of the lean publisher (bench/mqtt_load.py)")
     p.add_argument("--no-idle-wait", action="store_true",
                    help="broker modes: publish without waiting for the pipeline's queues to be empty")
     p.add_argument("--no-park", action="store_true",

@@ -6,8 +6,8 @@ Per batch: decode every message (refusals to dead-letters with the reason), one 
 (Hilbert indices and regions for the whole batch), one message per region and one handover
 notice per region objects left, sent; the batch's confirms are awaited and its input acked
 by the pipeline (exchanges/shell/pipeline.py), in order, while the next batches are routed.
-When those confirms lag (a region's queue full or its x-geo slow), the intake's prefetch shrinks, so
-the backlog waits in the broker, not here (shell.Intake.confirm_lag). The worldmap is
+When those confirms lag (a region's queue full or its x-geo slow), the pipeline's depth stops the
+intake: the backlog waits in the broker, at most the prefetch here. The worldmap is
 read from PostgreSQL at start and re-read when a newer version appears (no restart).
 
 Fences that follow an object (fence/follow.py) need that object's positions: the objects
@@ -161,11 +161,13 @@ class IngressSidecar:
             await self.proximity.start_session(await fence_ch.get_exchange(t.FENCE_IN_EXCHANGE, ensure=False))
             map_ch = await shell.open_channel(ingress, stack)  # samples: see above
             self.map_out = await map_ch.get_exchange(t.MAP_POSITIONS_EXCHANGE, ensure=False)
-            pos_ch = await shell.open_channel(ingress, stack)
-            bat_ch = await shell.open_channel(ingress, stack)
-            mqtt = shell.Intake.on(await pos_ch.get_queue(t.POSITIONS_QUEUE), cfg.batch_max, cfg.prefetch)
-            gateway = shell.Intake.on(await bat_ch.get_queue(t.BATCHES_QUEUE), GATEWAY_BATCH_MESSAGES,
-                                       4 * GATEWAY_BATCH_MESSAGES)
+            declares = await shell.open_channel(ingress, stack)  # the intakes' passive declares
+            bulk = await shell.open_bulk_connection(cfg, t.INGRESS_VHOST, stack)  # deliveries in bulk
+            mqtt = shell.Intake.on(shell.BulkQueue(await declares.get_queue(t.POSITIONS_QUEUE),
+                                                   await bulk.channel()), cfg.batch_max, cfg.prefetch)
+            gateway = shell.Intake.on(shell.BulkQueue(await declares.get_queue(t.BATCHES_QUEUE),
+                                                      await bulk.channel()),
+                                      GATEWAY_BATCH_MESSAGES, 4 * GATEWAY_BATCH_MESSAGES)
             self.connected = frozenset(regions)
             if self.pending is not None:
                 self.adopt(self.pending)
@@ -175,12 +177,11 @@ class IngressSidecar:
             self.consuming = True
             try:
                 await shell.run_session(
-                    ending, [ingress, fences, *regions.values()], [mqtt, gateway],
-                    [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt,
-                                                                     t.POSITIONS_QUEUE, mqtt),
+                    ending, [ingress, bulk, fences, *regions.values()], [mqtt, gateway],
+                    [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, t.POSITIONS_QUEUE),
                                        self.counters, self.dlx, self.pipeline),
-                     shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway,
-                                                                        t.BATCHES_QUEUE, gateway),
+                     shell.run_batches(gateway,
+                                       lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE),
                                        self.counters, self.dlx, self.pipeline)],
                     [shell.periodic(ending, 30, lambda: log.info("%s", self.counters.line())),
                      shell.periodic(ending, MAP_EVERY_S, self.send_map_sample),
@@ -259,12 +260,12 @@ class IngressSidecar:
                                    f"refused: {reasons}{more}"))
         return PositionBatch.concat(batches), refused
 
-    async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str,
-                     intake: shell.Intake | None = None) -> None:
+    async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str) -> None:
         """One batch routed and sent, handed to the pipeline, under the lock that orders the
         proximity router's changes (a batch's, a subscription change's) and their records."""
         async with self.proximity.lock:
             batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
+            self.counters.observe_ages("position_age_seconds", batch.ts)
             self.unconfirmed += 1
             routed = self.core.route(batch)
             outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
@@ -279,7 +280,6 @@ class IngressSidecar:
                 if tapped:
                     outs.append(shell.Out(self.follow, "", pack(FOLLOW, batch=batch.take(tapped).to_wire()),
                                           CONTENT_TYPE))
-            started = time.monotonic()
             if self.map_listening:
                 self.map_sampler.note(batch)
             sent = await shell.send(outs, self.counters, retry=self.pipeline.serial)
@@ -288,8 +288,6 @@ class IngressSidecar:
                 if entry is not None:
                     await self.proximity.write(entry)
                 self.unconfirmed -= 1
-                if intake is not None:
-                    await intake.confirm_lag(time.monotonic() - started)  # back-pressure (shell.Intake)
                 self.counters.positions += len(batch)
 
             await self.pipeline.add(sent, confirmed, messages)

@@ -25,6 +25,7 @@ caller looks the name up in.
 
 from exchanges.backoff import Backoff
 from exchanges.settings import ConfigError
+from exchanges.shell.bulk_consumer import BulkConnection, BulkQueue
 from exchanges.shell.config import ENV_KEYS, SidecarConfig, setup_logging
 from exchanges.shell.connections import (
     BROKER_GONE,
@@ -32,6 +33,7 @@ from exchanges.shell.connections import (
     InstanceLocked,
     TookOver,
     connection_lost,
+    open_bulk_connection,
     open_channel,
     open_connection,
 )
@@ -74,6 +76,8 @@ __all__ = [
     "PERSISTENT",
     "SUSPECT_DELIVERIES",
     "Backoff",
+    "BulkConnection",
+    "BulkQueue",
     "ConfigError",
     "Counters",
     "InstanceLock",
@@ -93,6 +97,7 @@ __all__ = [
     "dead_letter",
     "delivery_count",
     "install_signal_handlers",
+    "open_bulk_connection",
     "open_channel",
     "open_connection",
     "periodic",

@@ -28,6 +28,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from exchanges.shell.bulk_consumer import BulkConnection, open_bulk
 from exchanges.shell.config import SidecarConfig
 
 log = logging.getLogger("geofence")
@@ -54,6 +55,18 @@ async def open_connection(config: SidecarConfig, vhost: str, stack: contextlib.A
     else:
         conn = await _connect_any(config, vhost)
     stack.push_async_callback(_close_quietly, conn)
+    return conn
+
+
+async def open_bulk_connection(config: SidecarConfig, vhost: str, stack: contextlib.AsyncExitStack,
+                               endpoint: tuple[str, int] | None = None) -> BulkConnection:
+    """A consuming connection that reads deliveries in bulk (exchanges/shell/bulk_consumer.py)
+    to `vhost`, closed with the stack; in a cluster, on the node this process's aio-pika
+    connections reached last (open_connection first)."""
+    if endpoint is None and config.amqp_nodes:
+        endpoint = config.amqp_endpoints[_node_of.get(config.amqp_url, 0)]
+    conn = await open_bulk(config.amqp_for(vhost, endpoint), CONNECT_S)
+    stack.push_async_callback(conn.close)
     return conn
 
 
@@ -138,7 +151,7 @@ class InstanceLock:
             raise TookOver(f"got {self.name} after another instance held it: restarting to recover")
 
 
-async def connection_lost(conns: Sequence[AbstractConnection]) -> None:
+async def connection_lost(conns: Sequence[AbstractConnection | BulkConnection]) -> None:
     """Returns (raising) when any of the connections closes. Through the close callbacks:
     aio-pika's `closed()` does not resolve when the broker closes the connection."""
     lost = asyncio.Event()

@@ -9,6 +9,7 @@ message itself (its x-geofence-reason header, see publish.dead_letter).
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
     "event_latency_seconds": (*SECONDS, 30.0, 60.0, 120.0, 300.0),
     "roam_event_latency_seconds": (*SECONDS, 30.0, 60.0, 120.0, 300.0),
     "http_request_seconds": SECONDS,
+    # a position's age when each role takes it in (its own ts to now): the hops' share of the
+    # latency, fine where the targets are (tens of milliseconds), up to minutes for backlogs
+    "position_age_seconds": (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04,
+                             0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 }
 DEFAULT_BUCKETS = SECONDS
 
@@ -81,6 +86,20 @@ class Counters:
         if h is None:
             h = self.histograms[name] = Histogram(HISTOGRAM_BUCKETS.get(name, DEFAULT_BUCKETS))
         h.observe(values)
+
+    def observe_ages(self, name: str, times: npt.ArrayLike) -> None:
+        """Now minus each time (epoch seconds) into histogram `name`. A time ahead of now (a
+        device clock ahead, within the skew x-ingress allows) is no latency: it is counted as
+        `clock_ahead`, never observed (a negative value would drag the sum and the quantiles)."""
+        t = np.asarray(times, np.float64)
+        if not t.size:
+            return
+        ages = time.time() - t
+        ahead = int((ages < 0).sum())
+        if ahead:
+            self.bump("clock_ahead", ahead)
+            ages = ages[ages >= 0]
+        self.observe(name, ages)
 
     def batch(self, size: int) -> None:
         self.batches += 1

@@ -29,6 +29,8 @@ from pamqp.commands import Basic
 
 from exchanges.contract import InvalidMessage
 from exchanges.shell import publish
+from exchanges.shell.amqp_frames import Delivery
+from exchanges.shell.bulk_consumer import BulkQueue
 from exchanges.shell.connections import BROKER_GONE
 from exchanges.shell.counters import Counters
 from exchanges.shell.pipeline import Pipeline
@@ -39,9 +41,11 @@ log = logging.getLogger("geofence")
 SUSPECT_DELIVERIES = 2  # x-delivery-count: unsettled this many times before (crashes, cuts)
 
 
-def delivery_count(message: AbstractIncomingMessage) -> int:
+def delivery_count(message: AbstractIncomingMessage | Delivery) -> int:
     """How many times the broker handed this message out before without a settlement
     (a quorum queue's x-delivery-count; 0 for a first delivery)."""
+    if type(message) is Delivery:
+        return message.delivery_count
     raw = (message.headers or {}).get("x-delivery-count", 0)
     return raw if isinstance(raw, int) else 0
 
@@ -94,38 +98,29 @@ class Intake:
         self.pipeline: Pipeline | None = None  # batches in flight (run_batches): settled before a switch
 
     @classmethod
-    def on(cls, queue: AbstractQueue, max_batch: int, prefetch: int, exclusive: bool = True) -> Intake:
-        """An intake that manages its channel's prefetch (see the class)."""
+    def on(cls, queue: AbstractQueue | BulkQueue, max_batch: int, prefetch: int,
+           exclusive: bool = True) -> Intake:
+        """An intake that manages its channel's prefetch (see the class). On a BulkQueue
+        (exchanges/shell/bulk_consumer.py) deliveries come in bulk, without aio-pika."""
+        if isinstance(queue, BulkQueue):
+            return cls(queue, max_batch, exclusive, prefetch, queue.set_qos)  # type: ignore[arg-type]
+
         async def set_prefetch(n: int) -> None:
             await queue.channel.set_qos(prefetch_count=n)
         return cls(queue, max_batch, exclusive, prefetch, set_prefetch)
 
-    # Back-pressure: when what a batch publishes takes long to be confirmed downstream (a
-    # full queue refusing, a slow consumer, a broker paging), taking more in only grows the
-    # messages held here; the prefetch is halved (not below PREFETCH_FLOOR) while confirms
-    # take over LAG_HIGH_S, and doubled back while they come within LAG_LOW_S. The backlog
-    # stays in the broker's queue, whose length limit pushes back on the publishers.
-    LAG_HIGH_S = 1.0
-    LAG_LOW_S = 0.2
-    PREFETCH_FLOOR = 64
-
-    async def confirm_lag(self, seconds: float) -> None:
-        if self._set_prefetch is None or not self._opened:
-            return
-        now = self.current_prefetch
-        if seconds > self.LAG_HIGH_S and now > self.PREFETCH_FLOOR:
-            new = max(self.PREFETCH_FLOOR, now // 2)
-        elif seconds < self.LAG_LOW_S and now < self.prefetch:
-            new = min(self.prefetch, now * 2)
-        else:
-            return
-        log.log(logging.WARNING if new < now else logging.INFO,
-                "%s: confirms took %.2fs: prefetch %d -> %d", self.queue.name, seconds, now, new)
-        self.current_prefetch = new
-        self._want = new  # applied between batches (see _switch_consumer)
+    # Back-pressure is the pipeline's (exchanges/shell/pipeline.py: at most `depth` batches in
+    # flight, so at most `prefetch` messages held here); the prefetch itself never changes
+    # while a session consumes. It used to shrink while confirms lagged, by a new consumer: a
+    # quorum queue's deliveries already on their way to the cancelled consumer are then given
+    # back by the channel and come again behind newer ones (seen under load, issue 39: an
+    # object's older positions routed after its newer ones, events wrong). The one switch
+    # left, prefetch 1 to `prefetch` at the first message that is not a suspect, is safe: the
+    # old consumer holds that message unacked, so with a prefetch of 1 nothing else is on its
+    # way to it when it is cancelled.
 
     async def _switch_consumer(self) -> None:
-        """Between batches: a wanted prefetch change. The consumer is cancelled first, then
+        """Between batches: the opening (see above). The consumer is cancelled first, then
         created again with the new prefetch once what it delivered was handed out (and, the
         caller settling each batch before asking for the next, settled)."""
         if self._want is None or self._stopping or self._set_prefetch is None:
@@ -139,7 +134,7 @@ class Intake:
         if not self._buf:
             want, self._want = self._want, None
             await self._set_prefetch(want)
-            self._tag = await self.queue.consume(self._on_message, exclusive=self.exclusive)
+            self._tag = await self._consume()
 
     @property
     def caught_up(self) -> bool:
@@ -163,9 +158,11 @@ class Intake:
             await self._set_prefetch(1)
         # exclusive (the default): a second instance of a routing role would break per-object
         # ordering; services whose requests are independent (the fence API) share their queue
-        self._tag = await self.queue.consume(self._on_message, exclusive=self.exclusive)
+        self._tag = await self._consume()
         channel = getattr(self.queue, "channel", None)
-        if channel is not None:  # a real queue (the unit tests' fake has none)
+        if isinstance(self.queue, BulkQueue):
+            self.queue.bulk.cancel_callbacks.add(self._cancelled_by_broker)
+        elif channel is not None:  # a real queue (the unit tests' fake has none)
             underlay = await channel.get_underlay_channel()
             underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
 
@@ -191,28 +188,42 @@ class Intake:
                 return declared
             await asyncio.sleep(0.05)
 
+    async def _consume(self) -> str:
+        if isinstance(self.queue, BulkQueue):
+            return await self.queue.consume_many(self._accept, self.exclusive)
+        return await self.queue.consume(self._on_message, exclusive=self.exclusive)
+
     async def _on_cancel(self, frame: Basic.Cancel) -> None:
+        self._cancelled_by_broker(frame)
+
+    def _cancelled_by_broker(self, frame: Basic.Cancel) -> None:
         if frame.consumer_tag == self._tag:
             log.warning("the broker cancelled the consumer of %s", self.queue.name)
             self.cancelled.set()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        self.received += 1
-        self._buf.append(message)
+        self._accept([message])
+
+    def _accept(self, messages: Sequence[Any]) -> None:
+        """Deliveries in the order the broker sent them: one (aio-pika) or a read's worth
+        (a BulkQueue)."""
+        self.received += len(messages)
+        self._buf.extend(messages)
         self._ready.set()
-        if getattr(message, "redelivered", False):
-            if self._fresh_seen:
-                self.late_returns += 1
-                if self.late_returns == 1:
-                    log.warning("%s: a returned message came behind a first delivery (the broker gave "
-                                "back a dead consumer's messages late): order is not guaranteed here",
-                                self.queue.name)
-        else:
-            self._fresh_seen = True
-        if not self._opened and delivery_count(message) < SUSPECT_DELIVERIES:
-            self._opened = True
-            self.current_prefetch = self.prefetch
-            self._want = self.prefetch  # applied between batches (see _switch_consumer)
+        for message in messages:
+            if getattr(message, "redelivered", False):
+                if self._fresh_seen:
+                    self.late_returns += 1
+                    if self.late_returns == 1:
+                        log.warning("%s: a returned message came behind a first delivery (the broker gave "
+                                    "back a dead consumer's messages late): order is not guaranteed here",
+                                    self.queue.name)
+            else:
+                self._fresh_seen = True
+            if not self._opened and delivery_count(message) < SUSPECT_DELIVERIES:
+                self._opened = True
+                self.current_prefetch = self.prefetch
+                self._want = self.prefetch  # applied between batches (see _switch_consumer)
 
     async def stop(self) -> None:
         self._stopping = True

@@ -26,6 +26,7 @@ from aio_pika.abc import AbstractConnection
 
 from exchanges.backoff import Backoff
 from exchanges.health import WAITING
+from exchanges.shell.bulk_consumer import BulkConnection
 from exchanges.shell.config import SidecarConfig
 from exchanges.shell.connections import BROKER_GONE, InstanceLocked, TookOver, connection_lost
 from exchanges.shell.counters import Counters
@@ -170,7 +171,7 @@ async def _watched(session: Awaitable[None], stop: asyncio.Event, counters: Coun
             await asyncio.wait([task], timeout=STALLED_END_S)
 
 
-async def run_session(stop: asyncio.Event, conns: Sequence[AbstractConnection],
+async def run_session(stop: asyncio.Event, conns: Sequence[AbstractConnection | BulkConnection],
                       intakes: Sequence[Intake], loops: Sequence[Coroutine[Any, Any, None]],
                       background: Sequence[Coroutine[Any, Any, None]], drain_s: float,
                       prepare: Coroutine[Any, Any, None] | None = None,

@@ -137,6 +137,8 @@ class GeoSidecar:
             if batches:  # the whole intake in queue order: one route, one message per worker
                 batch = PositionBatch.concat([rb.batch for rb in batches])
                 self.counters.positions += len(batch)
+                self.counters.observe_ages("position_age_seconds", np.concatenate(
+                    [rb.batch.ts[~rb.notice] for rb in batches]))
                 self.unacked = True
                 announced = [rb.announced for rb in batches]
                 routed = self.core.route(batch, notice=np.concatenate([rb.notice for rb in batches]),

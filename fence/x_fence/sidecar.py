@@ -59,7 +59,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
@@ -470,6 +469,7 @@ class FenceSidecar:
                 elif isinstance(step, list):
                     wb = WorkerBatch.concat(step)
                     self.counters.positions += len(wb.positions)
+                    self.counters.observe_ages("position_age_seconds", wb.positions.ts)
                     if len(wb.positions):
                         self.stream_ts = max(self.stream_ts, float(wb.positions.ts.max()))
                     events += self.core.route(wb, received_at)
@@ -490,17 +490,7 @@ class FenceSidecar:
                                                         if e.reason in (ENTERED, EXITED)])
 
     def observe_ages(self, histogram: str, times: Sequence[float]) -> None:
-        """Now minus each time into `histogram`. A time ahead of now (a device clock ahead,
-        within the skew x-ingress allows) is no latency: it is counted as `clock_ahead`, never
-        observed (a negative value would drag the histogram's sum and its quantiles)."""
-        if not times:
-            return
-        ages = time.time() - np.asarray(times, np.float64)
-        ahead = int((ages < 0).sum())
-        if ahead:
-            self.counters.bump("clock_ahead", ahead)
-            ages = ages[ages >= 0]
-        self.counters.observe(histogram, ages)
+        self.counters.observe_ages(histogram, times)
 
     def gauges(self) -> dict[str, float]:
         """Levels for /metrics, read at each scrape (while the state is rebuilt, in a thread:

@@ -58,6 +58,16 @@ def api(stack: ConnectionSettings, path: str) -> Any:
         raise
 
 
+def close_connection(stack: ConnectionSettings, connection: str) -> None:
+    """The broker closes a client's connection (management API, as the administrator)."""
+    auth = base64.b64encode(f"{t.ADMIN_USER}:{stack['mqtt']['password']}".encode()).decode()
+    request = urllib.request.Request(stack["management"]["url"] + f"api/connections/{q(connection)}",
+                                     method="DELETE", headers={"Authorization": f"Basic {auth}",
+                                                               "X-Reason": "test: a broker-side close"})
+    with urllib.request.urlopen(request, timeout=DEADLINE):
+        pass
+
+
 def q(name: str) -> str:
     return quote(name, safe="")
 

@@ -9,11 +9,9 @@ session's tenant, bob an editor of another tenant, for whom alice's fences do no
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import math
 import time
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,6 +38,7 @@ from tests.integration.clients import (
     account,
     add_member,
     api,
+    close_connection,
     login_url,
     q,
 )
@@ -513,7 +512,7 @@ async def test_the_manager_asks_workers_again_after_the_broker_closed_its_connec
 
         ours = await until(listed, f"connection {name} in the management API")
         assert len(ours) == 1, ours
-        _close_connection(stack, ours[0])
+        close_connection(stack, ours[0])
 
         async def answered() -> bool:
             try:
@@ -522,15 +521,6 @@ async def test_the_manager_asks_workers_again_after_the_broker_closed_its_connec
                 return False
 
         await until(answered, f"{worker}'s answer after the reconnect", deadline=2 * DEADLINE)
-
-
-def _close_connection(stack: ConnectionSettings, connection: str) -> None:
-    auth = base64.b64encode(f"{t.ADMIN_USER}:{stack['mqtt']['password']}".encode()).decode()
-    request = urllib.request.Request(stack["management"]["url"] + f"api/connections/{q(connection)}",
-                                     method="DELETE", headers={"Authorization": f"Basic {auth}",
-                                                               "X-Reason": "test: a broker-side close"})
-    with urllib.request.urlopen(request, timeout=DEADLINE):
-        pass
 
 
 def test_the_api_is_a_sidecar_of_the_stack() -> None:

@@ -4,6 +4,7 @@ test_shell_config.py)."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -111,3 +112,14 @@ def test_backoff_jitter_stays_within_20_percent() -> None:
     for n in nominal:
         d = b.next()
         assert 0.8 * n <= d <= 1.2 * n
+
+
+def test_observe_ages_counts_a_clock_ahead_and_observes_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(time, "time", lambda: 1000.0)
+    c = Counters()
+    c.observe_ages("position_age_seconds", [999.996, 999.99, 1000.5, 990.0])
+    h = c.histograms["position_age_seconds"]
+    assert c.other["clock_ahead"] == 1
+    assert h.count == 3 and abs(h.total - (0.004 + 0.01 + 10.0)) < 1e-9
+    c.observe_ages("position_age_seconds", [])
+    assert h.count == 3

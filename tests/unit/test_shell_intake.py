@@ -231,9 +231,10 @@ async def test_a_managed_intake_starts_at_prefetch_one_and_opens_at_the_first_no
 
 
 async def test_one_consumer_holds_messages_at_a_time() -> None:
-    """A prefetch change cancels the consumer and creates the next only once everything the
-    old one delivered was handed out: a crash can never leave two consumers holding messages
-    (the queue would give them back consumer by consumer, out of order)."""
+    """The opening (prefetch 1 to the full prefetch) cancels the consumer and creates the next
+    only once everything the old one delivered was handed out: a crash can never leave two
+    consumers holding messages (the queue would give them back consumer by consumer, out of
+    order)."""
     intake, q, qos = await started_managed(2, 1000)
     await q.deliver(FakeMessage(0))
     it = batches(intake)
@@ -248,15 +249,9 @@ async def test_one_consumer_holds_messages_at_a_time() -> None:
     assert q.consumers == 2 and qos == [1, 1000]
     await q.deliver(*(FakeMessage(i) for i in range(2, 7)))
     assert numbers(await pending) == [2, 3]
-    await intake.confirm_lag(3.0)  # halve: consumer 2 still holds 4, 5, 6
     assert numbers(await anext(it)) == [4, 5]
-    assert q.cancelled == ["ctag-1", "ctag-2"] and q.consumers == 2
     assert numbers(await anext(it)) == [6]
-    pending = asyncio.ensure_future(anext(it))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert q.consumers == 3 and qos == [1, 1000, 500]
-    pending.cancel()
+    assert q.cancelled == ["ctag-1"] and q.consumers == 2 and qos == [1, 1000]  # opened once, kept
     await intake.stop()
 
 
@@ -348,28 +343,20 @@ async def test_a_lost_broker_is_not_a_fault() -> None:
     assert ms[0].acks == []
 
 
-# --------------------------------------------------------------------------- confirm lag
+# --------------------------------------------------------------------------- back-pressure
 
 
-async def test_confirm_lag_halves_the_prefetch_and_restores_it() -> None:
-    intake, q, qos = await started_managed(10, 1000)
-    await intake.confirm_lag(5.0)  # not opened yet (no message): nothing to slow
-    assert qos == [1]
+async def test_the_prefetch_never_changes_once_opened_whatever_the_load() -> None:
+    """Back-pressure is the pipeline's: a consumer switched under load would have deliveries
+    on their way to the old one given back behind newer ones (exchanges/shell/intake.py)."""
+    intake, q, qos = await started_managed(3, 1000)
     await q.deliver(FakeMessage(0))
     it = batches(intake)
     assert numbers(await anext(it)) == [0]
     assert await next_after(it, q, FakeMessage(1)) == [1]
-    assert qos == [1, 1000]
-    for _ in range(6):
-        await intake.confirm_lag(2.0)
-    assert intake.current_prefetch == 64  # halved down to the floor, not below
-    assert await next_after(it, q, FakeMessage(2)) == [2]
-    assert qos == [1, 1000, 64]  # one new consumer, between batches
-    await intake.confirm_lag(0.5)  # in between: kept
-    assert intake.current_prefetch == 64
-    for _ in range(6):
-        await intake.confirm_lag(0.01)
-    assert intake.current_prefetch == 1000
-    assert await next_after(it, q, FakeMessage(3)) == [3]
-    assert qos == [1, 1000, 64, 1000] and q.consumers == 4
+    for i in range(2, 40, 3):
+        await q.deliver(*(FakeMessage(k) for k in range(i, i + 3)))
+        assert numbers(await anext(it)) == [i, i + 1, i + 2]
+    assert qos == [1, 1000] and q.consumers == 2 and q.cancelled == ["ctag-1"]
+    assert not hasattr(intake, "confirm_lag")
     await intake.stop()
