@@ -42,7 +42,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -218,21 +218,34 @@ def find_pid(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int | None:
     """The pid of the `firebase emulators:start` process listening on host:port, if any (a
     listener on the wildcard address matches any host). Needs the right to read other
     processes' fds (root, or the same user)."""
+    found = _holding(host, port, lambda cmd: b"emulators:start" in cmd.split(b"\0"))
+    return found[0] if found else None
+
+
+def leftover_pids(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> list[int]:
+    """Processes of firebase-tools still listening on host:port once the emulator's own process
+    is gone (a child of it keeps the port a moment: `up` right after `down` once found it taken)."""
+    return _holding(host, port, lambda cmd: b"firebase" in cmd)
+
+
+def _holding(host: str, port: int, wanted: Callable[[bytes], bool]) -> list[int]:
+    """The pids whose command line `wanted` accepts and that hold a listening socket on host:port."""
     inodes = _listening_inodes(host, port)
     if not inodes:
-        return None
+        return []
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if b"emulators:start" not in (entry / "cmdline").read_bytes().split(b"\0"):
+            if not wanted((entry / "cmdline").read_bytes()):
                 continue
             links = {os.readlink(fd) for fd in (entry / "fd").iterdir()}
         except OSError:
             continue
         if any(f"socket:[{inode}]" in links for inode in inodes):
-            return int(entry.name)
-    return None
+            pids.append(int(entry.name))
+    return pids
 
 
 def alive(pid: int) -> bool:

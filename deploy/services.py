@@ -537,6 +537,8 @@ def firebase_configure(settings: Settings, pw: Secrets, started_now: bool) -> No
 
 def firebase_stop(settings: Settings, proc: ProcessId) -> None:
     terminate(proc, settings.start_timeout, "the Firebase Auth emulator")
+    for pid in fe.leftover_pids(settings.host, settings.firebase_auth_port):
+        terminate(identify(pid), settings.start_timeout, "a process of the Firebase Auth emulator")
 
 
 # --------------------------------------------------------------------------- the services, in start order
