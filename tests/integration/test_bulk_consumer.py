@@ -17,7 +17,7 @@ import pytest
 
 from deploy.settings import ConnectionSettings
 from exchanges.shell.amqp_frames import Delivery
-from exchanges.shell.bulk_consumer import BulkConnection, open_bulk
+from exchanges.shell.bulk_consumer import BulkChannel, BulkConnection, open_bulk
 from tests.integration.clients import api, close_connection
 
 DEADLINE_S = 20.0
@@ -62,6 +62,17 @@ class Collect:
         return self.got
 
 
+async def consuming(stack: ConnectionSettings, queue: str, prefetch: int
+                    ) -> tuple[BulkConnection, BulkChannel, Collect]:
+    """A bulk connection consuming `queue` at `prefetch`, what it gets collected."""
+    conn = await open_bulk(stack["amqp"]["/"], 10)
+    ch = await conn.channel()
+    await ch.qos(prefetch)
+    seen = Collect()
+    await ch.consume(queue, seen)
+    return conn, ch, seen
+
+
 async def ready_and_unacked(stack: ConnectionSettings, queue: str) -> tuple[int, int]:
     async with await aio_pika.connect(stack["amqp"]["/"]) as c:
         ch = await c.channel()
@@ -76,12 +87,8 @@ async def test_every_message_once_in_order_with_its_properties_then_one_ack_sett
     bodies = [f'{{"lon": {i}, "lat": 1, "ts": 2}}'.encode() for i in range(3000)] + [b"x" * 300_000]
     await publish(stack, queue, bodies, content_type="application/json", message_id="m",
                   headers={"h": "v"})
-    conn = await open_bulk(stack["amqp"]["/"], 10)
+    conn, _, seen = await consuming(stack, queue, 5000)
     try:
-        ch = await conn.channel()
-        await ch.qos(5000)
-        seen = Collect()
-        await ch.consume(queue, seen)
         got = await seen.until(len(bodies))
         assert [d.body for d in got] == bodies  # the last spans several frames
         assert [d.delivery_tag for d in got] == list(range(1, len(bodies) + 1))
@@ -99,20 +106,12 @@ async def test_every_message_once_in_order_with_its_properties_then_one_ack_sett
 async def test_unacked_deliveries_come_back_redelivered_and_counted_to_the_next_consumer(
         stack: ConnectionSettings, queue: str) -> None:
     await publish(stack, queue, [b"a", b"b", b"c"])
-    first = await open_bulk(stack["amqp"]["/"], 10)
-    ch = await first.channel()
-    await ch.qos(10)
-    seen = Collect()
-    await ch.consume(queue, seen)
+    first, _, seen = await consuming(stack, queue, 10)
     got = await seen.until(3)
     await got[0].ack()
     await first.close()  # b and c unacked
-    second = await open_bulk(stack["amqp"]["/"], 10)
+    second, _, again = await consuming(stack, queue, 10)
     try:
-        ch2 = await second.channel()
-        await ch2.qos(10)
-        again = Collect()
-        await ch2.consume(queue, again)
         back = await again.until(2)
         assert [(d.body, d.redelivered, d.delivery_count) for d in back] == [(b"b", True, 1), (b"c", True, 1)]
         await back[-1].ack(multiple=True)
