@@ -96,6 +96,9 @@ class Intake:
         self._fresh_seen = False  # a first delivery came in this session
         self.late_returns = 0  # returned messages that came behind a first delivery
         self.pipeline: Pipeline | None = None  # batches in flight (run_batches): settled before a switch
+        # set once `start` holds the consumer's tag (or `stop` came first): until then `batches`
+        # hands nothing out, as the opening's cancel needs that tag (see _switch_consumer)
+        self._started = asyncio.Event()
 
     @classmethod
     def on(cls, queue: AbstractQueue | BulkQueue, max_batch: int, prefetch: int,
@@ -159,6 +162,7 @@ class Intake:
         # exclusive (the default): a second instance of a routing role would break per-object
         # ordering; services whose requests are independent (the fence API) share their queue
         self._tag = await self._consume()
+        self._started.set()
         channel = getattr(self.queue, "channel", None)
         if isinstance(self.queue, BulkQueue):
             self.queue.bulk.cancel_callbacks.add(self._cancelled_by_broker)
@@ -228,11 +232,18 @@ class Intake:
     async def stop(self) -> None:
         self._stopping = True
         self._ready.set()
+        self._started.set()
         if self._tag is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.queue.cancel(self._tag), 5)
 
     async def batches(self) -> AsyncIterator[list[AbstractIncomingMessage]]:
+        # A session's loops run while its intakes start (lifecycle.run_session), and the first
+        # delivery can land before `start` has the consumer's tag: handed out then, it was
+        # settled before the opening could cancel that consumer, which by then had the next
+        # message on its way; the broker gave that one back behind the dead predecessor's
+        # returned messages (seen after kill -9 of x-ingress: positions routed out of order).
+        await self._started.wait()
         while True:
             await self._switch_consumer()
             if not self._buf:

@@ -255,6 +255,38 @@ async def test_one_consumer_holds_messages_at_a_time() -> None:
     await intake.stop()
 
 
+async def test_a_delivery_before_start_returns_is_handed_out_after_the_cancel() -> None:
+    """A session's loop asks for batches while its intake starts, and the first delivery can
+    come in the read that brings the consume-ok: it waits until the consumer it came to was
+    cancelled, so that consumer (prefetch 1) has nothing else on its way when it goes (a
+    message on its way to a cancelled consumer comes back behind the others)."""
+    q = FakeQueue()
+    first = FakeMessage(0, deliveries=1)
+    consume = q.consume
+
+    async def consume_and_deliver(callback: Callable[[Any], Awaitable[None]], **kwargs: Any) -> str:
+        tag = await consume(callback, **kwargs)
+        if q.consumers == 1:
+            await callback(first)
+            for _ in range(5):  # the loop runs before the consume-ok's caller resumes
+                await asyncio.sleep(0)
+        return tag
+
+    q.consume = consume_and_deliver  # type: ignore[method-assign]
+
+    async def set_prefetch(n: int) -> None:
+        pass
+
+    intake = Intake(cast(AbstractQueue, q), 10, prefetch=100, set_prefetch=set_prefetch)
+    it = batches(intake)
+    pending = asyncio.ensure_future(anext(it))
+    await asyncio.sleep(0)
+    await intake.start()
+    assert numbers(await pending) == [0]
+    assert q.cancelled == ["ctag-1"] and first.acks == []  # cancelled while [0] was unsettled
+    await intake.stop()
+
+
 async def test_a_returned_message_behind_a_first_delivery_is_counted() -> None:
     intake, q = await started(10)
     first, returned = FakeMessage(0), FakeMessage(1, deliveries=1)
