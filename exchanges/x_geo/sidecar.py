@@ -12,6 +12,12 @@ Per worker, what one batch routed goes out as one message, in queue order; hando
 notices travel in line with the positions (x-ingress puts them in the same message), so an
 object's exit from this region reaches its workers between the right positions.
 
+Batches are pipelined (exchanges/shell/pipeline.py): a batch is routed and its messages written
+as soon as it comes, its confirms and its ack follow in order while the next ones are routed
+(issue 39: one confirm round trip per batch was most of this hop's time under load). A drain
+barrier's batch, and every control message, first waits for the batches before it to be
+confirmed, and goes alone, as before.
+
 Live changes: the workers are the stored ring's (`worker_ring`, read at `recover`, and again
 when `geofence worker` asks with a RING control message, once the moved fences' state is on
 their new workers); a drain barrier in the positions queue is forwarded behind everything
@@ -54,9 +60,10 @@ class GeoSidecar:
         self.core = XGeo(self.region, list(config.workers), self.ring, announce_unknown=True)
         self.counters = shell.Counters()
         self.lock = asyncio.Lock()
-        # a batch was routed (the objects' memory moved on) and not confirmed: if the session
-        # ends so, the memory goes (its objects go to every worker once, as after a restart)
-        self.unacked = False
+        # batches routed (the objects' memory moved on) and not confirmed: if a session ends
+        # with some, the memory goes (their objects go to every worker once, as after a restart)
+        self.unconfirmed = 0
+        self.pipeline = shell.Pipeline()
 
     async def recover(self, stop: asyncio.Event) -> bool:
         bindings = await routing_store.read_until_stopped(
@@ -82,10 +89,10 @@ class GeoSidecar:
 
     async def session(self, stop: asyncio.Event) -> None:
         cfg = self.config
-        if self.unacked:
+        if self.unconfirmed:
             self.core.forget_objects()
-            self.unacked = False
-            log.warning("a session ended with a batch routed and not acked: objects forgotten")
+            self.unconfirmed = 0
+            log.warning("a session ended with a batch routed and not confirmed: objects forgotten")
         async with contextlib.AsyncExitStack() as stack:
             conn = await shell.open_connection(cfg, t.region_vhost(self.region), stack)
             await self.instance_lock.acquire(conn, stack)
@@ -100,12 +107,16 @@ class GeoSidecar:
             controls = shell.Intake.on(await ctl_ch.get_queue(t.GEO_CONTROL_QUEUE), 64, 64)
             log.info("region %s: consuming %s and %s", self.region, t.GEO_POSITIONS_QUEUE,
                      t.GEO_CONTROL_QUEUE)
-            await shell.run_session(
-                stop, [conn], [positions, controls],
-                [shell.run_batches(positions, self.handle_positions, self.counters, self.dlx),
-                 shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
-                [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s,
-                counters=self.counters)
+            try:
+                await shell.run_session(
+                    stop, [conn], [positions, controls],
+                    [shell.run_batches(positions, self.handle_positions, self.counters, self.dlx,
+                                       self.pipeline),
+                     shell.run_batches(controls, self.handle_controls, self.counters, self.dlx)],
+                    [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))], cfg.drain_s,
+                    counters=self.counters)
+            finally:
+                await self.pipeline.close()  # what was not confirmed comes back
 
     # -- positions ---------------------------------------------------------------------------
 
@@ -134,12 +145,14 @@ class GeoSidecar:
                 continue
             batches.append(rb)
         async with self.lock:
+            if barriers:  # behind everything routed before, confirmed: this batch goes alone
+                await self.pipeline.drain()
             if batches:  # the whole intake in queue order: one route, one message per worker
                 batch = PositionBatch.concat([rb.batch for rb in batches])
                 self.counters.positions += len(batch)
                 self.counters.observe_ages("position_age_seconds", np.concatenate(
                     [rb.batch.ts[~rb.notice] for rb in batches]))
-                self.unacked = True
+                self.unconfirmed += 1
                 announced = [rb.announced for rb in batches]
                 routed = self.core.route(batch, notice=np.concatenate([rb.notice for rb in batches]),
                                          gate=np.concatenate([rb.gate for rb in batches]),
@@ -147,11 +160,24 @@ class GeoSidecar:
                                          np.concatenate([rb.announcements() for rb in batches]))
                 outs += [shell.Out(self.fence_in, worker, pack(POSITIONS, parts=[wb.to_wire()]), CONTENT_TYPE)
                          for worker, wb in routed.items()]
-            await shell.publish_all(outs, self.counters)
-            self.unacked = False  # confirmed: the workers got what the memory says
+            routed_here = bool(batches)
+
+            async def confirmed() -> None:
+                if routed_here:
+                    self.unconfirmed -= 1  # confirmed: the workers got what the memory says
+
             if barriers:  # once the positions are confirmed: behind them on every link
+                await shell.publish_all(outs, self.counters)
+                await confirmed()
                 await shell.publish_all([shell.Out(self.fence_in, w, b, CONTENT_TYPE)
                                          for b in barriers for w in self.ring.nodes], self.counters)
+                await self.pipeline.add(None, None, messages)
+                await self.pipeline.drain()
+                return
+            # pipelined (exchanges/shell/pipeline.py): the next batch is routed while these
+            # confirms come; the ack follows them, in order
+            sent = await shell.send(outs, self.counters, retry=self.pipeline.serial)
+            await self.pipeline.add(sent, confirmed, messages)
 
     # -- control -----------------------------------------------------------------------------
 
@@ -159,6 +185,7 @@ class GeoSidecar:
         for m in messages:  # rare and ordered: one at a time
             outs: list[shell.Out] = []
             async with self.lock:
+                await self.pipeline.drain()  # a change (or an answer) sees every batch before it confirmed
                 try:
                     msg = unpack(m.body)
                     if msg["kind"] == control.INSPECT:

@@ -104,7 +104,7 @@ def test_x_geo_dead_letters_what_it_cannot_read_and_routes_the_rest(seed: int) -
     sc, dlx, fence_in = geo_sidecar()
     msgs = [Msg(body, "", headers={"n": i}) for i, (body, _) in enumerate(cases)]
     with captured() as outs:
-        asyncio.run(sc.handle_positions(incoming(msgs)))  # never raises
+        asyncio.run(drained(sc, sc.handle_positions(incoming(msgs))))  # never raises
     dead = set(map(numbered, dead_letters(outs, dlx)))
     assert not dead & {i for i, (_, valid) in enumerate(cases) if valid}, "a valid batch was dead-lettered"
     taken = [region_batch_of(m.body) for i, m in enumerate(msgs) if i not in dead]  # readable
