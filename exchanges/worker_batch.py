@@ -56,6 +56,15 @@ class WorkerBatch:
     def gates(self) -> npt.NDArray[np.float64]:
         return self.gate if self.gate is not None else np.zeros(len(self.positions), np.float64)
 
+    def sent_rows(self) -> npt.NDArray[np.bool_]:
+        """Per position: a device's report routed here for the first time, not a handover
+        notice (an object's last position announced again) nor a fence change's re-check:
+        the rows whose age is a position's latency."""
+        rows = ~self.notices()
+        if self.recheck is not None:
+            rows &= self.recheck < 0
+        return rows
+
     def barriers(self) -> npt.NDArray[np.bool_]:
         return self.barrier if self.barrier is not None else np.zeros(len(self.positions), bool)
 

@@ -469,7 +469,7 @@ class FenceSidecar:
                 elif isinstance(step, list):
                     wb = WorkerBatch.concat(step)
                     self.counters.positions += len(wb.positions)
-                    self.counters.observe_ages("position_age_seconds", wb.positions.ts)
+                    self.counters.observe_ages("position_age_seconds", wb.positions.ts[wb.sent_rows()])
                     if len(wb.positions):
                         self.stream_ts = max(self.stream_ts, float(wb.positions.ts.max()))
                     events += self.core.route(wb, received_at)

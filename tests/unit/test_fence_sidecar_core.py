@@ -104,6 +104,16 @@ def test_concat_fills_notices_and_gates_of_parts_without_them() -> None:
         WorkerBatch.concat([a, part(["o9"], [[]], worker="w1")])
 
 
+def test_sent_rows_leave_out_notices_and_rechecks() -> None:
+    """A row's age is a position's latency only for a device's report: a handover notice
+    announces an object's last position again, a re-check replays it for a fence change."""
+    a = part(["o1", "o2", "o3"], [[], [], []], notice=[False, True, False])
+    assert a.sent_rows().tolist() == [True, False, True]
+    b = dataclasses.replace(a, recheck=np.array([-1, -1, 0], np.int32))
+    assert b.sent_rows().tolist() == [True, False, False]
+    assert part(["o4"], [[]]).sent_rows().tolist() == [True]
+
+
 def test_concat_many_random_parts() -> None:
     rng, parts = np.random.default_rng(5), []
     for p in range(8):
