@@ -377,7 +377,7 @@ async def run_demo(args: argparse.Namespace) -> int:
                     now = time.time()
                     pubs[owner_of[i]].publish(i, owner_of[i], oid, float(lon[i]), float(lat[i]), now)
                     positions.append((i, now, float(lon[i]), float(lat[i])))
-                for sensor_id, topic, frame in demo_venues.due(now):  # the doors' reports due by now
+                for sensor_id, topic, frame in demo_venues.due(time.time()):  # the doors' reports due by now
                     sensor_pubs.publish_raw(f"sensors/{sensor_id}/{topic}", frame)
                 k += 1
                 screen.status(f"[{now - started:5.0f}/{args.duration:g} s] {tally.sent:,} positions sent "
