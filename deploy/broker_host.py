@@ -50,7 +50,8 @@ def tls_setup(settings: Settings, say: Say) -> tls.TlsFiles:
 
 
 PLUGINS = ("rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_management", "rabbitmq_shovel",
-           "rabbitmq_prometheus", "rabbitmq_auth_backend_http")
+           "rabbitmq_prometheus", "rabbitmq_auth_backend_http",
+           "rabbitmq_consistent_hash_exchange")  # x-ingress.partition (exchanges/ingress_partitions.py)
 MAX_MESSAGE_SIZE = 16 * 1024**2  # bytes: the broker's bound on any message (its default: 128 MiB)
 # What every node of this stack carries (issue 37): no anonymous MQTT login (the plugin's
 # default would log a client with no credentials in as guest), a message size bound.

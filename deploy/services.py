@@ -186,9 +186,16 @@ def rabbitmq_pid() -> int:
     return node_pid(["rabbitmqctl"])
 
 
+def _plugins_file_complete() -> bool:
+    try:
+        return not missing_plugins(ENABLED_PLUGINS_FILE.read_text())
+    except OSError:  # no file (or not ours to read): the listeners' check decides
+        return True
+
+
 def rabbitmq_configure(settings: Settings, pw: Secrets, started_now: bool) -> None:
     if not started_now and not (port_open(settings.host, settings.mqtt_port)
-                                and _prometheus_plugin_listens(settings)):
+                                and _prometheus_plugin_listens(settings) and _plugins_file_complete()):
         # A node started elsewhere (or before a plugin was added here) without our plugins:
         # enable them on the running node.
         run(["rabbitmqctl", "await_startup", "--timeout", str(int(settings.start_timeout))])

@@ -30,7 +30,7 @@ esac
 REPO="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.geofence-install.sha256"
-PLUGINS=(rabbitmq_mqtt rabbitmq_federation rabbitmq_management rabbitmq_shovel rabbitmq_federation_management rabbitmq_prometheus)
+PLUGINS=(rabbitmq_mqtt rabbitmq_federation rabbitmq_management rabbitmq_shovel rabbitmq_federation_management rabbitmq_prometheus rabbitmq_consistent_hash_exchange)
 ENABLED_PLUGINS=/etc/rabbitmq/enabled_plugins
 PYTHON="${PYTHON:-python3}"
 cd "$REPO"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exchanges import ingress_partitions as ip
 from exchanges.settings_registry import SIDECAR_KEYS
 from exchanges.tenancy import name_of, split
 
@@ -55,8 +56,12 @@ FENCES_VHOST = "gf-fences"
 REGION_VHOST_PREFIX = "gf-region-"
 
 # gf-ingress
-POSITIONS_QUEUE = "x-ingress.positions"
+POSITIONS_QUEUE = "x-ingress.positions"  # the retired topic's (positions.*, dead-lettered there)
 POSITIONS_TOPIC_PATTERN = "positions.*.*"  # MQTT positions/<tenant>/<object_id> on amq.topic
+# ... bound to x-ingress.partition, RabbitMQ's consistent-hash exchange, which sends each to
+# one of the partition queues x-ingress.p00 .. (exchanges/ingress_partitions.py) by object
+PARTITION_EXCHANGE = "x-ingress.partition"
+PARTITION_QUEUES = ip.queue_names()
 GATEWAY_EXCHANGE = "ingress.gateway"  # topic: a gateway's batches, routing key = its tenant
 GATEWAY_TOPIC_PATTERN = "*"
 BATCHES_QUEUE = "x-ingress.batches"
@@ -254,6 +259,7 @@ ADMIN_USER = "geofence"  # the local stack's administrator: full rights on every
 # Every exchange the topology declares, with its type (amq.topic is RabbitMQ's own).
 EXCHANGE_TYPES: dict[str, str] = {
     GATEWAY_EXCHANGE: "topic",
+    PARTITION_EXCHANGE: ip.EXCHANGE_TYPE,  # bindings weigh 1 each, bound in name order
     RETIRED_BATCHES_EXCHANGE: "fanout",
     GEO_IN_EXCHANGE: "fanout",
     GEO_CONTROL_EXCHANGE: "fanout",

@@ -37,13 +37,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from exchanges import routing_store, shell
+from exchanges import ingress_partitions, routing_store, shell
 from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, pack
 from exchanges.hash_ring import HashRing
@@ -55,6 +55,7 @@ from ingress.proximity import Proximity
 
 log = logging.getLogger("geofence")
 WORLDMAP_POLL_S = 1.0
+MIN_QUEUE_PREFETCH = 256  # per partition queue
 GATEWAY_BATCH_MESSAGES = 64  # gateway messages hold up to 50,000 positions each
 POSITIONS = "positions"
 FOLLOW = "follow"
@@ -163,22 +164,25 @@ class IngressSidecar:
             self.map_out = await map_ch.get_exchange(t.MAP_POSITIONS_EXCHANGE, ensure=False)
             declares = await shell.open_channel(ingress, stack)  # the intakes' passive declares
             bulk = await shell.open_bulk_connection(cfg, t.INGRESS_VHOST, stack)  # deliveries in bulk
-            mqtt = shell.Intake.on(shell.BulkQueue(await declares.get_queue(t.POSITIONS_QUEUE),
-                                                   await bulk.channel()), cfg.batch_max, cfg.prefetch)
+            # the partitions (exchanges/ingress_partitions.py) and the retired topic's queue, as
+            # one intake: prefetch is per consumer, so the intake's share is spread over them
+            mqtt_queues = [await declares.get_queue(q) for q in (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE)]
+            mqtt = shell.Intake.on(shell.BulkQueues(mqtt_queues, await bulk.channel(), mqtt_source),
+                                   cfg.batch_max, max(MIN_QUEUE_PREFETCH, cfg.prefetch // len(mqtt_queues)))
             gateway = shell.Intake.on(shell.BulkQueue(await declares.get_queue(t.BATCHES_QUEUE),
                                                       await bulk.channel()),
                                       GATEWAY_BATCH_MESSAGES, 4 * GATEWAY_BATCH_MESSAGES)
             self.connected = frozenset(regions)
             if self.pending is not None:
                 self.adopt(self.pending)
-            log.info("consuming %s and %s; regions %s", t.POSITIONS_QUEUE, t.BATCHES_QUEUE,
+            log.info("consuming %s and %s; regions %s", mqtt.queue.name, t.BATCHES_QUEUE,
                      ", ".join(sorted(regions)))
             ending = asyncio.Event()  # stop, the regions changed, a pause: this session drains and ends
             self.consuming = True
             try:
                 await shell.run_session(
                     ending, [ingress, bulk, fences, *regions.values()], [mqtt, gateway],
-                    [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, t.POSITIONS_QUEUE),
+                    [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, mqtt_source),
                                        self.counters, self.dlx, self.pipeline),
                      shell.run_batches(gateway,
                                        lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE),
@@ -260,7 +264,8 @@ class IngressSidecar:
                                    f"refused: {reasons}{more}"))
         return PositionBatch.concat(batches), refused
 
-    async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any, source: str) -> None:
+    async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any,
+                     source: str | Callable[[AbstractIncomingMessage], str]) -> None:
         """One batch routed and sent, handed to the pipeline, under the lock that orders the
         proximity router's changes (a batch's, a subscription change's) and their records."""
         async with self.proximity.lock:
@@ -268,8 +273,8 @@ class IngressSidecar:
             self.counters.observe_ages("position_age_seconds", batch.ts)
             self.unconfirmed += 1
             routed = self.core.route(batch)
-            outs = [shell.dead_letter(self.dlx, messages[i], reason, source, self.counters)
-                    for i, reason in refused]
+            outs = [shell.dead_letter(self.dlx, messages[i], reason, source if isinstance(source, str)
+                                      else source(messages[i]), self.counters) for i, reason in refused]
             for region, rb in routed.regions.items():  # notices in line with positions: one message
                 outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, **rb.to_wire()), CONTENT_TYPE))
             rows, entry = self.proximity.rows_outs(batch)
@@ -291,6 +296,15 @@ class IngressSidecar:
                 self.counters.positions += len(batch)
 
             await self.pipeline.add(sent, confirmed, messages)
+
+
+def mqtt_source(message: AbstractIncomingMessage) -> str:
+    """The queue an MQTT position came from: its object's partition, as RabbitMQ's consistent-hash
+    exchange chose it from the routing key, or the retired topic's queue (positions.<id>)."""
+    key = message.routing_key or ""
+    if key.count(".") == 2 and key.startswith(ingress_partitions.ROUTING_PREFIX + "."):
+        return ingress_partitions.queue_name(ingress_partitions.partition_of_key(key))
+    return t.POSITIONS_QUEUE
 
 
 async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,

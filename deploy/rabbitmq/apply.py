@@ -120,7 +120,7 @@ def read_broker(mgmt: Management, defs: d.Definitions) -> Current:
         if q["vhost"] in ours}
     cur.bindings = {(b["vhost"], b["source"], b["destination"], b["routing_key"])
                     for b in mgmt.get("api/bindings")
-                    if b["vhost"] in ours and b["destination_type"] == "queue"}
+                    if b["vhost"] in ours and b["destination_type"] in ("queue", "exchange")}
     for component in FEDERATION_COMPONENTS:
         for p in mgmt.get(f"api/parameters/{component}"):
             cur.parameters[(p["vhost"], component, p["name"])] = p["value"]

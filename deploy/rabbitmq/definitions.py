@@ -5,10 +5,11 @@ auto-deleted. The choices, in one place:
 
 Exchanges, queues, bindings (declared by the topology; the sidecars only declare passively):
 
-    gf-ingress     amq.topic --"positions.*.*"--> x-ingress.positions (positions.<tenant>.<id>)
+    gf-ingress     amq.topic --"positions.*.*"--> x-ingress.partition (x-consistent-hash)
+                   --"1"--> x-ingress.p00 .. p15, in order (exchanges/ingress_partitions.py)
                    ingress.gateway (topic) --"*"--> x-ingress.batches (key: the gateway's tenant)
-                   amq.topic --"positions.*"--> and ingress.batches (fanout) --> the same
-                   queues: the contract before tenants, dead-lettered there with the reason
+                   amq.topic --"positions.*"--> x-ingress.positions, ingress.batches (fanout)
+                   --> x-ingress.batches: the contract before tenants, dead-lettered
                    fence.map-positions (fanout): the API binds its own map queue (below)
     gf-region-<r>  x-geo.in (fanout) --> x-geo.positions
                    x-geo.control (fanout) --> x-geo.control
@@ -188,12 +189,16 @@ class Queue:
     single_active: bool = False
 
 
+QUEUE_DESTINATION, EXCHANGE_DESTINATION = "q", "e"  # the management API's words
+
+
 @dataclass(frozen=True)
 class Binding:
     vhost: str
     source: str
-    queue: str
+    queue: str  # the destination: a queue, or an exchange (destination_type "e")
     routing_key: str
+    destination_type: str = QUEUE_DESTINATION
 
 
 @dataclass(frozen=True)
@@ -303,20 +308,19 @@ def region_vhosts(topology: Topology) -> tuple[str, ...]:
 
 
 # The input queues whose sidecar runs as one instance (its InstanceLock) and consumes in order:
-# single active consumer. Not the API's (fence.api, fence.follow: every API process shares
-# them). Why the broker's rule rather than the sidecar's wait for its predecessor's consumer to
-# go: RabbitMQ 3.10's quorum queues keep listing a consumer whose node died ("suspected
-# down", its messages returned) until the node is back, and then make it a consumer again for
-# a moment, handing it messages that come back behind newer ones; a single-active-consumer
-# queue parks it among the waiting ones instead (found by the fault suite's cluster row).
+# single active consumer. Not the API's (fence.api, fence.follow). Why the broker's rule rather
+# than the sidecar's wait for its predecessor's consumer to go: RabbitMQ 3.10's quorum queues
+# keep listing a consumer whose node died ("suspected down", its messages returned) until the
+# node is back, then make it a consumer again for a moment, handing it messages that come back
+# behind newer ones; a single-active-consumer queue parks it among the waiting ones instead.
 SHARED_INPUT_QUEUES = frozenset({t.API_QUEUE, t.FOLLOW_QUEUE})
 
 
 def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
     """The queues sidecars consume in `vhost` (the gf-input-limits policy's group)."""
     if vhost == t.INGRESS_VHOST:
-        return (t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE, t.SENSORS_QUEUE, t.NOTIFY_QUEUE,
-                t.HIVE_EVENTS_QUEUE)
+        return (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE, t.SENSORS_QUEUE,
+                t.NOTIFY_QUEUE, t.HIVE_EVENTS_QUEUE)
     if vhost == t.FENCES_VHOST:
         return (*(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w))),
                 t.ARCHIVE_QUEUE, t.API_QUEUE)
@@ -342,6 +346,7 @@ def _exchange(vhost: str, name: str) -> Exchange:
 
 def exchanges(topology: Topology) -> tuple[Exchange, ...]:
     found = [_exchange(t.INGRESS_VHOST, t.GATEWAY_EXCHANGE),
+             _exchange(t.INGRESS_VHOST, t.PARTITION_EXCHANGE),
              _exchange(t.INGRESS_VHOST, t.RETIRED_BATCHES_EXCHANGE),
              _exchange(t.INGRESS_VHOST, t.FOLLOW_EXCHANGE),
              _exchange(t.INGRESS_VHOST, t.OCCUPANCY_EXCHANGE),
@@ -370,8 +375,10 @@ def queues(topology: Topology) -> tuple[Queue, ...]:
 
 
 def bindings(topology: Topology) -> tuple[Binding, ...]:
-    found = [Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.POSITIONS_QUEUE,
-                     t.POSITIONS_TOPIC_PATTERN),
+    found = [Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.PARTITION_EXCHANGE, t.POSITIONS_TOPIC_PATTERN,
+                     EXCHANGE_DESTINATION),
+             # weight 1 each, in bucket order (the plan binds them all again when one is missing)
+             *(Binding(t.INGRESS_VHOST, t.PARTITION_EXCHANGE, q, "1") for q in t.PARTITION_QUEUES),
              Binding(t.INGRESS_VHOST, t.GATEWAY_EXCHANGE, t.BATCHES_QUEUE, t.GATEWAY_TOPIC_PATTERN),
              # the contract before tenants (MQTT positions/<id>, ingress.batches): still bound,
              # so what a device or gateway not moved yet sends is dead-lettered by x-ingress with
@@ -396,6 +403,8 @@ def bindings(topology: Topology) -> tuple[Binding, ...]:
 # Bindings an earlier topology declared that must go where a broker still has them: the
 # plan removes them (a binding holds no message; exchanges and queues are never removed).
 RETIRED_BINDINGS = (
+    # MQTT positions went to one queue, one x-ingress took them all; partitioned now (issue 39)
+    Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.POSITIONS_QUEUE, t.POSITIONS_TOPIC_PATTERN),
     # the archive took every event of fence.events one by one; it takes fence.event-batches now
     Binding(t.FENCES_VHOST, t.EVENTS_EXCHANGE, t.ARCHIVE_QUEUE, "#"),
 )
@@ -433,7 +442,7 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     # configure: only each role's instance lock (an exclusive queue, see exchanges/shell/connections.py)
     found.append(Permission(t.INGRESS_USER, ingress, exactly(t.INGRESS_LOCK),
                             exactly(dlx, t.FOLLOW_EXCHANGE, t.MAP_POSITIONS_EXCHANGE),
-                            exactly(t.POSITIONS_QUEUE, t.BATCHES_QUEUE)))
+                            exactly(*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE)))
     found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)
               for v in regions]
     # proximity rows and subscriptions straight to the workers' queues (ingress/proximity.py)

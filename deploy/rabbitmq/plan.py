@@ -37,6 +37,7 @@ from deploy.rabbitmq.definitions import (
     Queue,
     TopicPermission,
 )
+from exchanges.ingress_partitions import EXCHANGE_TYPE as CONSISTENT_HASH
 from exchanges.login_guard import rabbit_hash_ok
 from exchanges.settings import mask
 
@@ -167,14 +168,14 @@ def delete_queue(q: Queue) -> Http:
 
 
 def bind(b: Binding) -> Http:
-    return Http("POST", api_path("bindings", b.vhost, "e", b.source, "q", b.queue),
+    return Http("POST", api_path("bindings", b.vhost, "e", b.source, b.destination_type, b.queue),
                 {"routing_key": b.routing_key, "arguments": {}})
 
 
 def unbind(b: Binding) -> Http:
     """Remove a binding without arguments (its properties key is its routing key, "~" if empty)."""
-    return Http("DELETE", api_path("bindings", b.vhost, "e", b.source, "q", b.queue, b.routing_key or "~"),
-                None)
+    return Http("DELETE", api_path("bindings", b.vhost, "e", b.source, b.destination_type, b.queue,
+                                   b.routing_key or "~"), None)
 
 
 # --------------------------------------------------------------------------- the broker's state
@@ -330,9 +331,17 @@ def _declare_steps(defs: Definitions, current: Current, pending: list[str], rede
     if conflicts:
         raise TopologyConflict("; ".join(conflicts) + ": delete them (management UI or API) "
                                "and apply again; settings belong in policies")
-    steps += [bind(b) for b in defs.bindings
-              if (b.vhost, b.source, b.queue, b.routing_key) not in current.bindings
-              or (b.vhost, b.queue) in redeclared]
+    missing = [b for b in defs.bindings if (b.vhost, b.source, b.queue, b.routing_key) not in current.bindings
+               or (b.vhost, b.queue) in redeclared]
+    # A consistent-hash exchange numbers its buckets in the order its bindings came, and in
+    # queue-name order after a broker restart (exchanges/ingress_partitions.py): one of its
+    # bindings missing, they are all bound again, in order, so both orders agree.
+    hashed = {(x.vhost, x.name) for x in defs.exchanges if x.type == CONSISTENT_HASH}
+    redo = {(b.vhost, b.source) for b in missing if (b.vhost, b.source) in hashed}
+    ordered = [b for b in defs.bindings if (b.vhost, b.source) in redo]
+    steps += [unbind(b) for b in ordered if (b.vhost, b.source, b.queue, b.routing_key) in current.bindings
+              and (b.vhost, b.queue) not in redeclared]
+    steps += [bind(b) for b in defs.bindings if b in missing or b in ordered]
     steps += [unbind(b) for b in defs.retired_bindings
               if (b.vhost, b.source, b.queue, b.routing_key) in current.bindings]
     return steps

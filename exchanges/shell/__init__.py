@@ -25,7 +25,7 @@ caller looks the name up in.
 
 from exchanges.backoff import Backoff
 from exchanges.settings import ConfigError
-from exchanges.shell.bulk_consumer import BulkConnection, BulkQueue
+from exchanges.shell.bulk_consumer import BulkConnection, BulkQueue, BulkQueues
 from exchanges.shell.config import ENV_KEYS, SidecarConfig, setup_logging
 from exchanges.shell.connections import (
     BROKER_GONE,
@@ -78,6 +78,7 @@ __all__ = [
     "Backoff",
     "BulkConnection",
     "BulkQueue",
+    "BulkQueues",
     "ConfigError",
     "Counters",
     "InstanceLock",

@@ -27,7 +27,8 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -306,3 +307,40 @@ class BulkQueue:
 
     async def set_qos(self, prefetch: int) -> None:
         await self.bulk.qos(prefetch)
+
+
+class BulkQueues:
+    """Several queues consumed as one, on one BulkChannel: x-ingress's partition queues
+    (exchanges/ingress_partitions.py). One consumer per queue, every delivery to one callback
+    in the order the broker sent them (an object's positions are in one queue, so they stay in
+    order); the delivery tags are the channel's, so a batch drawn from several queues still
+    settles with one ack(multiple=True) once everything before it is settled."""
+
+    def __init__(self, queues: Sequence[AbstractQueue], channel: BulkChannel,
+                 source_of: Callable[[Any], str] | None = None) -> None:
+        if not queues:
+            raise ValueError("BulkQueues needs at least one queue")
+        self.inner, self.bulk = list(queues), channel
+        # the queue a delivery came from (a dead letter's source, where a replay goes): a
+        # delivery does not say, the caller knows from its routing key (x-ingress: the hash)
+        self.source_of = source_of or (lambda _m: self.names[0])
+        self.names = [q.name for q in queues]
+        self.name = f"{self.names[0]} (+{len(self.names) - 1})" if len(self.names) > 1 else self.names[0]
+        self.channel = queues[0].channel
+
+    @property
+    def declaration_result(self) -> Any:
+        found = [getattr(q, "declaration_result", None) for q in self.inner]
+        return SimpleNamespace(message_count=sum(int(getattr(d, "message_count", 0) or 0) for d in found),
+                               consumer_count=sum(int(getattr(d, "consumer_count", 0) or 0) for d in found))
+
+    async def consume_many(self, on_deliveries: Deliveries, exclusive: bool) -> str:
+        """One tag per queue, joined by spaces (Intake keeps one tag and hands it back to cancel)."""
+        return " ".join([await self.bulk.consume(name, on_deliveries, exclusive) for name in self.names])
+
+    async def cancel(self, tag: str) -> None:
+        for one in tag.split():
+            await self.bulk.cancel(one)
+
+    async def set_qos(self, prefetch: int) -> None:
+        await self.bulk.qos(prefetch)  # per consumer (RabbitMQ applies basic.qos to each new one)

@@ -22,6 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractQueue
@@ -30,7 +31,7 @@ from pamqp.commands import Basic
 from exchanges.contract import InvalidMessage
 from exchanges.shell import publish
 from exchanges.shell.amqp_frames import Delivery
-from exchanges.shell.bulk_consumer import BulkQueue
+from exchanges.shell.bulk_consumer import BulkQueue, BulkQueues
 from exchanges.shell.connections import BROKER_GONE
 from exchanges.shell.counters import Counters
 from exchanges.shell.pipeline import Pipeline
@@ -101,11 +102,11 @@ class Intake:
         self._started = asyncio.Event()
 
     @classmethod
-    def on(cls, queue: AbstractQueue | BulkQueue, max_batch: int, prefetch: int,
+    def on(cls, queue: AbstractQueue | BulkQueue | BulkQueues, max_batch: int, prefetch: int,
            exclusive: bool = True) -> Intake:
         """An intake that manages its channel's prefetch (see the class). On a BulkQueue
         (exchanges/shell/bulk_consumer.py) deliveries come in bulk, without aio-pika."""
-        if isinstance(queue, BulkQueue):
+        if isinstance(queue, (BulkQueue, BulkQueues)):
             return cls(queue, max_batch, exclusive, prefetch, queue.set_qos)  # type: ignore[arg-type]
 
         async def set_prefetch(n: int) -> None:
@@ -164,7 +165,7 @@ class Intake:
         self._tag = await self._consume()
         self._started.set()
         channel = getattr(self.queue, "channel", None)
-        if isinstance(self.queue, BulkQueue):
+        if isinstance(self.queue, (BulkQueue, BulkQueues)):
             self.queue.bulk.cancel_callbacks.add(self._cancelled_by_broker)
         elif channel is not None:  # a real queue (the unit tests' fake has none)
             underlay = await channel.get_underlay_channel()
@@ -177,8 +178,12 @@ class Intake:
         if channel is None:  # the unit tests' fake queue
             return None
         started = time.monotonic()
+        names = getattr(self.queue, "names", None) or [self.queue.name]  # BulkQueues: every one
         while True:
-            declared = (await channel.declare_queue(self.queue.name, passive=True)).declaration_result
+            found = [(await channel.declare_queue(name, passive=True)).declaration_result for name in names]
+            declared = found[0] if len(found) == 1 else SimpleNamespace(
+                message_count=sum(int(getattr(d, "message_count", 0) or 0) for d in found),
+                consumer_count=sum(int(getattr(d, "consumer_count", 0) or 0) for d in found))
             consumers = int(getattr(declared, "consumer_count", 0) or 0)
             waited = time.monotonic() - started
             if not consumers:
@@ -193,7 +198,7 @@ class Intake:
             await asyncio.sleep(0.05)
 
     async def _consume(self) -> str:
-        if isinstance(self.queue, BulkQueue):
+        if isinstance(self.queue, (BulkQueue, BulkQueues)):
             return await self.queue.consume_many(self._accept, self.exclusive)
         return await self.queue.consume(self._on_message, exclusive=self.exclusive)
 
@@ -201,7 +206,7 @@ class Intake:
         self._cancelled_by_broker(frame)
 
     def _cancelled_by_broker(self, frame: Basic.Cancel) -> None:
-        if frame.consumer_tag == self._tag:
+        if self._tag is not None and frame.consumer_tag in self._tag.split():  # BulkQueues: several
             log.warning("the broker cancelled the consumer of %s", self.queue.name)
             self.cancelled.set()
 
@@ -323,8 +328,9 @@ async def run_batches(intake: Intake, handle: Callable[[list[AbstractIncomingMes
                 delivery_count(m) >= SUSPECT_DELIVERIES and dead_letters is not None:
             reason = (f"internal error on delivery {delivery_count(m) + 1}: {exc!r} "
                       "(the sidecar failed on this message alone)")
-            await publish.publish_all(
-                [publish.dead_letter(dead_letters, m, reason, intake.queue.name, counters)], counters)
+            source = intake.queue.source_of(m) if isinstance(intake.queue, BulkQueues) else intake.queue.name
+            await publish.publish_all([publish.dead_letter(dead_letters, m, reason, source, counters)],
+                                      counters)
             await m.ack()
         raise SidecarFault(f"{intake.queue.name}: {exc!r}") from exc
 

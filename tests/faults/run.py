@@ -237,7 +237,7 @@ class FaultRun:
     async def _pipeline_queues(self) -> list[tuple[str, str]]:
         """The queues a position passes through on its way to an event: the sidecars'
         position inputs and the federation links' queues (in the upstream vhosts)."""
-        inputs = {t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.GEO_POSITIONS_QUEUE,
+        inputs = {*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.GEO_POSITIONS_QUEUE,
                   *(t.fence_queue(w) for w in self.stack.settings.workers)}
         qs = [(v, q) for v, q in sidecars.input_queues(self.stack.topology) if q in inputs]
         mgmt = management(self.stack.settings, self.stack.pw)

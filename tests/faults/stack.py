@@ -45,7 +45,7 @@ PROXY_DIGEST = "fault-suite-proxy"  # the sidecars.json digest of a proxied side
 def sidecar_queues(topology: t.Topology, name: str) -> list[tuple[str, str]]:
     """(vhost, queue) of the input queues a sidecar consumes."""
     if name == "x-ingress":
-        return [(t.INGRESS_VHOST, t.POSITIONS_QUEUE), (t.INGRESS_VHOST, t.BATCHES_QUEUE)]
+        return [(t.INGRESS_VHOST, q) for q in (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE)]
     if name.startswith("x-geo-"):
         v = t.region_vhost(name.removeprefix("x-geo-"))
         return [(v, t.GEO_POSITIONS_QUEUE), (v, t.GEO_CONTROL_QUEUE)]

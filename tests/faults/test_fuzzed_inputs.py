@@ -162,7 +162,7 @@ async def events_of(stack: ConnectionSettings, fence_id: str) -> AsyncIterator[A
 async def consumed(stack: ConnectionSettings, deadline: float = 120.0) -> None:
     """Every input queue the run feeds has its consumer (the stack may be coming back from a
     restart, e.g. by another fault test)."""
-    queues = [(t.INGRESS_VHOST, t.POSITIONS_QUEUE), (t.INGRESS_VHOST, t.BATCHES_QUEUE),
+    queues = [*((t.INGRESS_VHOST, q) for q in (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE)),
               (t.FENCES_VHOST, t.API_QUEUE)]
     end = time.monotonic() + deadline
     for vhost, name in queues:

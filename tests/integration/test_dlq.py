@@ -19,6 +19,7 @@ import aio_pika
 import pytest
 
 from deploy.settings import ConnectionSettings
+from exchanges import ingress_partitions
 from exchanges import topology as t
 from tests.integration.clients import DEADLINE, Login, geofence, poll, publish
 
@@ -170,7 +171,8 @@ async def test_a_replayed_mqtt_position_keeps_its_routing_key(stack: ConnectionS
     cleanup.append(mid)
     (first,) = await until_listed(INGRESS, "--message-id", mid, want=len,
                                   what="the bad position dead-lettered")
-    assert first["source"] == t.POSITIONS_QUEUE and first["routing_key"] == key
+    partition = ingress_partitions.queue_name(ingress_partitions.partition_of_key(key))  # the object's
+    assert first["source"] == partition and first["routing_key"] == key
     assert first["reason"].startswith("lat 91 is outside"), first
 
     done = dlq("replay", "--vhost", INGRESS, "--message-id", mid)

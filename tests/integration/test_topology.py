@@ -29,6 +29,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from deploy.settings import ConnectionSettings
+from exchanges import ingress_partitions
 from exchanges import topology as t
 from exchanges.tenancy import qualify
 from exchanges.topology import Topology
@@ -101,7 +102,7 @@ async def test_every_sidecar_user_logs_in_where_status_says(stack: ConnectionSet
 
 async def test_input_queues_carry_the_length_limit_and_dead_letter_policy(
         stack: ConnectionSettings, topology: Topology) -> None:
-    groups = {t.INGRESS_VHOST: [t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE],
+    groups = {t.INGRESS_VHOST: [*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE],
               t.FENCES_VHOST: [*(q for w in topology.workers
                                  for q in (t.fence_queue(w), t.fence_control_queue(w))),
                                t.ARCHIVE_QUEUE, t.API_QUEUE],
@@ -296,7 +297,9 @@ async def test_rejected_position_is_dead_lettered(stack: ConnectionSettings, ten
     # As devices' positions arrive: amq.topic, "positions.<tenant>.<id>".
     key = f"positions.{tenant}.t-dead-letter"
     message_id = await publish(stack, t.ADMIN_USER, t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, key, body)
-    dead = await dead_letter_of(stack, t.INGRESS_VHOST, message_id, t.POSITIONS_QUEUE)
+    # from the partition queue RabbitMQ's consistent-hash exchange chose (exchanges/ingress_partitions.py)
+    partition = ingress_partitions.queue_name(ingress_partitions.partition_of_key(key))
+    dead = await dead_letter_of(stack, t.INGRESS_VHOST, message_id, partition)
     assert dead.body == body
     headers = dead.headers or {}
     assert text(headers[t.REASON_HEADER]) == "missing fields 'lat', 'ts'"

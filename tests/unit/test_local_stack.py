@@ -235,10 +235,10 @@ def test_parse_proc_stat_handles_odd_command_names() -> None:
 def test_missing_plugins_reads_the_erlang_list() -> None:
     assert missing_plugins(
         "[rabbitmq_federation,rabbitmq_management,rabbitmq_mqtt,rabbitmq_shovel,\n"
-        " rabbitmq_prometheus,rabbitmq_auth_backend_http].\n") == []
+        " rabbitmq_prometheus,rabbitmq_auth_backend_http,rabbitmq_consistent_hash_exchange].\n") == []
     assert missing_plugins("[rabbitmq_management].") == [
         "rabbitmq_mqtt", "rabbitmq_federation", "rabbitmq_shovel", "rabbitmq_prometheus",
-        "rabbitmq_auth_backend_http"]
+        "rabbitmq_auth_backend_http", "rabbitmq_consistent_hash_exchange"]
     assert missing_plugins("") == list(PLUGINS)
 
 

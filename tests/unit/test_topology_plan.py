@@ -74,7 +74,8 @@ def test_empty_broker_gets_everything_in_order() -> None:
     assert all(s.stdin == PASSWORDS[s.argv[2]] for s in adds)
     assert ("rabbitmqctl", "set_policy", "-p", "gf-ingress", "--priority", "10", "--apply-to",
             "queues", "gf-input-limits",
-            r"^(x-ingress\.positions|x-ingress\.batches|fence\.follow|venue\.sensors|venue\.notify"
+            r"^(" + "".join(f"x-ingress\\.p{i:02d}|" for i in range(16))
+            + r"x-ingress\.positions|x-ingress\.batches|fence\.follow|venue\.sensors|venue\.notify"
             r"|venue\.fence-events)$",
             '{"dead-letter-exchange":"dead-letters","max-length":1000000,"max-length-bytes":2147483648,'
             '"overflow":"reject-publish","delivery-limit":10,"dead-letter-strategy":"at-least-once"}'
@@ -90,9 +91,13 @@ def test_empty_broker_gets_everything_in_order() -> None:
                   {"type": "direct", "durable": True, "auto_delete": False, "internal": False,
                    "arguments": {}}) in steps
     # positions/<tenant>/<object_id>, and the contract before tenants (dead-lettered by x-ingress)
-    for key in ("positions.*.*", "positions.*"):
-        assert p.Http("POST", "api/bindings/gf-ingress/e/amq.topic/q/x-ingress.positions",
-                      {"routing_key": key, "arguments": {}}) in steps
+    assert p.Http("POST", "api/bindings/gf-ingress/e/amq.topic/e/x-ingress.partition",
+                  {"routing_key": "positions.*.*", "arguments": {}}) in steps
+    assert p.Http("POST", "api/bindings/gf-ingress/e/amq.topic/q/x-ingress.positions",
+                  {"routing_key": "positions.*", "arguments": {}}) in steps
+    hashed = [s for s in steps if isinstance(s, p.Http) and s.path.startswith(
+        "api/bindings/gf-ingress/e/x-ingress.partition/")]
+    assert [s.path.rsplit("/", 1)[1] for s in hashed] == [f"x-ingress.p{i:02d}" for i in range(16)]
     assert p.Http("PUT", "api/exchanges/gf-ingress/ingress.gateway",
                   {"type": "topic", "durable": True, "auto_delete": False, "internal": False,
                    "arguments": {}}) in steps
@@ -275,7 +280,8 @@ def test_render_masks_secrets_and_quotes_for_the_shell() -> None:
     assert "printf '%s\\n' '****' | rabbitmqctl add_user x-geo" in lines
     assert ("rabbitmqctl set_permissions -p gf-ingress x-ingress '^lock\\.x-ingress$' "
             "'^(dead-letters|fence\\.follow|fence\\.map-positions)$' "
-            "'^(x-ingress\\.positions|x-ingress\\.batches)$'") in lines
+            "'^(" + "".join(f"x-ingress\\.p{i:02d}|" for i in range(16))
+            + "x-ingress\\.positions|x-ingress\\.batches)$'") in lines
     assert ("api PUT api/queues/gf-fences/x-fence.w0 "
             "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{\"x-queue-type\":\"quorum\","
             "\"x-single-active-consumer\":true}}'") in lines
