@@ -56,8 +56,8 @@ async def test_several_queues_as_one_intake(stack: ConnectionSettings, names: li
                     queues_in = {source.source_of(m) for m in batch}
                     mixed += len(queues_in) > 1
                     for m in batch:
-                        name, i = m.body.decode().split("|")
-                        seen[name].append(int(i))
+                        name, n = m.body.decode().split("|")
+                        seen[name].append(int(n))
                     await batch[-1].ack(multiple=True)  # settles every queue's share at once
                     if sum(map(len, seen.values())) == QUEUES * EACH:
                         break
