@@ -44,6 +44,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "host": ("deploy.host_units", "render the systemd units and environment files for a host"),
     "region": ("deploy.region_cmd", "the x-geo regions: list; add or remove one while positions flow"),
     "worker": ("deploy.worker_cmd", "the x-fence workers: list; add or remove one while positions flow"),
+    "ingress": ("deploy.ingress_cmd", "the x-ingress instances: list; add or remove one while positions "
+                "flow"),
     "dlq": ("deploy.dlq_cmd", "dead-lettered messages: list, replay"),
     "query": ("deploy.query_cmd", "where objects were last seen: in a bbox, within a polygon or fence, "
               "nearby a point (live, from the x-geo regions)"),

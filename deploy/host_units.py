@@ -97,8 +97,8 @@ def environments(settings: Settings, pw: Secrets, roles: Sequence[tuple[str, str
     """File name -> settings, for `roles` ((role, instance); default: every process of the
     topology, and the nightly jobs). A kind of role shares `<role>.env`; its instances' own
     metrics port goes to `<role>-<instance>.env`."""
-    wanted = list(roles) if roles is not None else [*sidecar_ids(settings.topology), ("spark", ""),
-                                                    (GUARD_ROLE, "")]
+    wanted = list(roles) if roles is not None else [*sidecar_ids(settings.topology, settings.ingress),
+                                                    ("spark", ""), (GUARD_ROLE, "")]
     # a region or worker this host is to run before `geofence region / worker add` made it
     # part of the topology (render first, install, then add)
     new_r = tuple(dict.fromkeys(i for r, i in wanted if r == "x-geo" and i not in settings.regions))

@@ -95,7 +95,7 @@ def live(settings: Settings) -> Settings:
     if found is None:
         return settings
     return replace(settings, regions=found["regions"], workers=found["workers"],
-                   placement=found.get("placement", ()))
+                   placement=found.get("placement", ()), ingress=found.get("ingress", ()))
 
 
 def percent(share: float) -> str:

@@ -128,21 +128,24 @@ _ENV_KEYS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
 }
 ENV_KEYS = settings_registry.keys_for("stack")
 WORKER_PORTS = 16  # metrics ports kept for x-fence workers (see Settings.metrics_ports)
+INGRESS_PORTS_AT = 64  # x-ingress-N's metrics port: metrics_port + 64 + N
 # Every process's /metrics listens on the loopback address, whatever GEOFENCE_HOST says: its
 # figures (queue names, counts per role) are the operators', and the Prometheus of the host
 # scrapes them there (deploy/monitoring.py)
 METRICS_HOST = "127.0.0.1"
 
 
-def sidecar_ids(topology: topo.Topology) -> list[tuple[str, str]]:
-    """(role, instance) of every process `geofence up` runs, in start order (deploy/sidecars.py)."""
-    return [("x-ingress", ""), *(("x-geo", r) for r in topology.regions),
+def sidecar_ids(topology: topo.Topology, ingress: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(role, instance) of every process `geofence up` runs, in start order (deploy/sidecars.py);
+    `ingress`: the x-ingress instances added (`geofence ingress add`: "2", "3", ...)."""
+    return [("x-ingress", ""), *(("x-ingress", n) for n in ingress),
+            *(("x-geo", r) for r in topology.regions),
             *(("x-fence", w) for w in topology.workers), ("fence-archiver", ""), ("api", ""),
             ("venue-sensors", "")]
 
 
-def sidecar_names(topology: topo.Topology) -> list[str]:
-    return [f"{role}-{instance}" if instance else role for role, instance in sidecar_ids(topology)]
+def sidecar_names(topology: topo.Topology, ingress: tuple[str, ...] = ()) -> list[str]:
+    return [f"{role}-{instance}" if instance else role for role, instance in sidecar_ids(topology, ingress)]
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,7 @@ class Settings:
     # ports, not clustered: regions placed on it are federated to the first over AMQP)
     brokers: int = 1
     placement: tuple[tuple[str, int], ...] = ()  # regions not on broker 1: (region, broker)
+    ingress: tuple[str, ...] = ()  # x-ingress instances added live ("2", "3", ...: x-ingress-2, ...)
     # the first broker's cluster: 1 node, or 3 (deploy/broker_cluster.py)
     broker_nodes: int = 1
 
@@ -218,6 +222,7 @@ class Settings:
                                         if r in values.get("regions", cls.regions))
             if "broker_nodes" not in values and "broker_nodes" in live:
                 values["broker_nodes"] = live["broker_nodes"]
+            values["ingress"] = live.get("ingress", ())
         settings = cls(**values)
         try:
             _ = settings.topology  # validates the region and worker names
@@ -288,13 +293,16 @@ class Settings:
         workers outgrow their block)."""
         names = sidecar_names(self.topology)
         single = [n for n in names if not n.startswith(("x-fence-", "x-geo-"))]
+        # x-ingress instances added live: a fixed block of their own, INGRESS_PORTS_AT on
+        ports_of_added = {f"x-ingress-{n}": self.metrics_port + INGRESS_PORTS_AT + int(n)
+                          for n in self.ingress}
         workers = [n for n in names if n.startswith("x-fence-")]
         regions = [n for n in names if n.startswith("x-geo-")]
         ports = {name: self.metrics_port + i for i, name in enumerate(single)}
         ports.update({name: self.metrics_port + len(single) + i for i, name in enumerate(workers)})
         first = self.metrics_port + len(single) + max(WORKER_PORTS, len(workers))
         ports.update({name: first + i for i, name in enumerate(regions)})
-        return ports
+        return {**ports, **ports_of_added}
 
     @property
     def map_roads_file(self) -> Path:
@@ -357,6 +365,7 @@ def read_live_topology(state_dir: Path) -> dict[str, Any] | None:
             out["placement"] = tuple(sorted((str(r), int(b)) for r, b in placed.items()))
         if "broker_nodes" in data:
             out["broker_nodes"] = _broker_nodes("broker_nodes", str(data["broker_nodes"]))
+        out["ingress"] = tuple(str(int(n)) for n in data.get("ingress", ()))
         return out
     except FileNotFoundError:
         return None
@@ -375,13 +384,15 @@ def overriding(key: str, what: str) -> str | None:
 
 
 def write_live_topology(settings: Settings, regions: tuple[str, ...], workers: tuple[str, ...],
-                        placement: tuple[tuple[str, int], ...] | None = None) -> Settings:
-    """Record the stack's regions and workers, and where regions are placed (kept as they
-    are unless given; a region gone loses its place) (written whole, then renamed); the
-    settings with them."""
+                        placement: tuple[tuple[str, int], ...] | None = None,
+                        ingress: tuple[str, ...] | None = None) -> Settings:
+    """Record the stack's regions and workers, where regions are placed and the x-ingress
+    instances added (kept as they are unless given; a region gone loses its place) (written
+    whole, then renamed); the settings with them."""
     placed = tuple((r, b) for r, b in (settings.placement if placement is None else placement)
                    if r in regions and b != 1)
-    new = replace(settings, regions=tuple(regions), workers=tuple(workers), placement=placed)
+    added = settings.ingress if ingress is None else tuple(ingress)
+    new = replace(settings, regions=tuple(regions), workers=tuple(workers), placement=placed, ingress=added)
     _ = new.topology  # validates the names
     path = settings.state_dir / LIVE_TOPOLOGY_FILE
     tmp = path.with_suffix(".tmp")
@@ -390,6 +401,8 @@ def write_live_topology(settings: Settings, regions: tuple[str, ...], workers: t
         body["placement"] = dict(placed)
     if settings.broker_nodes != 1:
         body["broker_nodes"] = settings.broker_nodes
+    if added:
+        body["ingress"] = list(added)
     tmp.write_text(json.dumps(body, indent=2) + "\n")
     os.replace(tmp, path)
     return new

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("instance", metavar="REGION", help="the region this x-geo serves")
     elif name == "x-fence":
         parser.add_argument("instance", metavar="WORKER", help="the x-fence worker name")
+    elif name == "x-ingress":
+        parser.add_argument("instance", metavar="N", nargs="?", default="",
+                            help="an added instance's number (`geofence ingress add`); none: the first")
     parser.add_argument("--local", action="store_true",
                         help="connect to the local stack (URLs from `geofence status --json`)")
 

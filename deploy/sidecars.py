@@ -63,8 +63,8 @@ class Sidecar:
         return [sys.executable, "-m", "deploy.cli", self.role, *([self.instance] if self.instance else [])]
 
 
-def sidecars(topology: t.Topology) -> list[Sidecar]:
-    return [Sidecar(role, instance) for role, instance in sidecar_ids(topology)]
+def sidecars(topology: t.Topology, ingress: tuple[str, ...] = ()) -> list[Sidecar]:
+    return [Sidecar(role, instance) for role, instance in sidecar_ids(topology, ingress)]
 
 
 def input_queues(topology: t.Topology) -> list[tuple[str, str]]:
@@ -124,7 +124,7 @@ def cluster_place(settings: Settings, sc: Sidecar) -> tuple[int, list[tuple[str,
     n = settings.broker_nodes
     if n == 1 or not ipaddress.ip_address(settings.host).is_loopback:
         return 1, []
-    names = sidecar_names(settings.topology)
+    names = sidecar_names(settings.topology, settings.ingress)
     first = names.index(sc.name) % n if sc.role in SPREAD_ROLES and sc.name in names else 0
     order = [(first + i) % n + 1 for i in range(n)]
     return order[0], [(settings.host, settings.node_port(settings.amqp_port, k)) for k in order[1:]]
@@ -177,7 +177,8 @@ def _process(rec: dict[str, Any] | None) -> ProcessId | None:
 
 def running(settings: Settings) -> dict[str, bool]:
     recs = load_records(settings)
-    return {sc.name: _process(recs.get(sc.name)) is not None for sc in sidecars(settings.topology)}
+    return {sc.name: _process(recs.get(sc.name)) is not None
+            for sc in sidecars(settings.topology, settings.ingress)}
 
 
 def process(settings: Settings, name: str) -> ProcessId | None:
@@ -237,10 +238,10 @@ def up(settings: Settings, pw: Secrets, say: Say) -> None:
     placed = [(r, (settings.host, settings.broker_amqp_port(b))) for r, b in settings.placement]
     asyncio.run(prepare_database(dsn, settings.regions, say, settings.workers, placed))
     records = load_records(settings)
-    wanted = {sc.name for sc in sidecars(settings.topology)}
+    wanted = {sc.name for sc in sidecars(settings.topology, settings.ingress)}
     for name in sorted(set(records) - wanted):  # a region or worker that is gone
         _stop_one(settings, records, name, say, "not in the topology any more")
-    for sc in sidecars(settings.topology):
+    for sc in sidecars(settings.topology, settings.ingress):
         start(settings, pw, sc, say, records)
     save_records(settings, records)
     wait_ready(settings, pw)

@@ -153,6 +153,14 @@ def queue_name(partition: int) -> str:
     return f"x-ingress.p{partition:02d}"
 
 
+def partition_of_queue(name: str) -> int | None:
+    """The partition of a partition queue's name (a hand-on's routing key), else None."""
+    head, _, number = name.rpartition(".p")
+    if head != "x-ingress" or not number.isdigit() or int(number) >= PARTITIONS:
+        return None
+    return int(number)
+
+
 def queue_names(partitions: int = PARTITIONS) -> tuple[str, ...]:
     """In bucket order, which is their binding order (and name order: see the docstring)."""
     return tuple(queue_name(p) for p in range(partitions))

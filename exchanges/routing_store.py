@@ -165,12 +165,40 @@ async def latest_worldmap_version(conn: asyncpg.Connection) -> int:
 
 
 async def record_worldmap_seen(conn: asyncpg.Connection, instance: str, version: int,
-                               paused_for: str | None = None) -> None:
+                               paused_for: str | None = None, partitions_version: int = 0) -> None:
     """An x-ingress routes with worldmap `version` now (and has stopped consuming for the
-    pause `paused_for`)."""
-    await conn.execute("INSERT INTO worldmap_seen (instance, version, paused_for) VALUES ($1, $2, $3) "
-                       "ON CONFLICT (instance) DO UPDATE SET version = EXCLUDED.version, "
-                       "paused_for = EXCLUDED.paused_for, seen_at = now()", instance, version, paused_for)
+    pause `paused_for`), and consumes by partition map `partitions_version`."""
+    await conn.execute("INSERT INTO worldmap_seen (instance, version, paused_for, partitions_version) "
+                       "VALUES ($1, $2, $3, $4) ON CONFLICT (instance) DO UPDATE SET "
+                       "version = EXCLUDED.version, paused_for = EXCLUDED.paused_for, "
+                       "partitions_version = EXCLUDED.partitions_version, seen_at = now()",
+                       instance, version, paused_for, partitions_version)
+
+
+async def latest_assignment(conn: asyncpg.Connection) -> tuple[int, dict[int, str]] | None:
+    """The newest partition map of the x-ingress instances (None: none stored, the first
+    instance consumes every partition)."""
+    row = await conn.fetchrow("SELECT version, owners FROM ingress_assignment ORDER BY version DESC LIMIT 1")
+    if row is None:
+        return None
+    owners = row["owners"] if isinstance(row["owners"], dict) else json.loads(row["owners"])
+    return int(row["version"]), {int(p): str(n) for p, n in owners.items()}
+
+
+async def store_assignment(conn: asyncpg.Connection, owners: dict[int, str]) -> int:
+    """A new partition map, its version the next one."""
+    async with conn.transaction():
+        await conn.execute("LOCK TABLE ingress_assignment IN EXCLUSIVE MODE")
+        version = int(await conn.fetchval("SELECT coalesce(max(version), 0) + 1 FROM ingress_assignment"))
+        await conn.execute("INSERT INTO ingress_assignment (version, owners) VALUES ($1, $2::text::jsonb)",
+                           version, json.dumps({str(p): n for p, n in sorted(owners.items())}))
+    return version
+
+
+async def subscribed_tenants(conn: asyncpg.Connection) -> frozenset[str]:
+    """The tenants with a proximity subscription (their positions go to the proximity router)."""
+    rows = await conn.fetch("SELECT DISTINCT tenant FROM roam_subscription")
+    return frozenset(str(r["tenant"]) for r in rows)
 
 
 async def ingress_pause(conn: asyncpg.Connection) -> str | None:

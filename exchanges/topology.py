@@ -62,6 +62,9 @@ POSITIONS_TOPIC_PATTERN = "positions.*.*"  # MQTT positions/<tenant>/<object_id>
 # one of the partition queues x-ingress.p00 .. (exchanges/ingress_partitions.py) by object
 PARTITION_EXCHANGE = "x-ingress.partition"
 PARTITION_QUEUES = ip.queue_names()
+# With several x-ingress instances, the positions of tenants with a proximity subscription go
+# from the others to the first one (x-ingress, which holds the proximity router) through this
+PROXIMITY_QUEUE = "x-ingress.proximity"
 GATEWAY_EXCHANGE = "ingress.gateway"  # topic: a gateway's batches, routing key = its tenant
 GATEWAY_TOPIC_PATTERN = "*"
 BATCHES_QUEUE = "x-ingress.batches"
@@ -163,7 +166,7 @@ def fence_control_queue(worker: str) -> str:
 
 # One instance per routing role: each session first declares its lock, an exclusive queue
 # (the broker's own mutex: owned by the connection, gone with it; a second declare is refused)
-INGRESS_LOCK = "lock.x-ingress"  # in gf-ingress
+INGRESS_LOCK = "lock.x-ingress"  # in gf-ingress; an added x-ingress instance N: lock.x-ingress-N
 VENUES_LOCK = "lock.venue-sensors"  # in gf-ingress
 GEO_LOCK = "lock.x-geo"  # in each region's vhost
 
@@ -171,6 +174,11 @@ GEO_LOCK = "lock.x-geo"  # in each region's vhost
 def fence_journal_queue(worker: str) -> str:
     """A stream in gf-fences: the worker's journal, shipped to its backups (issue 38)."""
     return f"x-fence.{worker}.journal"
+
+
+def ingress_lock(instance: str) -> str:
+    """The lock of x-ingress instance `instance` ("" for the first, x-ingress)."""
+    return f"{INGRESS_LOCK}-{instance}" if instance else INGRESS_LOCK
 
 
 def fence_lock(worker: str) -> str:  # in gf-fences

@@ -37,10 +37,12 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
+import numpy as np
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from exchanges import ingress_partitions, routing_store, shell
@@ -48,6 +50,7 @@ from exchanges import topology as t
 from exchanges.batch import CONTENT_TYPE, PositionBatch, pack
 from exchanges.hash_ring import HashRing
 from exchanges.worldmap import Worldmap
+from ingress import partition_split
 from ingress.core import XIngress
 from ingress.map_tap import MapSampler
 from ingress.positions import Decoded, Refused, decode_batch, decode_mqtt_many, tenant_from_routing_key
@@ -62,6 +65,7 @@ FOLLOW = "follow"
 MAP = "map"
 MAP_EVERY_S = 1.0
 CHANGES_EVERY_S = 0.2  # proximity subscription changes read by watch_store, applied in the stream
+PRIMARY = "x-ingress"  # the first instance's name
 NO_SAMPLE = {"batch": PositionBatch.empty().to_wire(), "moved": 0, "positions": 0}  # a probe
 
 
@@ -69,7 +73,31 @@ class IngressSidecar:
     def __init__(self, config: shell.SidecarConfig, core: XIngress) -> None:
         self.config = config
         self.core = core
-        self.instance_lock = shell.InstanceLock(t.INGRESS_LOCK)
+        self.instance_lock = shell.InstanceLock(t.ingress_lock(config.instance))
+        # Instances (exchanges/ingress_partitions.py): the first, x-ingress, holds the proximity
+        # router and takes the gateway batches; each consumes the partitions the stored map
+        # gives it. A newer map waits in `new_partitions` while the session ends, releasing
+        # the partitions it loses (ingress/partition_split.py, Intake.release_on_stop).
+        self.primary = not config.instance
+        self.partitions: tuple[int, dict[int, str]] = (0, dict.fromkeys(range(ingress_partitions.PARTITIONS),
+                                                                         PRIMARY))
+        self.new_partitions: tuple[int, dict[int, str]] | None = None
+        self.owned = np.ones(ingress_partitions.PARTITIONS, bool)
+        # The partitions whose gateway positions the first instance routes itself, not through
+        # the partition's queue: those it owns and whose queue holds nothing older of theirs.
+        # A partition it gains (or holds after a restart of a partitioned stack) may still have
+        # hand-ons queued (its own, the last owner's returned ones): it goes on handing on there,
+        # and sends a marker first; once its own last hand-on there has come back through its
+        # intake (queues are FIFO: everything before it was routed), it routes them itself
+        # again, so an object's positions stay in order (`settle_local`). Its hand-ons carry
+        # this process's token and a sequence number per partition.
+        self.local = self.owned.copy()
+        self.token = uuid.uuid4().hex[:12]
+        self.sent_seq = np.zeros(ingress_partitions.PARTITIONS, np.int64)  # its last hand-on to each
+        self.seen_seq = np.zeros(ingress_partitions.PARTITIONS, np.int64)  # ... and the last come back
+        self.partition_of = ingress_partitions.PartitionOf()
+        self.prox_tenants: frozenset[str] = frozenset()  # not the first: whose positions go to the router
+        self.intakes: list[shell.Intake] = []  # the session's
         self.counters = shell.Counters()
         self.followed: frozenset[str] = frozenset()  # objects some fence follows
         # batches routed (the objects' memory moved on) and not confirmed yet: if a session
@@ -97,8 +125,8 @@ class IngressSidecar:
         # batch's proximity record written and its input acked in order once confirmed
         self.pipeline = shell.Pipeline()
         # proximity subscriptions (ingress/proximity.py): the router and its journal
-        self.proximity = Proximity(HashRing(list(config.workers)), config.journal_dir if config.persistence
-                                   else None, self.counters, self.pipeline)
+        journal = config.journal_dir if config.persistence and self.primary else None
+        self.proximity = Proximity(HashRing(list(config.workers)), journal, self.counters, self.pipeline)
 
     async def recover(self, stop: asyncio.Event) -> bool:
         """The proximity router from its journal, under the stored worker ring (`main` read the
@@ -108,6 +136,13 @@ class IngressSidecar:
             "worker ring", stop)
         if ring is None:
             return False
+        found = await routing_store.read_until_stopped(
+            self.config.postgres_url, lambda conn: _assignment_or_first(conn), "partition map", stop)
+        if found is None:
+            return False
+        self.adopt_partitions(found)
+        if found[0] > 0:  # partitioned before: queues may hold hand-ons (see __init__)
+            self.local[:] = False
         self.proximity.ring_version = ring[0]
         self.proximity.stream.set_ring(ring[1])
         await asyncio.to_thread(self.proximity.load)
@@ -133,6 +168,8 @@ class IngressSidecar:
             self.counters.gauge("paused", 0)
         if stop.is_set():
             return
+        if self.new_partitions is not None:
+            self.adopt_partitions(self.new_partitions)
         if self.unconfirmed or self.proximity.unwritten:
             self.core.forget_objects()
             self.unconfirmed = 0
@@ -144,6 +181,7 @@ class IngressSidecar:
                 self.counters.gauge("recovering", 0)
         async with contextlib.AsyncExitStack() as stack:
             ingress = await shell.open_connection(cfg, t.INGRESS_VHOST, stack)
+            version, owners = self.partitions
             await self.instance_lock.acquire(ingress, stack)
             wanted = {*self.core.worldmap.regions, *(self.pending.regions if self.pending else ())}
             self.regions_changed.clear()
@@ -153,43 +191,64 @@ class IngressSidecar:
             out_ch = await shell.open_channel(ingress, stack, confirms=cfg.persistence)
             self.dlx = await out_ch.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
             self.follow = await out_ch.get_exchange(t.FOLLOW_EXCHANGE, ensure=False)
+            self.handoff = out_ch.default_exchange  # partitions' and the router's hand-ons
+            if self.primary:
+                await self.send_markers()
             self.geo_in: dict[str, AbstractExchange] = {}
             for region, conn in regions.items():
                 ch = await shell.open_channel(conn, stack, confirms=cfg.persistence)
                 self.geo_in[region] = await ch.get_exchange(t.GEO_IN_EXCHANGE, ensure=False)
             fences = await shell.open_connection(cfg, t.FENCES_VHOST, stack)  # proximity rows
-            fence_ch = await shell.open_channel(fences, stack, confirms=cfg.persistence)
-            await self.proximity.start_session(await fence_ch.get_exchange(t.FENCE_IN_EXCHANGE, ensure=False))
+            if self.primary:
+                fence_ch = await shell.open_channel(fences, stack, confirms=cfg.persistence)
+                fence_in = await fence_ch.get_exchange(t.FENCE_IN_EXCHANGE, ensure=False)
+                await self.proximity.start_session(fence_in)
             map_ch = await shell.open_channel(ingress, stack)  # samples: see above
             self.map_out = await map_ch.get_exchange(t.MAP_POSITIONS_EXCHANGE, ensure=False)
             declares = await shell.open_channel(ingress, stack)  # the intakes' passive declares
             bulk = await shell.open_bulk_connection(cfg, t.INGRESS_VHOST, stack)  # deliveries in bulk
-            # the partitions (exchanges/ingress_partitions.py) and the retired topic's queue, as
-            # one intake: prefetch is per consumer, so the intake's share is spread over them
-            mqtt_queues = [await declares.get_queue(q) for q in (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE)]
-            mqtt = shell.Intake.on(shell.BulkQueues(mqtt_queues, await bulk.channel(), mqtt_source),
-                                   cfg.batch_max, max(MIN_QUEUE_PREFETCH, cfg.prefetch // len(mqtt_queues)))
-            gateway = shell.Intake.on(shell.BulkQueue(await declares.get_queue(t.BATCHES_QUEUE),
-                                                      await bulk.channel()),
-                                      GATEWAY_BATCH_MESSAGES, 4 * GATEWAY_BATCH_MESSAGES)
+            # the partitions it owns (and, the first, the retired topic's queue) as one intake:
+            # prefetch is per consumer, so the intake's share is spread over them
+            mine = [ingress_partitions.queue_name(p) for p in ingress_partitions.owned_by(owners, cfg.name)]
+            mqtt_queues = [await declares.get_queue(q) for q in (*mine, *([t.POSITIONS_QUEUE] if self.primary
+                                                                         else []))]
+            intakes: list[shell.Intake] = []
+            loops = []
+            if mqtt_queues:
+                share = max(MIN_QUEUE_PREFETCH, cfg.prefetch // len(mqtt_queues))
+                mqtt = shell.Intake.on(shell.BulkQueues(mqtt_queues, await bulk.channel(), mqtt_source),
+                                       cfg.batch_max, share)
+                intakes.append(mqtt)
+                loops.append(shell.run_batches(
+                    mqtt, lambda ms: self.handle(ms, self.decode_mqtt, mqtt_source), self.counters, self.dlx,
+                    self.pipeline))
+            if self.primary:
+                gateway = shell.Intake.on(shell.BulkQueue(await declares.get_queue(t.BATCHES_QUEUE),
+                                                          await bulk.channel()),
+                                          GATEWAY_BATCH_MESSAGES, 4 * GATEWAY_BATCH_MESSAGES)
+                handed = shell.Intake.on(shell.BulkQueue(await declares.get_queue(t.PROXIMITY_QUEUE),
+                                                         await bulk.channel()), cfg.batch_max, cfg.prefetch)
+                intakes += [gateway, handed]
+                loops += [shell.run_batches(gateway, lambda ms: self.handle(ms, self.decode_gateway,
+                                                                            t.BATCHES_QUEUE),
+                                            self.counters, self.dlx, self.pipeline),
+                          shell.run_batches(handed, self.handle_proximity, self.counters, self.dlx,
+                                            self.pipeline)]
             self.connected = frozenset(regions)
             if self.pending is not None:
                 self.adopt(self.pending)
-            log.info("consuming %s and %s; regions %s", mqtt.queue.name, t.BATCHES_QUEUE,
-                     ", ".join(sorted(regions)))
+            log.info("consuming %s; regions %s; partition map version %d", ", ".join(
+                i.queue.name for i in intakes) or "nothing", ", ".join(sorted(regions)), version)
             ending = asyncio.Event()  # stop, the regions changed, a pause: this session drains and ends
             self.consuming = True
             try:
+                self.intakes = intakes
                 await shell.run_session(
-                    ending, [ingress, bulk, fences, *regions.values()], [mqtt, gateway],
-                    [shell.run_batches(mqtt, lambda ms: self.handle(ms, self.decode_mqtt, mqtt_source),
-                                       self.counters, self.dlx, self.pipeline),
-                     shell.run_batches(gateway,
-                                       lambda ms: self.handle(ms, self.decode_gateway, t.BATCHES_QUEUE),
-                                       self.counters, self.dlx, self.pipeline)],
+                    ending, [ingress, bulk, fences, *regions.values()], intakes, loops,
                     [shell.periodic(ending, 30, lambda: log.info("%s", self.counters.line())),
                      shell.periodic(ending, MAP_EVERY_S, self.send_map_sample),
-                     shell.periodic(ending, CHANGES_EVERY_S, self.proximity.apply_changes),
+                     *([shell.periodic(ending, CHANGES_EVERY_S, self.proximity.apply_changes),
+                        shell.periodic(ending, 1.0, self.settle_local)] if self.primary else []),
                      _first_of(stop, self.regions_changed, ending)],
                     cfg.drain_s, counters=self.counters)
             finally:
@@ -197,8 +256,48 @@ class IngressSidecar:
                 await self.pipeline.close()  # what was not confirmed comes back
         if not stop.is_set():
             log.info("%s", "paused (a worker handover): consuming stopped" if self.paused else
+                     "partitions released: consuming by the new map" if self.new_partitions else
                      "regions changed: connecting again to " + ", ".join(sorted(
                          {*self.core.worldmap.regions, *(self.pending.regions if self.pending else ())})))
+
+    def adopt_partitions(self, found: tuple[int, dict[int, str]]) -> None:
+        """The partition map this instance consumes by from its next session on; the objects'
+        memory goes when the partitions it owns change (each announced again, as after a
+        restart: an object it had may have moved on at another instance meanwhile)."""
+        self.new_partitions = None
+        owned = np.array([found[1].get(p) == self.config.name for p in range(ingress_partitions.PARTITIONS)])
+        if not np.array_equal(owned, self.owned):
+            self.core.forget_objects()
+            log.info("partition map version %d: %d partitions here (%s)", found[0], int(owned.sum()),
+                     ",".join(str(p) for p in np.flatnonzero(owned)) or "none")
+        self.local &= owned & self.owned  # gained ones wait (see __init__)
+        self.partitions, self.owned = found, owned
+
+    def settle_local(self) -> None:
+        """The first instance: partitions it owns whose queues hold nothing older of theirs
+        route their gateway positions here again (see __init__)."""
+        waiting = self.owned & ~self.local
+        if not waiting.any():
+            return
+        done = waiting & (self.sent_seq > 0) & (self.seen_seq >= self.sent_seq)
+        if done.any():
+            self.local |= done
+            log.info("partitions %s: their queues caught up; gateway positions routed here again",
+                     ",".join(map(str, np.flatnonzero(done))))
+
+    def offer_partitions(self, found: tuple[int, dict[int, str]]) -> None:
+        """A newer stored partition map (watch_store): taken at once when this instance's share
+        is unchanged, else by the next session, this one ending with its share released: what
+        it holds and has not handed out goes back to the queues, for the new owners, in order."""
+        mine = {p for p, n in found[1].items() if n == self.config.name}
+        if mine == set(np.flatnonzero(self.owned).tolist()) or not self.consuming:
+            self.adopt_partitions(found)
+            return
+        self.new_partitions = found
+        for intake in self.intakes:
+            intake.release_on_stop = True
+        log.info("partition map version %d stored: this instance's share changes; releasing", found[0])
+        self.regions_changed.set()
 
     def offer(self, wm: Worldmap) -> None:
         """A newer stored worldmap (watch_store): taken at once when this session reaches
@@ -215,6 +314,43 @@ class IngressSidecar:
             log.info("worldmap version %d loaded: regions %s", wm.version, ", ".join(wm.regions))
         if self.connected - set(self.core.worldmap.regions):  # a region removed: drop its connection
             self.regions_changed.set()
+
+    def hand_on(self, queue: str, batch: PositionBatch, partition: int | None = None) -> shell.Out:
+        """Positions for a partition's queue (numbered, see __init__), or for the router's."""
+        seq = 0
+        if partition is not None:
+            self.sent_seq[partition] += 1
+            seq = int(self.sent_seq[partition])
+        body = pack(partition_split.HANDED_ON, batch=batch.to_wire(), origin=self.token, seq=seq)
+        return shell.Out(self.handoff, queue, body, CONTENT_TYPE)
+
+    async def send_markers(self) -> None:
+        """The first instance, at a session's start: an empty hand-on to each partition it owns
+        and does not route itself yet (see __init__), confirmed before it consumes."""
+        waiting = np.flatnonzero(self.owned & ~self.local).tolist()
+        if waiting:
+            await shell.publish_all([self.hand_on(ingress_partitions.queue_name(p), PositionBatch.empty(), p)
+                                     for p in waiting], self.counters)
+
+    async def handle_proximity(self, messages: list[AbstractIncomingMessage]) -> None:
+        """The first instance: positions the others handed on, through the proximity router."""
+        async with self.proximity.lock:
+            batches: list[PositionBatch] = []
+            outs: list[shell.Out] = []
+            for m in messages:
+                try:
+                    batches.append(partition_split.read_handed_on(m.body)[0])
+                except ValueError as exc:
+                    outs.append(shell.dead_letter(self.dlx, m, f"a hand-on that cannot be read: {exc}",
+                                                  t.PROXIMITY_QUEUE, self.counters))
+            rows, entry = self.proximity.rows_outs(PositionBatch.concat(batches)) if batches else ([], None)
+            sent = await shell.send([*outs, *rows], self.counters, retry=self.pipeline.serial)
+
+            async def confirmed() -> None:
+                if entry is not None:
+                    await self.proximity.write(entry)
+
+            await self.pipeline.add(sent, confirmed, messages)
 
     async def send_map_sample(self) -> None:
         """Once a second: the sample while a map is open, else a probe (see the docstring)."""
@@ -235,9 +371,30 @@ class IngressSidecar:
 
     def decode_mqtt(self, messages: Sequence[AbstractIncomingMessage]
                     ) -> tuple[PositionBatch, list[tuple[int, str]]]:
-        decoded = decode_mqtt_many([(m.routing_key or "", m.body) for m in messages],
-                                   (time.time(), self.config.max_future_s))
-        return decoded.batch, decoded.refused
+        """Devices' positions, and the positions another instance handed on to this one's
+        partitions (ingress/partition_split.py), in their order."""
+        latest = (time.time(), self.config.max_future_s)
+        if not any(map(partition_split.handed_on, messages)):  # the common case
+            decoded = decode_mqtt_many([(m.routing_key or "", m.body) for m in messages], latest)
+            return decoded.batch, decoded.refused
+        batches: list[PositionBatch] = []
+        refused: list[tuple[int, str]] = []
+        for handed, a, b in partition_split.runs(messages, partition_split.handed_on):
+            if handed:
+                for i in range(a, b):
+                    try:
+                        part, origin, seq = partition_split.read_handed_on(messages[i].body)
+                        batches.append(part)
+                        p = ingress_partitions.partition_of_queue(messages[i].routing_key or "")
+                        if origin == self.token and p is not None:  # one of its own back (see __init__)
+                            self.seen_seq[p] = max(int(self.seen_seq[p]), seq)
+                    except ValueError as exc:
+                        refused.append((i, f"a hand-on that cannot be read: {exc}"))
+            else:
+                d = decode_mqtt_many([(m.routing_key or "", m.body) for m in messages[a:b]], latest)
+                batches.append(d.batch)
+                refused += [(a + i, reason) for i, reason in d.refused]
+        return PositionBatch.concat(batches), refused
 
     def decode_gateway(self, messages: Sequence[AbstractIncomingMessage]
                        ) -> tuple[PositionBatch, list[tuple[int, str]]]:
@@ -270,15 +427,28 @@ class IngressSidecar:
         proximity router's changes (a batch's, a subscription change's) and their records."""
         async with self.proximity.lock:
             batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
+            handed: list[shell.Out] = []
+            if decode == self.decode_gateway and not self.local.all():  # to partitions' queues (see __init__)
+                batch, others = partition_split.split(batch, self.partition_of(batch.ids), self.local)
+                handed = [self.hand_on(ingress_partitions.queue_name(p), part, p)
+                          for p, part in others.items()]
+                self.counters.bump("handed_on", sum(map(len, others.values())))
             self.counters.observe_ages("position_age_seconds", batch.ts)
             self.unconfirmed += 1
             routed = self.core.route(batch)
             outs = [shell.dead_letter(self.dlx, messages[i], reason, source if isinstance(source, str)
                                       else source(messages[i]), self.counters) for i, reason in refused]
+            outs += handed
             for region, rb in routed.regions.items():  # notices in line with positions: one message
                 outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, **rb.to_wire()), CONTENT_TYPE))
-            rows, entry = self.proximity.rows_outs(batch)
-            outs += rows
+            if self.primary:
+                rows, entry = self.proximity.rows_outs(batch)
+                outs += rows
+            else:  # the router is the first instance's: its share handed on
+                entry = None
+                share = partition_split.of_tenants(batch, self.prox_tenants)
+                if len(share):
+                    outs.append(self.hand_on(t.PROXIMITY_QUEUE, share))
             followed = self.followed
             if followed:
                 tapped = [i for i, oid in enumerate(batch.ids) if oid in followed]
@@ -287,6 +457,8 @@ class IngressSidecar:
                                           CONTENT_TYPE))
             if self.map_listening:
                 self.map_sampler.note(batch)
+            if self.primary and decode == self.decode_mqtt:
+                self.settle_local()
             sent = await shell.send(outs, self.counters, retry=self.pipeline.serial)
 
             async def confirmed() -> None:
@@ -302,9 +474,16 @@ def mqtt_source(message: AbstractIncomingMessage) -> str:
     """The queue an MQTT position came from: its object's partition, as RabbitMQ's consistent-hash
     exchange chose it from the routing key, or the retired topic's queue (positions.<id>)."""
     key = message.routing_key or ""
+    if ingress_partitions.partition_of_queue(key) is not None:  # a hand-on: keyed by its queue
+        return key
     if key.count(".") == 2 and key.startswith(ingress_partitions.ROUTING_PREFIX + "."):
         return ingress_partitions.queue_name(ingress_partitions.partition_of_key(key))
     return t.POSITIONS_QUEUE
+
+
+async def _assignment_or_first(conn: asyncpg.Connection) -> tuple[int, dict[int, str]]:
+    found = await routing_store.latest_assignment(conn)
+    return found if found is not None else (0, dict.fromkeys(range(ingress_partitions.PARTITIONS), PRIMARY))
 
 
 async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
@@ -321,7 +500,14 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
         try:
             conn = await routing_store.connect(pg_url)
             try:
-                await watch_proximity(conn, sidecar)  # before the pause: a ring stored for it is seen first
+                if sidecar.primary:
+                    await watch_proximity(conn, sidecar)  # before the pause: a ring stored for it first
+                else:
+                    sidecar.prox_tenants = await routing_store.subscribed_tenants(conn)
+                found = await _assignment_or_first(conn)
+                if found[0] > max(sidecar.partitions[0], sidecar.new_partitions[0] if sidecar.new_partitions
+                                  else 0):
+                    sidecar.offer_partitions(found)
                 paused = await routing_store.ingress_pause(conn)
                 if paused != sidecar.paused:
                     log.info("%s", "pause asked (a worker handover): draining" if paused else "pause lifted")
@@ -342,7 +528,8 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
                         sidecar.offer(wm)
                 await routing_store.record_worldmap_seen(
                     conn, instance, core.worldmap.version,
-                    sidecar.paused if sidecar.paused and not sidecar.consuming else None)
+                    sidecar.paused if sidecar.paused and not sidecar.consuming else None,
+                    sidecar.partitions[0] if sidecar.consuming else -1)
                 followed = frozenset(await routing_store.followed_objects(conn))
                 if followed != sidecar.followed:
                     log.info("%d objects followed by fences", len(followed))

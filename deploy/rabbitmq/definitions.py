@@ -190,8 +190,6 @@ class Queue:
 
 
 QUEUE_DESTINATION, EXCHANGE_DESTINATION = "q", "e"  # the management API's words
-
-
 @dataclass(frozen=True)
 class Binding:
     vhost: str
@@ -319,8 +317,8 @@ SHARED_INPUT_QUEUES = frozenset({t.API_QUEUE, t.FOLLOW_QUEUE})
 def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
     """The queues sidecars consume in `vhost` (the gf-input-limits policy's group)."""
     if vhost == t.INGRESS_VHOST:
-        return (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE, t.SENSORS_QUEUE,
-                t.NOTIFY_QUEUE, t.HIVE_EVENTS_QUEUE)
+        return (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.PROXIMITY_QUEUE, t.FOLLOW_QUEUE,
+                t.SENSORS_QUEUE, t.NOTIFY_QUEUE, t.HIVE_EVENTS_QUEUE)
     if vhost == t.FENCES_VHOST:
         return (*(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w))),
                 t.ARCHIVE_QUEUE, t.API_QUEUE)
@@ -376,8 +374,7 @@ def queues(topology: Topology) -> tuple[Queue, ...]:
 
 def bindings(topology: Topology) -> tuple[Binding, ...]:
     found = [Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.PARTITION_EXCHANGE, t.POSITIONS_TOPIC_PATTERN,
-                     EXCHANGE_DESTINATION),
-             # weight 1 each, in bucket order (the plan binds them all again when one is missing)
+                     EXCHANGE_DESTINATION),  # then weight 1 each, in bucket order:
              *(Binding(t.INGRESS_VHOST, t.PARTITION_EXCHANGE, q, "1") for q in t.PARTITION_QUEUES),
              Binding(t.INGRESS_VHOST, t.GATEWAY_EXCHANGE, t.BATCHES_QUEUE, t.GATEWAY_TOPIC_PATTERN),
              # the contract before tenants (MQTT positions/<id>, ingress.batches): still bound,
@@ -400,10 +397,10 @@ def bindings(topology: Topology) -> tuple[Binding, ...]:
     return tuple(found)
 
 
-# Bindings an earlier topology declared that must go where a broker still has them: the
-# plan removes them (a binding holds no message; exchanges and queues are never removed).
+# Bindings an earlier topology declared that must go where a broker still has them: the plan
+# removes them (a binding holds no message; exchanges and queues are never removed). MQTT
+# positions went to one queue for one x-ingress before they were partitioned (issue 39).
 RETIRED_BINDINGS = (
-    # MQTT positions went to one queue, one x-ingress took them all; partitioned now (issue 39)
     Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.POSITIONS_QUEUE, t.POSITIONS_TOPIC_PATTERN),
     # the archive took every event of fence.events one by one; it takes fence.event-batches now
     Binding(t.FENCES_VHOST, t.EVENTS_EXCHANGE, t.ARCHIVE_QUEUE, "#"),
@@ -440,9 +437,11 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     found = [Permission(t.ADMIN_USER, v, EVERYTHING, EVERYTHING, EVERYTHING)
              for v in (DEFAULT_VHOST, *topology.vhosts)]
     # configure: only each role's instance lock (an exclusive queue, see exchanges/shell/connections.py)
-    found.append(Permission(t.INGRESS_USER, ingress, exactly(t.INGRESS_LOCK),
-                            exactly(dlx, t.FOLLOW_EXCHANGE, t.MAP_POSITIONS_EXCHANGE),
-                            exactly(*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE)))
+    # instance N's lock: lock.x-ingress-N; the default exchange: hand-ons (ingress/partition_split.py)
+    found.append(Permission(t.INGRESS_USER, ingress, f"^{regex_escape(t.INGRESS_LOCK)}(-[0-9]+)?$",
+                            exactly(dlx, t.FOLLOW_EXCHANGE, t.MAP_POSITIONS_EXCHANGE, DEFAULT_EXCHANGE),
+                            exactly(*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE,
+                                    t.PROXIMITY_QUEUE)))
     found += [Permission(t.INGRESS_USER, v, NOTHING, exactly(t.GEO_IN_EXCHANGE, dlx), NOTHING)
               for v in regions]
     # proximity rows and subscriptions straight to the workers' queues (ingress/proximity.py)

@@ -94,12 +94,18 @@ class Intake:
         self.cancelled = asyncio.Event()  # the broker cancelled the consumer (queue deleted)
         self.current_prefetch = prefetch if set_prefetch is None else 1
         self._want: int | None = None  # a prefetch for the next consumer (see the class)
-        self._fresh_seen = False  # a first delivery came in this session
+        self._fresh_seen: set[str | None] = set()  # queues a first delivery came from this session
         self.late_returns = 0  # returned messages that came behind a first delivery
         self.pipeline: Pipeline | None = None  # batches in flight (run_batches): settled before a switch
         # set once `start` holds the consumer's tag (or `stop` came first): until then `batches`
         # hands nothing out, as the opening's cancel needs that tag (see _switch_consumer)
         self._started = asyncio.Event()
+        # `stop` releases instead of draining: what was not handed out stays unacked and goes
+        # back to the queue, in order, when the connection closes (the consumer is not
+        # cancelled first, so no newer message reaches anyone before it): x-ingress giving a
+        # partition to another instance (ingress/sidecar.py)
+        self.release_on_stop = False
+        self._released = False
 
     @classmethod
     def on(cls, queue: AbstractQueue | BulkQueue | BulkQueues, max_batch: int, prefetch: int,
@@ -216,19 +222,23 @@ class Intake:
     def _accept(self, messages: Sequence[Any]) -> None:
         """Deliveries in the order the broker sent them: one (aio-pika) or a read's worth
         (a BulkQueue)."""
+        if self._released:  # left unacked: they go back with the connection
+            return
         self.received += len(messages)
         self._buf.extend(messages)
         self._ready.set()
+        several = self.queue if isinstance(self.queue, BulkQueues) else None  # order: each queue's own
         for message in messages:
+            source = several.source_of(message) if several is not None else None
             if getattr(message, "redelivered", False):
-                if self._fresh_seen:
+                if source in self._fresh_seen:
                     self.late_returns += 1
                     if self.late_returns == 1:
                         log.warning("%s: a returned message came behind a first delivery (the broker gave "
                                     "back a dead consumer's messages late): order is not guaranteed here",
                                     self.queue.name)
             else:
-                self._fresh_seen = True
+                self._fresh_seen.add(source)
             if not self._opened and delivery_count(message) < SUSPECT_DELIVERIES:
                 self._opened = True
                 self.current_prefetch = self.prefetch
@@ -238,6 +248,10 @@ class Intake:
         self._stopping = True
         self._ready.set()
         self._started.set()
+        if self.release_on_stop:
+            self._released = True
+            self._buf.clear()
+            return
         if self._tag is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.queue.cancel(self._tag), 5)
@@ -250,6 +264,8 @@ class Intake:
         # returned messages (seen after kill -9 of x-ingress: positions routed out of order).
         await self._started.wait()
         while True:
+            if self._released:
+                return
             await self._switch_consumer()
             if not self._buf:
                 if self._stopping:

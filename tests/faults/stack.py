@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 from aio_pika.abc import AbstractConnection
 
-from deploy import broker_cluster, sidecars
+from deploy import broker_cluster, region_ops, sidecars
 from deploy.processes import ProcessId, ServiceRecord, identify, load_state, save_state, wait_gone
 from deploy.processes import terminate as terminate_process
 from deploy.rabbitmq.apply import management
@@ -45,7 +45,10 @@ PROXY_DIGEST = "fault-suite-proxy"  # the sidecars.json digest of a proxied side
 def sidecar_queues(topology: t.Topology, name: str) -> list[tuple[str, str]]:
     """(vhost, queue) of the input queues a sidecar consumes."""
     if name == "x-ingress":
-        return [(t.INGRESS_VHOST, q) for q in (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE)]
+        return [(t.INGRESS_VHOST, q) for q in (*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE,
+                                               t.PROXIMITY_QUEUE)]
+    if name.startswith("x-ingress-"):  # an added instance: back when every partition is consumed again
+        return [(t.INGRESS_VHOST, q) for q in t.PARTITION_QUEUES]
     if name.startswith("x-geo-"):
         v = t.region_vhost(name.removeprefix("x-geo-"))
         return [(v, t.GEO_POSITIONS_QUEUE), (v, t.GEO_CONTROL_QUEUE)]
@@ -85,6 +88,8 @@ class Stack:
     # -- sidecars -----------------------------------------------------------------------------
 
     def sidecar(self, name: str) -> sidecars.Sidecar:
+        if name.startswith("x-ingress-"):  # added live (`geofence ingress add`)
+            return sidecars.Sidecar("x-ingress", name.removeprefix("x-ingress-"))
         for sc in sidecars.sidecars(self.topology):
             if sc.name == name:
                 return sc
@@ -146,7 +151,8 @@ class Stack:
             url = sidecars.environment(self.settings, self.pw, sc)["GEOFENCE_AMQP_URL"]
             overrides["GEOFENCE_AMQP_URL"] = _with_port(url, amqp_port)
         self._note(name, "started" + (f" through the TCP proxy on port {amqp_port}" if amqp_port else ""))
-        proc = sidecars.spawn(self.settings, self.pw, sc, overrides)
+        settings = region_ops.live(self.settings)  # x-ingress instances added since the start
+        proc = sidecars.spawn(settings, self.pw, sc, overrides)
         self._children[proc.pid] = proc
         ident = identify(proc.pid)
         records = sidecars.load_records(self.settings)

@@ -48,7 +48,7 @@ class Msg:
     body: bytes
     routing_key: str | None = ""
     content_type: str | None = None
-    exchange: str | None = ""
+    exchange: str | None = "amq.topic"  # ("": x-ingress's own hand-ons, ingress/partition_split.py)
     headers: dict[str, Any] | None = None
     message_id: str | None = None
     reply_to: str | None = None

@@ -41,7 +41,8 @@ def test_the_setting_takes_one_or_three_nodes() -> None:
 def test_the_node_count_is_recorded_with_the_topology(tmp_path: Path) -> None:
     s = replace(Settings(state_dir=tmp_path), broker_nodes=3)
     write_live_topology(s, s.regions, s.workers)
-    assert read_live_topology(tmp_path) == {"regions": s.regions, "workers": s.workers, "broker_nodes": 3}
+    assert read_live_topology(tmp_path) == {"regions": s.regions, "workers": s.workers, "broker_nodes": 3,
+                                            "ingress": ()}
     assert Settings.from_env({"GEOFENCE_STATE_DIR": str(tmp_path)}).broker_nodes == 3
     # the environment wins over the record
     env = {"GEOFENCE_STATE_DIR": str(tmp_path), "GEOFENCE_BROKER_NODES": "1"}

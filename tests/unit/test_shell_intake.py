@@ -392,3 +392,19 @@ async def test_the_prefetch_never_changes_once_opened_whatever_the_load() -> Non
     assert qos == [1, 1000] and q.consumers == 2 and q.cancelled == ["ctag-1"]
     assert not hasattr(intake, "confirm_lag")
     await intake.stop()
+
+
+async def test_a_release_hands_out_nothing_more_and_keeps_the_consumer() -> None:
+    """x-ingress giving partitions away: what was not handed out stays unacked (it goes back to
+    the queue with the connection, in order) and the consumer is not cancelled first, so
+    nothing newer reaches another consumer before it."""
+    intake, q = await started(2)
+    it = batches(intake)
+    await q.deliver(*(FakeMessage(i) for i in range(5)))
+    assert numbers(await anext(it)) == [0, 1]
+    intake.release_on_stop = True
+    await intake.stop()
+    await q.deliver(FakeMessage(5))  # still on its way when the release came
+    with pytest.raises(StopAsyncIteration):
+        await anext(it)
+    assert q.cancelled == [] and intake.received == 5

@@ -66,7 +66,7 @@ def test_topic_matches() -> None:
 def test_default_topology_names() -> None:
     assert DEFAULT.vhosts == ("gf-ingress", "gf-region-a", "gf-region-b", "gf-fences")
     assert {(q.vhost, q.name) for q in DEFAULT.queues} == {
-        ("gf-ingress", "x-ingress.positions"), ("gf-ingress", "x-ingress.batches"),
+        *(("gf-ingress", f"x-ingress.{q}") for q in ("positions", "batches", "proximity")),
         *(("gf-ingress", f"x-ingress.p{i:02d}") for i in range(16)), ("gf-ingress", "fence.follow"),
         ("gf-ingress", "venue.sensors"), ("gf-ingress", "venue.notify"), ("gf-ingress", "venue.fence-events"),
         ("gf-ingress", "dead-letters"),
@@ -321,7 +321,7 @@ def test_permission_regexes(user: str, vhost: str, right: str, resource: str, al
 
 
 def test_sidecars_configure_only_their_instance_lock_and_admin_everything() -> None:
-    locks = {(t.INGRESS_USER, "gf-ingress"): "^lock\\.x-ingress$",
+    locks = {(t.INGRESS_USER, "gf-ingress"): "^lock\\.x-ingress(-[0-9]+)?$",  # instance N: lock.x-ingress-N
              (t.GEO_USER, "gf-region-a"): "^lock\\.x-geo$", (t.GEO_USER, "gf-region-b"): "^lock\\.x-geo$",
              (t.FENCE_USER, "gf-fences"): "^(lock\\.x-fence\\.w0|lock\\.x-fence\\.w0\\.home|"
                                           "lock\\.x-fence\\.w1|lock\\.x-fence\\.w1\\.home)$",

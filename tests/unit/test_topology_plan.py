@@ -75,7 +75,8 @@ def test_empty_broker_gets_everything_in_order() -> None:
     assert ("rabbitmqctl", "set_policy", "-p", "gf-ingress", "--priority", "10", "--apply-to",
             "queues", "gf-input-limits",
             r"^(" + "".join(f"x-ingress\\.p{i:02d}|" for i in range(16))
-            + r"x-ingress\.positions|x-ingress\.batches|fence\.follow|venue\.sensors|venue\.notify"
+            + r"x-ingress\.positions|x-ingress\.batches|x-ingress\.proximity|fence\.follow|venue\.sensors"
+            r"|venue\.notify"
             r"|venue\.fence-events)$",
             '{"dead-letter-exchange":"dead-letters","max-length":1000000,"max-length-bytes":2147483648,'
             '"overflow":"reject-publish","delivery-limit":10,"dead-letter-strategy":"at-least-once"}'
@@ -278,10 +279,10 @@ def test_render_masks_secrets_and_quotes_for_the_shell() -> None:
     text = "\n".join(lines)
     assert not any(pw in text for pw in PASSWORDS.values())
     assert "printf '%s\\n' '****' | rabbitmqctl add_user x-geo" in lines
-    assert ("rabbitmqctl set_permissions -p gf-ingress x-ingress '^lock\\.x-ingress$' "
-            "'^(dead-letters|fence\\.follow|fence\\.map-positions)$' "
+    assert ("rabbitmqctl set_permissions -p gf-ingress x-ingress '^lock\\.x-ingress(-[0-9]+)?$' "
+            "'^(dead-letters|fence\\.follow|fence\\.map-positions|amq\\.default)$' "
             "'^(" + "".join(f"x-ingress\\.p{i:02d}|" for i in range(16))
-            + "x-ingress\\.positions|x-ingress\\.batches)$'") in lines
+            + "x-ingress\\.positions|x-ingress\\.batches|x-ingress\\.proximity)$'") in lines
     assert ("api PUT api/queues/gf-fences/x-fence.w0 "
             "'{\"durable\":true,\"auto_delete\":false,\"arguments\":{\"x-queue-type\":\"quorum\","
             "\"x-single-active-consumer\":true}}'") in lines
