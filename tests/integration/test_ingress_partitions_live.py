@@ -8,11 +8,13 @@ import asyncio
 import uuid
 
 import aio_pika
+import aiormq
+import pytest
 
 from deploy.settings import ConnectionSettings
 from exchanges import ingress_partitions as ip
 from exchanges import topology as t
-from tests.integration.clients import DEADLINE, api, connect, q
+from tests.integration.clients import DEADLINE, Login, api, connect, q
 
 KEYS = 400
 
@@ -55,3 +57,13 @@ async def test_the_topology_binds_the_partitions_in_bucket_order(stack: Connecti
     into = await asyncio.to_thread(api, stack, f"{path}/bindings/destination")
     assert [(b["source"], b["routing_key"]) for b in into] == [
         (t.MQTT_TOPIC_EXCHANGE, t.POSITIONS_TOPIC_PATTERN)]
+
+
+async def test_no_client_can_pass_a_message_off_as_a_hand_on(stack: ConnectionSettings,
+                                                             gateway: Login) -> None:
+    """x-ingress reads what comes from the default exchange as its own hand-ons, unchecked
+    (ingress/partition_split.py): a gateway (or a device) publishing there is refused."""
+    async with await connect(stack, gateway, t.INGRESS_VHOST) as conn:
+        ch = await conn.channel(publisher_confirms=True)
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused, match=r"amq\.default"):
+            await ch.default_exchange.publish(aio_pika.Message(b"{}"), routing_key=t.PARTITION_QUEUES[0])
