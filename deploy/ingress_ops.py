@@ -18,7 +18,8 @@ Each instance consumes the partition queues the stored partition map gives it
 The first instance (x-ingress) stays: it takes the gateway batches (handing on the positions
 of partitions it does not own) and holds the proximity router (the others hand it the
 positions of tenants with a proximity subscription). A failure mid-way leaves a stored map
-that the instances follow; running the command again finishes it.
+that the instances follow (`geofence ingress list` shows it, and whether each took it); an
+instance added but given no partition consumes nothing, and `remove` takes it away.
 """
 
 from __future__ import annotations
