@@ -41,7 +41,7 @@ from exchanges import ingress_partitions as ip
 from exchanges import routing_store
 from exchanges import topology as t
 
-FIRST = "x-ingress"
+FIRST = ip.FIRST_INSTANCE
 ALIVE_S = 5.0  # an instance that wrote worldmap_seen within this is alive
 MOVE_TIMEOUT_S = 90.0
 
@@ -77,10 +77,9 @@ async def _connect(settings: Settings, pw: Secrets) -> asyncpg.Connection:
 async def current(settings: Settings, pw: Secrets) -> tuple[int, dict[int, str]]:
     conn = await _connect(settings, pw)
     try:
-        found = await routing_store.latest_assignment(conn)
+        return await routing_store.assignment_or_first(conn)
     finally:
         await conn.close()
-    return found if found is not None else (0, dict.fromkeys(range(ip.PARTITIONS), FIRST))
 
 
 async def reported(settings: Settings, pw: Secrets) -> dict[str, dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import TypeVar
 import asyncpg
 import numpy as np
 
+from exchanges import ingress_partitions
 from exchanges.backoff import Backoff
 from exchanges.fence_binding import FenceBinding
 from exchanges.hash_ring import HashRing
@@ -183,6 +184,12 @@ async def latest_assignment(conn: asyncpg.Connection) -> tuple[int, dict[int, st
         return None
     owners = row["owners"] if isinstance(row["owners"], dict) else json.loads(row["owners"])
     return int(row["version"]), {int(p): str(n) for p, n in owners.items()}
+
+
+async def assignment_or_first(conn: asyncpg.Connection) -> tuple[int, dict[int, str]]:
+    """The stored partition map, else version 0: the first instance owns every partition."""
+    found = await latest_assignment(conn)
+    return found if found is not None else (0, ingress_partitions.first_only())
 
 
 async def store_assignment(conn: asyncpg.Connection, owners: dict[int, str]) -> int:

@@ -65,7 +65,6 @@ FOLLOW = "follow"
 MAP = "map"
 MAP_EVERY_S = 1.0
 CHANGES_EVERY_S = 0.2  # proximity subscription changes read by watch_store, applied in the stream
-PRIMARY = "x-ingress"  # the first instance's name
 NO_SAMPLE = {"batch": PositionBatch.empty().to_wire(), "moved": 0, "positions": 0}  # a probe
 
 
@@ -79,8 +78,7 @@ class IngressSidecar:
         # gives it. A newer map waits in `new_partitions` while the session ends, releasing
         # the partitions it loses (ingress/partition_split.py, Intake.release_on_stop).
         self.primary = not config.instance
-        self.partitions: tuple[int, dict[int, str]] = (0, dict.fromkeys(range(ingress_partitions.PARTITIONS),
-                                                                         PRIMARY))
+        self.partitions: tuple[int, dict[int, str]] = (0, ingress_partitions.first_only())
         self.new_partitions: tuple[int, dict[int, str]] | None = None
         self.owned = np.ones(ingress_partitions.PARTITIONS, bool)
         # The partitions whose gateway positions the first instance routes itself, not through
@@ -137,7 +135,7 @@ class IngressSidecar:
         if ring is None:
             return False
         found = await routing_store.read_until_stopped(
-            self.config.postgres_url, lambda conn: _assignment_or_first(conn), "partition map", stop)
+            self.config.postgres_url, routing_store.assignment_or_first, "partition map", stop)
         if found is None:
             return False
         self.adopt_partitions(found)
@@ -481,11 +479,6 @@ def mqtt_source(message: AbstractIncomingMessage) -> str:
     return t.POSITIONS_QUEUE
 
 
-async def _assignment_or_first(conn: asyncpg.Connection) -> tuple[int, dict[int, str]]:
-    found = await routing_store.latest_assignment(conn)
-    return found if found is not None else (0, dict.fromkeys(range(ingress_partitions.PARTITIONS), PRIMARY))
-
-
 async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
                       instance: str = "x-ingress") -> None:
     """Re-read the worldmap when a newer version is stored, and the followed objects, and say
@@ -504,7 +497,7 @@ async def watch_store(pg_url: str, sidecar: IngressSidecar, stop: asyncio.Event,
                     await watch_proximity(conn, sidecar)  # before the pause: a ring stored for it first
                 else:
                     sidecar.prox_tenants = await routing_store.subscribed_tenants(conn)
-                found = await _assignment_or_first(conn)
+                found = await routing_store.assignment_or_first(conn)
                 if found[0] > max(sidecar.partitions[0], sidecar.new_partitions[0] if sidecar.new_partitions
                                   else 0):
                     sidecar.offer_partitions(found)

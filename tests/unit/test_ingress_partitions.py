@@ -7,6 +7,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exchanges import ingress_partitions as ip
@@ -35,6 +36,21 @@ def test_phash2_and_the_bucket_are_erlangs(key: str, expected: int, buckets: lis
     assert ip.phash2(key.encode()) == expected
     assert [ip.jump_bucket(expected, n) for n in BUCKETS] == buckets
     assert [ip.partition_of_key(key, n) for n in BUCKETS] == buckets
+
+
+def test_the_vectorised_hash_is_the_scalar_one() -> None:
+    rows = _vectors()
+    keys = [k.encode() for k, _, _ in rows]
+    assert ip.phash2_many(keys).tolist() == [h for _, h, _ in rows]
+    rng = random.Random(11)
+    more = [bytes(rng.randrange(256) for _ in range(rng.randrange(90))) for _ in range(3000)]
+    hashes = ip.phash2_many(more)
+    assert hashes.tolist() == [ip.phash2(k) for k in more]
+    for n in (*BUCKETS, 100_000):  # 100,000 buckets: some keys need more draws than the vector pass
+        assert ip.jump_buckets(hashes, n).tolist() == [ip.jump_bucket(int(h), n) for h in hashes]
+    assert [ip.jump_buckets(np.array([h for _, h, _ in rows]), n).tolist() for n in BUCKETS] == [
+        [b[i] for _, _, b in rows] for i in range(len(BUCKETS))]
+    assert ip.phash2_many([]).size == 0 and ip.jump_buckets(np.zeros(0, np.int64), 16).size == 0
 
 
 def test_one_bucket_and_bad_counts() -> None:
