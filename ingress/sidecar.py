@@ -43,6 +43,7 @@ from typing import Any
 
 import asyncpg
 import numpy as np
+import numpy.typing as npt
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from exchanges import ingress_partitions, routing_store, shell
@@ -368,14 +369,16 @@ class IngressSidecar:
     # -- one batch ---------------------------------------------------------------------------
 
     def decode_mqtt(self, messages: Sequence[AbstractIncomingMessage]
-                    ) -> tuple[PositionBatch, list[tuple[int, str]]]:
+                    ) -> tuple[PositionBatch, list[tuple[int, str]], npt.NDArray[np.bool_] | None]:
         """Devices' positions, and the positions another instance handed on to this one's
-        partitions (ingress/partition_split.py), in their order."""
+        partitions (ingress/partition_split.py), in their order; which are hand-ons (their
+        proximity rows were routed where they came in, see `handle`), None for none."""
         latest = (time.time(), self.config.max_future_s)
         if not any(map(partition_split.handed_on, messages)):  # the common case
             decoded = decode_mqtt_many([(m.routing_key or "", m.body) for m in messages], latest)
-            return decoded.batch, decoded.refused
+            return decoded.batch, decoded.refused, None
         batches: list[PositionBatch] = []
+        handed_rows: list[npt.NDArray[np.bool_]] = []
         refused: list[tuple[int, str]] = []
         for handed, a, b in partition_split.runs(messages, partition_split.handed_on):
             if handed:
@@ -383,6 +386,7 @@ class IngressSidecar:
                     try:
                         part, origin, seq = partition_split.read_handed_on(messages[i].body)
                         batches.append(part)
+                        handed_rows.append(np.ones(len(part), bool))
                         p = ingress_partitions.partition_of_queue(messages[i].routing_key or "")
                         if origin == self.token and p is not None:  # one of its own back (see __init__)
                             self.seen_seq[p] = max(int(self.seen_seq[p]), seq)
@@ -391,11 +395,12 @@ class IngressSidecar:
             else:
                 d = decode_mqtt_many([(m.routing_key or "", m.body) for m in messages[a:b]], latest)
                 batches.append(d.batch)
+                handed_rows.append(np.zeros(len(d.batch), bool))
                 refused += [(a + i, reason) for i, reason in d.refused]
-        return PositionBatch.concat(batches), refused
+        return PositionBatch.concat(batches), refused, np.concatenate(handed_rows)
 
     def decode_gateway(self, messages: Sequence[AbstractIncomingMessage]
-                       ) -> tuple[PositionBatch, list[tuple[int, str]]]:
+                       ) -> tuple[PositionBatch, list[tuple[int, str]], None]:
         batches, refused = [], []
         latest = (time.time(), self.config.max_future_s)
         for i, m in enumerate(messages):
@@ -417,14 +422,18 @@ class IngressSidecar:
                 more = f" (and {len(d.refused) - 20} more)" if len(d.refused) > 20 else ""
                 refused.append((i, f"{len(d.refused)} of {len(d.refused) + len(d.batch)} positions "
                                    f"refused: {reasons}{more}"))
-        return PositionBatch.concat(batches), refused
+        return PositionBatch.concat(batches), refused, None
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage], decode: Any,
                      source: str | Callable[[AbstractIncomingMessage], str]) -> None:
         """One batch routed and sent, handed to the pipeline, under the lock that orders the
         proximity router's changes (a batch's, a subscription change's) and their records."""
         async with self.proximity.lock:
-            batch, refused = decode(messages)  # a failure here is a bug: see shell.run_batches
+            batch, refused, handed_rows = decode(messages)  # a failure here is a bug: see shell.run_batches
+            # The proximity router judges positions in the order they came in: a hand-on's were
+            # routed there when its gateway batch came, whole, before it was split; they are
+            # not routed again when they come back through a partition's queue.
+            near = batch if handed_rows is None else batch.take(np.flatnonzero(~handed_rows))
             handed: list[shell.Out] = []
             if decode == self.decode_gateway and not self.local.all():  # to partitions' queues (see __init__)
                 batch, others = partition_split.split(batch, self.partition_of(batch.ids), self.local)
@@ -440,11 +449,11 @@ class IngressSidecar:
             for region, rb in routed.regions.items():  # notices in line with positions: one message
                 outs.append(shell.Out(self.geo_in[region], "", pack(POSITIONS, **rb.to_wire()), CONTENT_TYPE))
             if self.primary:
-                rows, entry = self.proximity.rows_outs(batch)
+                rows, entry = self.proximity.rows_outs(near)
                 outs += rows
             else:  # the router is the first instance's: its share handed on
                 entry = None
-                share = partition_split.of_tenants(batch, self.prox_tenants)
+                share = partition_split.of_tenants(near, self.prox_tenants)
                 if len(share):
                     outs.append(self.hand_on(t.PROXIMITY_QUEUE, share))
             followed = self.followed
