@@ -31,6 +31,7 @@ import functools
 import json
 import shutil
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -193,6 +194,36 @@ def stop(settings: Settings, proc: ProcessId, node: int) -> None:
     wait_gone(proc, settings.start_timeout, f"RabbitMQ node {node}")
 
 
+def quorum_queues_on(node: int) -> list[tuple[str, str]]:
+    """(vhost, name) of every quorum queue with a member on node `node`, as node 1 has them."""
+    term = ("io:format(\"~s~n\", [rabbit_json:encode("
+            "[[amqqueue:get_vhost(Q), element(4, amqqueue:get_name(Q))]"
+            " || Q <- rabbit_amqqueue:list(), amqqueue:get_type(Q) =:= rabbit_quorum_queue,"
+            f" lists:member('{node_name(node)}', maps:get(nodes, amqqueue:get_type_state(Q), []))])]).")
+    out = run(ctl(1, "eval", term)).stdout
+    return [(str(v), str(q)) for v, q in json.loads(out.splitlines()[0])]
+
+
+def shrink(settings: Settings, node: int) -> None:
+    """Every quorum queue's member on `node` removed, checked, before the node may be forgotten.
+    `rabbitmq-queues shrink` reports "ok" for a queue whose member it failed to remove (seen
+    right after a cluster stopped whole came back: two queues of three kept theirs). Such a
+    queue, once the node is forgotten, keeps a member that never answers, and with two members
+    left it has no majority, no leader, and no way back on 3.10 but its deletion. So the members
+    left are removed one by one until none is, or this fails and the node stays."""
+    run(["rabbitmq-queues", "-n", first_node(), "shrink", node_name(node)], timeout=settings.start_timeout)
+    deadline = time.monotonic() + settings.start_timeout
+    while left := quorum_queues_on(node):
+        if time.monotonic() > deadline:
+            raise StackError(f"{node_name(node)} still holds a member of the quorum queues "
+                             f"{', '.join(f'{v}/{q}' for v, q in left)}: it stays in the cluster; run "
+                             "`geofence up` again")
+        for vhost, queue in left:
+            run(ctl(1, "eval", f"rabbit_quorum_queue:delete_member(<<\"{vhost}\">>, <<\"{queue}\">>, "
+                               f"'{node_name(node)}')."), check=False, timeout=settings.start_timeout)
+        time.sleep(1.0)
+
+
 def retire(settings: Settings, say: Say) -> list[str]:
     """The nodes above GEOFENCE_BROKER_NODES taken out of the cluster (their queue and stream
     members removed, forgotten by node 1), stopped, their data dirs deleted; their names."""
@@ -203,7 +234,7 @@ def retire(settings: Settings, say: Say) -> list[str]:
         say(f"rabbitmq-n{node}: leaving the cluster (GEOFENCE_BROKER_NODES={settings.broker_nodes})")
         name = node_name(node)
         if running(settings, node):
-            run(["rabbitmq-queues", "-n", first_node(), "shrink", name], timeout=settings.start_timeout)
+            shrink(settings, node)
             for stream in journal_streams(settings.topology):
                 stream_replica(settings, "delete_replica", stream, node)
             # the Raft clusters of the streams' coordinator and of MQTT's client ids lose their
@@ -236,4 +267,9 @@ def node_service(node: int) -> ServiceParts:
 
 
 def wanted(node: int) -> Callable[[Settings], bool]:
-    return lambda settings: settings.broker_nodes >= node
+    """Node `node` is started when the settings want it, and also when its data dir is still
+    there: a cluster stopped whole (a reboot) is still a cluster of three, whose node 1 waits
+    for its peers' tables before it boots. They are started together, then `retire` takes the
+    unwanted ones out while they run (a quorum queue of three members with two of them never
+    started again would have no leader, and could not be shrunk)."""
+    return lambda settings: settings.broker_nodes >= node or node_dir(settings, node).exists()

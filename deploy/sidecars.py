@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy.consumer_probe import ConsumerProbe
 from deploy.processes import ProcessId, Say, StackError, identify, port_open, process_identity, terminate
 from deploy.rabbitmq import definitions as d
-from deploy.rabbitmq.apply import broker_of_vhost, management
-from deploy.rabbitmq.plan import api_path
 from deploy.settings import (
     FIREBASE_PROJECT,
     METRICS_HOST,
@@ -320,32 +319,24 @@ def down(settings: Settings, say: Say) -> None:
         _stop_one(settings, records, name, say, "geofence down")
 
 
-def consumed_queues(consumers: list[dict[str, Any]]) -> set[str]:
-    """The queues of the management API's consumer list (`api/consumers/<vhost>`, from the
-    consumers' channels). Not the queues' own `consumers` figure: RabbitMQ 3.10 stops the
-    figures of the quorum queues node 1 leads once a cluster has shrunk to one node and grown
-    again (seen on this machine: the figures absent, a queue's page an HTTP 500, its
-    consumers there)."""
-    return {str((c.get("queue") or {}).get("name")) for c in consumers}
-
-
 def wait_ready(settings: Settings, pw: Secrets, timeout: float = READY_TIMEOUT_S) -> None:
     """Until every input queue has a consumer (and every sidecar still runs)."""
-    mgmts = {b: management(settings, pw, b) for b in range(1, settings.broker_count + 1)}
+    asyncio.run(_wait_ready(settings, pw, timeout))
+
+
+async def _wait_ready(settings: Settings, pw: Secrets, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     missing: list[str] = []
-    while time.monotonic() < deadline:
-        dead = [n for n, ok in running(settings).items() if not ok]
-        if dead:
-            raise StackError(f"sidecar {', '.join(dead)} exited; see {log_path(settings, dead[0])}")
-        queues = input_queues(settings.topology)
-        consumed = {v: consumed_queues(mgmts[broker_of_vhost(settings, v)].get(api_path("consumers", v)))
-                    for v in {v for v, _ in queues}}
-        missing = [f"{v}/{q}" for v, q in queues if q not in consumed[v]]
-        if not port_open(settings.host, settings.api_port):
-            missing.append(f"the fence API on {api_url(settings)}")
-        if not missing:
-            return
-        time.sleep(0.3)
+    async with ConsumerProbe(settings, pw) as probe:
+        while time.monotonic() < deadline:
+            dead = [n for n, ok in running(settings).items() if not ok]
+            if dead:
+                raise StackError(f"sidecar {', '.join(dead)} exited; see {log_path(settings, dead[0])}")
+            missing = await probe.unconsumed(input_queues(settings.topology))
+            if not port_open(settings.host, settings.api_port):
+                missing.append(f"the fence API on {api_url(settings)}")
+            if not missing:
+                return
+            await asyncio.sleep(0.3)
     raise StackError(f"no consumer on {', '.join(missing)} after {timeout:g}s; see the logs in "
                         f"{settings.log_dir}")

@@ -145,10 +145,17 @@ def read_with_retry(mgmt: Management, defs: d.Definitions, timeout: float) -> Cu
 
 
 def quick_check(mgmt: Management, defs: d.Definitions) -> bool:
-    """Cheap: the vhosts exist and the federation status API answers."""
+    """Cheap: the vhosts and every queue exist, and the federation status API answers. (A
+    queue deleted behind the stack's back, or lost with a cluster node, is declared again.)"""
     try:
         vhosts = {v["name"] for v in mgmt.get("api/vhosts?columns=name")}
-        return set(defs.vhosts) <= vhosts and mgmt.exists("api/federation-links")
+        if not set(defs.vhosts) <= vhosts or not mgmt.exists("api/federation-links"):
+            return False
+        for vhost in defs.vhosts:
+            held = {q["name"] for q in mgmt.get(api_path("queues", vhost) + "?columns=name")}
+            if any(q.name not in held for q in defs.queues if q.vhost == vhost):
+                return False
+        return True
     except StackError:
         return False
 

@@ -72,7 +72,16 @@ def test_a_node_runs_with_its_ports_dirs_and_the_login_guard() -> None:
     erl = env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
     assert '{"127.0.0.1",2083}' in erl and "rabbit_auth_backend_http" in erl
     assert "allow_anonymous false" in erl  # the host defaults, as on node 1
-    assert broker_cluster.wanted(3)(s) and not broker_cluster.wanted(2)(Settings())
+    assert broker_cluster.wanted(3)(s)
+
+
+def test_a_node_left_with_its_data_is_started_to_be_retired(tmp_path: Path) -> None:
+    """A cluster stopped whole (a reboot) while it had three nodes: node 1 waits for its
+    peers' tables, so `up --broker-nodes 1` starts them too, then retires them."""
+    one = replace(Settings(), state_dir=tmp_path)
+    assert not broker_cluster.wanted(2)(one)
+    broker_cluster.node_dir(one, 2).mkdir(parents=True)
+    assert broker_cluster.wanted(2)(one) and not broker_cluster.wanted(3)(one)
 
 
 def test_processes_are_spread_over_the_nodes_and_fail_over_in_turn() -> None:
@@ -144,13 +153,3 @@ async def test_a_connection_goes_to_the_next_node_and_stays_there(monkeypatch: p
         async with contextlib.AsyncExitStack() as stack:
             await connections.open_connection(_config(), "gf-ingress", stack)
     assert tried == [5772]
-
-
-
-def test_the_queues_consumed_are_read_from_the_consumers_channels() -> None:
-    """RabbitMQ 3.10 stops the figures of the quorum queues node 1 leads once a cluster shrank
-    and grew again: `geofence up` reads the consumers the channels report."""
-    listed = [{"queue": {"name": "x-geo.positions", "vhost": "gf-region-a"}, "consumer_tag": "ctag3.x"},
-              {"queue": {"name": "x-geo.control", "vhost": "gf-region-a"}, "consumer_tag": "ctag4.y"}]
-    assert sidecars.consumed_queues(listed) == {"x-geo.positions", "x-geo.control"}
-    assert sidecars.consumed_queues([]) == set()
