@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib import metadata
 from types import ModuleType
 
 # name -> (module, one-line help)
@@ -77,6 +78,14 @@ SPARK_JOBS: dict[str, tuple[str, str]] = {
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"inspect": INSPECT_TARGETS, "spark": SPARK_JOBS}
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, once `pip install -e` ran)."""
+    try:
+        return metadata.version("geofence")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: run `bash deploy/setup.sh`)"
+
+
 def _first_word(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
@@ -89,6 +98,7 @@ def _load(module_name: str, parser: argparse.ArgumentParser, name: str) -> Modul
 
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, ModuleType | None]:
     parser = argparse.ArgumentParser(prog="geofence", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"geofence {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # Only import the module of the subcommand (or inspect target) actually asked for.
     wanted = _first_word(argv)

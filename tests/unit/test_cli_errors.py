@@ -54,3 +54,11 @@ def test_other_errors_are_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(cli, "build_parser", lambda argv: (parser, module))
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["status"])
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"geofence {metadata.version('geofence')}"
