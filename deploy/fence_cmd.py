@@ -24,7 +24,7 @@ from exchanges import routing_store, settings_registry
 from exchanges import topology as t
 from exchanges.fence_def import InvalidFence
 from exchanges.fence_options.timeout import check_timeout
-from exchanges.tenancy import InvalidTenant, check_tenant, name_of, qualify
+from exchanges.tenancy import InvalidTenant, check_tenant, name_of, qualify, tenant_of
 from fence import store, tenants
 from fence.manager import FenceManager
 from fence.spec import FenceSpec, from_feature
@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--tenant", required=True)
     p = sub.add_parser("list", help="the live fences (of one tenant, or of all)")
     p.add_argument("--tenant", help="only this tenant's")
+    p.add_argument("--json", action="store_true",
+                   help="a JSON array of {fence_id, tenant, name, version, timeout_s, regions}")
     p = sub.add_parser("show", help="one fence as stored (GeoJSON geometry, version, regions)")
     p.add_argument("id")
     p.add_argument("--tenant", required=True)
@@ -107,7 +109,14 @@ async def _run(args: argparse.Namespace) -> int:
                 print(json.dumps((await store.get_fence(conn, qualify(tenant(args), args.id))).to_json(),
                                  indent=2))
                 return 0
-            for r in await store.find_fences(conn, args.tenant and tenant(args), limit=1_000_000):
+            rows = await store.find_fences(conn, args.tenant and tenant(args), limit=1_000_000)
+            if args.json:
+                print(json.dumps([{"fence_id": r.fence.fence_id, "tenant": tenant_of(r.fence.fence_id),
+                                   "name": r.fence.name, "version": r.fence.version,
+                                   "timeout_s": r.fence.timeout_s, "regions": list(r.regions)} for r in rows],
+                                 indent=2))
+                return 0
+            for r in rows:
                 f = r.fence
                 print(f"{f.fence_id:<24} v{f.version:<4} timeout {f.timeout_s:>7g}s  regions "
                       f"{','.join(r.regions) or '-':<6} {f.name}")

@@ -6,6 +6,7 @@ nothing from it)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     r.add_argument("--tenant", required=True)
     ls = sub.add_parser("list", help=f"list the {what} users (<tenant>.<name>)")
     ls.add_argument("--tenant", help="one tenant's only")
+    ls.add_argument("--json", action="store_true", help="a JSON array of {user, tenant, name}")
     if what == "device":
         a.add_argument("--file", help="object ids, one a line ('-' for stdin): created in bulk, "
                                       "devices already there keep their password (idempotent)")
@@ -129,8 +131,7 @@ def _bulk(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
 def _gateway_or_app(args: argparse.Namespace, settings: Settings, pw: Secrets, app: bool) -> int:
     what, tag = ("application", t.APP_TAG) if app else ("gateway", t.GATEWAY_TAG)
     if args.action == "list":
-        for name in devices.list_devices(settings, pw, args.tenant, tag=tag):
-            print(name)
+        _print_users(devices.list_devices(settings, pw, args.tenant, tag=tag), args.json)
         return 0
     if not args.object_id:
         raise devices.DeviceError(f"an {what} name" if app else f"a {what} name")
@@ -158,10 +159,19 @@ def _gateway_or_app(args: argparse.Namespace, settings: Settings, pw: Secrets, a
     return 0
 
 
+def _print_users(users: list[str], as_json: bool) -> None:
+    """One `<tenant>.<name>` a line, or a JSON array (a tenant's name has no dot)."""
+    if not as_json:
+        for user in users:
+            print(user)
+        return
+    rows = [{"user": u, "tenant": u.partition(".")[0], "name": u.partition(".")[2]} for u in users]
+    print(json.dumps(rows, indent=2))
+
+
 def _device(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     if args.action == "list":
-        for name in devices.list_devices(settings, pw, args.tenant):
-            print(name)
+        _print_users(devices.list_devices(settings, pw, args.tenant), args.json)
         return 0
     if getattr(args, "file", None):
         if args.object_id or getattr(args, "password_stdin", False):

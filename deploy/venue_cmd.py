@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+from datetime import datetime
 
 import asyncpg
 
@@ -41,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     r.add_argument("--purge", action="store_true", help="delete the sensor and its reports too")
     ls = sub.add_parser("list", help="the sensors, with their hive and last report")
     ls.add_argument("--hive")
+    ls.add_argument("--json", action="store_true", help="a JSON array of the sensors")
 
 
 async def _add(dsn: str, args: argparse.Namespace) -> None:
@@ -74,6 +77,10 @@ async def _purge(dsn: str, sensor_id: str) -> None:
             await conn.execute("DELETE FROM sensor WHERE id = $1", sensor_id)
     finally:
         await conn.close()
+
+
+def _iso(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat(timespec="seconds")
 
 
 async def _list(dsn: str, hive: str | None) -> list[asyncpg.Record]:
@@ -113,9 +120,16 @@ def run(args: argparse.Namespace) -> int:
                 asyncio.run(_purge(dsn, args.sensor_id))
                 say(f"sensor {args.sensor_id} and its history deleted")
         else:
-            for r in asyncio.run(_list(dsn, args.hive)):
-                last = r["last_report_at"].isoformat(timespec="seconds") if r["last_report_at"] else "-"
-                print(f"{r['id']}\t{r['hive_id']}\t{r['byte_order']}\t{r['modulus']}\t{last}")
+            rows = asyncio.run(_list(dsn, args.hive))
+            if args.json:
+                print(json.dumps([{"sensor_id": r["id"], "hive_id": r["hive_id"],
+                                   "byte_order": r["byte_order"], "modulus": r["modulus"],
+                                   "last_report_at": _iso(r["last_report_at"]),
+                                   "last_status_at": _iso(r["last_status_at"])} for r in rows], indent=2))
+            else:
+                for r in rows:
+                    print(f"{r['id']}\t{r['hive_id']}\t{r['byte_order']}\t{r['modulus']}\t"
+                          f"{_iso(r['last_report_at']) or '-'}")
     except (StackError, devices.DeviceError) as exc:
         print(f"geofence sensor {args.action}: error: {exc}", file=sys.stderr)
         return 1

@@ -178,6 +178,10 @@ def fence_add(tmp_path: Path, tenant: str, fence_id: str, at: tuple[float, float
     done = geofence("fence", "add", str(path), "--tenant", tenant)
     assert done.returncode == 0, done.stderr
     assert qualify(tenant, fence_id) in done.stdout, done.stdout
+    listed = json.loads(geofence("fence", "list", "--tenant", tenant, "--json").stdout)
+    [row] = [r for r in listed if r["fence_id"] == qualify(tenant, fence_id)]
+    assert (row["tenant"], row["timeout_s"]) == (tenant, timeout_s) and row["regions"]
+    assert {r["tenant"] for r in listed} == {tenant}
 
 
 @pytest.fixture

@@ -416,6 +416,9 @@ def test_device_list_and_remove(stack: ConnectionSettings, device: Device, other
     assert listed.returncode == 0 and device.user in listed.stdout.split()
     assert device.user in geofence("device", "list").stdout.split()  # every tenant's
     assert device.user not in geofence("device", "list", "--tenant", other_tenant).stdout.split()
+    rows = json.loads(geofence("device", "list", "--tenant", device.tenant, "--json").stdout)
+    assert {"user": device.user, "tenant": device.tenant, "name": device.object_id} in rows
+    assert {r["tenant"] for r in rows} == {device.tenant}
     client = MqttDevice(stack, device, clean_session=False)  # a durable subscription queue
     client.client.subscribe(f"fence-events/{device.tenant}/+/+/{device.object_id}", qos=1)
     client.expect("suback")

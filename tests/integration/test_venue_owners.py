@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -114,6 +115,10 @@ async def test_an_owner_configures_a_sensor_and_sees_it_applied(stack: Connectio
             sensor.close()
     listed = geofence("sensor", "list", "--hive", hive_id)
     assert listed.returncode == 0 and listed.stdout.split("\t")[:4] == [sensor_id, hive_id, "big", "65524"]
+    [row] = json.loads(geofence("sensor", "list", "--hive", hive_id, "--json").stdout)
+    assert (row["sensor_id"], row["hive_id"], row["byte_order"]) == (sensor_id, hive_id, "big")
+    assert row["modulus"] == 65524
+    assert row["last_report_at"] is not None
     assert owner != other_uid
 
 
