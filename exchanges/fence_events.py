@@ -31,6 +31,7 @@ from exchanges.fence_options.shares import ANON_PREFIX
 from exchanges.fence_options.timeout import TIMEOUT as TIMEOUT
 from exchanges.fence_options.ttl import EXPIRED as EXPIRED
 from exchanges.tenancy import name_of, qualify, split, tenant_of
+from exchanges.wire_schemas import SCHEMA_VERSION
 
 ENTER, LEAVE = "enter", "leave"
 CROSS = "cross"  # positions both sides of a fence that detects CROSS, none inside
@@ -66,8 +67,9 @@ class Event:
         """The wire form: the fence and object as their tenant names them, and `tenant` (the
         fence's, absent for the platform's own names), exchanges/tenancy.py."""
         tenant, fence = split(self.fence_id)
-        out = {"event": self.event, "fence_id": fence, "object_id": name_of(self.object_id),
-               "ts": self.ts, "reason": self.reason, "event_id": self.event_id}
+        out = {"schema": SCHEMA_VERSION, "event": self.event, "fence_id": fence,
+               "object_id": name_of(self.object_id), "ts": self.ts, "reason": self.reason,
+               "event_id": self.event_id}
         if tenant:
             out["tenant"] = tenant
         if self.visit_id:

@@ -2,9 +2,9 @@
 
 A thin shell: authenticate (Firebase ID token, fence/auth.py), place the caller in its tenant
 (`X-Geofence-Tenant` when it is a member of several), call fence/service.py, map its ApiError
-to the status. Every route but /health, /docs, /openapi.json and the public venue reads
-(/hives) needs `Authorization: Bearer <Firebase ID token>`; fences, objects and subscriptions
-belong to the caller's tenant.
+to the status. Every route but /health, /docs, /openapi.json, the message schemas (/schemas)
+and the public venue reads (/hives) needs `Authorization: Bearer <Firebase ID token>`; fences,
+objects and subscriptions belong to the caller's tenant.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at
@@ -25,6 +25,7 @@ from exchanges.tenancy import name_of
 from exchanges.text import TextError, check_id
 from exchanges.x_geo import queries
 from fence.api_edges import BodyLimit, RateLimit, RequestMetrics
+from fence.api_schemas import add_schema_routes
 from fence.auth import AuthUnavailable, Unauthenticated, User
 from fence.rate_limits import RateLimits
 from fence.service import MAX_EVENTS, MAX_LIST, ApiError, Caller, FenceService, parse_bbox
@@ -335,6 +336,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         await service.delete_subscription(who, sub_id)
 
     add_tenant_routes(app, service.manager.pool, Who, service)
+    add_schema_routes(app)
     if venues is not None:
         add_venue_routes(app, venues)
         add_user_routes(app, venues, Who)

@@ -23,6 +23,8 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from exchanges.wire_schemas import SCHEMA_VERSION
+
 
 @lru_cache(maxsize=256)
 def _zone(tz: str) -> ZoneInfo:
@@ -130,6 +132,12 @@ class HiveOccupancy:
                 "occupancy": d.occupancy if d else 0, "raw": d.raw if d else 0,
                 "capacity": self.capacity, "app_occupancy": self.app_occupancy,
                 "percent": round(100.0 * d.occupancy / self.capacity, 1) if d and self.capacity else None}
+
+
+def occupancy_message(h: HiveOccupancy, at: float) -> dict[str, object]:
+    """What the sensor sidecar publishes when a hive's counts change
+    (exchanges/schemas/hive-occupancy.schema.json)."""
+    return {"schema": SCHEMA_VERSION, **h.status(), "at": at, "source": "sensors"}
 
 
 BUSY_MARGIN = (2.0, 0.25)  # people, share of the usual figure: whichever is larger

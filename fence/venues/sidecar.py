@@ -47,7 +47,7 @@ from exchanges import topology as t
 from exchanges.fence_events import qualified_ids
 from fence.venues import push, venue_store
 from fence.venues.notifier import WATCH_EVERY_S, Notifier
-from fence.venues.occupancy import DayCounts, HiveOccupancy
+from fence.venues.occupancy import DayCounts, HiveOccupancy, occupancy_message
 from fence.venues.reads import VenueCache, publish_status
 from fence.venues.sensor_core import KINDS, Frame, Processed, SensorCore
 
@@ -323,7 +323,7 @@ class SensorSidecar:
     def _occupancy_outs(self, hives: Sequence[HiveOccupancy]) -> list[shell.Out]:
         outs = []
         for h in hives:
-            body = orjson.dumps({**h.status(), "at": time.time(), "source": "sensors"})
+            body = orjson.dumps(occupancy_message(h, time.time()))
             key = t.occupancy_routing_key(h.hive_id)
             outs += [shell.Out(self.occupancy_x, key, body, JSON, mandatory=False),
                      shell.Out(self.mqtt_x, key, body, JSON, mandatory=False)]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from exchanges.tenancy import name_of, split
+from exchanges.wire_schemas import SCHEMA_VERSION
 
 
 def fields_key(extra: Mapping[str, Any] | None) -> str:
@@ -40,7 +41,7 @@ class RoamEvent(NamedTuple):
         tenant, sub = split(self.subscription)
         subscriber = self.subscriber  # a point's synthetic subscriber "@<tenant>:<id>" stays "@<id>"
         subscriber = "@" + name_of(subscriber[1:]) if subscriber.startswith("@") else name_of(subscriber)
-        out = {"event": self.kind, "subscription": sub, "subscriber": subscriber,
+        out = {"schema": SCHEMA_VERSION, "event": self.kind, "subscription": sub, "subscriber": subscriber,
                "object": name_of(self.object), "distance_m": round(self.distance_m, 3), "ts": self.ts,
                "event_id": self.id}
         if tenant:

@@ -32,6 +32,7 @@ from tests.integration.spark_support import (  # noqa: F401  (fixtures)
     spark,
     spark_config,
 )
+from tests.integration.wire_tap import WireTap
 
 
 @pytest.fixture(scope="session")
@@ -161,3 +162,25 @@ def app_user(stack: ConnectionSettings, tenant: str) -> Iterator[Login]:
         yield made
     finally:
         remove_login(stack, "app", made)
+
+
+# --------------------------------------------------------------------------- the wire contract
+
+_TAPS: list[WireTap] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def wire_tap(stack: ConnectionSettings) -> Iterator[WireTap]:
+    """Every message the platform publishes while the suite runs, validated against the
+    published schemas (tests/integration/wire_tap.py); one that is not valid fails the suite."""
+    tap = WireTap(stack)
+    tap.start()
+    _TAPS.append(tap)
+    yield tap
+    tap.stop()
+    assert tap.invalid_count == 0, f"{tap.summary()}:\n" + "\n".join(tap.invalid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for tap in _TAPS:
+        terminalreporter.write_line(tap.summary())

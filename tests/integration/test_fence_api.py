@@ -177,6 +177,15 @@ async def test_tokens_missing_forged_expired_are_401(http: httpx.AsyncClient, al
     assert (await http.get("/health")).status_code == 200
     assert (await http.get("/openapi.json")).json()["paths"]["/fences/{fence_id}/objects"]
     assert (await http.get("/docs")).status_code == 200
+    # and so does the published message contract (exchanges/schemas/)
+    listed = (await http.get("/schemas")).json()
+    assert listed["schema_version"] == 1 and listed["schemas"]["event"] == "/schemas/event.schema.json"
+    served = await http.get(listed["schemas"]["event"])
+    assert served.headers["content-type"].startswith("application/schema+json")
+    assert served.json()["properties"]["schema"]["const"] == 1
+    assert (await http.get(listed["asyncapi"])).json()["asyncapi"] == "3.0.0"
+    for bad in ("nothing.schema.json", "..%2Fsettings.py", "%2Fetc%2Fpasswd"):
+        assert (await http.get(f"/schemas/{bad}")).status_code == 404, bad
 
 
 async def test_another_tenants_fence_is_404(http: httpx.AsyncClient, alice: Account, bob: Account,

@@ -77,17 +77,23 @@ async def test_an_application_reads_its_tenants_events_only(stack: ConnectionSet
         batches = await channel.declare_queue(app_queue(app_user, "batches"), exclusive=True)
         await batches.bind(t.TENANT_BATCHES_EXCHANGE, tenant)
 
-        theirs = {"event": "enter", "tenant": other_tenant, "fence_id": fence, "object_id": obj}
+        # valid bodies of the contract (exchanges/schemas/): the suite's wire tap checks them
+        theirs = {"schema": 1, "event": "enter", "tenant": other_tenant, "fence_id": fence, "object_id": obj,
+                  "ts": 1.7e9, "reason": "entered", "event_id": uuid.uuid4().hex}
         ours = {**theirs, "tenant": tenant}
+        their_roam = {"schema": 1, "event": "nearby", "tenant": other_tenant, "subscription": fence,
+                      "subscriber": "car-1", "object": obj, "distance_m": 12.5, "ts": 1.7e9,
+                      "event_id": uuid.uuid4().hex}  # the subscription named as the fence: `first` finds it
+        our_roam = {**their_roam, "tenant": tenant}
         sent = [(t.EVENTS_EXCHANGE, t.event_routing_key(qualify(other_tenant, fence), "enter",
                                                         qualify(other_tenant, obj)), theirs),
-                (t.EVENTS_EXCHANGE, t.roam_event_routing_key(qualify(other_tenant, "rs-1"), "nearby",
-                                                             qualify(other_tenant, obj)), theirs),
+                (t.EVENTS_EXCHANGE, t.roam_event_routing_key(qualify(other_tenant, fence), "nearby",
+                                                             qualify(other_tenant, obj)), their_roam),
                 (t.TENANT_BATCHES_EXCHANGE, other_tenant, [theirs]),
                 (t.EVENTS_EXCHANGE,
                  t.event_routing_key(qualify(tenant, fence), "enter", qualify(tenant, obj)), ours),
-                (t.EVENTS_EXCHANGE, t.roam_event_routing_key(qualify(tenant, "rs-1"), "nearby",
-                                                             qualify(tenant, obj)), ours),
+                (t.EVENTS_EXCHANGE, t.roam_event_routing_key(qualify(tenant, fence), "nearby",
+                                                             qualify(tenant, obj)), our_roam),
                 (t.TENANT_BATCHES_EXCHANGE, tenant, [ours])]
         for exchange, key, body in sent:  # as x-fence publishes them
             await publish(stack, t.FENCE_USER, t.FENCES_VHOST, exchange, key, json.dumps(body).encode())
@@ -107,7 +113,7 @@ async def test_an_application_reads_its_tenants_events_only(stack: ConnectionSet
             return got
 
         # one copy per message however many of its bindings match; in order: nothing of theirs first
-        assert await first(events, 2) == [(sent[3][1], ours), (sent[4][1], ours)]
+        assert await first(events, 2) == [(sent[3][1], ours), (sent[4][1], our_roam)]
         assert await first(batches, 1) == [(tenant, [ours])]
 
 

@@ -402,8 +402,9 @@ async def test_fence_event_reaches_the_device_over_mqtt(stack: ConnectionSetting
     # as x-fence publishes it: keyed by the qualified ids, the names unqualified in the body
     per_object = t.event_routing_key(qualify(device.tenant, fence_id), "enter", device.key)
     assert per_object == f"fence-events.{device.tenant}.{fence_id}.enter.{device.object_id}"
-    event = {"event": "enter", "tenant": device.tenant, "fence_id": fence_id, "object_id": device.object_id,
-             "ts": time.time(), "reason": "entered", "event_id": uuid.uuid4().hex}
+    event = {"schema": 1, "event": "enter", "tenant": device.tenant, "fence_id": fence_id,
+             "object_id": device.object_id, "ts": time.time(), "reason": "entered",
+             "event_id": uuid.uuid4().hex}
     await publish(stack, t.FENCE_USER, t.FENCES_VHOST, t.EVENTS_EXCHANGE, per_object,
                   json.dumps(event).encode())
     topic, payload = mqtt_device.expect("message")
