@@ -43,6 +43,7 @@ from tests.integration.clients import (
     q,
 )
 from tests.integration.test_pipeline import Step, publish_positions
+from tests.integration.wire_tap import FORGED
 
 pytestmark = pytest.mark.integration
 
@@ -363,16 +364,19 @@ async def test_the_archive_stores_a_redelivered_event_once(stack: ConnectionSett
     assert (await http.post("/fences", json=feature(f, square(0.5, 0.5)),
                             headers=alice.auth)).status_code == 201
     made.append(f)
-    twice = {"event": "enter", "tenant": tenant, "fence_id": f, "object_id": "o-dup", "ts": 1000.0,
-             "reason": "entered", "event_id": uuid.uuid4().hex}
+    twice = {"schema": 1, "event": "enter", "tenant": tenant, "fence_id": f, "object_id": "o-dup",
+             "ts": 1000.0, "reason": "entered", "event_id": uuid.uuid4().hex}
     marker = {**twice, "object_id": "o-marker", "ts": 1001.0, "event_id": uuid.uuid4().hex}
     async with await aio_pika.connect(stack["amqp"][t.FENCES_VHOST], timeout=DEADLINE) as conn:
         ch = await conn.channel(publisher_confirms=True)
         ex = await ch.get_exchange(t.EVENT_BATCHES_EXCHANGE)
         # as one event, again in a batch (as x-fence sends them), a bad one, then the marker
         for body in (twice, [twice], {"not": "an event"}, [marker]):
+            off_contract = not isinstance(body, list)  # the two the archiver must cope with
             await ex.publish(aio_pika.Message(json.dumps(body).encode(), content_type="application/json",
-                                              delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "")
+                                              delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                              headers={FORGED: "off the contract on purpose"} if off_contract
+                                              else None), "")
     # one consumer, one queue: once the marker is stored, both copies were handled
     await until(lambda: _find(http, alice, f, "o-marker", "enter", "entered"), "the marker event")
     events = await archived(http, alice, f)
