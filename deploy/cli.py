@@ -17,6 +17,8 @@ import sys
 from importlib import metadata
 from types import ModuleType
 
+from deploy import exit_codes
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("deploy.stack_cmd", "start the local stack (RabbitMQ, PostgreSQL, memcached)"),
@@ -133,13 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc: int = module.run(args)
     except Exception as exc:
-        # one behaviour for every command: a clear one-line error, exit 2 (as `status` had)
-        if not _settings_error(exc):
+        # one behaviour for every command: an expected failure is one line and its exit code
+        # (deploy/exit_codes.py: 1 failed, 2 usage or settings, 3 a service unreachable); any
+        # other exception is a bug, and its traceback is shown
+        if not (_settings_error(exc) or exit_codes.expected(exc)):
             raise
         more = (getattr(args, "target", None), getattr(args, "action", None))
         words = [args.command, *(str(w) for w in more if w)]
-        print(f"geofence {' '.join(words)}: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.say(" ".join(words), exc)
     return rc
 
 

@@ -46,6 +46,7 @@ from aio_pika.abc import (
 from pamqp.commands import Basic
 
 from deploy import dead_letters as dl
+from deploy import exit_codes
 from deploy.processes import StackError
 from deploy.settings import Settings, SettingsError, load_connection_settings
 from exchanges import settings_registry
@@ -503,12 +504,9 @@ def run(args: argparse.Namespace) -> int:
             return asyncio.run(list_command(urls, _filter(args), args.limit, bool(args.json)))
         return asyncio.run(replay_command(urls, _filter(args), args.limit, bool(args.dry_run)))
     except UsageError as exc:
-        print(f"geofence dlq {action}: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.say(f"dlq {action}", exc, usage=True)
     except Unavailable as exc:
-        print(f"geofence dlq {action}: error: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.say(f"dlq {action}", exc, unreachable=True)
     except (*BROKER_GONE, aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError) as exc:
-        print(f"geofence dlq {action}: error: {type(exc).__name__}: {exc}; nothing unconfirmed was "
-              f"removed from the {t.DEAD_LETTER_QUEUE} queues", file=sys.stderr)
-        return 1
+        return exit_codes.say(f"dlq {action}", exc, f"{type(exc).__name__}: {exc}; nothing unconfirmed was "
+                              f"removed from the {t.DEAD_LETTER_QUEUE} queues")

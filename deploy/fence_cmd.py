@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 
+from deploy import exit_codes
 from deploy.settings import Settings, amqp_url, load_secrets, postgres_dsn
 from exchanges import routing_store, settings_registry
 from exchanges import topology as t
@@ -144,12 +145,11 @@ async def _run(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
-    except InvalidFence as exc:
-        print(f"geofence fence {args.action}: invalid fence: {exc}", file=sys.stderr)
+    except InvalidFence as exc:  # the file, or an argument: bad usage
+        return exit_codes.say(f"fence {args.action}", exc, f"invalid fence: {exc}", usage=True)
     except store.UnknownFence as exc:
-        print(f"geofence fence {args.action}: no fence {exc.args[0]!r}", file=sys.stderr)
+        return exit_codes.say(f"fence {args.action}", exc, f"no fence {exc.args[0]!r}")
     except store.VersionConflict as exc:
-        print(f"geofence fence {args.action}: {exc}", file=sys.stderr)
-    except (OSError, asyncpg.PostgresError, RuntimeError) as exc:
-        print(f"geofence fence {args.action}: error: {exc}", file=sys.stderr)
-    return 2
+        return exit_codes.say(f"fence {args.action}", exc)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, RuntimeError) as exc:
+        return exit_codes.say(f"fence {args.action}", exc)

@@ -10,7 +10,7 @@ import sys
 
 import asyncpg
 
-from deploy import ingress_ops
+from deploy import exit_codes, ingress_ops
 from deploy.processes import StackError
 from deploy.settings import Settings, SettingsError, load_secrets
 
@@ -42,11 +42,7 @@ def run(args: argparse.Namespace) -> int:
             outcome = asyncio.run(ingress_ops.add(settings, pw, say))
         else:
             outcome = asyncio.run(ingress_ops.remove(settings, pw, args.instance, say))
-    except SettingsError as exc:
-        print(f"geofence ingress {args.action}: error: {exc}", file=sys.stderr)
-        return 2
-    except (StackError, OSError, asyncpg.PostgresError) as exc:
-        print(f"geofence ingress {args.action}: error: {exc}", file=sys.stderr)
-        return 3 if isinstance(exc, (OSError, asyncpg.PostgresError)) else 1
+    except (SettingsError, StackError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return exit_codes.say(f"ingress {args.action}", exc)
     print(outcome.line(), flush=True)
     return 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import uuid
 from typing import Any
 
@@ -16,6 +15,7 @@ import aio_pika
 import asyncpg
 import numpy as np
 
+from deploy import exit_codes
 from deploy.processes import StackError
 from deploy.settings import Settings, load_connection_settings
 from exchanges import routing_store
@@ -188,8 +188,11 @@ def _human(target: str, data: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         data = asyncio.run(_run(args))
-    except (RpcTimeout, RuntimeError, OSError, KeyError, InvalidTenant) as exc:
-        print(f"geofence inspect {args.target}: error: {exc}", file=sys.stderr)
-        return 2
+    except InvalidTenant as exc:
+        return exit_codes.say(f"inspect {args.target}", exc, usage=True)
+    except RpcTimeout as exc:  # the sidecar did not answer: a service unreachable
+        return exit_codes.say(f"inspect {args.target}", exc, unreachable=True)
+    except (RuntimeError, OSError, KeyError) as exc:
+        return exit_codes.say(f"inspect {args.target}", exc)
     print(json.dumps(data, indent=2) if args.json else _human(args.target, data))
     return 0

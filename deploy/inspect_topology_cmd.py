@@ -6,10 +6,10 @@ of deploy/rabbitmq/ (which sits below the rest of deploy/ and imports nothing fr
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any
 
+from deploy import exit_codes
 from deploy.processes import StackError
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import definitions as d
@@ -87,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
                        if q["vhost"] in mine]
         links = mgmt.get("api/federation-links") if mgmt.exists("api/federation-links") else []
     except (SettingsError, StackError) as exc:
-        print(f"geofence inspect topology: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.say("inspect topology", exc)
     lines, ok = report(settings.topology, vhosts, queues, links)
     print(mask("\n".join(lines), pw.values()))
     return 0 if ok else 1

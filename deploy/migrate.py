@@ -12,12 +12,12 @@ import argparse
 import asyncio
 import hashlib
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 
+from deploy import exit_codes
 from deploy.settings import load_connection_settings
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -103,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
     dsn = args.dsn or load_connection_settings()["postgres"]["dsn"]
     try:
         applied = asyncio.run(migrate(dsn))
-    except (MigrationError, OSError, asyncpg.PostgresError) as exc:
-        print(f"geofence migrate: error: {exc}", file=sys.stderr)
-        return 2
+    except (MigrationError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return exit_codes.say("migrate", exc)
     print(f"migrations applied: {', '.join(applied)}" if applied else "schema is up to date")
     return 0

@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import shapely
 
+from deploy import exit_codes
 from deploy.inspect_cmd import RpcTimeout, ask
 from deploy.processes import StackError
 from deploy.region_ops import live
@@ -140,10 +140,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         data = asyncio.run(answer(args))
     except queries.InvalidQuery as exc:
-        print(f"geofence query: {exc}", file=sys.stderr)
-        return 2
-    except (RpcTimeout, StackError, OSError, KeyError) as exc:
-        print(f"geofence query: error: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.say("query", exc, usage=True)
+    except RpcTimeout as exc:
+        return exit_codes.say("query", exc, unreachable=True)
+    except (StackError, OSError, KeyError) as exc:
+        return exit_codes.say("query", exc)
     print(json.dumps(data, indent=2) if args.json else human(data))
     return 0

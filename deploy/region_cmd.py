@@ -22,7 +22,7 @@ from typing import Any
 
 import asyncpg
 
-from deploy import region_ops
+from deploy import exit_codes, region_ops
 from deploy.inspect_cmd import RpcTimeout, ask
 from deploy.processes import StackError
 from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets, overriding
@@ -161,9 +161,8 @@ def change(args: argparse.Namespace) -> int:
         else:
             outcome = asyncio.run(region_ops.remove(settings, pw, args.region, args.into, say,
                                                     args.settle_timeout))
-    except (StackError, ValueError, OSError, asyncpg.PostgresError) as exc:
-        print(f"geofence region {args.action}: error: {exc}", file=sys.stderr)
-        return 1
+    except (StackError, ValueError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return exit_codes.say(f"region {args.action}", exc)
     print(outcome.line(), flush=True)
     return 0
 
@@ -174,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         data = asyncio.run(gather(args.interval))
     except (RuntimeError, OSError) as exc:
-        print(f"geofence region {args.action}: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.say(f"region {args.action}", exc)
     print(json.dumps(data, indent=2) if args.json else human(data))
     return 0 if all(r["up"] for r in data) else 1

@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 from typing import Any
 
-from deploy import sidecars
+from deploy import exit_codes, sidecars
 from deploy.settings import ENV_KEYS as STACK_KEYS
 from deploy.settings import Settings, load_secrets
 from exchanges import shell
@@ -58,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
             config = shell.SidecarConfig.from_env(role, instance, env, also_known=STACK_KEYS)
             main_config = config
     except (shell.ConfigError, ValueError, OSError) as exc:
-        print(f"geofence {role}: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.say(role, exc, usage=True)
     shell.setup_logging(config)
     module = __import__(ROLES[role], fromlist=["main"])  # by role: a sidecar imports only its own code
     if role == "api":  # the HTTP front: uvloop (the sidecars keep asyncio's loop, measured for them)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 
+from deploy import exit_codes
 from deploy.processes import StackError
 from deploy.settings import (
     Secrets,
@@ -78,5 +78,4 @@ def run(args: argparse.Namespace) -> int:
             return _down(settings)
         return _status(settings, as_json=bool(args.json))
     except (SettingsError, StackError) as exc:
-        print(f"geofence {command}: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.say(command, exc)

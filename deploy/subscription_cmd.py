@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import uuid
 from typing import Any
 
 import asyncpg
 
+from deploy import exit_codes
 from deploy.fence_cmd import connection
 from exchanges import routing_store
 from exchanges.subscriptions import InvalidSubscription, Subscription
@@ -116,11 +116,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
     except InvalidSubscription as exc:
-        print(f"geofence subscription {args.action}: invalid subscription: {exc}", file=sys.stderr)
+        return exit_codes.say(f"subscription {args.action}", exc, f"invalid subscription: {exc}", usage=True)
     except store.UnknownSubscription as exc:
-        print(f"geofence subscription {args.action}: no subscription {exc.args[0]!r}", file=sys.stderr)
+        return exit_codes.say(f"subscription {args.action}", exc, f"no subscription {exc.args[0]!r}")
     except PermissionError as exc:
-        print(f"geofence subscription {args.action}: {exc}", file=sys.stderr)
-    except (OSError, asyncpg.PostgresError, RuntimeError) as exc:
-        print(f"geofence subscription {args.action}: error: {exc}", file=sys.stderr)
-    return 2
+        return exit_codes.say(f"subscription {args.action}", exc)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, RuntimeError) as exc:
+        return exit_codes.say(f"subscription {args.action}", exc)

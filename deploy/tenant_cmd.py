@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from datetime import UTC, datetime
 
 import asyncpg
 
+from deploy import exit_codes
 from deploy.fence_cmd import connection
 from exchanges import routing_store
 from exchanges.tenancy import ROLES, TENANT_RULE, InvalidTenant
@@ -152,15 +152,16 @@ async def _run(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    what = f"geofence tenant {args.action}" + (f" {args.member_action}" if args.action == "member" else "")
+    what = f"tenant {args.action}" + (f" {args.member_action}" if args.action == "member" else "")
     try:
         print(asyncio.run(_run(args)))
         return 0
-    except (tenants.TenantError, InvalidTenant) as exc:
-        print(f"{what}: {exc}", file=sys.stderr)
+    except InvalidTenant as exc:
+        return exit_codes.say(what, exc, usage=True)
+    except tenants.TenantError as exc:
+        return exit_codes.say(what, exc)
     except asyncpg.UndefinedTableError as exc:
-        print(f"{what}: error: {exc}: the database lacks the tenants' tables, run `geofence migrate`",
-              file=sys.stderr)
+        return exit_codes.say(what, exc, f"{exc}: the database lacks the tenants' tables, run "
+                                         "`geofence migrate`")
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        print(f"{what}: error: {exc}", file=sys.stderr)
-    return 2
+        return exit_codes.say(what, exc)

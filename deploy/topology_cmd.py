@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+from deploy import exit_codes
 from deploy.processes import StackError
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import device_bulk, devices
@@ -204,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         if command in ("gateway", "app"):
             return _gateway_or_app(args, settings, pw, app=command == "app")
         return _device(args, settings, pw)
-    except (SettingsError, StackError, device_bulk.BulkError, OSError) as exc:
-        print(f"geofence {command} {args.action}: error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, devices.DeviceError | device_bulk.BulkError | OSError) else 2
+    except device_bulk.BulkError as exc:  # the file of ids
+        return exit_codes.say(f"{command} {args.action}", exc, usage=True)
+    except (SettingsError, StackError, OSError) as exc:
+        return exit_codes.say(f"{command} {args.action}", exc)

@@ -19,6 +19,7 @@ from datetime import datetime
 
 import asyncpg
 
+from deploy import exit_codes
 from deploy.processes import StackError
 from deploy.rabbitmq import devices
 from deploy.settings import Settings, load_secrets, postgres_dsn
@@ -130,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
                 for r in rows:
                     print(f"{r['id']}\t{r['hive_id']}\t{r['byte_order']}\t{r['modulus']}\t"
                           f"{_iso(r['last_report_at']) or '-'}")
-    except (StackError, devices.DeviceError) as exc:
-        print(f"geofence sensor {args.action}: error: {exc}", file=sys.stderr)
-        return 1
+    except (StackError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return exit_codes.say(f"sensor {args.action}", exc)
     return 0

@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from deploy import worker_ops
+from deploy import exit_codes, worker_ops
 from deploy.inspect_cmd import RpcTimeout, ask
 from deploy.processes import StackError
 from deploy.region_ops import live
@@ -127,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
             outcome = asyncio.run(worker_ops.hot(settings, pw, args.worker, args.masters, say))
         else:
             outcome = asyncio.run(worker_ops.remove(settings, pw, args.worker[0], say))
-    except (StackError, ValueError, OSError, asyncpg.PostgresError) as exc:
-        print(f"geofence worker {args.action}: error: {exc}", file=sys.stderr)
-        return 1
+    except (StackError, ValueError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return exit_codes.say(f"worker {args.action}", exc)
     print(outcome.line(), flush=True)
     return 0

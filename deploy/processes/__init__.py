@@ -36,6 +36,10 @@ class StackError(RuntimeError):
     """A service could not be started, stopped or reached."""
 
 
+class ServiceUnreachable(StackError):
+    """A service a command needs does not answer (deploy/exit_codes.py: exit code 3)."""
+
+
 # --------------------------------------------------------------------------- processes and state
 
 

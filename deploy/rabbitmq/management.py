@@ -9,13 +9,17 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from deploy.processes import StackError
+from deploy.processes import ServiceUnreachable, StackError
 
 
 class ManagementError(StackError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ManagementUnreachable(ManagementError, ServiceUnreachable):
+    """No answer from the management API (RabbitMQ down, or another port)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class Management:
             raise ManagementError(f"{method} {self.url}{path}: HTTP {exc.code} {detail}",
                                   exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise ManagementError(f"{method} {self.url}{path}: {exc}") from None
+            raise ManagementUnreachable(f"{method} {self.url}{path}: {exc}") from None
         return json.loads(raw) if raw.strip() else None
 
     def get(self, path: str) -> Any:

@@ -4,9 +4,11 @@ traceback. The error comes before any service is contacted."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from deploy import cli
+from deploy import cli, exit_codes
 
 T = ["--tenant", "acme"]
 COMMANDS = [["status"], ["device", "list"], ["device", "list", *T], ["device", "add", "d1", *T],
@@ -62,3 +64,52 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
         cli.main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"geofence {metadata.version('geofence')}"
+
+
+# The exit code table (deploy/exit_codes.py), with every service the commands need unreachable:
+# a state dir of its own (secrets, a CA) and every port pointing where nothing listens.
+UNREACHABLE_COMMANDS = [["device", "list"], ["gateway", "list"], ["app", "list"], ["sensor", "list"],
+                        ["fence", "list"], ["fence", "show", "f1", *T], ["fence", "remove", "f1", *T],
+                        ["tenant", "list"], ["subscription", "list"], ["dlq", "list"], ["region", "list"],
+                        ["worker", "list"], ["ingress", "list"], ["inspect", "worldmap"],
+                        ["inspect", "object", "o1"], ["device", "add", "d1", *T], ["migrate"]]
+
+
+@pytest.fixture
+def nothing_listens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime as dt
+
+    from deploy import tls
+    from deploy.settings import Settings, ensure_secrets
+    monkeypatch.setenv("GEOFENCE_STATE_DIR", str(tmp_path))
+    for n, key in enumerate(("AMQP", "MANAGEMENT", "PG", "MEMCACHED", "API", "FIREBASE_AUTH", "PROMETHEUS",
+                             "MQTT", "GUARD"), start=1):
+        monkeypatch.setenv(f"GEOFENCE_{key}_PORT", str(n))  # privileged, unbound: refused at once
+    ensure_secrets(Settings.from_env())
+    tls.ensure(tmp_path, "127.0.0.1", now=dt.datetime.now(dt.UTC))
+
+
+@pytest.mark.parametrize("argv", UNREACHABLE_COMMANDS, ids=" ".join)
+def test_a_service_unreachable_is_exit_3_in_one_line(argv: list[str], nothing_listens: None,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == exit_codes.UNREACHABLE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"geofence {argv[0]}") and "error:" in err
+
+
+def test_bad_input_is_exit_2_and_a_refusal_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.geojson"
+    bad.write_text("{not json")
+    assert cli.main(["fence", "add", str(bad), *T]) == exit_codes.USAGE
+    assert "invalid fence" in capsys.readouterr().err
+    refused = exit_codes.say("x", RuntimeError("no such thing"))
+    assert refused == exit_codes.FAILED
+    # a connection refused deep inside whatever wraps it is still a service unreachable
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError:
+            raise RuntimeError("the client gave up") from None
+    except RuntimeError as exc:
+        assert exit_codes.code_of(exc) == exit_codes.UNREACHABLE
