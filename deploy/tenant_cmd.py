@@ -105,19 +105,25 @@ def quota_lines(tenant: str, report: dict[str, dict[str, int | bool]]) -> str:
     return "\n".join([head, *rows])
 
 
+class BadArgument(tenants.TenantError):
+    """An argument that is not what it should be (deploy/exit_codes.py: bad usage)."""
+
+    exit_code = 2
+
+
 def parse_sets(sets: list[str]) -> list[tuple[str, int | None]]:
     out: list[tuple[str, int | None]] = []
     for item in sets:
         resource, sep, value = item.partition("=")
         if not sep or resource not in quotas.RESOURCES:
-            raise tenants.TenantError(f"--set {item!r}: RESOURCE=N or RESOURCE=default, RESOURCE one of "
-                                      f"{', '.join(quotas.RESOURCES)}")
+            raise BadArgument(f"--set {item!r}: RESOURCE=N or RESOURCE=default, RESOURCE one of "
+                              f"{', '.join(quotas.RESOURCES)}")
         if value == "default":
             out.append((resource, None))
         elif value.isdigit() and len(value) <= 15:
             out.append((resource, int(value)))
         else:
-            raise tenants.TenantError(f"--set {item!r}: N is a whole number 0 or more, or `default`")
+            raise BadArgument(f"--set {item!r}: N is a whole number 0 or more, or `default`")
     return out
 
 

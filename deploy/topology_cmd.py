@@ -107,7 +107,7 @@ def _bulk(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     try:
         check_tenant(args.tenant)
     except InvalidTenant as exc:
-        raise device_bulk.BulkError(str(exc)) from None
+        raise device_bulk.BadIds(str(exc)) from None
     text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
     ids = device_bulk.parse_ids(text, devices.RESERVED)
     broker = device_bulk.Broker(ap.management(settings, pw).request)
@@ -205,7 +205,5 @@ def run(args: argparse.Namespace) -> int:
         if command in ("gateway", "app"):
             return _gateway_or_app(args, settings, pw, app=command == "app")
         return _device(args, settings, pw)
-    except device_bulk.BulkError as exc:  # the file of ids
-        return exit_codes.say(f"{command} {args.action}", exc, usage=True)
-    except (SettingsError, StackError, OSError) as exc:
+    except (SettingsError, StackError, OSError, device_bulk.BulkError) as exc:
         return exit_codes.say(f"{command} {args.action}", exc)

@@ -37,6 +37,12 @@ class BulkError(ValueError):
     pass
 
 
+class BadIds(BulkError):
+    """The file of ids is not what it should be (deploy/exit_codes.py: bad usage)."""
+
+    exit_code = 2
+
+
 def password_hash(password: str, salt: bytes | None = None) -> str:
     """RabbitMQ's rabbit_password_hashing_sha256: base64(salt(4) + sha256(salt + password))."""
     return rabbit_hash(password, secrets.token_bytes(4) if salt is None else salt, HASHING)
@@ -63,7 +69,7 @@ def parse_ids(text: str, reserved: Iterable[str]) -> list[str]:
         ids[line] = None
     if bad:
         shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
-        raise BulkError(f"{len(bad)} bad line(s), nothing done: {shown}")
+        raise BadIds(f"{len(bad)} bad line(s), nothing done: {shown}")
     return list(ids)
 
 

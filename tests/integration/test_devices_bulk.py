@@ -84,12 +84,12 @@ def test_a_bad_line_or_a_non_device_user_refuses_the_whole_file(stack: Connectio
     bad = tmp_path / "bad.txt"
     bad.write_text(f"{ok.object_id}\nnot ok\n")
     done = geofence("device", "add", "--tenant", tenant, "--file", str(bad))
-    assert done.returncode == 1 and "line 2" in done.stderr and "nothing done" in done.stderr
+    assert done.returncode == 2 and "line 2" in done.stderr and "nothing done" in done.stderr
     assert api(stack, f"api/users/{q(ok.user)}") is None
     other = tmp_path / "other.txt"
     other.write_text(f"{ok.object_id}\nfederation\n")  # the name of a sidecar user of the topology
     done = geofence("device", "add", "--tenant", tenant, "--file", str(other))
-    assert done.returncode == 1 and "federation" in done.stderr
+    assert done.returncode == 2 and "federation" in done.stderr
     assert api(stack, f"api/users/{q(ok.user)}") is None
     # the tenant's gateway is a user `<tenant>.<name>` too: not a device, so the file is refused
     clash = tmp_path / "clash.txt"

@@ -84,7 +84,7 @@ def test_subscriptions_from_the_command_line(stack: ConnectionSettings, tenant: 
     shown = geofence("subscription", "show", sub_id, "--tenant", tenant)
     assert shown.returncode == 0 and json.loads(shown.stdout)["object"] == qualify(tenant, "bus-9")
     elsewhere = geofence("subscription", "show", sub_id, "--tenant", other_tenant)
-    assert elsewhere.returncode == 2 and "no subscription" in elsewhere.stderr
+    assert elsewhere.returncode == 1 and "no subscription" in elsewhere.stderr
     bad = geofence("subscription", "add", "--tenant", tenant, "--object", "bus-9", "--radius", "0")
     assert bad.returncode == 2 and "invalid subscription" in bad.stderr and "radius" in bad.stderr
     bad_where = geofence("subscription", "add", "--tenant", tenant, "--object", "bus-9", "--radius", "10",
@@ -103,8 +103,8 @@ def test_subscriptions_from_the_command_line(stack: ConnectionSettings, tenant: 
     assert stored["point"] == [9.55, 47.12] and "object" not in stored
     assert geofence("subscription", "remove", point_id, "--tenant", tenant).returncode == 0
     kept = geofence("subscription", "remove", sub_id, "--tenant", other_tenant)
-    assert kept.returncode == 2  # not the other tenant's: nothing removed
+    assert kept.returncode == 1  # not the other tenant's: nothing removed
     gone = geofence("subscription", "remove", sub_id, "--tenant", tenant)
     assert gone.returncode == 0 and f"{sub_id} removed" in gone.stdout
     missing = geofence("subscription", "show", sub_id, "--tenant", tenant)
-    assert missing.returncode == 2 and "no subscription" in missing.stderr
+    assert missing.returncode == 1 and "no subscription" in missing.stderr

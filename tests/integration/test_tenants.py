@@ -386,9 +386,9 @@ def test_command_line(tenant_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     tid = new_id()
     assert run_cli("add", tid, "--name", "Fleet ops") == (0, f"tenant {tid} added (Fleet ops)\n", "")
     rc, out, err = run_cli("add", tid)
-    assert rc == 2 and out == ""
-    assert err == f"geofence tenant add: tenant {tid!r} exists already; choose another id (or change its " \
-        "members with `geofence tenant member`)\n"
+    assert rc == 1 and out == ""  # refused (deploy/exit_codes.py)
+    assert err == f"geofence tenant add: error: tenant {tid!r} exists already; choose another id " \
+        "(or change its members with `geofence tenant member`)\n"
     rc, _, err = run_cli("add", "Bad_Id")
     assert rc == 2 and "1-32 characters" in err and len(err.splitlines()) == 1
     added = run_cli("member", "add", tid, "uid-a", "--role", "viewer")
@@ -411,12 +411,13 @@ def test_command_line(tenant_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # the command line may remove the last admin
     assert run_cli("member", "remove", tid, "uid-a") == (0, f"uid-a removed from {tid}\n", "")
     rc, _, err = run_cli("member", "remove", tid, "uid-a")
-    assert rc == 2 and err == f"geofence tenant member remove: 'uid-a' is not a member of tenant {tid!r}\n"
+    assert rc == 1
+    assert err == f"geofence tenant member remove: error: 'uid-a' is not a member of tenant {tid!r}\n"
     ghost = new_id()
     for args in (("remove", ghost), ("member", "list", ghost),
                  ("member", "add", ghost, "u", "--role", "admin")):
         rc, _, err = run_cli(*args)
-        assert rc == 2 and f"no tenant {ghost!r}" in err and len(err.splitlines()) == 1, err
+        assert rc == 1 and f"no tenant {ghost!r}" in err and len(err.splitlines()) == 1, err
     assert run_cli("remove", tid) == (0, f"tenant {tid} removed\n", "")
     assert tid not in run_cli("list")[1]
 
@@ -427,7 +428,7 @@ def test_command_line_on_a_database_without_the_tables(stack: ConnectionSettings
     try:
         monkeypatch.setenv("GEOFENCE_POSTGRES_URL", dsn)
         rc, _, err = run_cli("list")
-        assert rc == 2 and "run `geofence migrate`" in err and len(err.splitlines()) == 1
+        assert rc == 1 and "run `geofence migrate`" in err and len(err.splitlines()) == 1
     finally:
         asyncio.run(drop_schema(stack["postgres"]["dsn"], name))
 
