@@ -20,6 +20,9 @@ import ssl
 import sys
 import urllib.error
 
+from deploy.processes import ServiceUnreachable, StackError
+from exchanges.settings import ConfigError
+
 OK, FAILED, USAGE, UNREACHABLE = 0, 1, 2, 3
 
 _UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH,
@@ -36,7 +39,6 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def _is_unreachable(exc: BaseException) -> bool:
-    from deploy.processes import ServiceUnreachable  # (deploy.processes imports nothing of ours)
     if isinstance(exc, ServiceUnreachable | socket.gaierror | ConnectionError | TimeoutError):
         return not isinstance(exc, ssl.SSLError)
     if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, OSError):
@@ -55,7 +57,6 @@ def _is_unreachable(exc: BaseException) -> bool:
 
 
 def _is_usage(exc: BaseException) -> bool:
-    from exchanges.settings import ConfigError
     return isinstance(exc, ConfigError) or getattr(exc, "exit_code", None) == USAGE
 
 
@@ -72,8 +73,6 @@ def code_of(exc: BaseException) -> int:
 def expected(exc: BaseException) -> bool:
     """A failure the command reports in one line (not a bug): the stack's and the settings'
     errors, I/O and the services' errors, refusals of the operation itself."""
-    from deploy.processes import StackError
-    from exchanges.settings import ConfigError
     if isinstance(exc, StackError | ConfigError | OSError | urllib.error.URLError):
         return True
     module = type(exc).__module__.split(".")[0]
