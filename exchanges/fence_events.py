@@ -24,6 +24,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from exchanges.fence_options import REASONS as OPTION_REASONS
 from exchanges.fence_options.cross import CROSSED as CROSSED
 from exchanges.fence_options.dwell import DWELLED as DWELLED
@@ -62,6 +64,9 @@ class Event:
     visit_id: str = field(default="", compare=False)  # shared by a stay's ENTER and LEAVE
     # a LEAVE's: since its stay began; a `dwelled` ENTER's: since the stay began (>= dwell_s)
     inside_s: float | None = field(default=None, compare=False)
+    # the position the decision came from (`position_json`), when one did: an ENTER, LEAVE or
+    # CROSS of a position, not a timer's LEAVE or a fence change's without one
+    position: dict[str, Any] | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """The wire form: the fence and object as their tenant names them, and `tenant` (the
@@ -76,6 +81,8 @@ class Event:
             out["visit_id"] = self.visit_id
         if self.inside_s is not None:
             out["inside_s"] = self.inside_s
+        if self.position is not None:
+            out["position"] = self.position
         return out
 
 
@@ -85,6 +92,21 @@ class Event:
 EVENT_SLOTS = tuple(getattr(Event, f).__set__
                      for f in ("event", "fence_id", "object_id", "ts", "reason", "event_id", "position_ts",
                                "visit_id", "inside_s"))
+SET_POSITION = getattr(Event, "position").__set__  # noqa: B009 (the slot descriptor)
+# A position's extra fields ride in its events up to this size (their JSON); larger ones are
+# left out of the event (`fields_truncated`), the position itself is always there.
+MAX_FIELDS_BYTES = 2048
+
+
+def position_json(lon: float, lat: float, ts: float, fields: dict[str, Any] | None) -> dict[str, Any]:
+    """An event's `position`: where and when the object was, and its extra fields."""
+    out: dict[str, Any] = {"lon": lon, "lat": lat, "ts": ts}
+    if fields:
+        if len(orjson.dumps(fields)) <= MAX_FIELDS_BYTES:
+            out["fields"] = fields
+        else:
+            out["fields_truncated"] = True
+    return out
 
 
 def is_shared(e: Event) -> bool:
@@ -97,6 +119,7 @@ def presence_json(e: Event) -> dict[str, Any]:
     """A presence event's wire form: the object's id replaced by a pseudonym of its stay (the
     visit, shared by its ENTER and LEAVE; a CROSS's own id), `shared` true."""
     out = e.to_json()
+    out.pop("position", None)  # where another tenant's object was is never the fence's tenant's
     out["object_id"] = ANON_PREFIX + (e.visit_id or e.event_id[:24])
     out["shared"] = True
     return out

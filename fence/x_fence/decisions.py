@@ -13,6 +13,7 @@ from exchanges.fence_events import (
 )
 from exchanges.object_codes import distinct
 from exchanges.worker_batch import WorkerBatch
+from fence.x_fence import event_positions
 from fence.x_fence.judging import Judging
 from fence.x_fence.observations import Observations, Pairs, pair_order
 from fence.x_fence.table import _LOW, _SHIFT, F64, I64, WALLED, ttls
@@ -22,7 +23,13 @@ class Decisions(Judging):
     """ENTER and LEAVE from a batch of positions or re-check rows (see fence/x_fence/core.py)."""
 
     def _route(self, wb: WorkerBatch, codes: I64) -> list[Event]:
-        """Ordinary rows and re-check rows, in row order (each object's rows are in order)."""
+        """Ordinary rows and re-check rows, in row order (each object's rows are in order);
+        each event with the position it was decided from (event_positions.py)."""
+        events = self._route_rows(wb, codes)
+        event_positions.attach(events, wb)
+        return events
+
+    def _route_rows(self, wb: WorkerBatch, codes: I64) -> list[Event]:
         rc = wb.recheck
         if rc is None or not (rc >= 0).any():
             return self._route_positions(wb, codes)

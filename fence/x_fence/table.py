@@ -17,6 +17,7 @@ from exchanges.fence_events import (
     CROSSED,
     DWELLED,
     EVENT_SLOTS,
+    SET_POSITION,
     Event,
     visit_id,
 )
@@ -344,6 +345,7 @@ class FenceTable:
         inside = (shown - began).tolist()
         new, out = object.__new__, []
         s_event, s_fence, s_object, s_ts, s_reason, s_id, s_pos, s_visit, s_inside = EVENT_SLOTS
+        s_position = SET_POSITION
         columns = (kind.tolist(), f_codes, object_ids, shown.tolist(), ts.tolist(), ids, began.tolist(),
                    inside)
         for k, f, o, t, d, i, b, n in zip(*columns, strict=True):
@@ -357,5 +359,6 @@ class FenceTable:
             s_pos(e, d)
             s_visit(e, visit_id(names[f], o, b) if k != 3 else "")  # (a CROSS is no stay)
             s_inside(e, n if k in (1, 2) else None)
+            s_position(e, None)  # a position's events get theirs afterwards (event_positions.py)
             out.append(e)
         return out

@@ -71,5 +71,11 @@ async def test_a_fence_for_trucks_only(pipeline: ConnectionSettings,  # noqa: F8
             mine = [(e["object_id"], e["event"], e["ts"]) for e in ev.got if e["fence_id"] == fid]
             assert mine == [(truck, "enter", t0), (truck, "leave", t0 + 1), (truck, "enter", t0 + 2),
                             (truck, "leave", t0 + 3), (truck, "enter", t0 + 6)], mine
+            # each carries the position it was decided from, the position's fields with it
+            where = [e["position"] for e in ev.got if e["fence_id"] == fid]
+            assert [(p["lon"], p["lat"], p["ts"]) for p in where] == [(lon, lat, t) for _, _, t in mine]
+            assert [p.get("fields") for p in where] == [
+                {"type": "truck", "speed": 50}, {"type": "car", "speed": 50}, {"type": "lorry", "speed": 40},
+                None, {"type": "truck", "speed": 20}]
         finally:
             await http.delete(f"/fences/{fid}", headers=who.auth)
