@@ -12,6 +12,7 @@ from pathlib import Path
 
 from deploy import exit_codes
 from deploy.processes import StackError
+from deploy.progress import Progress
 from deploy.rabbitmq import apply as ap
 from deploy.rabbitmq import device_bulk, devices
 from deploy.rabbitmq.plan import Current, api_function, plan, render, section
@@ -114,7 +115,8 @@ def _bulk(args: argparse.Namespace, settings: Settings, pw: Secrets) -> int:
     if args.action == "remove":
         device_bulk.remove_many(broker, args.tenant, ids, _progress)
         return 0
-    rows = device_bulk.add_many(broker, args.tenant, ids, _progress)
+    with Progress(len(ids), "devices", "device") as bar:  # a bar with its ETA on a terminal
+        rows = device_bulk.add_many(broker, args.tenant, ids, bar.say, step=bar.to)
     out = device_bulk.credentials_csv(rows, args.tenant)
     if args.out:
         path = Path(args.out)

@@ -130,9 +130,10 @@ class Broker:
 
 
 def add_many(broker: Broker, tenant: str, object_ids: list[str], say: Callable[[str], None],
-             chunk: int = CHUNK) -> list[tuple[str, str | None]]:
+             chunk: int = CHUNK, step: Callable[[int, int], None] | None = None
+             ) -> list[tuple[str, str | None]]:
     """Create `tenant`'s new devices and set every device's rights; (object id, password or
-    None if it existed) in the order given."""
+    None if it existed) in the order given. `step(done, total)` after each chunk."""
     ids = [cred.device_user(tenant, i) for i in object_ids]
     p = plan(ids, broker.users())
     passwords = {i: secrets.token_urlsafe(24) for i in p.new}
@@ -145,6 +146,8 @@ def add_many(broker: Broker, tenant: str, object_ids: list[str], say: Callable[[
         broker.request("POST", "api/definitions", definitions(part_new, part_old))
         done += len(part_new) + len(part_old)
         say(f"  {done:,} / {len(ids):,} devices")
+        if step is not None:
+            step(done, len(ids))
     return [(o, passwords.get(i)) for o, i in zip(object_ids, ids, strict=True)]
 
 
