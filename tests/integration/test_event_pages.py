@@ -147,7 +147,7 @@ async def archive(stack: ConnectionSettings, events: list[dict[str, Any]]) -> No
 
 def leave(served: Served, f: str, ts: float, reason: str = "fence_deleted") -> dict[str, Any]:
     """A LEAVE of the served tenant's fence `f`, as x-fence sends it."""
-    return {"event": "leave", "tenant": served.tenant, "fence_id": f,
+    return {"schema": 1, "event": "leave", "tenant": served.tenant, "fence_id": f,
             "object_id": f"o-{uuid.uuid4().hex[:8]}", "ts": ts, "reason": reason,
             "event_id": uuid.uuid4().hex}
 
