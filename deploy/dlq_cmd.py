@@ -48,6 +48,7 @@ from pamqp.commands import Basic
 from deploy import dead_letters as dl
 from deploy import exit_codes
 from deploy.processes import StackError
+from deploy.progress import Progress
 from deploy.settings import Settings, SettingsError, load_connection_settings
 from exchanges import settings_registry
 from exchanges import topology as t
@@ -395,12 +396,14 @@ class Replayer:
             return f"broker answered {type(confirm).__name__}"
         return None
 
-    async def run(self, flt: dl.Filter, budget: int | None, since: float, say: Callable[[str], None]
-                  ) -> Outcome:
+    async def run(self, flt: dl.Filter, budget: int | None, since: float, say: Callable[[str], None],
+                  step: Callable[[int, int], None] | None = None) -> Outcome:
         ch, queue, before = await open_dead_letters(self.conn, self.vhost)
         out = Outcome(self.vhost, before)
         try:
-            for _ in range(before):  # what the queue held when we came; later arrivals wait
+            for n in range(before):  # what the queue held when we came; later arrivals wait
+                if step is not None:
+                    step(n, before)
                 if budget is not None and out.matching >= budget:
                     break
                 m = await queue.get(no_ack=False, fail=False)
@@ -472,8 +475,9 @@ async def replay_command(urls: dict[str, str], flt: dl.Filter, limit: int | None
             break
         conn = await connect(url, vhost)
         try:
-            outcomes.append(await Replayer(conn, vhost, run_id, dry_run).run(
-                flt, budget, since, lambda line: print(line, flush=True)))
+            with Progress(0, f"{vhost} dead letters", "letter") as bar:  # a bar and its ETA on a terminal
+                outcomes.append(await Replayer(conn, vhost, run_id, dry_run).run(
+                    flt, budget, since, bar.write, step=bar.to))
         finally:
             await close_quietly(conn)
     for out in outcomes:

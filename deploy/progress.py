@@ -26,6 +26,13 @@ class Progress:
         if self.bar.disable:
             print(line, file=sys.stderr, flush=True)
 
+    def write(self, line: str) -> None:
+        """A line of the command's output (stdout), above the bar when there is one."""
+        if self.bar.disable:
+            print(line, flush=True)
+        else:
+            tqdm.write(line, file=sys.stdout)
+
     def to(self, done: int, total: int) -> None:
         self.bar.total = total
         self.bar.update(done - self.bar.n)

@@ -35,3 +35,15 @@ def test_a_pipe_gets_the_lines(monkeypatch: pytest.MonkeyPatch) -> None:
         bar.say("  2 / 2 devices")
         bar.to(2, 2)
     assert out.getvalue() == "  1 / 2 devices\n  2 / 2 devices\n"
+
+
+def test_output_lines_go_to_stdout_above_the_bar(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    err = Terminal()
+    monkeypatch.setattr("sys.stderr", err)
+    with Progress(0, "gf-ingress dead letters", "letter") as bar:
+        bar.to(0, 2)
+        bar.write("replayed  gf-ingress  x-ingress.p03  m-1")
+        bar.to(2, 2)
+    assert "replayed  gf-ingress  x-ingress.p03  m-1" in capsys.readouterr().out
+    assert "2/2" in err.getvalue()
