@@ -3,7 +3,9 @@
 `schema_migration` records what was applied (number, name, a hash of the text). A file is
 applied in its own transaction together with its record, under an advisory lock so two
 `geofence up` at once do not race. A file that changed after it was applied is an error:
-migrations are append-only, a fix is a new file.
+migrations are append-only, a fix is a new file. From 0028 on, a constraint added to an
+existing table is added NOT VALID and validated by a later file (deploy/migration_rules.py,
+held by a unit test): `up` never scans a busy table under an exclusive lock.
 """
 
 from __future__ import annotations
