@@ -92,6 +92,25 @@ def _first_word(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+# The extras' packages (pyproject.toml) and the extra that brings each.
+EXTRA_OF = {"pyspark": "spark", "pandas": "spark", "pyarrow": "spark", "osmium": "demo", "paho": "demo"}
+
+
+class MissingExtra(ImportError):
+    """A command whose packages come with an extra that is not installed: bad usage (2)."""
+
+    exit_code = exit_codes.USAGE
+
+
+def _missing_extra(exc: ModuleNotFoundError) -> MissingExtra | None:
+    root = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF.get(root)
+    if extra is None:
+        return None
+    return MissingExtra(f"it needs {root}, of the {extra!r} extra: pip install 'geofence[{extra}]' "
+                        "(bash deploy/setup.sh installs every extra)")
+
+
 def _load(module_name: str, parser: argparse.ArgumentParser, name: str) -> ModuleType:
     module = importlib.import_module(module_name)
     module.add_arguments(parser, name)
@@ -129,11 +148,22 @@ def _settings_error(exc: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser, module = build_parser(argv)
+    try:
+        parser, module = build_parser(argv)
+    except ModuleNotFoundError as exc:
+        missing = _missing_extra(exc)
+        if missing is None:
+            raise
+        return exit_codes.say(_first_word(argv) or "", missing)
     args = parser.parse_args(argv)
     assert module is not None
     try:
         rc: int = module.run(args)
+    except ModuleNotFoundError as exc:
+        missing = _missing_extra(exc)
+        if missing is None:
+            raise
+        return exit_codes.say(args.command, missing)
     except Exception as exc:
         # one behaviour for every command: an expected failure is one line and its exit code
         # (deploy/exit_codes.py: 1 failed, 2 usage or settings, 3 a service unreachable); any

@@ -205,8 +205,9 @@ def plan(out: Path, prefix: Path, etc: Path, files: Mapping[str, object]) -> lis
         "id -u geofence >/dev/null 2>&1 || useradd --system --home-dir /var/lib/geofence "
         "--shell /usr/sbin/nologin geofence",
         f"install -d -m 755 {prefix} && git archive HEAD | tar -x -C {prefix}",
-        f"python3 -m venv {prefix}/.venv && {prefix}/.venv/bin/pip install -q -e {prefix}"
-        "   # builds the C kernel",
+        f"python3 -m venv {prefix}/.venv && {prefix}/.venv/bin/pip install -q -c {prefix}/requirements.lock "
+        f"-e '{prefix}{'[spark]' if 'spark.env' in files else ''}'"
+        "   # builds the C kernel; the pinned versions",
         f"(cd {prefix}/fence/web && npm ci --no-audit --no-fund)   # the pages' JS libraries",
         f"install -d -m 700 {etc}   # systemd reads the files as root, before it drops to the user",
         f"install -m 600 {out}/env/*.env {etc}/",

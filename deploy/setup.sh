@@ -4,9 +4,10 @@
 #   bash deploy/setup.sh [demo|test|none]     (default: none)
 #
 # 1. installs the Debian packages that are missing (apt-get update only then);
-# 2. creates <repo>/.venv and installs the project with `pip install -e '.[dev]'` (which
-#    compiles the C kernel), again only when pyproject.toml, setup.py or hilbert_c's C
-#    sources changed (a hash kept in .venv);
+# 2. creates <repo>/.venv and installs the project with every extra, each package at its version
+#    in requirements.lock (`pip install -c requirements.lock -e '.[dev,spark,demo]'`, which
+#    compiles the C kernel), again only when pyproject.toml, requirements.lock, setup.py or
+#    hilbert_c's C sources changed (a hash kept in .venv);
 # 3. enables the RabbitMQ plugins (offline, before the node starts);
 # 4. `geofence up`: RabbitMQ, a private PostgreSQL cluster, memcached, the Firebase Auth
 #    emulator (npm firebase-tools, installed under the state dir the first time), Prometheus
@@ -115,7 +116,7 @@ install_packages() {
 install_hash() {
     # Whatever changes what `pip install -e` builds, plus the interpreter.
     shopt -s nullglob
-    local files=(pyproject.toml setup.py hilbert_c/*.c hilbert_c/*.h hilbert_c/build_kernel.py)
+    local files=(pyproject.toml requirements.lock setup.py hilbert_c/*.c hilbert_c/*.h hilbert_c/build_kernel.py)
     shopt -u nullglob
     {
         "$VENV/bin/python" -c 'import sys; print(sys.version)'
@@ -137,8 +138,9 @@ setup_venv() {
     if [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
         return
     fi
-    say "pip install -e '.[dev]' (builds the C kernel)"
-    "$VENV/bin/python" -m pip install -q -e '.[dev]'
+    # every extra (dev, spark, demo), each package at its version in requirements.lock
+    say "pip install -c requirements.lock -e '.[dev,spark,demo]' (builds the C kernel)"
+    "$VENV/bin/python" -m pip install -q -c requirements.lock -e '.[dev,spark,demo]'
     echo "$want" >"$STAMP"
 }
 

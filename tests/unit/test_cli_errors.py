@@ -113,3 +113,14 @@ def test_bad_input_is_exit_2_and_a_refusal_exit_1(tmp_path: Path, capsys: pytest
             raise RuntimeError("the client gave up") from None
     except RuntimeError as exc:
         assert exit_codes.code_of(exc) == exit_codes.UNREACHABLE
+
+
+def test_a_command_whose_extra_is_missing_says_which(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    for name in [m for m in sys.modules if m == "deploy.demo_cmd" or m.split(".")[0] == "paho"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "paho", None)  # as if the demo extra were not installed
+    assert cli.main(["demo"]) == exit_codes.USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "geofence[demo]" in err and "Traceback" not in err, err
