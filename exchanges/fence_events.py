@@ -20,6 +20,7 @@ vehicle, a sparse tracker) by an event `cross`, reason `crossed`, at the second 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,12 +99,25 @@ SET_POSITION = getattr(Event, "position").__set__  # noqa: B009 (the slot descri
 MAX_FIELDS_BYTES = 2048
 
 
+def _json_value(value: Any) -> Any:
+    """What orjson cannot write itself: a msgpack gateway batch's binary field, as base64."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 def position_json(lon: float, lat: float, ts: float, fields: dict[str, Any] | None) -> dict[str, Any]:
-    """An event's `position`: where and when the object was, and its extra fields."""
+    """An event's `position`: where and when the object was, and its extra fields as JSON (a
+    binary value as base64 text; fields that are not JSON, or whose JSON is over
+    MAX_FIELDS_BYTES, are left out: `fields_truncated`)."""
     out: dict[str, Any] = {"lon": lon, "lat": lat, "ts": ts}
     if fields:
-        if len(orjson.dumps(fields)) <= MAX_FIELDS_BYTES:
-            out["fields"] = fields
+        try:
+            text = orjson.dumps(fields, default=_json_value)
+        except TypeError:
+            text = b""
+        if text and len(text) <= MAX_FIELDS_BYTES:
+            out["fields"] = orjson.loads(text)
         else:
             out["fields_truncated"] = True
     return out

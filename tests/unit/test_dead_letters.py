@@ -439,7 +439,7 @@ def test_a_stack_that_is_not_set_up_is_a_clear_error(tmp_path: Any, capsys: pyte
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GEOFENCE_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("GEOFENCE_AMQP_URL", raising=False)
-    assert main(["dlq", "list"]) == 1
+    assert main(["dlq", "list"]) == 3  # deploy/exit_codes.py: the broker is not there
     err = capsys.readouterr().err
     assert "the local stack is not set up" in err and "geofence up" in err
 
@@ -447,7 +447,7 @@ def test_a_stack_that_is_not_set_up_is_a_clear_error(tmp_path: Any, capsys: pyte
 def test_an_unreachable_broker_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     # port 9 (discard) on localhost: nothing listens there
     url = "amqp://u:hunter2@127.0.0.1:9/"
-    assert main(["dlq", "replay", "--vhost", "gf-ingress", "--amqp-url", url]) == 1
+    assert main(["dlq", "replay", "--vhost", "gf-ingress", "--amqp-url", url]) == 3  # unreachable
     err = capsys.readouterr().err
     assert "cannot connect to amqp://u:****@127.0.0.1:9/gf-ingress" in err and "is the stack up?" in err
     assert "hunter2" not in err

@@ -66,3 +66,16 @@ def test_a_timers_leave_carries_no_position() -> None:
     timeouts = [e for w in pipe.fence.values() for e in w.expire(wl.T0 + 120.0)]
     assert [(e.event, e.reason, e.position) for e in timeouts] == [("leave", "timeout", None)]
     assert "position" not in timeouts[0].to_json()
+
+
+def test_fields_that_json_cannot_hold_as_it_comes() -> None:
+    """A msgpack gateway batch's binary field goes as base64; what is not JSON at all is left
+    out (fields_truncated); the body always encodes."""
+    import orjson
+
+    from exchanges.fence_events import position_json
+    assert position_json(9.5, 47.1, 1.7e9, {"raw": b"\x00\xff", "n": 1})["fields"] == {"raw": "AP8=", "n": 1}
+    odd = position_json(9.5, 47.1, 1.7e9, {"x": {1, 2}})
+    assert odd == {"lon": 9.5, "lat": 47.1, "ts": 1.7e9, "fields_truncated": True}
+    for p in (odd, position_json(9.5, 47.1, 1.7e9, {"raw": b"z"})):
+        orjson.dumps(p)
