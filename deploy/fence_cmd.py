@@ -53,7 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def read_features(path: str) -> list[dict[str, Any]]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:  # the user's file: bad usage, not a failed operation
+        raise InvalidFence(f"{path}: cannot be read ({exc})") from None
     try:
         doc = json.loads(text)
     except ValueError as exc:

@@ -103,6 +103,8 @@ def test_bad_input_is_exit_2_and_a_refusal_exit_1(tmp_path: Path, capsys: pytest
     bad.write_text("{not json")
     assert cli.main(["fence", "add", str(bad), *T]) == exit_codes.USAGE
     assert "invalid fence" in capsys.readouterr().err
+    assert cli.main(["fence", "add", str(tmp_path / "missing.geojson"), *T]) == exit_codes.USAGE
+    assert "cannot be read" in capsys.readouterr().err
     refused = exit_codes.say("x", RuntimeError("no such thing"))
     assert refused == exit_codes.FAILED
     # a connection refused deep inside whatever wraps it is still a service unreachable
