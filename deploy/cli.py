@@ -102,13 +102,16 @@ class MissingExtra(ImportError):
     exit_code = exit_codes.USAGE
 
 
-def _missing_extra(exc: ModuleNotFoundError) -> MissingExtra | None:
+def _missing_extra(exc: ModuleNotFoundError, words: str) -> int:
+    """A module of an extra that is not installed: said in one line (exit 2); any other
+    missing module is a bug, raised."""
     root = (exc.name or "").split(".")[0]
     extra = EXTRA_OF.get(root)
     if extra is None:
-        return None
-    return MissingExtra(f"it needs {root}, of the {extra!r} extra: pip install 'geofence[{extra}]' "
-                        "(bash deploy/setup.sh installs every extra)")
+        raise exc
+    why = f"it needs {root}, of the {extra!r} extra: pip install 'geofence[{extra}]' (bash deploy/setup.sh " \
+        "installs every extra)"
+    return exit_codes.say(words, MissingExtra(why))
 
 
 def _load(module_name: str, parser: argparse.ArgumentParser, name: str) -> ModuleType:
@@ -138,37 +141,23 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, ModuleType |
     return parser, chosen
 
 
-# Settings errors of every command (an unknown GEOFENCE_* key, a bad value): "module:class".
-def _settings_error(exc: BaseException) -> bool:
-    """Is `exc` a settings error (exchanges/settings.py's ConfigError, which every process's
-    settings raise, the local stack's SettingsError included), once a command loaded it?"""
-    module = sys.modules.get("exchanges.settings")
-    return module is not None and isinstance(exc, module.ConfigError)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         parser, module = build_parser(argv)
     except ModuleNotFoundError as exc:
-        missing = _missing_extra(exc)
-        if missing is None:
-            raise
-        return exit_codes.say(_first_word(argv) or "", missing)
+        return _missing_extra(exc, _first_word(argv) or "")
     args = parser.parse_args(argv)
     assert module is not None
     try:
         rc: int = module.run(args)
     except ModuleNotFoundError as exc:
-        missing = _missing_extra(exc)
-        if missing is None:
-            raise
-        return exit_codes.say(args.command, missing)
+        return _missing_extra(exc, args.command)
     except Exception as exc:
-        # one behaviour for every command: an expected failure is one line and its exit code
-        # (deploy/exit_codes.py: 1 failed, 2 usage or settings, 3 a service unreachable); any
-        # other exception is a bug, and its traceback is shown
-        if not (_settings_error(exc) or exit_codes.expected(exc)):
+        # one behaviour for every command: an expected failure (a settings error included) is
+        # one line and its exit code (deploy/exit_codes.py: 1 failed, 2 usage or settings, 3 a
+        # service unreachable); any other exception is a bug, and its traceback is shown
+        if not exit_codes.expected(exc):
             raise
         more = (getattr(args, "target", None), getattr(args, "action", None))
         words = [args.command, *(str(w) for w in more if w)]
