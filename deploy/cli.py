@@ -37,6 +37,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fence-archiver": ("deploy.sidecar_cmd", "run the events archiver (fence.events -> PostgreSQL)"),
     "api": ("deploy.sidecar_cmd", "run the fence service: HTTP and AMQP fence API, moving fences"),
     "venue-sensors": ("deploy.sidecar_cmd", "run the sensor sidecar (sensor frames -> hive occupancy)"),
+    "fence-webhooks": ("deploy.sidecar_cmd", "run the webhooks sidecar (events -> tenants' HTTPS endpoints)"),
+    "webhook": ("deploy.webhook_cmd", "a tenant's webhook endpoints: add, list, show, remove, enable, "
+                "rotate, dead, replay"),
     "broker-guard": ("deploy.guard_cmd", "run the broker's login guard (RabbitMQ asks it for every login)"),
     "fence": ("deploy.fence_cmd", "add, replace, remove, list fences (GeoJSON)"),
     "subscription": ("deploy.subscription_cmd", "proximity subscriptions: add, list, show, remove"),

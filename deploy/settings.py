@@ -141,7 +141,7 @@ def sidecar_ids(topology: topo.Topology, ingress: tuple[str, ...] = ()) -> list[
     return [("x-ingress", ""), *(("x-ingress", n) for n in ingress),
             *(("x-geo", r) for r in topology.regions),
             *(("x-fence", w) for w in topology.workers), ("fence-archiver", ""), ("api", ""),
-            ("venue-sensors", "")]
+            ("venue-sensors", ""), ("fence-webhooks", "")]
 
 
 def sidecar_names(topology: topo.Topology, ingress: tuple[str, ...] = ()) -> list[str]:

@@ -1,4 +1,5 @@
-"""`geofence x-ingress | x-geo REGION | x-fence WORKER | fence-archiver | api | venue-sensors`: run
+"""`geofence x-ingress | x-geo REGION | x-fence WORKER | fence-archiver | api | venue-sensors |
+fence-webhooks`: run
 one sidecar (or the fence service) in the foreground.
 
 Settings come from GEOFENCE_AMQP_URL, GEOFENCE_POSTGRES_URL and the other GEOFENCE_*
@@ -20,7 +21,7 @@ from exchanges import shell
 
 ROLES = {"x-ingress": "ingress.sidecar", "x-geo": "exchanges.x_geo.sidecar",
          "x-fence": "fence.x_fence.slots", "fence-archiver": "fence.archive", "api": "fence.api_server",
-         "venue-sensors": "fence.venues.sidecar"}
+         "venue-sensors": "fence.venues.sidecar", "fence-webhooks": "fence.webhooks.sidecar"}
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:

@@ -46,12 +46,13 @@ CODE_DIRS = ("exchanges", "ingress", "fence", "hilbert_c", "deploy")
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0  # above the sidecars' drain time (GEOFENCE_DRAIN_S, 10 s)
 USERS = {"x-ingress": t.INGRESS_USER, "x-geo": t.GEO_USER, "x-fence": t.FENCE_USER,
-         "fence-archiver": t.ARCHIVER_USER, "api": t.MANAGER_USER, "venue-sensors": t.VENUES_USER}
+         "fence-archiver": t.ARCHIVER_USER, "api": t.MANAGER_USER, "venue-sensors": t.VENUES_USER,
+         "fence-webhooks": t.WEBHOOKS_USER}
 
 
 @dataclass(frozen=True)
 class Sidecar:
-    role: str  # x-ingress | x-geo | x-fence | fence-archiver | api | venue-sensors
+    role: str  # x-ingress | x-geo | x-fence | fence-archiver | api | venue-sensors | fence-webhooks
     instance: str = ""
 
     @property
@@ -113,7 +114,7 @@ def environment(settings: Settings, pw: Secrets, sc: Sidecar) -> dict[str, str]:
 
 # the roles whose connections fail over between a cluster's nodes (exchanges/shell): spread
 # over the nodes; the API's fence manager (aio-pika's robust connection, one URL) stays on node 1
-SPREAD_ROLES = ("x-ingress", "x-geo", "x-fence", "fence-archiver", "venue-sensors")
+SPREAD_ROLES = ("x-ingress", "x-geo", "x-fence", "fence-archiver", "venue-sensors", "fence-webhooks")
 
 
 def cluster_place(settings: Settings, sc: Sidecar) -> tuple[int, list[tuple[str, int]]]:

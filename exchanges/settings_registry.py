@@ -30,6 +30,7 @@ ROLES: dict[str, str] = {
     "x-fence": "an x-fence worker (ENTER / LEAVE events out)",
     "archiver": "the events archiver (`geofence fence-archiver`)",
     "venue-sensors": "the sensor sidecar (`geofence venue-sensors`)",
+    "webhooks": "the webhooks sidecar (`geofence fence-webhooks`)",
     "api": "the fence service (`geofence api`: HTTP and AMQP API, follower, pages)",
     "spark": "the nightly PySpark jobs (spark_jobs/, `geofence spark`, spark-submit)",
     "stack": "the local stack's settings (deploy/settings.py): `geofence up / down / status` and "
@@ -41,7 +42,7 @@ ROLES: dict[str, str] = {
 # The roles SidecarConfig (exchanges/shell/config.py) serves: each of them accepts the keys of
 # all of them (one parser, one file may serve several). The API reads the sidecar keys too,
 # beside its own (fence/api_server.py).
-SIDECAR_ROLES = ("x-ingress", "x-geo", "x-fence", "archiver", "venue-sensors")
+SIDECAR_ROLES = ("x-ingress", "x-geo", "x-fence", "archiver", "venue-sensors", "webhooks")
 _SIDECARS = (*SIDECAR_ROLES, "api")
 _ALL = (*_SIDECARS, "spark", "stack", "cli")
 

@@ -90,6 +90,9 @@ EVENT_BATCHES_EXCHANGE = "fence.event-batches"  # one message per worker batch (
 # for every event of their tenant, their topic permission allowing their tenant's key only
 TENANT_BATCHES_EXCHANGE = "fence.tenant-batches"
 ARCHIVE_QUEUE = "fence.archive"  # every event batch (fence.event-batches), for the events archiver
+# every event batch again, and every proximity event (fence.events "roam-events.#"), for the
+# webhooks sidecar: it queues what its tenants' endpoints want in PostgreSQL (fence/webhooks/)
+WEBHOOKS_QUEUE = "fence.webhooks"
 # Retired: fence.events.mqtt (a second, MQTT-keyed copy of every event: fence.events is now
 # keyed for MQTT and federated itself; a broker that has it keeps it, unused) and
 # fence.archive's binding to fence.events "#" (deploy/rabbitmq/definitions.RETIRED_BINDINGS).
@@ -139,6 +142,7 @@ GEO_USER = "x-geo"
 FENCE_USER = "x-fence"
 MANAGER_USER = "fence-manager"  # the fence API (HTTP and AMQP) and the follower
 ARCHIVER_USER = "fence-archiver"
+WEBHOOKS_USER = "fence-webhooks"  # the webhooks sidecar
 VENUES_USER = "venue-sensors"  # the sensor sidecar
 # retired: the one user every application shared (it read every tenant's events); each
 # application is a tenant's own user now, `<tenant>.<name>` tagged gf-app (`geofence app add`)

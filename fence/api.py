@@ -36,6 +36,7 @@ from fence.venues import user_store as us
 from fence.venues.commands import SensorCommands
 from fence.venues.hive_index import MAX_RADIUS_M, MAX_RESULTS, SearchError
 from fence.venues.reads import Unavailable, VenueReads
+from fence.webhook_routes import add_webhook_routes
 
 log = logging.getLogger("geofence")
 WHERE_HELP = ('conditions on the positions\' extra fields, JSON: [["type", "==", "truck"], '
@@ -336,6 +337,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         await service.delete_subscription(who, sub_id)
 
     add_tenant_routes(app, service.manager.pool, Who, service)
+    add_webhook_routes(app, service.manager.pool, Who)
     add_schema_routes(app)
     if venues is not None:
         add_venue_routes(app, venues)

@@ -18,6 +18,8 @@ Exchanges, queues, bindings (declared by the topology; the sidecars only declare
     gf-fences      x-fence.in (direct) --"<w>"--> x-fence.<w>
                    x-fence.control (direct) --"<w>"--> x-fence.<w>.control
                    fence.event-batches (fanout) --> fence.archive (the events archiver)
+                   fence.event-batches, fence.events "roam-events.#" --> fence.webhooks (the
+                   webhooks sidecar)
                    fence.events (topic), fence.event-batches: applications bind their own
                    queues (app.<anything>)
                    fence.map-events (fanout): the API binds its own map queue (below)
@@ -75,14 +77,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
+from deploy.rabbitmq.federation_links import Endpoint as Endpoint  # re-exported, as amqp_uri
+from deploy.rabbitmq.federation_links import amqp_uri as amqp_uri  # re-exported
+from deploy.rabbitmq.federation_links import upstream
 from exchanges import topology as t
 from exchanges.topology import Topology
 
@@ -125,25 +128,6 @@ DEFAULT_VHOST = "/"
 DEFAULT_EXCHANGE = "amq.default"  # the name permission checks give the default exchange
 ADMIN_TAGS = ("administrator",)
 _REGEX_SPECIALS = frozenset(".^$*+?{}[]\\|()")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where federation links connect: the broker's plain AMQP listener when it is on this
-    host's loopback, else its AMQPS one, the peer's certificate checked against `cacertfile`
-    (the CA as the downstream broker reads it) and its name."""
-
-    host: str
-    amqp_port: int
-    amqps_port: int = 5671
-    cacertfile: str = ""
-
-    @property
-    def loopback(self) -> bool:
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return self.host == "localhost"
 
 
 @dataclass(frozen=True)
@@ -321,7 +305,7 @@ def input_queues(topology: Topology, vhost: str) -> tuple[str, ...]:
                 t.SENSORS_QUEUE, t.NOTIFY_QUEUE, t.HIVE_EVENTS_QUEUE)
     if vhost == t.FENCES_VHOST:
         return (*(q for w in topology.workers for q in (t.fence_queue(w), t.fence_control_queue(w))),
-                t.ARCHIVE_QUEUE, t.API_QUEUE)
+                t.ARCHIVE_QUEUE, t.WEBHOOKS_QUEUE, t.API_QUEUE)
     if vhost in region_vhosts(topology):
         return (t.GEO_POSITIONS_QUEUE, t.GEO_CONTROL_QUEUE)
     raise ValueError(f"{vhost!r} is not a vhost of this topology")
@@ -386,6 +370,8 @@ def bindings(topology: Topology) -> tuple[Binding, ...]:
              Binding(t.INGRESS_VHOST, t.MQTT_TOPIC_EXCHANGE, t.SENSORS_QUEUE, t.SENSORS_TOPIC_PATTERN),
              Binding(t.INGRESS_VHOST, t.OCCUPANCY_EXCHANGE, t.NOTIFY_QUEUE, f"{t.OCCUPANCY_TOPIC_PREFIX}.#"),
              Binding(t.FENCES_VHOST, t.EVENT_BATCHES_EXCHANGE, t.ARCHIVE_QUEUE, ""),
+             Binding(t.FENCES_VHOST, t.EVENT_BATCHES_EXCHANGE, t.WEBHOOKS_QUEUE, ""),
+             Binding(t.FENCES_VHOST, t.EVENTS_EXCHANGE, t.WEBHOOKS_QUEUE, f"{t.ROAM_EVENTS_TOPIC_PREFIX}.#"),
              Binding(t.FENCES_VHOST, t.API_EXCHANGE, t.API_QUEUE, "")]
     for v in region_vhosts(topology):
         found += [Binding(v, t.GEO_IN_EXCHANGE, t.GEO_POSITIONS_QUEUE, ""),
@@ -416,7 +402,7 @@ RETIRED_USERS = (t.GATEWAY_USER, t.CLIENT_USER)
 
 
 SIDECAR_USERS = (t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.FEDERATION_USER,
-                 t.ARCHIVER_USER, t.VENUES_USER)
+                 t.ARCHIVER_USER, t.VENUES_USER, t.WEBHOOKS_USER)
 
 
 def users() -> tuple[User, ...]:
@@ -471,6 +457,8 @@ def permissions(topology: Topology) -> tuple[Permission, ...]:
     found.append(Permission(t.MANAGER_USER, ingress, taps, either(exactly(dlx, t.MQTT_TOPIC_EXCHANGE), taps),
                             either(exactly(t.FOLLOW_QUEUE, t.MAP_POSITIONS_EXCHANGE), taps)))
     found.append(Permission(t.ARCHIVER_USER, fences, NOTHING, exactly(dlx), exactly(t.ARCHIVE_QUEUE)))
+    # one deliverer at a time by a PostgreSQL lock (fence/webhooks/sidecar.py), no broker lock
+    found.append(Permission(t.WEBHOOKS_USER, fences, NOTHING, exactly(dlx), exactly(t.WEBHOOKS_QUEUE)))
     # the sensor sidecar: its frames in, occupancy out (AMQP and MQTT), configurations to sensors
     # and binds its queue of hive fences' events to amq.topic (write on the queue, read on amq.topic)
     found.append(Permission(t.VENUES_USER, ingress, exactly(t.VENUES_LOCK),
@@ -495,21 +483,6 @@ def user_vhosts(topology: Topology) -> dict[str, tuple[str, ...]]:
 
 
 # --------------------------------------------------------------------------- federation, policies
-
-
-def amqp_uri(endpoint: Endpoint, user: str, password: str, vhost: str) -> str:
-    """A federation link's URI: plain on loopback, AMQPS with verify_peer across hosts."""
-    who = f"{quote(user, safe='')}:{quote(password, safe='')}"
-    if endpoint.loopback:
-        return f"amqp://{who}@{endpoint.host}:{endpoint.amqp_port}/{quote(vhost, safe='')}"
-    tls = (f"cacertfile={quote(endpoint.cacertfile, safe='/')}&verify=verify_peer"
-           f"&server_name_indication={quote(endpoint.host, safe='')}")
-    return f"amqps://{who}@{endpoint.host}:{endpoint.amqps_port}/{quote(vhost, safe='')}?{tls}"
-
-
-def upstream(endpoint: Endpoint, federation_password: str, vhost: str, exchange: str) -> dict[str, Any]:
-    return {"uri": amqp_uri(endpoint, t.FEDERATION_USER, federation_password, vhost),
-            "exchange": exchange, "ack-mode": "on-confirm", "trust-user-id": False, "max-hops": 1}
 
 
 def parameters(topology: Topology, endpoint: Endpoint, federation_password: str,

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from aio_pika.abc import AbstractConnection
+from prometheus_client.registry import Collector
 
 from exchanges.backoff import Backoff
 from exchanges.health import WAITING
@@ -86,15 +87,18 @@ async def run_sidecar(config: SidecarConfig, instances: Sequence[str], role: str
 
 async def serve(config: SidecarConfig, session: Session, stop: asyncio.Event,
                 counters: Counters | None = None,
-                extra: Callable[[], Mapping[str, float]] | None = None) -> None:
+                extra: Callable[[], Mapping[str, float]] | None = None,
+                collectors: Sequence[Collector] = ()) -> None:
     """Run sessions until `stop`; a session ends by raising when the broker goes away. With
     `counters`, they are served as Prometheus metrics on config.metrics_listen meanwhile
-    (`extra`: more gauges, read at each scrape)."""
+    (`extra`: more gauges, read at each scrape; `collectors`: a role's own families)."""
     if counters is None or not config.metrics_listen:
         await _serve(config, session, stop, counters)
         return
     counters.bump("reconnects", 0)  # a counter is there from the start, at zero
     registry = registry_of(counters, config.role, extra)
+    for collector in collectors:
+        registry.register(collector)
     async with metrics_server(config.metrics_listen, registry):
         await _serve(config, session, stop, counters)
 

@@ -27,6 +27,10 @@ MAX_FILTER = 100  # fences or objects an endpoint names
 MAX_BATCH = 500  # events per request, when the receiver takes arrays
 KINDS = ("enter", "leave", "cross", "nearby", "faraway")
 ENDPOINT_ID_RE = re.compile(r"wh-[0-9a-f]{16}")
+MAX_ENDPOINTS = 20  # per tenant
+DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S = 10.0, 30.0
+DEFAULT_RETRY_FOR_S, MAX_RETRY_FOR_S = 86_400.0, 3 * 86_400.0
+FIELDS = ("url", "fences", "kinds", "objects", "batch", "description", "timeout_s", "retry_for_s")
 
 
 class InvalidEndpoint(ValueError):
@@ -46,6 +50,9 @@ class Endpoint:
     disabled_reason: str | None = None
     description: str = ""
     secrets: tuple[str, ...] = field(default=(), repr=False)  # newest first; signing keys
+    timeout_s: float = DEFAULT_TIMEOUT_S  # one request, connection included
+    retry_for_s: float = DEFAULT_RETRY_FOR_S  # a message is given up this long after its first attempt
+    local_ok: bool = False  # the operator allowed a private address (`geofence webhook add --local`)
 
     def wants(self, event: dict[str, Any]) -> bool:
         """An event body of the endpoint's tenant (exchanges/schemas/event.schema.json or
@@ -64,7 +71,8 @@ class Endpoint:
         """What the API shows (never the secret)."""
         return {"id": self.id, "url": self.url, "fences": list(self.fences), "kinds": list(self.kinds),
                 "objects": list(self.objects), "batch": self.batch, "enabled": self.enabled,
-                "disabled_reason": self.disabled_reason, "description": self.description}
+                "disabled_reason": self.disabled_reason, "description": self.description,
+                "timeout_s": self.timeout_s, "retry_for_s": self.retry_for_s, "local": self.local_ok}
 
 
 def check_url(url: Any, local: bool = False) -> str:
@@ -121,10 +129,12 @@ def _names(value: Any, what: str, pattern: re.Pattern[str]) -> tuple[str, ...]:
 
 def from_request(body: Any, endpoint_id: str, tenant: str, secret: str, local: bool = False) -> Endpoint:
     """An endpoint from `POST /webhooks`' body: {url, fences?, kinds?, objects?, batch?,
-    description?}; unknown fields are refused."""
+    description?, timeout_s?, retry_for_s?}; unknown fields are refused. `local`: the operator
+    allows a private address (never from the API)."""
     if not isinstance(body, dict):
-        raise InvalidEndpoint("a JSON object: {url, fences?, kinds?, objects?, batch?, description?}")
-    unknown = sorted(set(body) - {"url", "fences", "kinds", "objects", "batch", "description"})
+        raise InvalidEndpoint("a JSON object: {url, fences?, kinds?, objects?, batch?, description?, "
+                              "timeout_s?, retry_for_s?}")
+    unknown = sorted(set(body) - set(FIELDS))
     if unknown:
         raise InvalidEndpoint(f"unknown field(s): {', '.join(k[:40] for k in unknown)}")
     kinds = body.get("kinds")
@@ -136,7 +146,15 @@ def from_request(body: Any, endpoint_id: str, tenant: str, secret: str, local: b
     description = body.get("description", "")
     if not isinstance(description, str) or len(description) > 200 or "\x00" in description:
         raise InvalidEndpoint("description: a string of at most 200 characters")
+    timeout_s = _seconds(body.get("timeout_s", DEFAULT_TIMEOUT_S), "timeout_s", 0.5, MAX_TIMEOUT_S)
+    retry_for_s = _seconds(body.get("retry_for_s", DEFAULT_RETRY_FOR_S), "retry_for_s", 1.0, MAX_RETRY_FOR_S)
     return Endpoint(endpoint_id, tenant, check_url(body.get("url"), local),
                     _names(body.get("fences"), "fences", FENCE_ID_RE), tuple(dict.fromkeys(kinds or ())),
                     _names(body.get("objects"), "objects", OBJECT_ID_RE), batch, True, None, description,
-                    (secret,))
+                    (secret,), timeout_s, retry_for_s, local)
+
+
+def _seconds(value: Any, what: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise InvalidEndpoint(f"{what}: seconds, {low:g} to {high:g}")
+    return float(value)

@@ -19,7 +19,8 @@ from exchanges.shell import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 SECRETS = Secrets("admin-pw", "pg-pw", {u: f"{u}-pw" for u in (
-    t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.ARCHIVER_USER, t.VENUES_USER)})
+    t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER, t.ARCHIVER_USER, t.VENUES_USER,
+    t.WEBHOOKS_USER)})
 
 
 def verify(path: Path) -> subprocess.CompletedProcess[str]:
@@ -75,7 +76,7 @@ def test_each_env_file_a_unit_reads_is_written_complete_and_private(rendered: Pa
     assert re.fullmatch(r"amqp://x-ingress:x-ingress-pw@127\.0\.0\.1:5672/\?name=x-ingress",
                         ingress["GEOFENCE_AMQP_URL"])
     w1 = h.parse_env((env_dir / "x-fence-w1.env").read_text())
-    assert w1 == {"GEOFENCE_METRICS_LISTEN": "127.0.0.1:9475"}
+    assert w1 == {"GEOFENCE_METRICS_LISTEN": "127.0.0.1:9476"}
     assert h.parse_env((env_dir / "x-fence.env").read_text())["GEOFENCE_AMQP_URL"].endswith("?name=x-fence")
 
 

@@ -127,7 +127,8 @@ def test_connection_settings_shape() -> None:
             # the single roles, a block of 16 for the workers, then the regions (a worker or a
             # region added live is appended: no running sidecar's port moves)
             ("x-ingress", 9470), ("fence-archiver", 9471), ("api", 9472), ("venue-sensors", 9473),
-            ("x-fence-w0", 9474), ("x-fence-w1", 9475), ("x-geo-a", 9490), ("x-geo-b", 9491))},
+            ("fence-webhooks", 9474), ("x-fence-w0", 9475), ("x-fence-w1", 9476), ("x-geo-a", 9491),
+            ("x-geo-b", 9492))},
         "rabbitmq_metrics": "http://127.0.0.1:15692/metrics",
         "prometheus": "http://127.0.0.1:9090",
         "firebase": {"project": "demo-geofence", "auth_emulator_host": "127.0.0.1:9099"},

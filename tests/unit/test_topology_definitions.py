@@ -75,7 +75,7 @@ def test_default_topology_names() -> None:
         ("gf-region-b", "x-geo.positions"), ("gf-region-b", "x-geo.control"),
         ("gf-region-b", "dead-letters"),
         *(("gf-fences", f"x-fence.{w}{q}") for w in ("w0", "w1") for q in ("", ".control", ".journal")),
-        ("gf-fences", "fence.archive"), ("gf-fences", "fence.api"), ("gf-fences", "dead-letters")}
+        *(("gf-fences", q) for q in ("fence.archive", "fence.webhooks", "fence.api", "dead-letters"))}
     assert d.Exchange("gf-fences", "x-fence.in", "direct") in DEFAULT.exchanges
     assert d.Exchange("gf-region-b", "x-fence.in", "direct") in DEFAULT.exchanges
     assert all(d.Exchange(v, "dead-letters", "fanout") in DEFAULT.exchanges for v in DEFAULT.vhosts)
@@ -344,7 +344,7 @@ def test_user_vhosts() -> None:
         t.MANAGER_USER: ("gf-region-a", "gf-region-b", "gf-fences", "gf-ingress"),
         t.FEDERATION_USER: ("gf-region-a", "gf-region-b", "gf-fences"),
         t.ARCHIVER_USER: ("gf-fences",),
-        t.VENUES_USER: ("gf-ingress",),
+        t.VENUES_USER: ("gf-ingress",), t.WEBHOOKS_USER: ("gf-fences",),
     }
 
 
