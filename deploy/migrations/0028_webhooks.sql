@@ -42,6 +42,7 @@ CREATE TABLE webhook_outbox (
     done_at         double precision,                        -- delivered or given up
     PRIMARY KEY (endpoint_id, event_id)
 );
+CREATE UNIQUE INDEX webhook_outbox_seq ON webhook_outbox (seq);  -- a request's rows are settled by seq
 CREATE INDEX webhook_outbox_due ON webhook_outbox (endpoint_id, lane, seq) WHERE state = 0;
 CREATE INDEX webhook_outbox_dead ON webhook_outbox (endpoint_id, seq) WHERE state = 2;
 CREATE INDEX webhook_outbox_delivered ON webhook_outbox (done_at) WHERE state = 1;

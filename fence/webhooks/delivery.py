@@ -7,9 +7,10 @@ the request goes to the address that was checked, with the name as Host and as T
 (so a DNS answer that changes between the check and the connection cannot point the platform at
 its own network). An endpoint the operator allowed on a private network (`local`) skips the check.
 
-No redirects are followed (a 3xx is a failure); the answer's body is never read (only its
-status), so a receiver cannot make the platform hold a large body; the whole request, the
-connection included, is bounded by the endpoint's timeout.
+No redirects are followed (a 3xx is a failure); of the answer only the status counts: up to
+64 KiB of its body is read and dropped (so its connection is kept for the next request), a longer
+one is cut (its connection closed), so a receiver cannot make the platform hold a large body; the
+whole request, the connection included, is bounded by the endpoint's timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fence.webhooks.endpoints import Endpoint, public_address
 
 RESOLVED_FOR_S = 30.0  # a name's checked addresses are reused this long
 USER_AGENT = "geofence-webhooks/1"
+MAX_ANSWER_BYTES = 65_536  # of an answer's body read (and dropped) to keep its connection
 
 
 class Refused(Exception):
@@ -132,5 +134,12 @@ class Poster:
         request = client.build_request("POST", target, content=body, headers=headers,
                                        extensions=extensions, timeout=ep.timeout_s)
         response = await client.send(request, stream=True)
-        await response.aclose()  # the status is all we read
+        try:  # the status is all we want; a short body is read so the connection is kept for the next
+            seen = 0
+            async for chunk in response.aiter_raw():
+                seen += len(chunk)
+                if seen > MAX_ANSWER_BYTES:
+                    break  # not read further: the connection is closed instead of kept
+        finally:
+            await response.aclose()
         return response.status_code

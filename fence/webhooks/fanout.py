@@ -50,8 +50,8 @@ def lane_of(object_id: str) -> int:
 
 def decode(body: bytes) -> tuple[list[dict[str, Any]], list[str]]:
     """The events of a message of fence.webhooks (a worker batch's JSON array, or one event:
-    a proximity event of fence.events) and what is wrong with those that are not events;
-    NotEvents when the message is neither."""
+    a proximity event of fence.events), in time order, and what is wrong with those that are
+    not events; NotEvents when the message is neither."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -66,6 +66,9 @@ def decode(body: bytes) -> tuple[list[dict[str, Any]], list[str]]:
             bad.append(f"event {i} of {len(items)}: {problem}")
         else:
             good.append(e)
+    # in time order: a worker batch lists its events by how x-fence decided them (its ENTERs of
+    # one pass, then the LEAVEs of another), so one object's LEAVE can precede its ENTER there
+    good.sort(key=lambda e: e["ts"])  # stable: events of one instant keep the batch's order
     return good, bad
 
 

@@ -142,8 +142,14 @@ class WebhooksSidecar:
             await self.db.run(self._read_endpoints, "read the webhook endpoints")
         rows = fan_out(events, self.by_tenant)
         if rows:
-            new = await self.db.run(lambda c: store.queue(c, rows, time.time()),
-                                    f"queue {len(rows)} deliveries")
+            try:
+                new = await self.db.run(lambda c: store.queue(c, rows, time.time()),
+                                        f"queue {len(rows)} deliveries")
+            except asyncpg.ForeignKeyViolationError:  # an endpoint removed while the rows were written
+                await self.db.run(self._read_endpoints, "read the webhook endpoints")
+                rows = fan_out(events, self.by_tenant)
+                new = await self.db.run(lambda c: store.queue(c, rows, time.time()),
+                                        f"queue {len(rows)} deliveries")
             for endpoint_id, lane in set(new):
                 self.lanes.wake(endpoint_id, lane)
             self.counters.bump("webhook_queued", len(new))
@@ -179,8 +185,10 @@ class WebhooksSidecar:
             self.counters.gauge("standby", 0)
             changed = asyncio.Event()
             await conn.add_listener(store.CHANNEL, lambda *_: changed.set())
+            # no reset query on release (a round trip per statement otherwise): the lanes' statements
+            # leave no session state (no SET, no LISTEN, no cursor, no advisory lock)
             self.lanes.pool = await asyncpg.create_pool(self.config.postgres_url, min_size=1,
-                                                        max_size=POOL_SIZE)
+                                                        max_size=POOL_SIZE, reset=_no_reset)
             self.lanes.stopping.clear()
             try:
                 async with asyncio.TaskGroup() as group:
@@ -237,6 +245,10 @@ class WebhooksSidecar:
         await self.db.close()
 
 
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    return None
+
+
 async def _first(*events: asyncio.Event) -> None:
     waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
@@ -249,6 +261,8 @@ async def _first(*events: asyncio.Event) -> None:
 async def main(config: shell.SidecarConfig) -> int:
     stop = asyncio.Event()
     shell.install_signal_handlers(stop)
+    for chatty in ("httpx", "httpcore"):  # a line per request otherwise; failures are logged here
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     log.info("%s", config.describe())
     sidecar = WebhooksSidecar(config)
     try:

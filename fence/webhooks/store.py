@@ -182,13 +182,14 @@ async def replay(conn: asyncpg.Connection, tenant: str, endpoint_id: str) -> int
 
 
 async def queue(conn: asyncpg.Connection, rows: Sequence[OutboxRow], now: float) -> list[tuple[str, int]]:
-    """The rows queued (an event already queued for an endpoint is not queued again); the
-    (endpoint, lane) of each new one."""
-    got = await conn.fetch(
+    """The rows queued, their seqs in the order given (an event already queued for an endpoint
+    is not queued again; an endpoint removed meanwhile gets nothing); the (endpoint, lane) of
+    each new one."""
+    got = await conn.fetch(  # ORDER BY: the semi-join may reorder the rows, and seq is the order
         "INSERT INTO webhook_outbox (endpoint_id, event_id, lane, body, event_ts, queued_at) "
         "SELECT e, i, l, b, ts, $6 FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], "
-        "$5::float8[]) AS r(e, i, l, b, ts) "
-        "WHERE EXISTS (SELECT 1 FROM webhook_endpoint w WHERE w.id = r.e) "
+        "$5::float8[]) WITH ORDINALITY AS r(e, i, l, b, ts, n) "
+        "WHERE EXISTS (SELECT 1 FROM webhook_endpoint w WHERE w.id = r.e) ORDER BY n "
         "ON CONFLICT (endpoint_id, event_id) DO NOTHING RETURNING endpoint_id, lane",
         [r.endpoint_id for r in rows], [r.event_id for r in rows], [r.lane for r in rows],
         [r.body for r in rows], [r.event_ts for r in rows], now)
@@ -218,26 +219,26 @@ async def head(conn: asyncpg.Connection, endpoint_id: str, lane: int, limit: int
 async def pin(conn: asyncpg.Connection, endpoint_id: str, seqs: Sequence[int], msg_id: str,
               now: float) -> None:
     await conn.execute("UPDATE webhook_outbox SET msg_id = $3, first_attempt = $4 "
-                       "WHERE endpoint_id = $1 AND seq = ANY($2::bigint[])", endpoint_id, list(seqs),
+                       "WHERE seq = ANY($2::bigint[]) AND endpoint_id = $1", endpoint_id, list(seqs),
                        msg_id, now)
 
 
 async def delivered(conn: asyncpg.Connection, endpoint_id: str, seqs: Sequence[int], now: float) -> None:
     await conn.execute("UPDATE webhook_outbox SET state = 1, attempts = attempts + 1, done_at = $3 "
-                       "WHERE endpoint_id = $1 AND seq = ANY($2::bigint[])", endpoint_id, list(seqs), now)
+                       "WHERE seq = ANY($2::bigint[]) AND endpoint_id = $1", endpoint_id, list(seqs), now)
 
 
 async def failed(conn: asyncpg.Connection, endpoint_id: str, seqs: Sequence[int], reason: str,
                  next_attempt: float) -> None:
     await conn.execute("UPDATE webhook_outbox SET attempts = attempts + 1, reason = $3, next_attempt = $4 "
-                       "WHERE endpoint_id = $1 AND seq = ANY($2::bigint[])", endpoint_id, list(seqs),
+                       "WHERE seq = ANY($2::bigint[]) AND endpoint_id = $1", endpoint_id, list(seqs),
                        reason[:500], next_attempt)
 
 
 async def give_up(conn: asyncpg.Connection, endpoint_id: str, seqs: Sequence[int], reason: str,
                   now: float) -> None:
     await conn.execute("UPDATE webhook_outbox SET state = 2, attempts = attempts + 1, reason = $3, "
-                       "done_at = $4 WHERE endpoint_id = $1 AND seq = ANY($2::bigint[])", endpoint_id,
+                       "done_at = $4 WHERE seq = ANY($2::bigint[]) AND endpoint_id = $1", endpoint_id,
                        list(seqs), reason[:500], now)
 
 

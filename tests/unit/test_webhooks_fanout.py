@@ -59,6 +59,10 @@ def test_decode_takes_a_batch_or_one_event_and_says_what_is_wrong() -> None:
     assert [e["event_id"] for e in good] == [f"{1:032x}"]
     assert bad == ["event 1 of 3: event_id: 32 hex digits expected", "event 2 of 3: not a JSON object"]
     assert decode(orjson.dumps(event(2)))[0][0]["ts"] == 1_700_000_002.0
+    leave_first = [event(9, kind="leave"), event(3), event(5), event(5, kind="leave")]
+    assert [(e["ts"], e["event"]) for e in decode(orjson.dumps(leave_first))[0]] == [
+        (1_700_000_003.0, "enter"), (1_700_000_005.0, "enter"), (1_700_000_005.0, "leave"),
+        (1_700_000_009.0, "leave")]  # in time order, one instant's events as they came
     for body, why in ((b"{", "not JSON"), (b"42", "neither a JSON array")):
         with pytest.raises(NotEvents, match=why):
             decode(body)
