@@ -47,6 +47,15 @@ QUERIES = {
     "dead_letters_15m": "sum by (role, reason) (increase(geofence_dead_letters_total[15m]))",
     "p50": "histogram_quantile(0.5, sum by (le) (rate(geofence_event_latency_seconds_bucket[1m])))",
     "p99": "histogram_quantile(0.99, sum by (le) (rate(geofence_event_latency_seconds_bucket[1m])))",
+    # per webhook endpoint (fence/webhooks/figures.py)
+    "wh_enabled": "geofence_webhook_enabled",
+    "wh_delivered": f"sum by (endpoint) (rate(geofence_webhook_delivered_total[{RATE}]))",
+    "wh_failed": f'sum by (endpoint) (rate(geofence_webhook_requests_total{{outcome="failed"}}[{RATE}]))',
+    "wh_backlog": "geofence_webhook_backlog",
+    "wh_oldest": "geofence_webhook_oldest_seconds",
+    "wh_lag_p99": "histogram_quantile(0.99, sum by (le, endpoint) "
+                  "(rate(geofence_webhook_lag_seconds_bucket[1m])))",
+    "wh_dead": "geofence_webhook_dead_total",
 }
 SERIES = {
     "updates_per_s": f'sum(rate(geofence_positions_total{{role="x-ingress"}}[{RATE}]))',
@@ -143,10 +152,20 @@ def shape(got: dict[str, list[dict[str, Any]]], ranges: dict[str, dict[float, fl
         by_t = {round(t): v for t, v in values.items()}
         series[name] = [by_t.get(round(t)) for t in steps]
     p50, p99 = (_number(g[0]["value"][1]) if g else None for g in (got["p50"], got["p99"]))
+    wh = {k: _by(got.get(k, []), "endpoint") for k in ("wh_delivered", "wh_failed", "wh_backlog", "wh_oldest",
+                                                      "wh_lag_p99", "wh_dead")}
+    tenant_of = {r["metric"].get("endpoint", ""): r["metric"].get("tenant", "")
+                 for r in got.get("wh_enabled", [])}
+    enabled = _by(got.get("wh_enabled", []), "endpoint")
+    webhooks = [{"endpoint": e, "tenant": tenant_of.get(e, ""), "enabled": v == 1.0,
+                 "delivered_per_s": wh["wh_delivered"].get((e,)), "failed_per_s": wh["wh_failed"].get((e,)),
+                 "backlog": wh["wh_backlog"].get((e,)), "oldest_s": wh["wh_oldest"].get((e,)),
+                 "lag_p99_ms": None if (x := wh["wh_lag_p99"].get((e,))) is None else 1000 * x,
+                 "dead": wh["wh_dead"].get((e,))} for (e,), v in sorted(enabled.items())]
     return {
         "at": now, "processes": processes, "queues": queues, "dead_letters": dead,
         "latency_ms": {k: None if v is None else 1000 * v for k, v in (("p50", p50), ("p99", p99))},
-        "series": series,
+        "series": series, "webhooks": webhooks,
         "alerts": [{"name": a.get("labels", {}).get("alertname", ""), "state": a.get("state", ""),
                     "summary": a.get("annotations", {}).get("summary", "")} for a in alerts],
     }

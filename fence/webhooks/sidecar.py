@@ -127,6 +127,11 @@ class WebhooksSidecar:
                 f"{c.other['webhook_dead']}, dead-lettered {sum(c.dead_lettered.values())}")
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        if time.monotonic() - self.loaded_at > RELOAD_S:
+            await self.db.run(self._read_endpoints, "read the webhook endpoints")
+        if not self.by_tenant:  # no tenant has an enabled endpoint: nothing to decode (the
+            self.counters.bump("webhook_skipped", len(messages))  # archiver checks the bodies)
+            return
         events, outs = [], []
         for m in messages:
             try:
@@ -138,8 +143,6 @@ class WebhooksSidecar:
                 more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
                 outs.append(shell.dead_letter(self.dlx, m, bad[0] + more, t.WEBHOOKS_QUEUE, self.counters))
             events += good
-        if time.monotonic() - self.loaded_at > RELOAD_S:
-            await self.db.run(self._read_endpoints, "read the webhook endpoints")
         rows = fan_out(events, self.by_tenant)
         if rows:
             try:

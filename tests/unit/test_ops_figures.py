@@ -61,3 +61,20 @@ def test_a_process_that_answers_but_consumes_nothing_is_down_unless_it_waits_on_
     states = {p["name"]: (p["state"], p["up"]) for p in d["processes"]}
     assert states == {"x-fence-w0": ("up", True), "x-fence-w1": ("not consuming", False),
                       "x-fence-w2": ("recovering", True), "fence-api": ("up", True)}
+
+
+def test_each_webhook_endpoint_gets_a_row() -> None:
+    got = answers()
+    ep = {"endpoint": "wh-0123456789abcdef", "tenant": "fleet"}
+    off = {"endpoint": "wh-fedcba9876543210", "tenant": "depot"}
+    got["wh_enabled"] = vector((ep, 1), (off, 0))
+    got["wh_delivered"] = vector(({"endpoint": ep["endpoint"]}, 120.5))
+    got["wh_backlog"] = vector((ep, 3), (off, 40))
+    got["wh_lag_p99"] = vector(({"endpoint": ep["endpoint"]}, 0.25), ({"endpoint": off["endpoint"]}, "NaN"))
+    got["wh_dead"] = vector((off, 2))
+    rows = shape(got, {}, [], 1000.0, 100.0)["webhooks"]
+    assert rows == [
+        {"endpoint": ep["endpoint"], "tenant": "fleet", "enabled": True, "delivered_per_s": 120.5,
+         "failed_per_s": None, "backlog": 3, "oldest_s": None, "lag_p99_ms": 250.0, "dead": None},
+        {"endpoint": off["endpoint"], "tenant": "depot", "enabled": False, "delivered_per_s": None,
+         "failed_per_s": None, "backlog": 40, "oldest_s": None, "lag_p99_ms": None, "dead": 2}]

@@ -50,6 +50,10 @@ function render(d) {
        "no queue metrics (rabbitmq_prometheus)");
   fill("dead-letters", d.dead_letters, (x) => [[x.role], [x.reason], [fmt(x.total, 0), "n"],
        [fmt(x.last_15m, 0), "n"]], "none");
+  fill("webhooks", d.webhooks || [], (w) => [[w.endpoint], [w.tenant],
+       [w.enabled ? "enabled" : "disabled", w.enabled ? "" : "firing"], [fmt(w.delivered_per_s, 1), "n"],
+       [fmt(w.failed_per_s, 2), "n"], [fmt(w.backlog, 0), "n"], [fmt(w.oldest_s, 1), "n"],
+       [fmt(w.lag_p99_ms, 0), "n"], [fmt(w.dead, 0), "n"]], "no webhook endpoint");
   fill("alerts", d.alerts, (a) => [[a.name], [a.state, a.state], [a.summary]], "none firing");
   const up = d.processes.filter((p) => p.up).length;
   document.getElementById("status").textContent =
