@@ -46,21 +46,27 @@ class Receiver:
         self.changed = asyncio.Event()
         self.arrived = asyncio.Event()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self.closing = False
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/hook"
 
     async def start(self) -> None:
+        self.closing = False
         self.server = await asyncio.start_server(self._serve, self.host, self.port or 0, reuse_address=True)
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         """Down: the port closed and every open connection cut."""
         if self.server is not None:
+            self.closing = True
+            self.set_mode(self.mode)  # a stalled answer gives up
             self.server.close()
             for w in list(self._writers):
                 w.close()
+            await asyncio.gather(*self._handlers, return_exceptions=True)  # each ends on its own
             with contextlib.suppress(Exception):
                 await self.server.wait_closed()
             self.server = None
@@ -87,6 +93,9 @@ class Receiver:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
         self.got.connections += 1
         try:
             while True:
@@ -102,11 +111,14 @@ class Receiver:
             pass
         finally:
             self._writers.discard(writer)
+            self._handlers.discard(task)
             writer.close()
 
     async def _answer(self, headers: dict[str, str], body: bytes) -> int:
-        while self.mode == "stall":
+        while self.mode == "stall" and not self.closing:
             await self.changed.wait()
+        if self.closing:
+            raise ConnectionError("the receiver is stopping")
         self.got.requests += 1
         if self.mode == "fail":
             self.got.refused += 1

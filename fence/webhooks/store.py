@@ -129,7 +129,6 @@ async def failing_since(conn: asyncpg.Connection) -> dict[str, float]:
 @dataclass(frozen=True)
 class Stats:
     to_deliver: int
-    delivered: int  # still kept (the last KEEP_DELIVERED_S)
     dead: int
     oldest_queued_at: float | None
     last_error: str | None
@@ -137,22 +136,26 @@ class Stats:
     disabled_at: str | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"to_deliver": self.to_deliver, "delivered_recently": self.delivered, "dead": self.dead,
+        return {"to_deliver": self.to_deliver, "dead": self.dead,
                 "oldest_queued_at": self.oldest_queued_at, "last_error": self.last_error,
                 "failing_since": self.failing_since, "disabled_at": self.disabled_at}
 
 
 async def stats(conn: asyncpg.Connection, tenant: str, endpoint_id: str) -> Stats:
     await get(conn, tenant, endpoint_id)
-    r = await conn.fetchrow(
-        "SELECT count(*) FILTER (WHERE state = 0) AS todo, count(*) FILTER (WHERE state = 1) AS done, "
-        "count(*) FILTER (WHERE state = 2) AS dead, min(queued_at) FILTER (WHERE state = 0) AS oldest "
-        "FROM webhook_outbox WHERE endpoint_id = $1", endpoint_id)
-    last = await conn.fetchval("SELECT reason FROM webhook_outbox WHERE endpoint_id = $1 "
-                               "AND reason IS NOT NULL AND state <> 1 ORDER BY seq DESC LIMIT 1", endpoint_id)
+    # each by its partial index (state = 0: webhook_outbox_due; state = 2: webhook_outbox_dead)
+    todo = await conn.fetchrow("SELECT count(*) AS n, min(queued_at) AS oldest FROM webhook_outbox "
+                               "WHERE endpoint_id = $1 AND state = 0", endpoint_id)
+    dead = await conn.fetchval("SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND state = 2",
+                               endpoint_id)
+    last = await conn.fetchval("SELECT reason FROM webhook_outbox WHERE endpoint_id = $1 AND state = 0 "
+                               "AND reason IS NOT NULL ORDER BY seq DESC LIMIT 1", endpoint_id)
+    if last is None:
+        last = await conn.fetchval("SELECT reason FROM webhook_outbox WHERE endpoint_id = $1 AND state = 2 "
+                                   "ORDER BY seq DESC LIMIT 1", endpoint_id)
     e = await conn.fetchrow("SELECT failing_since, disabled_at FROM webhook_endpoint WHERE id = $1",
                             endpoint_id)
-    return Stats(r["todo"], r["done"], r["dead"], r["oldest"], last, e["failing_since"],
+    return Stats(todo["n"], dead, todo["oldest"], last, e["failing_since"],
                  e["disabled_at"].isoformat() if e["disabled_at"] else None)
 
 
