@@ -108,8 +108,9 @@ class Lanes:
             chosen = set(seqs)
             rows = [d for d in due if d.seq in chosen]
             first = rows[0].first_attempt
-            if new or first is None:
+            if first is None:
                 first = time.time()
+            if new and ep.batch > 1:  # a batch's id is pinned before it is sent (one event's is its own)
                 await self.db(functools.partial(store.pin, endpoint_id=ep.id, seqs=seqs, msg_id=msg_id,
                                                 now=first), "pin a request")
             try:
@@ -119,10 +120,10 @@ class Lanes:
                 return
             body = request_body([d.body for d in rows], ep.batch)
             attempt = await self.poster.post(ep, msg_id, body, keys)
-            await self.settle(ep, rows, seqs, attempt, first)
+            await self.settle(ep, rows, seqs, msg_id, attempt, first)
 
-    async def settle(self, ep: Endpoint, rows: list[store.Due], seqs: list[int], attempt: Attempt,
-                     first: float) -> None:
+    async def settle(self, ep: Endpoint, rows: list[store.Due], seqs: list[int], msg_id: str,
+                     attempt: Attempt, first: float) -> None:
         now = time.time()
         fig = self.figures.of(ep.id, ep.tenant)
         fig.request_s.observe(attempt.seconds)
@@ -148,14 +149,15 @@ class Lanes:
         if verdict == "give_up":
             reason = (f"{attempt.error}; given up after {rows[0].attempts + 1} attempts over "
                       f"{now - first:.0f} s")
-            await self.db(lambda c: store.give_up(c, ep.id, seqs, reason, now), "give up a request")
+            await self.db(lambda c: store.give_up(c, ep.id, seqs, reason, now, msg_id), "give up a request")
             fig.dead += len(rows)
             self.counters.bump("webhook_dead", len(rows))
             log.warning("webhook %s (tenant %s): %d event(s) given up: %s", ep.id, ep.tenant, len(rows),
                         reason)
             return
         delay = policy_of(ep).delay(rows[0].attempts + 1, random.random())
-        await self.db(lambda c: store.failed(c, ep.id, seqs, attempt.error, now + delay), "settle a failure")
+        await self.db(lambda c: store.failed(c, ep.id, seqs, attempt.error, now + delay, msg_id, first),
+                      "settle a failure")
         if verdict == "disable":
             failing_s = now - (health.failing_since or now)
             why = ("it answered 410 Gone" if attempt.status == 410

@@ -232,17 +232,20 @@ async def delivered(conn: asyncpg.Connection, endpoint_id: str, seqs: Sequence[i
 
 
 async def failed(conn: asyncpg.Connection, endpoint_id: str, seqs: Sequence[int], reason: str,
-                 next_attempt: float) -> None:
-    await conn.execute("UPDATE webhook_outbox SET attempts = attempts + 1, reason = $3, next_attempt = $4 "
+                 next_attempt: float, msg_id: str, first_attempt: float) -> None:
+    """A failed attempt; the request's id and first attempt are pinned here if they were not
+    before it (a single event's id is a function of the event, so it needs no pin to be sent)."""
+    await conn.execute("UPDATE webhook_outbox SET attempts = attempts + 1, reason = $3, next_attempt = $4, "
+                       "msg_id = coalesce(msg_id, $5), first_attempt = coalesce(first_attempt, $6) "
                        "WHERE seq = ANY($2::bigint[]) AND endpoint_id = $1", endpoint_id, list(seqs),
-                       reason[:500], next_attempt)
+                       reason[:500], next_attempt, msg_id, first_attempt)
 
 
 async def give_up(conn: asyncpg.Connection, endpoint_id: str, seqs: Sequence[int], reason: str,
-                  now: float) -> None:
+                  now: float, msg_id: str) -> None:
     await conn.execute("UPDATE webhook_outbox SET state = 2, attempts = attempts + 1, reason = $3, "
-                       "done_at = $4 WHERE seq = ANY($2::bigint[]) AND endpoint_id = $1", endpoint_id,
-                       list(seqs), reason[:500], now)
+                       "done_at = $4, msg_id = coalesce(msg_id, $5) WHERE seq = ANY($2::bigint[]) "
+                       "AND endpoint_id = $1", endpoint_id, list(seqs), reason[:500], now, msg_id)
 
 
 async def backlogs(conn: asyncpg.Connection) -> dict[str, tuple[int, float | None]]:

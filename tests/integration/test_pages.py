@@ -105,6 +105,9 @@ async def test_the_ops_page_shows_the_live_pipeline(stack: ConnectionSettings) -
             queues = driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr td")
             assert queues and queues[0].get_attribute("class") != "empty", "no queue depths"
             assert "up" in driver.find_element(By.ID, "status").text
+            hooks = driver.find_elements(By.CSS_SELECTOR, "#webhooks tbody tr td")  # a row per endpoint
+            assert hooks and (hooks[0].text.startswith("wh-") or hooks[0].text == "no webhook endpoint"), \
+                [h.text for h in hooks]
             path = screenshot(driver, "ops")
             assert path.stat().st_size > 10_000
             assert console_errors(driver) == []
