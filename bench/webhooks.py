@@ -1,6 +1,6 @@
 """Webhook delivery on the running stack (issue 40): events published as x-fence publishes them
 (JSON arrays of a worker batch's events on fence.event-batches, persistent, confirmed) for a
-tenant with one endpoint, a local receiver (tests/webhook_receiver.py) that checks every
+tenant with one endpoint, a local receiver (bench/webhook_receiver.py) that checks every
 signature, and three runs:
 
 - rate: N events as fast as they are taken; delivered events/s is N over first publish ->
@@ -35,10 +35,10 @@ import numpy as np
 import orjson
 
 from bench.tenant import TENANT, ensure_tenant
+from bench.webhook_receiver import Receiver
 from deploy.settings import Settings, amqp_url, load_secrets, postgres_dsn
 from exchanges import topology as t
 from fence.webhooks import endpoints, signing, store
-from tests.webhook_receiver import Receiver
 
 TARGET_RATE = 5_000.0
 OBJECTS = 2_000

@@ -1,6 +1,6 @@
 """Webhooks on the live stack (issue 40): the API keeps a tenant's endpoints to public HTTPS
 addresses and to its own admins; the webhooks sidecar POSTs a fence's events from the real
-pipeline to a receiver (tests/webhook_receiver.py, allowed on loopback by the operator's
+pipeline to a receiver (bench/webhook_receiver.py, allowed on loopback by the operator's
 `geofence webhook add --local`), signed, in order, each under one webhook-id, through the
 receiver's faults: down (delivered once it is back), 500s (retried), failing past the endpoint's
 retry window (given up with the reason, then replayed), 410 (the endpoint disabled, its events
@@ -18,13 +18,13 @@ from typing import Any
 
 import httpx
 
+from bench.webhook_receiver import Receiver
 from deploy.settings import ConnectionSettings
 from exchanges.tenancy import qualify
 from tests.integration.clients import DEADLINE, Account, Firebase, Login, geofence, member
 from tests.integration.test_fence_api import feature
 from tests.integration.test_fence_changes_live import HALF, Gateway, defined, square
 from tests.integration.test_pipeline import pipeline  # noqa: F401 (fixture)
-from tests.webhook_receiver import Receiver
 
 WHERE = (9.5660, 47.0920)  # a spot of this test's own
 OUT = (WHERE[0] - 3 * HALF, WHERE[1])

@@ -1,4 +1,4 @@
-"""A webhook receiver for the tests and bench/webhooks.py: a small asyncio HTTP/1.1 server
+"""A webhook receiver for bench/webhooks.py and the tests: a small asyncio HTTP/1.1 server
 (keep-alive, Content-Length bodies) that checks every request's Standard Webhooks signature
 with fence/webhooks/signing.verify and records what it got: per webhook-id the event ids, and
 per event id the webhook-ids it came under and when it first arrived.
