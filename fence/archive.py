@@ -15,7 +15,6 @@ dead-lettered with PostgreSQL's reason; the others are stored.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import re
@@ -23,7 +22,7 @@ from collections.abc import Sequence
 
 import asyncpg
 import orjson
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from exchanges import routing_store, shell
 from exchanges import topology as t
@@ -105,6 +104,8 @@ def _row(e: object) -> Row:
 
 
 class Archiver:
+    dlx: AbstractExchange  # the vhost's dead letters, once a session is open
+
     def __init__(self, config: shell.SidecarConfig) -> None:
         self.config = config
         self.counters = shell.Counters()
@@ -116,18 +117,11 @@ class Archiver:
 
     async def session(self, stop: asyncio.Event) -> None:
         self.db.stop = stop
-        cfg = self.config
-        async with contextlib.AsyncExitStack() as stack:
-            conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
-            out = await shell.open_channel(conn, stack)
-            self.dlx = await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
-            ch = await shell.open_channel(conn, stack)
-            intake = shell.Intake.on(await ch.get_queue(t.ARCHIVE_QUEUE), cfg.batch_max, cfg.prefetch)
-            log.info("consuming %s", t.ARCHIVE_QUEUE)
-            await shell.run_session(stop, [conn], [intake],
-                                    [shell.run_batches(intake, self.handle, self.counters, self.dlx)],
-                                    [shell.periodic(stop, 30, lambda: log.info("%s", self.counters.line()))],
-                                    cfg.drain_s, counters=self.counters)
+        await shell.consume_queue(stop, self.config, t.FENCES_VHOST, t.ARCHIVE_QUEUE, self.handle,
+                                  self.counters, self.counters.line, self.dead_letters_to)
+
+    def dead_letters_to(self, exchange: AbstractExchange) -> None:
+        self.dlx = exchange
 
     async def handle(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         per_message: list[tuple[AbstractIncomingMessage, list[Row]]] = []

@@ -6,6 +6,8 @@ exists or not. A URL must be a public HTTPS address: a private one is for the op
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at definition time.
+import contextlib
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import asyncpg
@@ -31,6 +33,15 @@ DESCRIPTION = (
     "disabled. At most 20 endpoints per tenant.")
 
 
+@contextlib.contextmanager
+def _found() -> Iterator[None]:
+    """An endpoint of another tenant, or none: the one 404."""
+    try:
+        yield
+    except store.UnknownEndpoint as exc:
+        raise ApiError(404, str(exc)) from None
+
+
 def _check_id(endpoint_id: str) -> None:
     if not ENDPOINT_ID_RE.fullmatch(endpoint_id):
         raise ApiError(404, f"no webhook endpoint {endpoint_id[:40]!r}")
@@ -40,11 +51,9 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
     """The `/webhooks` routes on `app`; `who` is the dependency type of the authenticated Caller."""
 
     async def shown(conn: asyncpg.Connection, tenant: str, endpoint_id: str) -> dict[str, Any]:
-        try:
+        with _found():
             ep = await store.get(conn, tenant, endpoint_id)
             st = await store.stats(conn, tenant, endpoint_id)
-        except store.UnknownEndpoint as exc:
-            raise ApiError(404, str(exc)) from None
         return {**ep.public(), "delivery": st.to_json()}
 
     @app.post("/webhooks", status_code=201, tags=["webhooks"],
@@ -86,10 +95,8 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
         tenant = caller.scoped("admin")
         _check_id(endpoint_id)
         async with pool.acquire() as conn:
-            try:
+            with _found():
                 await store.remove(conn, tenant, endpoint_id)
-            except store.UnknownEndpoint as exc:
-                raise ApiError(404, str(exc)) from None
 
     @app.post("/webhooks/{endpoint_id}/enable", tags=["webhooks"],
               summary="Enable a disabled endpoint: its waiting events are delivered again")
@@ -97,10 +104,8 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
         tenant = caller.scoped("admin")
         _check_id(endpoint_id)
         async with pool.acquire() as conn:
-            try:
+            with _found():
                 await store.enable(conn, tenant, endpoint_id)
-            except store.UnknownEndpoint as exc:
-                raise ApiError(404, str(exc)) from None
             return await shown(conn, tenant, endpoint_id)
 
     @app.post("/webhooks/{endpoint_id}/rotate", tags=["webhooks"],
@@ -110,10 +115,8 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
         _check_id(endpoint_id)
         secret = signing.new_secret()
         async with pool.acquire() as conn:
-            try:
+            with _found():
                 await store.rotate(conn, tenant, endpoint_id, secret)
-            except store.UnknownEndpoint as exc:
-                raise ApiError(404, str(exc)) from None
         return {"id": endpoint_id, "secret": secret}
 
     @app.get("/webhooks/{endpoint_id}/dead", tags=["webhooks"],
@@ -123,10 +126,8 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
         tenant = caller.scoped("admin")
         _check_id(endpoint_id)
         async with pool.acquire() as conn:
-            try:
+            with _found():
                 rows = await store.dead(conn, tenant, endpoint_id, after, limit)
-            except store.UnknownEndpoint as exc:
-                raise ApiError(404, str(exc)) from None
         return {"dead": rows, "next": rows[-1]["seq"] if len(rows) == limit else None}
 
     @app.post("/webhooks/{endpoint_id}/dead/replay", tags=["webhooks"],
@@ -135,9 +136,7 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
         tenant = caller.scoped("admin")
         _check_id(endpoint_id)
         async with pool.acquire() as conn:
-            try:
+            with _found():
                 n = await store.replay(conn, tenant, endpoint_id)
-            except store.UnknownEndpoint as exc:
-                raise ApiError(404, str(exc)) from None
         return {"id": endpoint_id, "queued": n}
 

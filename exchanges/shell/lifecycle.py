@@ -22,16 +22,24 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
-from aio_pika.abc import AbstractConnection
+from aio_pika.abc import AbstractConnection, AbstractExchange, AbstractIncomingMessage
 from prometheus_client.registry import Collector
 
+from exchanges import topology as t
 from exchanges.backoff import Backoff
 from exchanges.health import WAITING
 from exchanges.shell.bulk_consumer import BulkConnection
 from exchanges.shell.config import SidecarConfig
-from exchanges.shell.connections import BROKER_GONE, InstanceLocked, TookOver, connection_lost
+from exchanges.shell.connections import (
+    BROKER_GONE,
+    InstanceLocked,
+    TookOver,
+    connection_lost,
+    open_channel,
+    open_connection,
+)
 from exchanges.shell.counters import Counters
-from exchanges.shell.intake import Intake
+from exchanges.shell.intake import Intake, run_batches
 from exchanges.shell.metrics import metrics_server, registry_of
 
 log = logging.getLogger("geofence")
@@ -262,3 +270,23 @@ async def periodic(stop: asyncio.Event, every: float, action: Callable[[], Await
         result = action()
         if result is not None:
             await result
+
+
+async def consume_queue(stop: asyncio.Event, config: SidecarConfig, vhost: str, queue: str,
+                        handle: Callable[[list[AbstractIncomingMessage]], Awaitable[Any]], counters: Counters,
+                        line: Callable[[], str],
+                        dead_letters: Callable[[AbstractExchange], None]) -> None:
+    """The session of a role that consumes one queue in batches and publishes nothing but its
+    dead letters (the events archiver, the webhooks sidecar): `dead_letters` is handed the
+    vhost's dead-letter exchange before the first batch; `line` is logged every 30 s."""
+    async with contextlib.AsyncExitStack() as stack:
+        conn = await open_connection(config, vhost, stack)
+        out = await open_channel(conn, stack)
+        dlx = await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
+        dead_letters(dlx)
+        ch = await open_channel(conn, stack)
+        intake = Intake.on(await ch.get_queue(queue), config.batch_max, config.prefetch)
+        log.info("consuming %s", queue)
+        await run_session(stop, [conn], [intake], [run_batches(intake, handle, counters, dlx)],
+                          [periodic(stop, 30, lambda: log.info("%s", line()))], config.drain_s,
+                          counters=counters)

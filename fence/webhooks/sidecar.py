@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from exchanges import routing_store, shell
 from exchanges import topology as t
@@ -50,6 +50,8 @@ DELIVERER_GONE: tuple[type[BaseException], ...] = (*STORE_AWAY, ConnectionError)
 
 
 class WebhooksSidecar:
+    dlx: AbstractExchange  # the vhost's dead letters, once a session is open
+
     def __init__(self, config: shell.SidecarConfig) -> None:
         self.config = config
         self.counters = shell.Counters()
@@ -107,18 +109,11 @@ class WebhooksSidecar:
 
     async def session(self, stop: asyncio.Event) -> None:
         self.db.stop = stop
-        cfg = self.config
-        async with contextlib.AsyncExitStack() as stack:
-            conn = await shell.open_connection(cfg, t.FENCES_VHOST, stack)
-            out = await shell.open_channel(conn, stack)
-            self.dlx = await out.get_exchange(t.DEAD_LETTER_EXCHANGE, ensure=False)
-            ch = await shell.open_channel(conn, stack)
-            intake = shell.Intake.on(await ch.get_queue(t.WEBHOOKS_QUEUE), cfg.batch_max, cfg.prefetch)
-            log.info("consuming %s", t.WEBHOOKS_QUEUE)
-            await shell.run_session(stop, [conn], [intake],
-                                    [shell.run_batches(intake, self.handle, self.counters, self.dlx)],
-                                    [shell.periodic(stop, 30, lambda: log.info("%s", self.line()))],
-                                    cfg.drain_s, counters=self.counters)
+        await shell.consume_queue(stop, self.config, t.FENCES_VHOST, t.WEBHOOKS_QUEUE, self.handle,
+                                  self.counters, self.line, self.dead_letters_to)
+
+    def dead_letters_to(self, exchange: AbstractExchange) -> None:
+        self.dlx = exchange
 
     def line(self) -> str:
         c = self.counters
