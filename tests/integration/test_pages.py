@@ -89,7 +89,7 @@ async def test_the_ops_page_shows_the_live_pipeline(stack: ConnectionSettings) -
                                       r.find_elements(By.TAG_NAME, "td")[1].text for r in rows}
                 except StaleElementReferenceException:  # the table redrawn while it was read
                     return False
-                return (seen["updates"] not in (NONE, "0.0", "")
+                return (seen["updates"] not in (NONE, "0.0", "0", "")
                         and seen["listed"] == dict.fromkeys([*stack["metrics"], "broker-guard"], "up"))
 
             end = time.monotonic() + WAIT
