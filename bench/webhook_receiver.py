@@ -1,7 +1,7 @@
 """A webhook receiver for bench/webhooks.py and the tests: a small asyncio HTTP/1.1 server
 (keep-alive, Content-Length bodies) that checks every request's Standard Webhooks signature
-with fence/webhooks/signing.verify and records what it got: per webhook-id the event ids, and
-per event id the webhook-ids it came under and when it first arrived.
+with the client package's geofence_client.webhooks.verify and records what it got: per
+webhook-id the event ids, and per event id the webhook-ids it came under and when it first arrived.
 
 Its `mode` says how it answers: "ok" (204), "fail" (500), "stall" (no answer until the mode
 changes, so the sender times out), "gone" (410). `stop()` / `start()` take its port down and
@@ -17,8 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import orjson
-
-from fence.webhooks import signing
+from geofence_client import webhooks
 
 
 @dataclass
@@ -127,8 +126,8 @@ class Receiver:
             self.got.refused += 1
             return 410
         try:
-            msg_id = signing.verify(self.secret, headers, body, time.time())
-        except (signing.BadSignature, ValueError):
+            msg_id = webhooks.verify(self.secret, headers, body, time.time())
+        except (webhooks.BadSignature, ValueError):
             self.got.bad_signatures += 1
             return 401
         data = orjson.loads(body)

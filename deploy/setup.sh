@@ -116,7 +116,8 @@ install_packages() {
 install_hash() {
     # Whatever changes what `pip install -e` builds, plus the interpreter.
     shopt -s nullglob
-    local files=(pyproject.toml requirements.lock setup.py hilbert_c/*.c hilbert_c/*.h hilbert_c/build_kernel.py)
+    local files=(pyproject.toml requirements.lock setup.py hilbert_c/*.c hilbert_c/*.h hilbert_c/build_kernel.py
+                 fence/client_package/pyproject.toml)
     shopt -u nullglob
     {
         "$VENV/bin/python" -c 'import sys; print(sys.version)'
@@ -138,9 +139,10 @@ setup_venv() {
     if [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
         return
     fi
-    # every extra (dev, spark, demo), each package at its version in requirements.lock
-    say "pip install -c requirements.lock -e '.[dev,spark,demo]' (builds the C kernel)"
-    "$VENV/bin/python" -m pip install -q -c requirements.lock -e '.[dev,spark,demo]'
+    # every extra (dev, spark, demo), each package at its version in requirements.lock, and the
+    # client package (fence/client_package: the tests and the benchmarks use it as a client would)
+    say "pip install -c requirements.lock -e '.[dev,spark,demo]' -e fence/client_package (builds the C kernel)"
+    "$VENV/bin/python" -m pip install -q -c requirements.lock -e '.[dev,spark,demo]' -e fence/client_package
     echo "$want" >"$STAMP"
 }
 

@@ -30,6 +30,7 @@ import httpx
 import orjson
 import pytest
 import uvicorn
+from geofence_client.amqp import FenceClient, Reply
 
 from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings, Settings
@@ -38,7 +39,6 @@ from exchanges import topology as t
 from exchanges.tenancy import qualify
 from fence.api import create_app
 from fence.auth import EMULATOR_HOST_ENV, FirebaseVerifier
-from fence.client import FenceClient, Reply
 from fence.manager import FenceManager
 from fence.rpc import RpcServer
 from fence.service import FenceService

@@ -21,12 +21,12 @@ import asyncpg
 import httpx
 import orjson
 import pytest
+from geofence_client.amqp import FenceApiError, FenceClient, Reply
 
 from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings, Settings
 from exchanges import topology as t
 from exchanges.tenancy import qualify
-from fence.client import FenceApiError, FenceClient, Reply
 from fence.manager import FenceManager
 from fence.service import TENANT_HEADER
 from tests.integration.clients import (

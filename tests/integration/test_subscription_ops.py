@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import uuid
 
+from geofence_client.amqp import FenceClient
+
 from deploy.settings import ConnectionSettings
 from exchanges import topology as t
 from exchanges.tenancy import qualify
-from fence.client import FenceClient
 from tests.integration.clients import Account, Login, geofence, login_url
 from tests.integration.test_fence_api import feature
 from tests.integration.test_fence_changes_live import square

@@ -128,7 +128,7 @@ async def test_an_application_cannot_reach_the_pipelines_control(world: World) -
 
 
 async def test_the_amqp_api_keeps_a_caller_in_its_tenant(world: World) -> None:
-    from fence.client import FenceClient
+    from geofence_client.amqp import FenceClient
 
     url = world.amqp(f"{world.b}.app", t.FENCES_VHOST)
     async with FenceClient(url, world.b_editor.token) as client:

@@ -17,12 +17,12 @@ from unittest import mock
 import orjson
 import pytest
 from fastapi.testclient import TestClient
+from geofence_client.amqp import FenceClient, Reply
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fence import store, tenants
 from fence.api import create_app
-from fence.client import FenceClient, Reply
 from fence.service import ApiError, Caller
 from tests.unit.test_fence_api_inputs import Verifier, answer, service
 

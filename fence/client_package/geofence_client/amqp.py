@@ -1,4 +1,4 @@
-"""A small callback-driven async client of the fence API over AMQP (fence/rpc.py).
+"""A small callback-driven async client of the fence API over AMQP (the server's fence/rpc.py).
 
     async with FenceClient(amqp_url, token) as client:
         client.request("get", {"fence_id": "f1"}, on_reply)   # on_reply(Reply) when it comes
@@ -15,6 +15,7 @@ Firebase ID token, or a callable returning a fresh one (ID tokens expire after a
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -22,11 +23,9 @@ from types import TracebackType
 from typing import Any
 
 import aio_pika
-import orjson
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, AbstractIncomingMessage
 
-from exchanges import topology as t
-
+API_EXCHANGE = "fence.api"  # vhost gf-fences (exchanges/topology.py; a unit test holds them equal)
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 TIMEOUT_S = 30.0
 
@@ -64,7 +63,7 @@ class FenceClient:
             self._channel: AbstractChannel = await self._conn.channel(publisher_confirms=True)
             replies = await self._channel.get_queue(DIRECT_REPLY_TO, ensure=False)
             await replies.consume(self._on_reply, no_ack=True)
-            self._exchange: AbstractExchange = await self._channel.get_exchange(t.API_EXCHANGE, ensure=False)
+            self._exchange: AbstractExchange = await self._channel.get_exchange(API_EXCHANGE, ensure=False)
         except BaseException:
             await self._conn.close()
             raise
@@ -85,7 +84,7 @@ class FenceClient:
 
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
         try:
-            body = orjson.loads(message.body)
+            body = json.loads(message.body)
             reply = Reply(int(body["status"]), body.get("result"), body.get("error"))
         except (ValueError, KeyError, TypeError) as exc:
             reply = Reply(502, error=f"unreadable reply: {exc}")
@@ -103,7 +102,7 @@ class FenceClient:
         self._pending[cid] = (callback, timer)
         try:
             await self._exchange.publish(
-                aio_pika.Message(orjson.dumps({"op": op, "token": token, **args}),
+                aio_pika.Message(json.dumps({"op": op, "token": token, **args}).encode(),
                                  content_type="application/json", correlation_id=cid,
                                  reply_to=DIRECT_REPLY_TO,
                                  delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
