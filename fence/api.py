@@ -19,11 +19,13 @@ import orjson
 from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exchanges.shell import Counters
 from exchanges.tenancy import name_of
 from exchanges.text import TextError, check_id
 from exchanges.x_geo import queries
+from fence import problems
 from fence.api_edges import BodyLimit, RateLimit, RequestMetrics
 from fence.api_schemas import add_schema_routes
 from fence.auth import AuthUnavailable, Unauthenticated, User
@@ -39,6 +41,12 @@ from fence.venues.reads import Unavailable, VenueReads
 from fence.webhook_routes import add_webhook_routes
 
 log = logging.getLogger("geofence")
+
+
+class GeoJSONResponse(JSONResponse):
+    """A fence (a Feature) or a page of them (a FeatureCollection), as RFC 7946 names it."""
+
+    media_type = "application/geo+json"
 WHERE_HELP = ('conditions on the positions\' extra fields, JSON: [["type", "==", "truck"], '
               '["speed", ">", 20]] (ops == != < <= > >= in between)')
 STORE_RETRY_AFTER_S = 5  # a 503 while PostgreSQL is away: when to try again
@@ -109,8 +117,13 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                     "stream on RabbitMQ to the tenant's applications (exchange `fence.events`, key "
                     "`fence-events.<tenant>.<fence_id>.<enter|leave|cross>.<object_id>`, one message per "
                     "event; exchange `fence.tenant-batches`, key `<tenant>`, its events in batches); this "
-                    "API is the control side.",
+                    "API is the control side. Errors are RFC 9457 problem details "
+                    "(`application/problem+json`).",
+        responses=problems.RESPONSES,
     )
+
+    openapi = app.openapi
+    app.openapi = lambda: problems.retyped(openapi())  # type: ignore[method-assign]
 
     async def caller(authorization: Annotated[str | None, Header()] = None,
                      x_geofence_tenant: Annotated[str | None, Header(
@@ -135,17 +148,23 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
     app.state.who = Who
     app.state.caller_of = caller_of
 
+    # every error answer is a problem (RFC 9457, fence/problems.py), `error` kept beside `detail`
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer realm="geofence"'} if exc.status == 401 else None
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+        return problems.response(exc.status, exc.message, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own: no such route (404), a method it does not take (405)
+        return problems.response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(asyncpg.DataError)
     async def data_refused(request: Request, exc: asyncpg.DataError) -> JSONResponse:
         # a value the checks let through and PostgreSQL refused (a NUL in a path parameter, a
         # string too long for its column): the caller's mistake, said, not a 500
         log.warning("%s %s: PostgreSQL refused a value: %s", request.method, request.url.path, exc)
-        return JSONResponse({"error": f"a value was refused: {str(exc)[:200]}"}, status_code=422)
+        return problems.response(422, f"a value was refused: {str(exc)[:200]}", "refused-value")
 
     @app.exception_handler(OSError)
     @app.exception_handler(asyncpg.PostgresConnectionError)
@@ -159,17 +178,16 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         what = "the fence store (PostgreSQL)" if store else "a service this request needs"
         log.warning("%s %s: %s is unreachable: %s: %s", request.method, request.url.path, what,
                     type(exc).__name__, exc)
-        return JSONResponse({"error": f"{what} is unreachable: try again shortly"},
-                            status_code=503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+        return problems.response(503, f"{what} is unreachable: try again shortly", "unavailable",
+                                 headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid request')}",
-                             "detail": [{"loc": e.get("loc"), "msg": e.get("msg")} for e in errors]},
-                            status_code=422)
+        return problems.response(422, f"{where}: {first.get('msg', 'invalid request')}", "validation",
+                                 errors=[{"loc": e.get("loc"), "msg": e.get("msg")} for e in errors])
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     if limits is not None:  # outside the body limit: a throttled client's body is never read
@@ -187,7 +205,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
     async def get_health() -> dict[str, Any]:
         return {"ok": True, **(health() if health else {})}
 
-    @app.post("/fences", status_code=201, tags=["fences"],
+    @app.post("/fences", status_code=201, tags=["fences"], response_class=GeoJSONResponse,
               summary="Create a fence from a GeoJSON Feature (Polygon or MultiPolygon)")
     async def post_fence(who: Who, response: Response,
                          body: Annotated[dict[str, Any], Body(openapi_examples={
@@ -196,7 +214,8 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         response.headers["Location"] = f"/fences/{result['id']}"
         return tagged(response, result)
 
-    @app.get("/fences", tags=["fences"], summary="Your fences, optionally those meeting a bbox")
+    @app.get("/fences", tags=["fences"], summary="Your fences, optionally those meeting a bbox",
+             response_class=GeoJSONResponse)
     async def list_fences(who: Who,
                           bbox: Annotated[str | None,
                                           Query(description="min_lon,min_lat,max_lon,max_lat")] = None,
@@ -205,11 +224,12 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                           ) -> dict[str, Any]:
         return await service.list(who, bbox, limit, after)
 
-    @app.get("/fences/{fence_id}", tags=["fences"], summary="One fence (ETag: its version)")
+    @app.get("/fences/{fence_id}", tags=["fences"], summary="One fence (ETag: its version)",
+             response_class=GeoJSONResponse)
     async def get_fence(who: Who, fence_id: str, response: Response) -> dict[str, Any]:
         return tagged(response, await service.get(who, fence_id))
 
-    @app.put("/fences/{fence_id}", tags=["fences"],
+    @app.put("/fences/{fence_id}", tags=["fences"], response_class=GeoJSONResponse,
              summary="Replace / move a fence, or attach it to an object it then follows",
              description="A GeoJSON Feature replaces the geometry (and stops following); "
                          "`{\"follow\": object_id, \"radius_m\": metres}` makes the fence a circle that "

@@ -9,10 +9,10 @@ import logging
 import time
 from typing import Any
 
-from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exchanges.shell import Counters
+from fence import problems
 from fence.rate_limits import RateLimits, retry_after_header
 
 log = logging.getLogger("geofence")
@@ -58,7 +58,7 @@ class BodyLimit:
 
     @staticmethod
     async def refuse(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-        await JSONResponse({"error": reason}, status_code=413)(scope, receive, send)
+        await problems.response(413, reason, "too-large")(scope, receive, send)
 
 
 class RequestMetrics:
@@ -108,8 +108,8 @@ class RateLimit:
                 await send({"type": "websocket.close", "code": 1008})
                 return
             wait = retry_after_header(verdict.retry_after)
-            await JSONResponse({"error": f"too many {verdict.why}: try again in {wait} s"}, status_code=429,
-                               headers={"Retry-After": wait})(scope, receive, send)
+            await problems.response(429, f"too many {verdict.why}: try again in {wait} s", "rate-limited",
+                                    headers={"Retry-After": wait})(scope, receive, send)
             return
 
         async def watched(message: Message) -> None:

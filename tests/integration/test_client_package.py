@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -76,11 +77,11 @@ asyncio.run(main())
 
 
 def venv_with_the_client(where: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
-    python = where / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "venv", str(where / "venv")], check=True, timeout=120)
+    python = where / "venv" / "bin" / "python"
+    source = shutil.copytree(ROOT / "fence" / "client_package", where / "client_package")  # its build/ there
     done = subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(ROOT / "requirements.lock"),
-                           str(ROOT / "fence" / "client_package")], capture_output=True, text=True,
-                          timeout=600)
+                           str(source)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return python
 
@@ -88,7 +89,7 @@ def venv_with_the_client(where: Path) -> Path:
 async def test_the_client_installs_alone_and_drives_the_stack(
         stack: ConnectionSettings, firebase: Firebase, tenant: str, editor: Account, gateway: Login,
         app_user: Login, tmp_path: Path) -> None:
-    python = await asyncio.to_thread(venv_with_the_client, tmp_path / "venv")
+    python = await asyncio.to_thread(venv_with_the_client, tmp_path)
     listed = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], capture_output=True,
                             text=True, check=True, timeout=120)
     installed = {p["name"].lower() for p in json.loads(listed.stdout)}

@@ -251,12 +251,12 @@ def test_a_chunked_body_up_to_the_limit_reaches_the_app_whole(parts: tuple[bytes
 @pytest.mark.parametrize("parts", [(b"0123456789a",), (b"01234", b"56789", b"a"), (b"x" * 1000,) * 3])
 def test_a_chunked_body_over_the_limit_is_a_413(parts: tuple[bytes, ...]) -> None:
     r = LIMITED.post("/", content=chunks(*parts))
-    assert r.status_code == 413 and r.json() == {"error": "body over 10 bytes; at most 10"}
+    assert r.status_code == 413 and r.json()["error"] == "body over 10 bytes; at most 10"
 
 
 def test_an_announced_body_over_the_limit_is_a_413_and_one_at_it_is_read() -> None:
     r = LIMITED.post("/", content=b"0123456789a")
-    assert r.status_code == 413 and r.json() == {"error": "body of 11 bytes; at most 10"}
+    assert r.status_code == 413 and r.json()["error"] == "body of 11 bytes; at most 10"
     assert LIMITED.post("/", content=b"0123456789").content == b"0123456789"
     assert LIMITED.get("/").status_code == 200
 
