@@ -50,6 +50,24 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     p = sub.add_parser("show", help="one fence as stored (GeoJSON geometry, version, regions)")
     p.add_argument("id")
     p.add_argument("--tenant", required=True)
+    p.add_argument("--json", action="store_true", help="the stored fence whole, as JSON (geometry included)")
+
+
+def fence_lines(fence: dict[str, Any]) -> str:
+    """A stored fence for a person: its fields a line each, its geometry summed up."""
+    geometry = fence.get("geometry") or {}
+    polygons = geometry.get("coordinates", []) if geometry.get("type") == "MultiPolygon" else [
+        geometry.get("coordinates", [])]
+    points = [p for polygon in polygons for ring in polygon for p in ring]
+    lines = [f"{'fence':<14} {fence.get('id')}"]
+    if points:
+        lons, lats = [p[0] for p in points], [p[1] for p in points]
+        lines.append(f"{'geometry':<14} {geometry.get('type')}, {len(polygons)} polygon(s), {len(points)} "
+                     f"vertices, bbox {min(lons):.6f},{min(lats):.6f},{max(lons):.6f},{max(lats):.6f}")
+    for key, value in fence.items():
+        if key not in ("id", "geometry"):
+            lines.append(f"{key:<14} {value if isinstance(value, str) else json.dumps(value)}")
+    return "\n".join(lines) + "\n(--json: the whole fence)"
 
 
 def read_features(path: str) -> list[dict[str, Any]]:
@@ -110,8 +128,8 @@ async def _run(args: argparse.Namespace) -> int:
         conn = await routing_store.connect(pg)
         try:
             if args.action == "show":
-                print(json.dumps((await store.get_fence(conn, qualify(tenant(args), args.id))).to_json(),
-                                 indent=2))
+                shown = (await store.get_fence(conn, qualify(tenant(args), args.id))).to_json()
+                print(json.dumps(shown, indent=2) if args.json else fence_lines(shown))
                 return 0
             rows = await store.find_fences(conn, args.tenant and tenant(args), limit=1_000_000)
             if args.json:

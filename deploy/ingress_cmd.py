@@ -12,6 +12,7 @@ import asyncpg
 
 from deploy import exit_codes, ingress_ops
 from deploy.processes import StackError
+from deploy.progress import Steps
 from deploy.settings import Settings, SettingsError, load_secrets
 
 
@@ -24,9 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    def say(text: str) -> None:
-        print(f"geofence ingress: {text}", flush=True)
-
     if (args.action == "remove") != bool(args.instance):
         print("geofence ingress: remove takes the instance's name (x-ingress-N), add and list none",
               file=sys.stderr)
@@ -38,10 +36,12 @@ def run(args: argparse.Namespace) -> int:
             data = asyncio.run(ingress_ops.gather(settings, pw))
             print(json.dumps(data, indent=2) if args.json else ingress_ops.human(data))
             return 0 if all(r["up"] for r in data["instances"]) else 1
-        if args.action == "add":
-            outcome = asyncio.run(ingress_ops.add(settings, pw, say))
-        else:
-            outcome = asyncio.run(ingress_ops.remove(settings, pw, args.instance, say))
+        with Steps(f"ingress {args.action}", f"ingress {args.action}", settings.progress_file,
+                   "geofence ingress") as steps:
+            if args.action == "add":
+                outcome = asyncio.run(ingress_ops.add(settings, pw, steps.say))
+            else:
+                outcome = asyncio.run(ingress_ops.remove(settings, pw, args.instance, steps.say))
     except (SettingsError, StackError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         return exit_codes.say(f"ingress {args.action}", exc)
     print(outcome.line(), flush=True)

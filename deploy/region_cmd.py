@@ -25,6 +25,7 @@ import asyncpg
 from deploy import exit_codes, region_ops
 from deploy.inspect_cmd import RpcTimeout, ask
 from deploy.processes import StackError
+from deploy.progress import Steps
 from deploy.settings import ConnectionSettings, Settings, load_connection_settings, load_secrets, overriding
 from exchanges import routing_store
 from exchanges import topology as t
@@ -141,9 +142,6 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 def change(args: argparse.Namespace) -> int:
     """`region add` / `region remove` on the local stack."""
 
-    def say(text: str) -> None:
-        print(f"geofence region: {text}", flush=True)
-
     refused = overriding("GEOFENCE_REGIONS", "regions")
     if refused:
         print(f"geofence region {args.action}: {refused}", file=sys.stderr)
@@ -155,12 +153,14 @@ def change(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env()
         pw = load_secrets(settings)
-        if args.action == "add":
-            outcome = asyncio.run(region_ops.add(settings, pw, args.region, args.split_from, args.at, say,
-                                                 args.settle_timeout, args.broker))
-        else:
-            outcome = asyncio.run(region_ops.remove(settings, pw, args.region, args.into, say,
-                                                    args.settle_timeout))
+        with Steps(f"region {args.action} {args.region}", f"region {args.action}", settings.progress_file,
+                   "geofence region") as steps:
+            if args.action == "add":
+                outcome = asyncio.run(region_ops.add(settings, pw, args.region, args.split_from, args.at,
+                                                     steps.say, args.settle_timeout, args.broker))
+            else:
+                outcome = asyncio.run(region_ops.remove(settings, pw, args.region, args.into, steps.say,
+                                                        args.settle_timeout))
     except (StackError, ValueError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         return exit_codes.say(f"region {args.action}", exc)
     print(outcome.line(), flush=True)

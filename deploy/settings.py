@@ -314,6 +314,11 @@ class Settings:
         return self.state_dir / "state.json"
 
     @property
+    def progress_file(self) -> Path:
+        """How many steps each live operation took last time (deploy/progress.Steps)."""
+        return self.state_dir / "progress.json"
+
+    @property
     def secrets_file(self) -> Path:
         return self.state_dir / "secrets.json"
 

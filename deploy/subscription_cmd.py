@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     p = sub.add_parser("show", help="one subscription as stored")
     p.add_argument("id")
     p.add_argument("--tenant", required=True)
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("remove", help="delete subscriptions (their pairs report nothing more)")
     p.add_argument("ids", nargs="+", metavar="ID")
     p.add_argument("--tenant", required=True)
@@ -101,8 +102,8 @@ async def _run(args: argparse.Namespace) -> int:
             print(json.dumps(subs, indent=2) if args.json else "\n".join(line(s) for s in subs)
                   or "no proximity subscription")
         elif args.action == "show":
-            print(json.dumps(await store.get_subscription(conn, qualify(_tenant(args.tenant), args.id)),
-                             indent=2))
+            found = await store.get_subscription(conn, qualify(_tenant(args.tenant), args.id))
+            print(json.dumps(found, indent=2) if args.json else line(found))
         else:
             for sub_id in args.ids:
                 await store.delete_subscription(conn, qualify(_tenant(args.tenant), sub_id))

@@ -24,6 +24,7 @@ import asyncpg
 from deploy import exit_codes, worker_ops
 from deploy.inspect_cmd import RpcTimeout, ask
 from deploy.processes import StackError
+from deploy.progress import Steps
 from deploy.region_ops import live
 from deploy.settings import Settings, connection_settings, load_secrets, overriding
 from exchanges import topology as t
@@ -121,12 +122,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
         settings = Settings.from_env()
         pw = load_secrets(settings)
-        if args.action == "add":
-            outcome = asyncio.run(worker_ops.add(settings, pw, args.worker[0], args.weight, say))
-        elif args.action == "hot":
-            outcome = asyncio.run(worker_ops.hot(settings, pw, args.worker, args.masters, say))
-        else:
-            outcome = asyncio.run(worker_ops.remove(settings, pw, args.worker[0], say))
+        with Steps(f"worker {args.action} {' '.join(args.worker)}", f"worker {args.action}",
+                   settings.progress_file, "geofence worker") as steps:
+            if args.action == "add":
+                outcome = asyncio.run(worker_ops.add(settings, pw, args.worker[0], args.weight, steps.say))
+            elif args.action == "hot":
+                outcome = asyncio.run(worker_ops.hot(settings, pw, args.worker, args.masters, steps.say))
+            else:
+                outcome = asyncio.run(worker_ops.remove(settings, pw, args.worker[0], steps.say))
     except (StackError, ValueError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         return exit_codes.say(f"worker {args.action}", exc)
     print(outcome.line(), flush=True)

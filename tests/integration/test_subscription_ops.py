@@ -82,8 +82,10 @@ def test_subscriptions_from_the_command_line(stack: ConnectionSettings, tenant: 
     assert key in [s["id"] for s in everyone]
     theirs = json.loads(geofence("subscription", "list", "--tenant", other_tenant, "--json").stdout)
     assert key not in [s["id"] for s in theirs]
-    shown = geofence("subscription", "show", sub_id, "--tenant", tenant)
+    shown = geofence("subscription", "show", sub_id, "--tenant", tenant, "--json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["object"] == qualify(tenant, "bus-9")
+    said = geofence("subscription", "show", sub_id, "--tenant", tenant)  # for a person: its list line
+    assert said.returncode == 0 and said.stdout.split()[:2] == [key, qualify(tenant, "bus-9")], said.stdout
     elsewhere = geofence("subscription", "show", sub_id, "--tenant", other_tenant)
     assert elsewhere.returncode == 1 and "no subscription" in elsewhere.stderr
     bad = geofence("subscription", "add", "--tenant", tenant, "--object", "bus-9", "--radius", "0")
@@ -100,7 +102,7 @@ def test_subscriptions_from_the_command_line(stack: ConnectionSettings, tenant: 
     at_point = geofence("subscription", "add", "--tenant", tenant, "--point", "9.55", "47.12",
                         "--radius", "80", "--id", point_id)
     assert at_point.returncode == 0 and "point 9.550000,47.120000" in at_point.stdout, at_point.stderr
-    stored = json.loads(geofence("subscription", "show", point_id, "--tenant", tenant).stdout)
+    stored = json.loads(geofence("subscription", "show", point_id, "--tenant", tenant, "--json").stdout)
     assert stored["point"] == [9.55, 47.12] and "object" not in stored
     assert geofence("subscription", "remove", point_id, "--tenant", tenant).returncode == 0
     kept = geofence("subscription", "remove", sub_id, "--tenant", other_tenant)
