@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import asyncpg
 from fastapi import Body, FastAPI, Query, Response
 
+from fence import webhook_models as m
 from fence.service import ApiError
 from fence.webhooks import endpoints, signing, store
 from fence.webhooks.endpoints import ENDPOINT_ID_RE, InvalidEndpoint
@@ -56,15 +57,15 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
             st = await store.stats(conn, tenant, endpoint_id)
         return {**ep.public(), "delivery": st.to_json()}
 
-    @app.post("/webhooks", status_code=201, tags=["webhooks"],
+    @app.post("/webhooks", status_code=201, tags=["webhooks"], response_model=m.WebhookCreated,
               summary="Add an HTTPS endpoint for your tenant's events (an admin's)", description=DESCRIPTION)
     async def post_webhook(caller: who, response: Response,
-                           body: Annotated[Any, Body(openapi_examples={"dispatch": {"value": EXAMPLE}})]
-                           ) -> dict[str, Any]:
+                           body: Annotated[m.WebhookIn, Body(openapi_examples={
+                               "dispatch": {"value": EXAMPLE}})]) -> dict[str, Any]:
         tenant = caller.scoped("admin")
         secret = signing.new_secret()
         try:
-            ep = endpoints.from_request(body, store.new_id(), tenant, secret)
+            ep = endpoints.from_request(body.model_dump(exclude_none=True), store.new_id(), tenant, secret)
         except InvalidEndpoint as exc:
             raise ApiError(422, str(exc)) from None
         async with pool.acquire() as conn:
@@ -75,13 +76,14 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
         response.headers["Location"] = f"/webhooks/{ep.id}"
         return {**ep.public(), "secret": secret}
 
-    @app.get("/webhooks", tags=["webhooks"], summary="Your tenant's webhook endpoints (an admin's)")
+    @app.get("/webhooks", tags=["webhooks"], response_model=m.WebhookList,
+             summary="Your tenant's webhook endpoints (an admin's)")
     async def list_webhooks(caller: who) -> dict[str, Any]:
         tenant = caller.scoped("admin")
         async with pool.acquire() as conn:
             return {"webhooks": [ep.public() for ep in await store.listed(conn, tenant)]}
 
-    @app.get("/webhooks/{endpoint_id}", tags=["webhooks"],
+    @app.get("/webhooks/{endpoint_id}", tags=["webhooks"], response_model=m.WebhookShown,
              summary="One endpoint and its delivery: events waiting, given up, the last error")
     async def get_webhook(caller: who, endpoint_id: str) -> dict[str, Any]:
         tenant = caller.scoped("admin")
@@ -98,7 +100,7 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
             with _found():
                 await store.remove(conn, tenant, endpoint_id)
 
-    @app.post("/webhooks/{endpoint_id}/enable", tags=["webhooks"],
+    @app.post("/webhooks/{endpoint_id}/enable", tags=["webhooks"], response_model=m.WebhookShown,
               summary="Enable a disabled endpoint: its waiting events are delivered again")
     async def enable_webhook(caller: who, endpoint_id: str) -> dict[str, Any]:
         tenant = caller.scoped("admin")
@@ -108,7 +110,7 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
                 await store.enable(conn, tenant, endpoint_id)
             return await shown(conn, tenant, endpoint_id)
 
-    @app.post("/webhooks/{endpoint_id}/rotate", tags=["webhooks"],
+    @app.post("/webhooks/{endpoint_id}/rotate", tags=["webhooks"], response_model=m.Rotated,
               summary="A new signing secret (the previous one signs too, until the next rotation)")
     async def rotate_webhook(caller: who, endpoint_id: str) -> dict[str, Any]:
         tenant = caller.scoped("admin")
@@ -119,7 +121,7 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
                 await store.rotate(conn, tenant, endpoint_id, secret)
         return {"id": endpoint_id, "secret": secret}
 
-    @app.get("/webhooks/{endpoint_id}/dead", tags=["webhooks"],
+    @app.get("/webhooks/{endpoint_id}/dead", tags=["webhooks"], response_model=m.DeadPage,
              summary="Events given up, oldest first, with the reason (cursor: `after`, the last seq)")
     async def dead_webhook(caller: who, endpoint_id: str, after: Annotated[int, Query(ge=0)] = 0,
                            limit: Annotated[int, Query(ge=1, le=store.MAX_PAGE)] = 100) -> dict[str, Any]:
@@ -130,7 +132,7 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
                 rows = await store.dead(conn, tenant, endpoint_id, after, limit)
         return {"dead": rows, "next": rows[-1]["seq"] if len(rows) == limit else None}
 
-    @app.post("/webhooks/{endpoint_id}/dead/replay", tags=["webhooks"],
+    @app.post("/webhooks/{endpoint_id}/dead/replay", tags=["webhooks"], response_model=m.Replayed,
               summary="Queue every given-up event again (each under its webhook-id)")
     async def replay_webhook(caller: who, endpoint_id: str) -> dict[str, Any]:
         tenant = caller.scoped("admin")

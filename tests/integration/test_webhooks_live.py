@@ -43,10 +43,11 @@ async def test_the_api_keeps_endpoints_public_and_to_their_tenant(
                           ({"url": "https://169.254.169.254/latest"}, "not a public address"),
                           ({"url": "https://[::ffff:10.0.0.1]/x"}, "not a public address"),
                           ({"url": "https://u:p@hooks.example.com/x"}, "no user or password"),
-                          ({**ok, "bogus": 1}, "unknown field"), ({**ok, "kinds": ["teleport"]}, "kinds"),
-                          ({**ok, "batch": 501}, "batch")):
+                          ({**ok, "bogus": 1}, "body.bogus"), ({**ok, "kinds": ["teleport"]}, "kinds"),
+                          ({**ok, "batch": 501}, "batch"), ({**ok, "timeout_s": 60}, "timeout_s")):
             refused = await http.post("/webhooks", json=body, headers=admin.auth)
-            assert refused.status_code == 422 and why in refused.text, (body, refused.text)
+            assert refused.status_code == 422 and why in refused.json()["detail"], (body, refused.text)
+            assert refused.headers["content-type"] == "application/problem+json"
         made = await http.post("/webhooks", json=ok, headers=admin.auth)
         assert made.status_code == 201, made.text
         ep = made.json()
