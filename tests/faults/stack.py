@@ -57,6 +57,8 @@ def sidecar_queues(topology: t.Topology, name: str) -> list[tuple[str, str]]:
         return [(t.FENCES_VHOST, t.fence_queue(w)), (t.FENCES_VHOST, t.fence_control_queue(w))]
     if name == "fence-archiver":
         return [(t.FENCES_VHOST, t.ARCHIVE_QUEUE)]
+    if name == "fence-webhooks":
+        return [(t.FENCES_VHOST, t.WEBHOOKS_QUEUE)]
     if name == "api":
         return [(t.FENCES_VHOST, t.API_QUEUE), (t.INGRESS_VHOST, t.FOLLOW_QUEUE)]
     if name == "venue-sensors":

@@ -85,7 +85,7 @@ async def test_federation_links_are_running(stack: ConnectionSettings, topology:
 async def test_every_sidecar_user_logs_in_where_status_says(stack: ConnectionSettings,
                                                            topology: Topology) -> None:
     assert set(stack["users"]) == {t.INGRESS_USER, t.GEO_USER, t.FENCE_USER, t.MANAGER_USER,
-                                   t.FEDERATION_USER, t.ARCHIVER_USER, t.VENUES_USER}
+                                   t.FEDERATION_USER, t.ARCHIVER_USER, t.VENUES_USER, t.WEBHOOKS_USER}
     # the shared users of no tenant are retired: `geofence up` deleted them from the broker
     assert api(stack, f"api/users/{q(t.GATEWAY_USER)}") is None
     assert api(stack, f"api/users/{q(t.CLIENT_USER)}") is None
@@ -105,7 +105,7 @@ async def test_input_queues_carry_the_length_limit_and_dead_letter_policy(
     groups = {t.INGRESS_VHOST: [*t.PARTITION_QUEUES, t.POSITIONS_QUEUE, t.BATCHES_QUEUE, t.FOLLOW_QUEUE],
               t.FENCES_VHOST: [*(q for w in topology.workers
                                  for q in (t.fence_queue(w), t.fence_control_queue(w))),
-                               t.ARCHIVE_QUEUE, t.API_QUEUE],
+                               t.ARCHIVE_QUEUE, t.WEBHOOKS_QUEUE, t.API_QUEUE],
               **{t.region_vhost(r): [t.GEO_POSITIONS_QUEUE, t.GEO_CONTROL_QUEUE]
                  for r in topology.regions}}
     for vhost, names in groups.items():
