@@ -132,7 +132,8 @@ async def test_hostile_text_in_a_hive_is_refused_with_a_reason(world: World) -> 
     try:
         shown = (await world.http.get(f"/hives/{base['id']}")).json() if legit.status_code == 201 else {}
         for what, field, r in answers:
-            is_json = r.headers.get("content-type", "").startswith("application/json")
+            is_json = r.headers.get("content-type", "").startswith(("application/json",
+                                                                    "application/problem+json"))
             error = r.json().get("error", "") if is_json else ""
             ok = r.status_code == 422 and error.startswith(field) and len(r.text) < 1_000
             holds("signed-in user", f"POST /owner/hives with {what}", f"{r.status_code}: {error[:60]}",
