@@ -58,11 +58,6 @@ class Lanes:
         if event is not None:
             event.set()
 
-    def wake_all(self, endpoint_id: str) -> None:
-        for (ep, _), event in self.wakes.items():
-            if ep == endpoint_id:
-                event.set()
-
     async def db(self, work: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
         """`work` on a pooled connection, retried while PostgreSQL is away (until stopping)."""
         backoff = Backoff()
