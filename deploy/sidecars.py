@@ -191,7 +191,8 @@ def process(settings: Settings, name: str) -> ProcessId | None:
 
 async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say,
                            workers: tuple[str, ...] | None = None,
-                           placement: list[tuple[str, tuple[str, int]]] | None = None) -> None:
+                           placement: list[tuple[str, tuple[str, int]]] | None = None,
+                           ingress: tuple[str, ...] | None = None) -> None:
     # here, not at the top: asyncpg, numpy and shapely, which `geofence status` and `down` do not need
     from deploy.migrate import migrate
     from exchanges import routing_store
@@ -224,6 +225,8 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say,
                              f"is not the workers to run ({', '.join(workers)}): change workers with "
                              "`geofence worker add / remove` (their fences' state moves with them), or unset "
                              "GEOFENCE_WORKERS")
+        if ingress is not None:
+            await _partitions_to_instances_run(conn, ingress, say)
         if wm is not None and not set(wm.regions) - set(regions):
             idle = [r for r in regions if r not in wm.regions or not len(wm.intervals(r))]
             if idle:
@@ -233,14 +236,32 @@ async def prepare_database(dsn: str, regions: tuple[str, ...], say: Say,
         await conn.close()
 
 
+async def _partitions_to_instances_run(conn: Any, ingress: tuple[str, ...], say: Say) -> None:
+    """A stored partition map naming an x-ingress instance this stack does not run (an
+    `ingress add` or `remove` cut short, an instance's number dropped from the recorded
+    topology) would leave its partitions without a consumer: its share goes to the instances
+    run, nothing else moves (the instances read the new map within a second)."""
+    from exchanges import ingress_partitions as ip
+    from exchanges import routing_store
+
+    run = [ip.FIRST_INSTANCE, *(f"{ip.FIRST_INSTANCE}-{n}" for n in ingress)]
+    version, owners = await routing_store.assignment_or_first(conn)
+    gone = sorted(set(owners.values()) - set(run))
+    if gone:
+        after = ip.assign(run, owners)
+        new = await routing_store.store_assignment(conn, after)
+        say(f"x-ingress partition map version {new} stored (was {version}): the partitions of "
+            f"{', '.join(gone)}, which this stack does not run, go to {', '.join(run)}")
+
+
 def up(settings: Settings, pw: Secrets, say: Say) -> None:
     dsn = postgres_dsn(settings, pw.postgres_password)
     placed = [(r, (settings.host, settings.broker_amqp_port(b))) for r, b in settings.placement]
-    asyncio.run(prepare_database(dsn, settings.regions, say, settings.workers, placed))
     records = load_records(settings)
     wanted = {sc.name for sc in sidecars(settings.topology, settings.ingress)}
-    for name in sorted(set(records) - wanted):  # a region or worker that is gone
+    for name in sorted(set(records) - wanted):  # a region, worker or x-ingress instance that is gone
         _stop_one(settings, records, name, say, "not in the topology any more")
+    asyncio.run(prepare_database(dsn, settings.regions, say, settings.workers, placed, settings.ingress))
     for sc in sidecars(settings.topology, settings.ingress):
         start(settings, pw, sc, say, records)
     save_records(settings, records)

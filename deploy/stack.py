@@ -76,9 +76,9 @@ def up(settings: Settings, say: Say) -> State:
     map_roads.ensure(settings.map_roads_file)  # before the API reads it
     sidecars.up(settings, pw, say)  # the pipeline's processes, once the broker is set up
     recorded = read_live_topology(settings.state_dir) or {}
+    runs = (settings.regions, settings.workers, settings.placement, settings.broker_nodes, settings.ingress)
     if (recorded.get("regions"), recorded.get("workers"), recorded.get("placement", ()),
-            recorded.get("broker_nodes", 1)) != (settings.regions, settings.workers, settings.placement,
-                                                 settings.broker_nodes):
+            recorded.get("broker_nodes", 1), recorded.get("ingress", ())) != runs:
         write_live_topology(settings, settings.regions, settings.workers)  # what runs (see Settings)
     return state
 

@@ -274,6 +274,8 @@ class Intake:
                 await self._ready.wait()
                 continue
             await asyncio.sleep(0)  # let deliveries already read from the socket land
+            if self._released or not self._buf:  # a release (stop) may have cleared it meanwhile
+                continue
             if delivery_count(self._buf[0]) >= SUSPECT_DELIVERIES:
                 self.suspects += 1
                 yield [self._buf.popleft()]

@@ -134,16 +134,18 @@ class Delivery:
 
 class EventCollector(ReconnectingConsumer):
     """fence.events (all of it), kept only for the run's fences and objects: the event's tenant
-    one of the run's, its fence and object named with the run's prefix. Each kept event is
+    one of the run's, its fence named with the suite's `fence_prefix` (the fences are the
+    session's: tests/faults/session_fences.py), its object with the run's `prefix`. Each kept event is
     qualified again by its tenant (exchanges.fence_events.qualified_ids), as the reference
     names things. `owner`: the tenant of each of the run's objects (by name, as published): an
     event of a run's fence whose object is another tenant's, or a presence event (`shared`,
     its object a pseudonym: the fence saw an object of another tenant), or whose routing key
     names another tenant than the event, is recorded in `crossed` too."""
 
-    def __init__(self, conn: ConnectionSettings, queue: str, prefix: str, owner: Mapping[str, str]) -> None:
+    def __init__(self, conn: ConnectionSettings, queue: str, fence_prefix: str, prefix: str,
+                 owner: Mapping[str, str]) -> None:
         super().__init__(conn["amqp"][t.FENCES_VHOST], queue, [(t.EVENTS_EXCHANGE, "#")])
-        self.prefix, self.owner = prefix, dict(owner)
+        self.fence_prefix, self.prefix, self.owner = fence_prefix, prefix, dict(owner)
         self.tenants = frozenset(self.owner.values())
         self.deliveries: list[Delivery] = []  # raw, in order of receipt
         self.distinct: dict[str, EventTuple] = {}
@@ -160,9 +162,9 @@ class EventCollector(ReconnectingConsumer):
             self.malformed += 1
             return
         shared = e.get("shared") is True
-        if tenant not in self.tenants or not fence.startswith(self.prefix) \
+        if tenant not in self.tenants or not fence.startswith(self.fence_prefix) \
                 or not (shared or obj.startswith(self.prefix)):
-            return  # not the run's (an object of an earlier run inside a run's fence is not)
+            return  # not the run's (an object of an earlier run inside the fences is not)
         fence_id, object_id = qualified_ids(e)
         ev: EventTuple = (str(e["event"]), fence_id, object_id, float(e["ts"]), str(e["reason"]))
         eid = str(e["event_id"])

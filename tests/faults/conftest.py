@@ -17,6 +17,7 @@ from deploy.processes import StackError
 from deploy.settings import ConnectionSettings
 from tests.faults import report
 from tests.faults.run import Workload, make_workload
+from tests.faults.session_fences import SESSION_FENCES
 from tests.faults.stack import Stack
 from tests.faults.tenants import remove_leftover_fences, remove_leftover_gateways
 from tests.faults.timing import say
@@ -91,3 +92,5 @@ def fault_stack(stack: ConnectionSettings) -> Iterator[Stack]:
             s.restore()
         dead = s.dead()
         assert not dead, f"sidecars still dead after `geofence up`: {', '.join(dead)}"
+        say(f"removed the suite's {asyncio.run(remove_leftover_fences(s.conn))} fences")
+        SESSION_FENCES.forget()

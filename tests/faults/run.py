@@ -3,10 +3,10 @@ tenants sharing it (tests/faults/tenants.py).
 
 `make_workload()`: the scripted stream (bench/workload.py), its fences and objects split
 between the two tenants, and its shapely ground truth per tenant (each tenant's objects
-against its own fences). `FaultRun`: that workload renamed for one run (fences stored
-qualified `<tenant>:b<run>-<id>`, objects published as `b<run>-<id>` by their tenant's own
-gateway user under its tenant's key), its fences stored, the test's consumers and
-the paced publisher started, faults injected by the test (`kill`, `restart_broker`, `cut`)
+against its own fences). `FaultRun`: that workload renamed for one run (objects published as
+`b<run>-<id>` by their tenant's own gateway user under its tenant's key; the fences, stored
+once a session, in session_fences.py), the test's consumers and the paced publisher
+started, faults injected by the test (`kill`, `restart_broker`, `cut`)
 while it streams, the recovery of each measured, then the last events awaited and the
 verdict (verdict.py). `execute()` is a whole test: the run, the test's faults, the verdict,
 the row of the suite's table.
@@ -52,6 +52,7 @@ from tests.faults import report
 from tests.faults import tenants as ft
 from tests.faults.clients import Body, DeadLetter, DeadLetterWatch, EventCollector, Publisher
 from tests.faults.proxy import TcpProxy
+from tests.faults.session_fences import SESSION_FENCES
 from tests.faults.stack import QueueProbe, Stack, sidecar_queues
 from tests.faults.timing import (
     CONSUMER_DEADLINE_S,
@@ -138,12 +139,12 @@ class FaultRun:
         self.batch, self.bad_inputs = BATCH, BAD_INPUTS  # the verdict judges by these too
         self.rng = np.random.default_rng(seed)
         self.run_id = f"{ft.RUN_GATEWAY_PREFIX}{uuid.uuid4().hex[:6]}"
-        self.prefix = p = f"b{self.run_id}-"
+        self.prefix = p = f"b{self.run_id}-"  # the run's objects (the fences are the session's)
         self.split = split = work.split
         self.tenants = split.tenants
         # fences stored qualified; objects published by name (x-ingress qualifies them by the
         # gateway's tenant), `object_keys` as the pipeline and the events (qualified) name them
-        self.fences = [dataclasses.replace(f, fence_id=qualify(x, p + f.fence_id))
+        self.fences = [dataclasses.replace(f, fence_id=qualify(x, SESSION_FENCES.prefix + f.fence_id))
                        for f, x in zip(work.fences, split.fence_tenant, strict=True)]
         self.stream = dataclasses.replace(work.stream, object_ids=[p + o for o in work.stream.object_ids])
         self.object_keys = ft.qualified(split.object_tenant, self.stream.object_ids)
@@ -151,7 +152,7 @@ class FaultRun:
         rename_o = dict(zip(work.stream.object_ids, self.object_keys, strict=True))
         tenant_of_o = dict(zip(work.stream.object_ids, split.object_tenant, strict=True))
         # a reference event's fence is its object's tenant's (the same name may be every tenant's)
-        self.reference = [(e, qualify(tenant_of_o[o], p + f), rename_o[o], ts, r)
+        self.reference = [(e, qualify(tenant_of_o[o], SESSION_FENCES.prefix + f), rename_o[o], ts, r)
                           for e, f, o, ts, r in work.reference]
         self.gateways: list[ft.TenantGateway] = []
         self._bad_at: list[int] = []
@@ -160,7 +161,7 @@ class FaultRun:
         self.dead_letters: list[DeadLetter] = []
         self.probe = QueueProbe(stack)
         q = f"fault-suite.{self.run_id}"
-        self.collector = EventCollector(stack.conn, f"{q}.events", self.prefix, self.owner)
+        self.collector = EventCollector(stack.conn, f"{q}.events", SESSION_FENCES.prefix, p, self.owner)
         self.dlq = [DeadLetterWatch(stack.conn, v, f"{q}.dead-letters", self.prefix, self.dead_letters)
                     for v in stack.topology.vhosts]
         self.publisher = Publisher({}, self.bodies, rate, window)  # the gateways come in start()
@@ -183,7 +184,7 @@ class FaultRun:
         keys = self.object_keys  # (qualified object, ts) -> update, as the events name them
         pairs = zip(self.stream.obj.tolist(), self.stream.ts.tolist(), strict=True)
         self.where = {(keys[o], ts): i for i, (o, ts) in enumerate(pairs)}
-        self.end_ts = float(self.stream.ts.max())
+        self.start_ts, self.end_ts = float(self.stream.ts.min()), float(self.stream.ts.max())
         self.bodies = self._bodies()
 
     def _bodies(self) -> list[Body]:
@@ -229,7 +230,7 @@ class FaultRun:
                                                          tenant, self.run_id))
         self.walled_before = await walled_candidates(self.stack)
         self._fences_stored = True
-        await bm.put_fences(self.stack.conn, self.fences)
+        await SESSION_FENCES.ensure(self.stack.conn, self.fences)
         self._shift_to_now()  # the stream starts once the fences are stored
         urls = {gw.routing_key: gw.amqp_url for gw in self.gateways}
         self.publisher = Publisher(urls, self.bodies, self.rate, self.window)
@@ -534,7 +535,7 @@ class FaultRun:
             "messages ready in the pipeline")
 
     async def close(self) -> None:
-        """Stop publishing, park the run's objects, remove its fences and the test's queues."""
+        """Stop publishing, park the run's objects (the fences stay), remove the test's queues."""
         for task in [*self._recoveries, self._publishing]:
             if task is not None and not task.done():
                 task.cancel()
@@ -549,9 +550,8 @@ class FaultRun:
                 try:
                     for gw in self.gateways:
                         await bm.park(self.stack.conn, self._objects_of(gw.tenant), 1000, gw)
-                except Exception as exc:  # the fences go anyway
+                except Exception as exc:  # their later moves are no other run's events
                     say(f"{self.title}: parking failed ({type(exc).__name__}: {exc})")
-                await bm.remove_fences(self.stack.conn, self.fences)
         finally:
             for gw in self.gateways:
                 try:
@@ -568,8 +568,8 @@ class FaultRun:
         bench's park() moves (it moves every object of the stream it is given)."""
         names = [o for o, x in self.owner.items() if x == tenant]
         n = len(names)
-        end = np.full(n, self.end_ts)
-        return wl.Stream(names, np.arange(n, dtype=np.int32), np.zeros(n), np.zeros(n), end)
+        z = np.zeros(n)
+        return wl.Stream(names, np.arange(n, dtype=np.int32), z, z, np.full(n, self.end_ts))
 
 
 # --------------------------------------------------------------------------- a whole test

@@ -28,6 +28,7 @@ from exchanges import topology as t
 from exchanges.tenancy import qualify
 from fence.reference import EventTuple, compare
 from tests.faults import report
+from tests.faults.session_fences import SESSION_FENCES
 from tests.faults.stack import Stack, sidecar_queues
 from tests.faults.timing import ARCHIVE_DEADLINE_S, ARCHIVE_STUCK_S, CONSUMER_DEADLINE_S, poll_until
 
@@ -212,9 +213,9 @@ async def _archive_problems(run: FaultRun) -> list[str]:
     # the run's objects in the run's fences, each tenant's (ids qualified): an object of another
     # run (a parked demo car) inside a fence when it is defined gets its own ENTER, none of this
     # run's business; a pair across tenants is _archived_crossings'
-    query = ("FROM fence_event WHERE fence_id LIKE ANY($1::text[]) AND object_id LIKE ANY($1::text[]) "
-             "AND split_part(fence_id, ':', 1) = split_part(object_id, ':', 1) AND ts <= $2")
-    args = (_run_patterns(run), run.end_ts)
+    query = ("FROM fence_event WHERE fence_id LIKE ANY($1::text[]) AND object_id LIKE ANY($2::text[]) "
+             "AND split_part(fence_id, ':', 1) = split_part(object_id, ':', 1) AND ts <= $3")
+    args = (_patterns(run, SESSION_FENCES.prefix), _patterns(run, run.prefix), run.end_ts)
 
     async def fetch(sql: str) -> list[asyncpg.Record] | None:
         try:
@@ -267,21 +268,23 @@ async def _archive_problems(run: FaultRun) -> list[str]:
     return problems
 
 
-def _run_patterns(run: FaultRun) -> list[str]:
-    """LIKE patterns of the run's names, qualified: `<tenant>:b<run>-%` per tenant."""
-    return [f"{qualify(x, run.prefix)}%" for x in run.tenants]
+def _patterns(run: FaultRun, prefix: str) -> list[str]:
+    """LIKE patterns of names under `prefix` (the run's objects', the session's fences'),
+    qualified: `<tenant>:<prefix>%` per tenant."""
+    return [f"{qualify(x, prefix)}%" for x in run.tenants]
 
 
 async def _archived_crossings(run: FaultRun) -> list[str]:
-    """event_ids of archived events of the run's fences whose object is not of the fence's
-    tenant (a presence event's pseudonym included), read once _archive_problems waited for
-    the archiver."""
+    """event_ids of archived events of the fences, dated within the run, whose object is not
+    of the fence's tenant (a presence event's pseudonym included), read once _archive_problems
+    waited for the archiver."""
     try:
         c = await asyncpg.connect(run.stack.conn["postgres"]["dsn"])
         try:
             rows = await c.fetch("SELECT event_id FROM fence_event WHERE fence_id LIKE ANY($1::text[]) "
-                                 "AND split_part(fence_id, ':', 1) <> split_part(object_id, ':', 1)",
-                                 _run_patterns(run))
+                                 "AND split_part(fence_id, ':', 1) <> split_part(object_id, ':', 1) "
+                                 "AND ts BETWEEN $2 AND $3", _patterns(run, SESSION_FENCES.prefix),
+                                 run.start_ts, run.end_ts)
         finally:
             await c.close()
     except (OSError, asyncpg.PostgresError) as exc:
