@@ -71,12 +71,12 @@ HOLD_AT = 0.9  # of the stream: new positions wait there until every planned fau
 FLOW_MARGIN = 2_500  # updates the stream goes on for after each fault (1 s at RATE)
 
 # The workload: 500 fences (32-gons of 150-500 m) in a 6 km box across the border between the
-# default worldmap's two regions, 500 objects walking 20 m steps: ~18k events for 50k updates.
+# default worldmap's two regions, 500 objects walking 20 m steps: ~13k events for 36k updates.
 BOX = wl.Box(9.59, 47.18, 6_000.0)
 RADIUS_M = (150.0, 500.0)
 FENCES = 500
 OBJECTS = 500
-UPDATES = 50_000
+UPDATES = 36_000
 BATCH = 200  # positions per gateway message
 RATE = 2_500.0  # updates/s
 WORKLOAD_SEED = 5
@@ -97,7 +97,7 @@ class Workload:
 def make_workload() -> Workload:
     """Two tenants, each with its own copy of the fences (the same names in both) and half the
     objects: every object meets the fences it met before tenants, so the events are the same
-    18,318, while each fence lies over the other tenant's objects too, which x-fence's wall
+    ones, while each fence lies over the other tenant's objects too, which x-fence's wall
     keeps out (the runs count what crossed: nothing may)."""
     base = wl.make_fences(FENCES, WORKLOAD_SEED, BOX, RADIUS_M)
     stream = wl.random_walk(OBJECTS, UPDATES, WORKLOAD_SEED, BOX)

@@ -25,7 +25,7 @@ from tests.faults.verdict import failure_message
 
 pytestmark = pytest.mark.timeout(900)
 NEW = "c"
-RATE = 800.0  # updates/s: the stream (~60 s) outlasts the add (~20 s), so the restart is mid-stream
+RATE = 1_200.0  # updates/s: the stream (~30 s) outlasts the add (~20 s), so the restart is mid-stream
 
 
 async def test_a_region_on_a_second_broker_survives_that_broker_restarting(
