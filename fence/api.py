@@ -25,6 +25,7 @@ from exchanges.shell import Counters
 from exchanges.tenancy import name_of
 from exchanges.text import TextError, check_id
 from exchanges.x_geo import queries
+from fence import api_models as am
 from fence import problems
 from fence.api_edges import BodyLimit, RateLimit, RequestMetrics
 from fence.api_schemas import add_schema_routes
@@ -120,10 +121,13 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                     "API is the control side. Errors are RFC 9457 problem details "
                     "(`application/problem+json`).",
         responses=problems.RESPONSES,
+        # an operation's id is its function's name: a generated client's calls read `get_fence`
+        generate_unique_id_function=lambda route: route.name,
     )
 
     openapi = app.openapi
     app.openapi = lambda: problems.retyped(openapi())  # type: ignore[method-assign]
+    am.document(app)
 
     async def caller(authorization: Annotated[str | None, Header()] = None,
                      x_geofence_tenant: Annotated[str | None, Header(
@@ -201,12 +205,14 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
             response.headers["ETag"] = f'"{version}"'
         return result
 
-    @app.get("/health", tags=["service"], summary="Liveness (no authentication)")
+    @app.get("/health", tags=["service"], summary="Liveness (no authentication)",
+             response_model=None, responses=am.answer(am.Health))
     async def get_health() -> dict[str, Any]:
         return {"ok": True, **(health() if health else {})}
 
     @app.post("/fences", status_code=201, tags=["fences"], response_class=GeoJSONResponse,
-              summary="Create a fence from a GeoJSON Feature (Polygon or MultiPolygon)")
+              summary="Create a fence from a GeoJSON Feature (Polygon or MultiPolygon)",
+              response_model=None, responses=am.answer(am.Fence, 201), openapi_extra=am.body(am.FenceIn))
     async def post_fence(who: Who, response: Response,
                          body: Annotated[dict[str, Any], Body(openapi_examples={
                              "polygon": {"value": FEATURE_EXAMPLE}})]) -> dict[str, Any]:
@@ -215,7 +221,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         return tagged(response, result)
 
     @app.get("/fences", tags=["fences"], summary="Your fences, optionally those meeting a bbox",
-             response_class=GeoJSONResponse)
+             response_class=GeoJSONResponse, response_model=None, responses=am.answer(am.FencePage))
     async def list_fences(who: Who,
                           bbox: Annotated[str | None,
                                           Query(description="min_lon,min_lat,max_lon,max_lat")] = None,
@@ -225,11 +231,13 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         return await service.list(who, bbox, limit, after)
 
     @app.get("/fences/{fence_id}", tags=["fences"], summary="One fence (ETag: its version)",
-             response_class=GeoJSONResponse)
+             response_class=GeoJSONResponse, response_model=None, responses=am.answer(am.Fence))
     async def get_fence(who: Who, fence_id: str, response: Response) -> dict[str, Any]:
         return tagged(response, await service.get(who, fence_id))
 
     @app.put("/fences/{fence_id}", tags=["fences"], response_class=GeoJSONResponse,
+             response_model=None, responses=am.answer(am.Fence),
+             openapi_extra=am.body(am.FenceIn, am.FollowIn),
              summary="Replace / move a fence, or attach it to an object it then follows",
              description="A GeoJSON Feature replaces the geometry (and stops following); "
                          "`{\"follow\": object_id, \"radius_m\": metres}` makes the fence a circle that "
@@ -241,18 +249,21 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                         if_match: Annotated[str | None, Header()] = None) -> dict[str, Any]:
         return tagged(response, await service.replace(who, fence_id, body, if_match))
 
-    @app.delete("/fences/{fence_id}", tags=["fences"],
+    @app.delete("/fences/{fence_id}", tags=["fences"], response_model=None,
+                responses=am.answer(am.FenceDeleted),
                 summary="Delete a fence (objects inside get LEAVE fence_deleted)")
     async def delete_fence(who: Who, fence_id: str,
                            if_match: Annotated[str | None, Header()] = None) -> dict[str, Any]:
         return await service.delete(who, fence_id, if_match)
 
-    @app.get("/fences/{fence_id}/objects", tags=["live state"],
+    @app.get("/fences/{fence_id}/objects", tags=["live state"], response_model=None,
+             responses=am.answer(am.FenceOccupants),
              summary="Who is inside the fence now (from its x-fence worker)")
     async def fence_objects(who: Who, fence_id: str) -> dict[str, Any]:
         return await service.objects(who, fence_id)
 
-    @app.get("/fences/{fence_id}/loitering", tags=["live state"],
+    @app.get("/fences/{fence_id}/loitering", tags=["live state"], response_model=None,
+             responses=am.answer(am.Loitering),
              summary="The loitering report: who has been inside the fence at least min_s seconds")
     async def fence_loitering(who: Who, fence_id: str,
                               min_s: Annotated[float, Query(ge=0, le=365 * 86400,
@@ -281,7 +292,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
                            ) -> dict[str, Any]:
         return await service.events(who, fence_id, since, limit, cursor)
 
-    @app.get("/objects/within", tags=["live state"],
+    @app.get("/objects/within", tags=["live state"], response_model=None, responses=am.answer(am.ObjectsPage),
              summary="Your tenant's objects last seen in a bbox, or within one of its fences")
     async def objects_within(
             who: Who,
@@ -300,7 +311,9 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         return await service.query(who, {"query": "bbox", "bbox": box, "limit": limit, "after": after,
                                          "where": _where(where)})
 
-    @app.post("/objects/within", tags=["live state"],
+    @app.post("/objects/within", tags=["live state"], response_model=None,
+              responses=am.answer(am.ObjectsPage),
+              openapi_extra=am.body(am.Polygon, am.MultiPolygon),
               summary="Your tenant's objects last seen strictly inside a GeoJSON polygon")
     async def objects_within_shape(who: Who, body: Annotated[Any, Body()],
                                    limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 1000,
@@ -311,7 +324,7 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         return await service.query(who, {"query": "within", "shape": shape, "limit": limit, "after": after,
                                          "where": _where(where)})
 
-    @app.get("/objects/nearby", tags=["live state"],
+    @app.get("/objects/nearby", tags=["live state"], response_model=None, responses=am.answer(am.ObjectsPage),
              summary="Your tenant's objects last seen nearest a point, within a radius")
     async def objects_nearby(who: Who, lon: float, lat: float, radius_m: float,
                              limit: Annotated[int, Query(ge=1, le=queries.MAX_LIMIT)] = 100,
@@ -320,12 +333,14 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         return await service.query(who, {"query": "nearby", "point": [lon, lat], "radius_m": radius_m,
                                          "limit": limit, "where": _where(where)})
 
-    @app.get("/objects/{object_id}/fences", tags=["live state"],
+    @app.get("/objects/{object_id}/fences", tags=["live state"], response_model=None,
+             responses=am.answer(am.ObjectFences),
              summary="Which of your fences the object is in now (from every x-fence worker)")
     async def object_fences(who: Who, object_id: str) -> dict[str, Any]:
         return await service.object_fences(who, object_id)
 
-    @app.post("/subscriptions", status_code=201, tags=["proximity"],
+    @app.post("/subscriptions", status_code=201, tags=["proximity"], response_model=None,
+              responses=am.answer(am.Subscription, 201), openapi_extra=am.body(am.SubscriptionIn),
               summary="Subscribe to your tenant's objects coming near one of them (an editor's)",
               description="`{\"object\": id, \"radius_m\": metres, \"match\": glob on the other ids, "
                           "\"where\": filters}`: `nearby` / `faraway` events on fence.events with key "
@@ -338,16 +353,20 @@ def create_app(service: FenceService, verifier: Verifier, health: Any = None,
         response.headers["Location"] = f"/subscriptions/{result['id']}"
         return result
 
-    @app.put("/subscriptions/{sub_id}", tags=["proximity"], summary="Create or change a subscription")
+    @app.put("/subscriptions/{sub_id}", tags=["proximity"], summary="Create or change a subscription",
+             response_model=None, responses=am.answer(am.Subscription),
+             openapi_extra=am.body(am.SubscriptionIn))
     async def put_subscription(who: Who, sub_id: str,
                                body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
         return await service.put_subscription(who, body, sub_id)
 
-    @app.get("/subscriptions", tags=["proximity"], summary="Your proximity subscriptions")
+    @app.get("/subscriptions", tags=["proximity"], summary="Your proximity subscriptions",
+             response_model=None, responses=am.answer(am.SubscriptionList))
     async def list_subscriptions(who: Who) -> dict[str, Any]:
         return await service.list_subscriptions(who)
 
-    @app.get("/subscriptions/{sub_id}", tags=["proximity"], summary="One of your subscriptions")
+    @app.get("/subscriptions/{sub_id}", tags=["proximity"], summary="One of your subscriptions",
+             response_model=None, responses=am.answer(am.Subscription))
     async def get_subscription(who: Who, sub_id: str) -> dict[str, Any]:
         return await service.get_subscription(who, sub_id)
 

@@ -3,8 +3,8 @@ kinds, objects: empty means all), how many per request, and its signing secret. 
 the API's and the CLI's: a refusal says what is wrong.
 
 The URL is a tenant's string, so it is held to what a public HTTPS callback is: https, a host
-name or a public address (http and private addresses only where the operator allows receivers
-on the platform's own network: GEOFENCE_WEBHOOK_ALLOW_LOCAL), no credentials in it, at most
+name or a public address (http and private addresses only for an endpoint the operator added
+with `geofence webhook add --local`, never through the API), no credentials in it, at most
 2,048 characters. Where it resolves to is checked again at every connection
 (`public_address`): a name that resolves to a private, loopback or link-local address is
 refused then, so a tenant cannot point the platform at its own services (RabbitMQ's management

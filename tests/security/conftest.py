@@ -81,6 +81,7 @@ class World:
     outsider: Member  # signed in, member of no tenant
     operator: Member
     secrets: dict[str, str] = field(default_factory=dict)  # RabbitMQ user -> password
+    b_admin: Member | None = None  # the attacker's tenant's admin (webhooks are an admin's)
 
     def amqp(self, user: str, vhost: str) -> str:
         """The AMQP URL of one of the world's RabbitMQ users."""
@@ -170,7 +171,7 @@ async def world(stack: ConnectionSettings) -> AsyncIterator[World]:
             token = fe.sign_in(host, int(port), project, email, password)
         return Member(uid, token)
 
-    a_admin, b_editor, b_viewer, outsider = user(), user(), user(), user()
+    a_admin, b_editor, b_viewer, outsider, b_admin = user(), user(), user(), user(), user()
     operator = user({"geofence_operator": True})
     pg = await asyncpg.connect(stack["postgres"]["dsn"])
     try:
@@ -179,6 +180,7 @@ async def world(stack: ConnectionSettings) -> AsyncIterator[World]:
         await tenants.put_member(pg, a, a_admin.uid, "admin")
         await tenants.put_member(pg, b, b_editor.uid, "editor")
         await tenants.put_member(pg, b, b_viewer.uid, "viewer")
+        await tenants.put_member(pg, b, b_admin.uid, "admin")
     finally:
         await pg.close()
     settings = Settings.from_env()
@@ -195,7 +197,7 @@ async def world(stack: ConnectionSettings) -> AsyncIterator[World]:
         made.append((devices.remove_device, tenant, "van-1"))
     assert stack["api"] is not None, "the stack runs no API"
     async with httpx.AsyncClient(base_url=stack["api"], timeout=DEADLINE) as http:
-        w = World(stack, http, a, b, a_admin, b_editor, b_viewer, outsider, operator, secrets)
+        w = World(stack, http, a, b, a_admin, b_editor, b_viewer, outsider, operator, secrets, b_admin)
         r = await http.post("/fences", json=depot(), headers=a_admin.headers())
         assert r.status_code == 201, r.text
         await publish_batch(w, f"{a}.gw", a, vans_at(time.time()))

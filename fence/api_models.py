@@ -1,0 +1,263 @@
+"""The fence API's bodies and answers as types (pydantic): fences as GeoJSON (RFC 7946), the
+live state's answers, proximity subscriptions. They describe the routes in the OpenAPI
+document, so that a client generated from it (openapi-python-client, openapi-generator) has
+their fields.
+
+Trade-off: a route's answer is described by its model (`documented`), not passed through it:
+the service builds plain dicts, and a response model would silently drop a field the model
+does not list. Models that allow extra fields (a fence's properties: options come and go) say
+so. What keeps the description true is tests: tests/unit/test_api_models.py checks the
+service's answers against these models, and tests/integration/test_generated_client.py drives
+the live API through a client generated from the served document. What a body must be beyond
+its type (a valid ring, ids as the pipeline names them, options' ranges) the service checks,
+with its own messages (fence/spec.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+# -- GeoJSON (RFC 7946): the geometries a fence may have -------------------------------------
+
+Position = Annotated[list[float], Field(min_length=2, max_length=3, description="[lon, lat]")]
+Ring = Annotated[list[Position], Field(min_length=4, description="closed: the first position again last")]
+
+
+class Polygon(BaseModel):
+    type: Literal["Polygon"]
+    coordinates: list[Ring] = Field(min_length=1, description="the exterior ring, then holes")
+
+
+class MultiPolygon(BaseModel):
+    type: Literal["MultiPolygon"]
+    coordinates: list[list[Ring]] = Field(min_length=1)
+
+
+Geometry = Annotated[Polygon | MultiPolygon, Field(discriminator="type")]
+
+# a filter's clause: [field, op, value] ("in": [field, "in", [values]]; "between": [field,
+# "between", lo, hi]); ops == != < <= > >= in between (exchanges/fence_options/filters.py)
+Clause = Annotated[list[Any], Field(min_length=3, max_length=4)]
+
+
+# -- fences --------------------------------------------------------------------------------
+
+
+class Follow(BaseModel):
+    """A fence that follows an object: a circle of `radius_m` around its last position."""
+
+    model_config = ConfigDict(extra="allow")
+    object_id: str
+    radius_m: float
+    ts: float | None = Field(None, description="the position it was last moved to (epoch seconds)")
+
+
+class FenceOptionsIn(BaseModel):
+    """A fence's name and options as a client sends them (`properties` of a Feature)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str | None = Field(None, description="shown in events and on the map; default: the id")
+    timeout_s: float | None = Field(None, description="an object silent this long LEAVEs with reason timeout")
+    hysteresis_m: float | None = Field(None, description="a band: inside until this far out")
+    dwell_s: float | None = Field(None, description="an ENTER only after this long inside")
+    cross: bool | None = Field(None, description="CROSS events for a position pair passing through")
+    expires_at: float | None = Field(None, description="epoch seconds: the fence deletes itself then")
+    where: list[Clause] | None = Field(None, description="filters on the positions' fields")
+    counts_from: list[str] | None = Field(None, description="tenants whose objects' presence it counts")
+
+
+class FenceIn(BaseModel):
+    """A GeoJSON Feature to create a fence from (POST /fences) or to replace one with (PUT)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["Feature"]
+    id: str | None = Field(None, description="the fence's id (POST: required unless given in properties)")
+    geometry: Geometry
+    properties: FenceOptionsIn | None = None
+
+
+class FollowIn(BaseModel):
+    """PUT /fences/{id} to make the fence a circle that moves with one of your objects."""
+
+    model_config = ConfigDict(extra="forbid")
+    follow: str = Field(description="one of your objects")
+    radius_m: float = Field(gt=0)
+    lon: float | None = Field(None, description="where to place it now (else it keeps its geometry)")
+    lat: float | None = None
+
+
+class FenceProperties(FenceOptionsIn):
+    """A stored fence's properties: its options, and what the service keeps of it."""
+
+    name: str
+    version: int = Field(description="changes at every change (the ETag)")
+    tenant: str
+    owner: str | None = None
+    created_at: str = Field(description="ISO 8601")
+    updated_at: str = Field(description="ISO 8601")
+    regions: list[str] = Field(description="the regions whose x-geo bind it")
+    follow: Follow | None = None  # stored: the object followed
+
+
+class Fence(BaseModel):
+    """A fence as a GeoJSON Feature."""
+
+    type: Literal["Feature"]
+    id: str
+    geometry: Geometry
+    properties: FenceProperties
+
+
+class FencePage(BaseModel):
+    """A page of fences (a GeoJSON FeatureCollection): ask again with `after=<next_after>`."""
+
+    type: Literal["FeatureCollection"]
+    features: list[Fence]
+    next_after: str | None = Field(None, description="present while more follow")
+
+
+class FenceDeleted(BaseModel):
+    id: str
+    version: int
+    deleted: Literal[True]
+
+
+# -- the live state ----------------------------------------------------------------------------
+
+
+class Occupant(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    object_id: str
+    since: float = Field(description="its stay began (epoch seconds)")
+    last_seen: float = Field(description="its last position (epoch seconds)")
+    confirmed: bool = Field(description="False while the stay is shorter than the fence's dwell_s")
+
+
+class FenceOccupants(BaseModel):
+    fence_id: str
+    version: int
+    worker: str
+    workers: list[str] = Field(description="every master of a hot fence")
+    worker_version: int | None = Field(description="the oldest version its workers apply (None: one is away)")
+    objects: list[Occupant]
+    shared_inside: int = Field(description="objects of tenants the fence counts from, by number only")
+
+
+class Loiterer(Occupant):
+    inside_s: float
+
+
+class Loitering(BaseModel):
+    fence_id: str
+    version: int
+    min_s: float
+    worker_version: int | None
+    objects: list[Loiterer] = Field(description="longest inside first")
+
+
+class ObjectFences(BaseModel):
+    object_id: str
+    fences: list[str] = Field(description="the fences it is in now")
+
+
+class ObjectSeen(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    lon: float
+    lat: float
+    ts: float = Field(description="its last position's time (epoch seconds)")
+    distance_m: float | None = Field(None, description="nearby: from the point asked")
+    fields: dict[str, Any] | None = Field(None, description="its last position's extra fields")
+    tenant: str | None = Field(None, description="an operator's query across tenants: its tenant")
+
+
+class ObjectsPage(BaseModel):
+    query: Literal["bbox", "within", "nearby"]
+    objects: list[ObjectSeen]
+    next_after: str | None = Field(None, description="bbox / within: present while more follow")
+
+
+# -- proximity subscriptions --------------------------------------------------------------------
+
+
+class SubscriptionIn(BaseModel):
+    """One of your objects (or a fixed point) and a radius: `nearby` / `faraway` events for
+    the other objects of your tenant matching `match` and `where`."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = Field(None, description="POST: chosen by the service unless given")
+    object: str | None = Field(None, description="the object the circle follows")
+    point: list[float] | None = Field(None, min_length=2, max_length=2,
+                                      description="[lon, lat]: a fixed circle")
+    radius_m: float = Field(gt=0)
+    match: str = Field("*", description="a glob on the other objects' ids")
+    where: list[Clause] | None = Field(None, description="filters on their positions' fields")
+
+
+class Subscription(SubscriptionIn):
+    id: str
+    tenant: str
+    owner: str | None = None
+    created_at: float
+    updated_at: float
+
+
+class SubscriptionList(BaseModel):
+    subscriptions: list[Subscription]
+
+
+class Health(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    ok: bool
+
+
+# -- into the OpenAPI document --------------------------------------------------------------------
+
+BODIES: tuple[type[BaseModel], ...] = (FenceIn, FollowIn, SubscriptionIn)
+
+
+def answer(model: type[BaseModel], status: int = 200) -> dict[int | str, dict[str, Any]]:
+    """A route's `responses` entry for its answer, described by `model` (see the module's
+    trade-off), under the route's own media type (application/geo+json for fences)."""
+    doc = (model.__doc__ or model.__name__).strip().splitlines()[0]
+    return {status: {"model": model, "description": doc}}
+
+
+BODY_KEY = "x-geofence-body"  # a route's body models, put in place by `document`
+
+
+def body(*models: type[BaseModel]) -> dict[str, Any]:
+    """A route's `openapi_extra`: its JSON body is one of `models` (the service parses it)."""
+    return {BODY_KEY: [m.__name__ for m in models]}
+
+
+def document(app: FastAPI) -> None:
+    """The bodies' schemas into the document's components, and each route's request body
+    described by its models in place of the plain object its parameter says."""
+    plain: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = plain()
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in BODIES:
+            found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in found.pop("$defs", {}).items():
+                schemas.setdefault(name, sub)
+            schemas.setdefault(model.__name__, found)
+        for operations in doc.get("paths", {}).values():
+            for operation in operations.values():
+                names = operation.pop(BODY_KEY, None)
+                if not names:
+                    continue
+                refs = [{"$ref": f"#/components/schemas/{n}"} for n in names]
+                media = operation["requestBody"]["content"]["application/json"]
+                media["schema"] = refs[0] if len(refs) == 1 else {"oneOf": refs}
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

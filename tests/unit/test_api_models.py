@@ -1,0 +1,141 @@
+"""fence/api_models.py describes what the service answers: each answer, built by the service's
+own code from a fence with every option set, a following fence, a query's rows, a stored
+subscription, validates against its model, and names no field the model does not declare (a
+field the document does not list is one a generated client drops). The served OpenAPI
+document names the models for the routes, under their media types, and every operation has
+its function's name as its id."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+from shapely.geometry import MultiPolygon, box
+
+from exchanges.fence_def import FenceDef
+from exchanges.fence_options import FENCE_OPTIONS, filters
+from exchanges.x_geo import queries
+from fence import api_models as am
+from fence import store
+from fence.service import _public_subscription, feature
+from fence.spec import Follow
+from tests.unit.test_api_media import HTTP
+from tests.unit.test_fence_api_inputs import ME, service, stored
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+EVERY_OPTION = FenceDef(fence_id="t1:yard", version=7, geometry=box(9.5, 47.1, 9.51, 47.11), name="yard",
+                        timeout_s=600.0, hysteresis_m=15.0, where=filters.parse([["speed", ">", 20],
+                                                                                  ["kind", "in", ["van"]]]),
+                        dwell_s=30.0, cross=True, expires_at=1.9e9, counts_from=("t2",))
+FOLLOWING = FenceDef(fence_id="t1:escort", version=2, name="escort",
+                     geometry=MultiPolygon([box(9.5, 47.1, 9.51, 47.11), box(9.52, 47.1, 9.53, 47.11)]))
+
+
+def undeclared(model: type[BaseModel], data: Any, at: str = "") -> list[str]:
+    """The keys of `data` (nested through models and lists of models) `model` does not declare."""
+    if not isinstance(data, dict):
+        return []
+    out = [f"{at}{k}" for k in data if k not in model.model_fields]
+    for name, f in model.model_fields.items():
+        inner = _model_of(f.annotation)
+        value = data.get(name)
+        if inner is not None:
+            for item in value if isinstance(value, list) else [value]:
+                out += undeclared(inner, item, f"{at}{name}.")
+    return out
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def described(model: type[BaseModel], data: dict[str, Any]) -> None:
+    model.model_validate(data)
+    assert undeclared(model, data) == [], f"{model.__name__} lacks {undeclared(model, data)}"
+
+
+def test_every_fence_option_is_a_declared_property() -> None:
+    declared = set(am.FenceProperties.model_fields)
+    assert {o.key for o in FENCE_OPTIONS} <= declared, {o.key for o in FENCE_OPTIONS} - declared
+
+
+@pytest.mark.parametrize("fence, follow", [(EVERY_OPTION, None), (FOLLOWING, Follow("t1:van-1", 250.0))])
+def test_a_stored_fence_is_a_fence(fence: FenceDef, follow: Follow | None) -> None:
+    record = store.FenceRecord(fence, "uid-1", NOW, NOW, ("a", "b"), follow, 1.7e9 if follow else None)
+    described(am.Fence, feature(record))
+
+
+def test_a_page_of_fences_is_a_fence_page() -> None:
+    with stored():
+        page = asyncio.run(service().list(ME, limit=1))
+    one = feature(store.FenceRecord(EVERY_OPTION, "u", NOW, NOW, ("a",), None))
+    described(am.FencePage, {**page, "features": [one], "next_after": "yard"})
+
+
+@pytest.mark.parametrize("kind, extra", [("bbox", {"bbox": [9.4, 47.0, 9.6, 47.2]}),
+                                         ("nearby", {"point": [9.5, 47.1], "radius_m": 5000.0}),
+                                         ("within", {"shape": {"type": "Polygon", "coordinates": [
+                                             [[9.4, 47.0], [9.6, 47.0], [9.6, 47.2], [9.4, 47.0]]]}})])
+def test_a_query_answer_is_an_objects_page(kind: str, extra: dict[str, Any]) -> None:
+    q = queries.parse({"query": kind, "limit": 2, **extra})
+    fields = np.array([{"speed": 12.5}, None, {"kind": "van"}], dtype=object)
+    rows = queries.answer(q, ["t1:a", "t1:b", "t1:c"], np.array([9.50, 9.51, 9.52]), np.array([47.10] * 3),
+                          np.array([1.0, 2.0, 3.0]), fields)
+    described(am.ObjectsPage, queries.merge(q, [rows]))
+
+
+@pytest.mark.parametrize("row", [
+    {"id": "t1:near-van", "radius_m": 300.0, "object_id": "t1:van-1", "point_lon": None, "point_lat": None,
+     "match": "truck-*", "where_json": [["speed", ">", 20]]},
+    {"id": "t1:gate", "radius_m": 50.0, "object_id": "@t1:gate", "point_lon": 9.5, "point_lat": 47.1,
+     "match": "*", "where_json": None}])
+def test_a_stored_subscription_is_a_subscription(row: dict[str, Any]) -> None:
+    stored_row = store._subscription({**row, "owner": "uid-1", "created_at": NOW, "updated_at": NOW})
+    described(am.Subscription, _public_subscription(stored_row))
+
+
+def test_the_live_state_answers_are_their_models() -> None:
+    occupant = {"object_id": "van-1", "since": 1.0, "last_seen": 5.0, "confirmed": True}
+    described(am.FenceOccupants, {"fence_id": "yard", "version": 7, "worker": "w0", "workers": ["w0"],
+                                  "worker_version": 7, "objects": [occupant], "shared_inside": 0})
+    described(am.Loitering, {"fence_id": "yard", "version": 7, "min_s": 0.0, "worker_version": None,
+                             "objects": [{**occupant, "inside_s": 4.0}]})
+
+
+def test_the_document_names_the_models_and_the_operations_by_their_functions() -> None:
+    doc = HTTP.get("/openapi.json").json()
+    paths = doc["paths"]
+    fence = paths["/fences/{fence_id}"]["get"]
+    assert fence["operationId"] == "get_fence"
+    assert fence["responses"]["200"]["content"]["application/geo+json"]["schema"] == {
+        "$ref": "#/components/schemas/Fence"}
+    put = paths["/fences/{fence_id}"]["put"]["requestBody"]["content"]["application/json"]["schema"]
+    assert put == {"oneOf": [{"$ref": f"#/components/schemas/{m}"} for m in ("FenceIn", "FollowIn")]}
+    post_sub = paths["/subscriptions"]["post"]
+    assert post_sub["responses"]["201"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Subscription"}
+    ids = [op["operationId"] for ops in paths.values() for op in ops.values()]
+    assert len(ids) == len(set(ids)) and all(i.isidentifier() for i in ids), ids
+    schemas = doc["components"]["schemas"]
+    assert {"Fence", "FenceIn", "FollowIn", "Polygon", "MultiPolygon", "SubscriptionIn", "ObjectsPage"} \
+        <= set(schemas)
+    refs = {r for r in _refs(doc)}
+    assert all(r.removeprefix("#/components/schemas/") in schemas for r in refs), refs
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [*(v for k, v in node.items() if k == "$ref"), *(r for v in node.values() for r in _refs(v))]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
