@@ -214,9 +214,89 @@ class Health(BaseModel):
     ok: bool
 
 
+# -- tenants ------------------------------------------------------------------------------------
+
+Role = Literal["viewer", "editor", "admin"]
+
+
+class TenantIn(BaseModel):
+    """A new tenant (a platform operator's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(description="1-32 of a-z 0-9 -, starting with a letter or digit")
+    name: str = ""
+
+
+class Tenant(BaseModel):
+    id: str
+    name: str
+    created_at: float
+    members: int
+    live_fences: int
+
+
+class MyTenant(BaseModel):
+    tenant: str
+    name: str
+    role: Role
+
+
+class MyTenants(BaseModel):
+    """Your tenants and your role in each."""
+
+    tenants: list[MyTenant]
+
+
+class RoleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Role
+
+
+class Member(BaseModel):
+    tenant: str
+    uid: str
+    role: Role
+    added_at: float
+
+
+class Members(BaseModel):
+    """A tenant's members and their roles."""
+
+    tenant: str
+    members: list[Member]
+
+
+class QuotaUse(BaseModel):
+    max: int
+    used: int
+    default: bool = Field(description="the platform's default (no quota of the tenant's own)")
+
+
+class Quota(BaseModel):
+    """What the tenant holds against each quota (fences, vertices, follow_fences, subscriptions)."""
+
+    tenant: str
+    quota: dict[str, QuotaUse]
+
+
+class Shares(BaseModel):
+    """Whom the tenant shares its objects' presence with, and who shares with it."""
+
+    tenant: str
+    shares_with: list[str]
+    shared_by: list[str]
+
+
+class ShareWithdrawn(BaseModel):
+    tenant: str
+    to_tenant: str
+    fences_changed: int = Field(description="the other tenant's fences that stopped counting")
+
+
 # -- into the OpenAPI document --------------------------------------------------------------------
 
-BODIES: tuple[type[BaseModel], ...] = (FenceIn, FollowIn, SubscriptionIn)
+BODIES: tuple[type[BaseModel], ...] = (FenceIn, FollowIn, SubscriptionIn, TenantIn, RoleIn)
+
 
 
 def answer(model: type[BaseModel], status: int = 200) -> dict[int | str, dict[str, Any]]:

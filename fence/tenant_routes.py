@@ -17,6 +17,7 @@ from fastapi import Body, FastAPI, Response
 
 from exchanges.fence_def import shown
 from exchanges.tenancy import ROLES, InvalidTenant, is_tenant
+from fence import api_models as am
 from fence import quotas, tenants
 from fence.service import ApiError, Caller, FenceService
 
@@ -72,12 +73,14 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
         if not caller.operator and tenant not in await tenants.memberships(conn, caller.uid):
             raise _not_found(tenant)
 
-    @app.get("/tenants", tags=["tenants"], summary="Your tenants and your role in each")
+    @app.get("/tenants", tags=["tenants"], summary="Your tenants and your role in each",
+             response_model=None, responses=am.answer(am.MyTenants))
     async def my_tenants(caller: who) -> dict[str, Any]:
         async with pool.acquire() as conn:
             return {"tenants": await tenants.member_tenants(conn, caller.uid)}
 
-    @app.post("/tenants", status_code=201, tags=["tenants"],
+    @app.post("/tenants", status_code=201, tags=["tenants"], response_model=None,
+              responses=am.answer(am.Tenant, 201), openapi_extra=am.body(am.TenantIn),
               summary="Create a tenant (a platform operator's)",
               description="`{\"id\": tenant id, \"name\": text}`: the id is 1-32 characters from a-z 0-9 -, "
                           "starting with a letter or digit, and is the prefix of the tenant's names inside "
@@ -97,7 +100,8 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
         response.headers["Location"] = f"/tenants/{made.id}/members"
         return made.to_json()
 
-    @app.get("/tenants/{tenant}/members", tags=["tenants"],
+    @app.get("/tenants/{tenant}/members", tags=["tenants"], response_model=None,
+             responses=am.answer(am.Members),
              summary="A tenant's members and their roles (its admins', or an operator's)")
     async def list_members(caller: who, tenant: str) -> dict[str, Any]:
         async with pool.acquire() as conn:
@@ -108,7 +112,8 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
                 raise _not_found(tenant) from None
         return {"tenant": tenant, "members": [m.to_json() for m in found]}
 
-    @app.put("/tenants/{tenant}/members/{uid}", tags=["tenants"],
+    @app.put("/tenants/{tenant}/members/{uid}", tags=["tenants"], response_model=None,
+             responses=am.answer(am.Member), openapi_extra=am.body(am.RoleIn),
              summary="Add a member, or change a member's role (its admins', or an operator's)",
              description=f"`{{\"role\": {' | '.join(ROLES)}}}`: each role may do what the one before it "
                          "may; admins also manage the members. The last admin is not demoted (409).")
@@ -138,7 +143,7 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
             except (tenants.TenantError, InvalidTenant) as exc:
                 raise _status(exc) from None
 
-    @app.get("/tenants/{tenant}/quota", tags=["tenants"],
+    @app.get("/tenants/{tenant}/quota", tags=["tenants"], response_model=None, responses=am.answer(am.Quota),
              summary="What the tenant holds against its quotas (any member's, or an operator's)",
              description="Each quota (fences, vertices, follow_fences, subscriptions): `max`, `used`, and "
                          "whether `max` is the platform's default. A change past a quota is answered 403 "
@@ -152,7 +157,8 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
                 raise _not_found(tenant) from None
             return {"tenant": tenant, "quota": await quotas.report(conn, tenant)}
 
-    @app.get("/tenants/{tenant}/shares", tags=["tenants"],
+    @app.get("/tenants/{tenant}/shares", tags=["tenants"], response_model=None,
+             responses=am.answer(am.Shares),
              summary="Whom the tenant shares its objects' presence with, and who shares with it",
              description="Cross-tenant presence: a tenant's fence counts another tenant's objects "
                          "(`counts_from`) only while that tenant shares with it, and then as counts "
@@ -176,7 +182,8 @@ def add_tenant_routes(app: FastAPI, pool: asyncpg.Pool, who: Any,
             except tenants.TenantError as exc:
                 raise _status(exc) from None
 
-    @app.delete("/tenants/{tenant}/shares/{to_tenant}", tags=["tenants"],
+    @app.delete("/tenants/{tenant}/shares/{to_tenant}", tags=["tenants"], response_model=None,
+                responses=am.answer(am.ShareWithdrawn),
                 summary="Withdraw a share (its admins'): the other tenant's fences stop counting")
     async def remove_share(caller: who, tenant: str, to_tenant: str) -> dict[str, Any]:
         async with pool.acquire() as conn:

@@ -83,6 +83,9 @@ async def test_a_generated_client_drives_the_api(stack: ConnectionSettings, tena
         for name in names.split():
             importlib.import_module(f"{group.__name__}.{name}")
     m = importlib.import_module(f"{PACKAGE}.models")
+    tenants = importlib.import_module(f"{PACKAGE}.api.tenants")
+    for name in ("my_tenants", "get_quota", "list_shares", "list_members"):
+        importlib.import_module(f"{tenants.__name__}.{name}")
     fence_id, obj = f"gen-{uuid.uuid4().hex[:8]}", f"gen-car-{uuid.uuid4().hex[:6]}"
     async with gen.AuthenticatedClient(base_url=stack["api"], token=editor.token,
                                        raise_on_unexpected_status=True) as client:
@@ -130,6 +133,16 @@ async def test_a_generated_client_drives_the_api(stack: ConnectionSettings, tena
         assert isinstance(again, m.Subscription) and again.radius_m == 250.0
         gone = await proximity.delete_subscription.asyncio_detailed(sub.id, client=client)
         assert gone.status_code == 204
+
+        mine = await tenants.my_tenants.asyncio(client=client)
+        assert isinstance(mine, m.MyTenants)
+        assert (tenant, "editor") in [(x.tenant, x.role) for x in mine.tenants]
+        quota = await tenants.get_quota.asyncio(tenant, client=client)
+        assert isinstance(quota, m.Quota) and quota.quota["fences"].used >= 1
+        shares = await tenants.list_shares.asyncio(tenant, client=client)
+        assert isinstance(shares, m.Shares) and shares.tenant == tenant
+        members = await tenants.list_members.asyncio(tenant, client=client)  # an admin's
+        assert isinstance(members, m.Problem) and members.status == 403
 
         missing = await fences.get_fence.asyncio(f"{fence_id}-nope", client=client)
         assert isinstance(missing, m.Problem) and missing.status == 404 and missing.detail

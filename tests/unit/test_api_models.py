@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_origin
 
 import numpy as np
 import pytest
@@ -18,9 +18,10 @@ from shapely.geometry import MultiPolygon, box
 
 from exchanges.fence_def import FenceDef
 from exchanges.fence_options import FENCE_OPTIONS, filters
+from exchanges.tenancy import ROLES
 from exchanges.x_geo import queries
 from fence import api_models as am
-from fence import store
+from fence import quotas, store, tenants
 from fence.service import _public_subscription, feature
 from fence.spec import Follow
 from tests.unit.test_api_media import HTTP
@@ -43,9 +44,14 @@ def undeclared(model: type[BaseModel], data: Any, at: str = "") -> list[str]:
     for name, f in model.model_fields.items():
         inner = _model_of(f.annotation)
         value = data.get(name)
-        if inner is not None:
-            for item in value if isinstance(value, list) else [value]:
-                out += undeclared(inner, item, f"{at}{name}.")
+        if inner is None:
+            continue
+        if get_origin(f.annotation) is dict and isinstance(value, dict):  # a map of models
+            items = list(value.values())
+        else:
+            items = value if isinstance(value, list) else [value]
+        for item in items:
+            out += undeclared(inner, item, f"{at}{name}.")
     return out
 
 
@@ -139,3 +145,17 @@ def _refs(node: Any) -> list[str]:
     if isinstance(node, list):
         return [r for v in node for r in _refs(v)]
     return []
+
+
+def test_the_tenant_answers_are_their_models() -> None:
+    made = tenants.Tenant("fleet", "The fleet", NOW, 2, 5)
+    described(am.Tenant, made.to_json())
+    member = tenants.Member("fleet", "uid-1", "admin", NOW)
+    described(am.Members, {"tenant": "fleet", "members": [member.to_json()]})
+    described(am.Member, member.to_json())
+    described(am.MyTenants, {"tenants": [{"tenant": "fleet", "name": "The fleet", "role": "editor"}]})
+    described(am.Quota, {"tenant": "fleet", "quota": {k: {"max": 10, "used": 1, "default": True}
+                                                     for k in quotas.RESOURCES}})
+    described(am.Shares, {"tenant": "fleet", "shares_with": ["venue"], "shared_by": []})
+    described(am.ShareWithdrawn, {"tenant": "fleet", "to_tenant": "venue", "fences_changed": 0})
+    assert set(am.Role.__args__) == set(ROLES)
