@@ -416,6 +416,8 @@ def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands 
     pool = venues.pool
 
     @app.post("/owner/hives", status_code=201, tags=["venue owners"], summary="Add a hive you own",
+              response_model=None, responses=am.answer(am.HiveStored, 201),
+              openapi_extra=am.body(am.HiveIn),
               description="`{id, name, type, lon, lat, tz, address?, reset_hour?, opening_hours?, capacity?, "
                           "fence_id?}`: tz an IANA zone (sensors' legacy frames are its local time), "
                           "reset_hour the local hour the day's count starts again (4), fence_id one of your "
@@ -426,14 +428,16 @@ def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands 
         response.headers["Location"] = f"/hives/{h['id']}"
         return h
 
-    @app.put("/owner/hives/{hive_id}", tags=["venue owners"], summary="Change a hive of yours")
+    @app.put("/owner/hives/{hive_id}", tags=["venue owners"], summary="Change a hive of yours",
+             response_model=None, responses=am.answer(am.HiveStored), openapi_extra=am.body(am.HiveIn))
     async def put_hive(caller: who, hive_id: str, body: Annotated[Any, Body()]) -> dict[str, Any]:
         h: dict[str, Any] = _hive_out(
             await run(os_.put_hive(pool, caller.uid, _hive_in(caller, body), hive_id)))
         await venues.invalidate_index()
         return h
 
-    @app.get("/owner/hives", tags=["venue owners"], summary="Your hives and how busy they are")
+    @app.get("/owner/hives", tags=["venue owners"], summary="Your hives and how busy they are",
+             response_model=None, responses=am.answer(am.OwnedHives))
     async def owner_hives(caller: who) -> dict[str, Any]:
         return {"hives": await os_.my_hives(pool, caller.uid)}
 
@@ -456,6 +460,8 @@ def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands 
         return got
 
     @app.post("/owner/sensors/{sensor_id}/config", status_code=202, tags=["venue owners"],
+              response_model=None, responses=am.answer(am.ConfigSent, 202),
+              openapi_extra=am.body(am.SensorConfigIn),
               summary="Send a sensor a configuration (applied once its next status carries the id)",
               description="`{threshold_cm, reporting_interval_min, status_interval_min, event_threshold}`; "
                           "published on MQTT commands/sensor/<sensor_id> (12 bytes).")
@@ -475,7 +481,8 @@ def add_user_routes(app: FastAPI, venues: VenueReads, who: Any) -> None:
     """An app user's favourites, notifications and device tokens (`/me/...`, a token needed)."""
     pool = venues.pool
 
-    @app.get("/me/hives", tags=["app users"], summary="Your favourite and recently viewed hives")
+    @app.get("/me/hives", tags=["app users"], summary="Your favourite and recently viewed hives",
+             response_model=None, responses=am.answer(am.MyHives))
     async def my_hives(caller: who) -> dict[str, Any]:
         return await us.my_hives(pool, caller.uid)
 
@@ -493,11 +500,13 @@ def add_user_routes(app: FastAPI, venues: VenueReads, who: Any) -> None:
     async def viewed(caller: who, hive_id: str) -> None:
         await run(us.viewed(pool, caller.uid, hive_id))
 
-    @app.get("/me/notifications", tags=["app users"], summary="Your occupancy notifications")
+    @app.get("/me/notifications", tags=["app users"], summary="Your occupancy notifications",
+             response_model=None, responses=am.answer(am.Notifications))
     async def my_notifications(caller: who) -> dict[str, Any]:
         return {"notifications": await us.definitions(pool, caller.uid)}
 
-    @app.post("/me/notifications", status_code=201, tags=["app users"],
+    @app.post("/me/notifications", status_code=201, tags=["app users"], response_model=None,
+              responses=am.answer(am.Notification, 201), openapi_extra=am.body(am.NotificationIn),
               summary="Be told when a hive goes above (or below) a number of people",
               description="`{\"hive_id\", \"threshold\": people, \"direction\": \"above\" | \"below\", "
                           "\"quiet_start\": \"22:00\", \"quiet_end\": \"08:00\"}` (quiet hours in the "
@@ -512,6 +521,7 @@ def add_user_routes(app: FastAPI, venues: VenueReads, who: Any) -> None:
         await run(us.remove_definition(pool, caller.uid, def_id))
 
     @app.post("/me/device-tokens", status_code=204, tags=["app users"],
+              openapi_extra=am.body(am.DeviceTokenIn),
               summary="Register this device's FCM token (`{\"token\", \"platform\"}`)")
     async def add_token(caller: who, body: Annotated[dict[str, Any], Body()]) -> None:
         await run(us.add_token(pool, caller.uid, body.get("token"), body.get("platform")))
@@ -526,6 +536,7 @@ def add_venue_routes(app: FastAPI, venues: VenueReads) -> None:
     """The public venue reads (fence/venues/reads.py): no token, memcached first."""
 
     @app.get("/hives", tags=["venues"], summary="Hives by proximity, type and name, with live occupancy",
+             response_model=None, responses=am.answer(am.HivePage),
              description="Public (no token). `near=lon,lat` and `radius_m` (default 1000, at most "
                          f"{MAX_RADIUS_M:g}) sort by distance; `type` (restaurant, bar, cafe, shop, "
                          "supermarket, other) and `q` (words of the name, any case or accent) filter. "
@@ -542,7 +553,8 @@ def add_venue_routes(app: FastAPI, venues: VenueReads) -> None:
         except Unavailable as exc:
             raise ApiError(503, str(exc)) from None
 
-    @app.get("/hives/{hive_id}", tags=["venues"], summary="One hive and how busy it is now (public)")
+    @app.get("/hives/{hive_id}", tags=["venues"], summary="One hive and how busy it is now (public)",
+             response_model=None, responses=am.answer(am.Hive))
     async def get_hive(hive_id: str) -> dict[str, Any]:
         try:
             found = await venues.hive(hive_id, time.time())

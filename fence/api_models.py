@@ -293,9 +293,173 @@ class ShareWithdrawn(BaseModel):
     fences_changed: int = Field(description="the other tenant's fences that stopped counting")
 
 
+# -- venues (fence/venues/) ------------------------------------------------------------------------
+
+OpeningHours = dict[str, list[Annotated[list[str], Field(min_length=2, max_length=2)]]]
+
+
+class HiveStatus(BaseModel):
+    """A hive's counts now (the business day's): at most a minute or two old."""
+
+    day: str | None = Field(description="the business day (ISO date)")
+    entries: int
+    exits: int
+    occupancy: int = Field(description="people inside, by the sensors")
+    raw: int = Field(description="entries - exits, before the corrections")
+    app_occupancy: int | None = Field(description="phones inside the hive's fence (None: no fence)")
+    percent: float | None = Field(description="of the capacity (None: no capacity)")
+    updated_at: float
+
+
+class Usual(BaseModel):
+    """The nightly profile's figure for this weekday and hour ("popular times")."""
+
+    occupancy: float
+    phones: float | None
+    samples: int
+    as_of: str | None
+    weekday: int = Field(description="1 Monday ... 7 Sunday")
+    hour: int
+    busyness: str | None = Field(None, description="busier / as busy / less busy than usual")
+
+
+class Hive(BaseModel):
+    """A hive (a venue) and how busy it is now."""
+
+    id: str
+    name: str
+    type: str
+    address: str
+    lon: float
+    lat: float
+    tz: str
+    capacity: int | None
+    opening_hours: OpeningHours = Field(description='{"mon": [["11:00", "23:00"]], ...}')
+    open_now: bool | None = Field(description="None: the hive gave no opening hours")
+    occupancy: HiveStatus | None
+    usual: Usual | None
+    distance_m: float | None = Field(None, description="with near=: from that point")
+
+
+class HivePage(BaseModel):
+    """Hives by proximity, type and name."""
+
+    hives: list[Hive]
+    count: int
+
+
+class HiveIn(BaseModel):
+    """A hive an owner adds or changes."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    name: str
+    type: str = Field(description="restaurant, bar, cafe, shop, supermarket, other")
+    lon: float
+    lat: float
+    tz: str = Field("UTC", description="an IANA zone: the sensors' local time")
+    address: str = ""
+    reset_hour: int = Field(4, ge=0, le=23, description="the local hour the day's count starts again")
+    opening_hours: OpeningHours | None = None
+    capacity: int | None = Field(None, gt=0)
+    fence_id: str | None = Field(None, description="one of your fences: phones inside it are counted")
+
+
+class HiveStored(BaseModel):
+    """An owner's hive as stored."""
+
+    id: str
+    name: str
+    type: str
+    address: str
+    lon: float
+    lat: float
+    tz: str
+    reset_hour: int
+    opening_hours: OpeningHours
+    capacity: int | None = None
+    fence_id: str | None
+
+
+class OwnedHive(BaseModel):
+    id: str
+    name: str
+    type: str
+    capacity: int | None
+    occupancy: int | None
+    entries: int | None
+    exits: int | None
+    day: str | None
+
+
+class OwnedHives(BaseModel):
+    """Your hives and how busy they are."""
+
+    hives: list[OwnedHive]
+
+
+class ConfigSent(BaseModel):
+    """A sensor configuration sent: applied once the sensor's next status carries its id."""
+
+    configuration_id: int
+    state: Literal["pending"]
+
+
+class MyHives(BaseModel):
+    """Your favourite and recently viewed hives."""
+
+    favourites: list[str]
+    recent: list[str]
+
+
+class NotificationIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hive_id: str
+    threshold: int = Field(ge=0, description="people")
+    direction: Literal["above", "below"]
+    quiet_start: str | None = Field(None, description="HH:MM, the hive's local time (with quiet_end)")
+    quiet_end: str | None = None
+
+
+class Notification(BaseModel):
+    """An occupancy notification: once per crossing, with hysteresis and a cool-down."""
+
+    id: int
+    hive_id: str
+    threshold: int
+    direction: Literal["above", "below"]
+    quiet_start: str | None
+    quiet_end: str | None
+    armed: bool | None = Field(None, description="listed: ready to fire at the next crossing")
+    last_sent_at: float | None = None
+
+
+class Notifications(BaseModel):
+    """Your occupancy notifications."""
+
+    notifications: list[Notification]
+
+
+class SensorConfigIn(BaseModel):
+    """A sensor's whole configuration (sent on MQTT commands/sensor/<sensor_id>, 12 bytes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    threshold_cm: int = Field(ge=0, le=0xFFFF)
+    reporting_interval_min: int = Field(ge=0, le=0xFFFF)
+    status_interval_min: int = Field(ge=0, le=0xFFFF)
+    event_threshold: int = Field(ge=0, le=0xFFFF)
+
+
+class DeviceTokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: str
+    platform: str | None = Field(None, description="android, ios or web")
+
+
 # -- into the OpenAPI document --------------------------------------------------------------------
 
-BODIES: tuple[type[BaseModel], ...] = (FenceIn, FollowIn, SubscriptionIn, TenantIn, RoleIn)
+BODIES: tuple[type[BaseModel], ...] = (FenceIn, FollowIn, SubscriptionIn, TenantIn, RoleIn, HiveIn,
+                                       NotificationIn, SensorConfigIn, DeviceTokenIn)
 
 
 

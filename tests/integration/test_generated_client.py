@@ -86,6 +86,8 @@ async def test_a_generated_client_drives_the_api(stack: ConnectionSettings, tena
     tenants = importlib.import_module(f"{PACKAGE}.api.tenants")
     for name in ("my_tenants", "get_quota", "list_shares", "list_members"):
         importlib.import_module(f"{tenants.__name__}.{name}")
+    venues = importlib.import_module(f"{PACKAGE}.api.venues.list_hives")
+    app_users = importlib.import_module(f"{PACKAGE}.api.app_users.my_hives")
     fence_id, obj = f"gen-{uuid.uuid4().hex[:8]}", f"gen-car-{uuid.uuid4().hex[:6]}"
     async with gen.AuthenticatedClient(base_url=stack["api"], token=editor.token,
                                        raise_on_unexpected_status=True) as client:
@@ -143,6 +145,11 @@ async def test_a_generated_client_drives_the_api(stack: ConnectionSettings, tena
         assert isinstance(shares, m.Shares) and shares.tenant == tenant
         members = await tenants.list_members.asyncio(tenant, client=client)  # an admin's
         assert isinstance(members, m.Problem) and members.status == 403
+
+        hives = await venues.asyncio(client=client, limit=5)  # public: the token is not needed
+        assert isinstance(hives, m.HivePage) and hives.count == len(hives.hives) <= 5
+        favourites = await app_users.asyncio(client=client)
+        assert isinstance(favourites, m.MyHives) and favourites.favourites == []
 
         missing = await fences.get_fence.asyncio(f"{fence_id}-nope", client=client)
         assert isinstance(missing, m.Problem) and missing.status == 404 and missing.detail

@@ -8,8 +8,8 @@ its function's name as its id."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
-from typing import Any, get_origin
+from datetime import UTC, date, datetime
+from typing import Any, cast, get_origin
 
 import numpy as np
 import pytest
@@ -24,6 +24,11 @@ from fence import api_models as am
 from fence import quotas, store, tenants
 from fence.service import _public_subscription, feature
 from fence.spec import Follow
+from fence.venues import owner_store as os_
+from fence.venues.hive_index import HiveCard
+from fence.venues.occupancy import HiveOccupancy
+from fence.venues.reads import VenueReads, status_json
+from fence.venues.sidecar import live_status
 from tests.unit.test_api_media import HTTP
 from tests.unit.test_fence_api_inputs import ME, service, stored
 
@@ -159,3 +164,34 @@ def test_the_tenant_answers_are_their_models() -> None:
     described(am.Shares, {"tenant": "fleet", "shares_with": ["venue"], "shared_by": []})
     described(am.ShareWithdrawn, {"tenant": "fleet", "to_tenant": "venue", "fences_changed": 0})
     assert set(am.Role.__args__) == set(ROLES)
+
+
+def test_the_venue_answers_are_their_models() -> None:
+    now = datetime(2026, 6, 3, 18, 30, tzinfo=UTC).timestamp()  # a Wednesday evening
+    card = HiveCard("bar-1", "The Bar", "bar", "Städtle 1", 9.52, 47.14, "Europe/Vaduz", 80,
+                    {"wed": [["17:00", "23:30"]], "fri": [["17:00", "02:00"]]})
+    row = {"day": date(2026, 6, 3), "entries": 40, "exits": 12, "occupancy": 28, "raw": 28,
+           "app_occupancy": 5, "updated_at": NOW}
+    status = status_json(row, card.capacity)
+    described(am.HiveStatus, status)
+    described(am.HiveStatus, live_status(HiveOccupancy("bar-1", 80), now))
+    profile = {"reset_hour": 4, "as_of": "2026-06-02", "hours": {f"3-{h}": [20.0, 4.0, 6] for h in range(24)}}
+    found = VenueReads._card(cast(Any, None), card, status, now, 120.5, profile)
+    assert found["usual"] is not None and found["usual"]["busyness"] == "busier than usual"
+    described(am.Hive, found)
+    described(am.HivePage, {"hives": [found, VenueReads._card(cast(Any, None), card, None, now)], "count": 2})
+    hours = {"wed": [["17:00", "23:30"]]}
+    stored_hive = os_._checked_hive({"id": "bar-1", "name": "The Bar", "type": "bar", "lon": 9.52,
+                                     "lat": 47.14, "capacity": 80, "opening_hours": hours})
+    described(am.HiveStored, stored_hive)
+    am.HiveIn.model_validate(stored_hive)  # what was stored is a body the API takes back
+    described(am.OwnedHives, {"hives": [{"id": "bar-1", "name": "The Bar", "type": "bar", "capacity": 80,
+                                         "occupancy": 28, "entries": 40, "exits": 12, "day": "2026-06-03"}]})
+    described(am.MyHives, {"favourites": ["bar-1"], "recent": ["bar-1", "cafe-2"]})
+    described(am.Notification, {"id": 3, "hive_id": "bar-1", "threshold": 50, "direction": "above",
+                                "quiet_start": "22:00", "quiet_end": "08:00"})
+    listed = {"id": 3, "hive_id": "bar-1", "threshold": 50, "direction": "below", "quiet_start": None,
+              "quiet_end": None, "armed": True, "last_sent_at": None}
+    described(am.Notifications, {"notifications": [listed]})
+    described(am.ConfigSent, {"configuration_id": 7, "state": "pending"})
+    assert set(am.HiveIn.model_fields) == os_.HIVE_FIELDS
