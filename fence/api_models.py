@@ -323,8 +323,8 @@ class Usual(BaseModel):
     busyness: str | None = Field(None, description="busier / as busy / less busy than usual")
 
 
-class Hive(BaseModel):
-    """A hive (a venue) and how busy it is now."""
+class HivePlace(BaseModel):
+    """What a hive is and where (every answer about a hive has these)."""
 
     id: str
     name: str
@@ -332,9 +332,14 @@ class Hive(BaseModel):
     address: str
     lon: float
     lat: float
-    tz: str
-    capacity: int | None
+    tz: str = Field(description="an IANA zone: the hive's local time")
+    capacity: int | None = None
     opening_hours: OpeningHours = Field(description='{"mon": [["11:00", "23:00"]], ...}')
+
+
+class Hive(HivePlace):
+    """A hive (a venue) and how busy it is now."""
+
     open_now: bool | None = Field(description="None: the hive gave no opening hours")
     occupancy: HiveStatus | None
     usual: Usual | None
@@ -365,19 +370,10 @@ class HiveIn(BaseModel):
     fence_id: str | None = Field(None, description="one of your fences: phones inside it are counted")
 
 
-class HiveStored(BaseModel):
+class HiveStored(HivePlace):
     """An owner's hive as stored."""
 
-    id: str
-    name: str
-    type: str
-    address: str
-    lon: float
-    lat: float
-    tz: str
     reset_hour: int
-    opening_hours: OpeningHours
-    capacity: int | None = None
     fence_id: str | None
 
 
