@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import aio_pika
 import asyncpg
@@ -116,6 +117,22 @@ async def test_the_ops_page_shows_the_live_pipeline(stack: ConnectionSettings) -
         assert await sender > 0
 
 
+# zones ~3 hours apart round the clock: one of them always has its afternoon now
+ZONES = ("Pacific/Honolulu", "America/Los_Angeles", "America/New_York", "America/Sao_Paulo",
+         "Europe/London", "Europe/Vaduz", "Asia/Dubai", "Asia/Kolkata", "Asia/Shanghai", "Asia/Tokyo",
+         "Pacific/Auckland")
+
+
+def afternoon_zone(now: float) -> str:
+    """A zone whose local time is 14:00-21:59 at `now`: its business day (from 04:00) has hours
+    of reports to draw, whatever hour the suite runs at (in Vaduz at 04:05 the day has just
+    begun and today's chart is rightly empty: CI ran the test then)."""
+    for tz in ZONES:
+        if 14 <= dt.datetime.fromtimestamp(now, ZoneInfo(tz)).hour <= 21:
+            return tz
+    raise AssertionError(f"no zone of {ZONES} has its afternoon at {now}")
+
+
 async def seed_venue(pg: Any, hive_id: str, tz: str, now: float) -> None:
     """What the sensor sidecar and a fortnight of nightly runs leave for a bar: today's
     reports and live status, 14 computed days (an evening-shaped curve, both sources), the
@@ -166,7 +183,7 @@ async def test_the_venue_page_shows_an_owner_their_hive(stack: ConnectionSetting
     host, port = stack["firebase"]["auth_emulator_host"].rsplit(":", 1)
     email, password = f"{uuid.uuid4().hex[:10]}@example.org", uuid.uuid4().hex
     _, token = fe.sign_up(host, int(port), stack["firebase"]["project"], email, password)
-    hive_id, tz = f"pg-{uuid.uuid4().hex[:8]}", "Europe/Vaduz"
+    hive_id, tz = f"pg-{uuid.uuid4().hex[:8]}", afternoon_zone(time.time())
     async with httpx.AsyncClient(base_url=str(stack["api"]), timeout=DEADLINE) as http:
         made = await http.post("/owner/hives", headers={"Authorization": f"Bearer {token}"}, json={
             "id": hive_id, "name": "The Page Bar", "type": "bar", "lon": 9.52, "lat": 47.14, "tz": tz,
