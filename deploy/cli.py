@@ -45,6 +45,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "subscription": ("deploy.subscription_cmd", "proximity subscriptions: add, list, show, remove"),
     "tenant": ("deploy.tenant_cmd", "tenants (organisations) and their members: add, list, remove, member"),
     "migrate": ("deploy.migrate", "apply the PostgreSQL schema migrations"),
+    "archive": ("deploy.archive_cmd", "the events archive's months: list; maintain (retention, Parquet "
+                "export)"),
     "settings": ("deploy.settings_cmd", "every environment variable: type, default, roles, secret; "
                  "--markdown, --json"),
     "host": ("deploy.host_units", "render the systemd units and environment files for a host"),

@@ -196,7 +196,8 @@ def plan(out: Path, prefix: Path, etc: Path, files: Mapping[str, object]) -> lis
     for name in sorted(files):
         stem, kind = name.removesuffix(".env"), _kind_file(name).removesuffix(".env")
         if stem == "spark":
-            enable += ["geofence-spark-rebuild-bindings.timer", "geofence-spark-occupancy-analytics.timer"]
+            enable += ["geofence-spark-rebuild-bindings.timer", "geofence-spark-occupancy-analytics.timer",
+                       "geofence-archive-months.timer"]
         elif kind != stem:
             enable.append(f"geofence-{kind}@{stem[len(kind) + 1:]}.service")
         elif stem not in INSTANCED:

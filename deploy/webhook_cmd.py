@@ -11,6 +11,7 @@ writes the store directly, as `geofence tenant` does; over HTTP a tenant's admin
     geofence webhook rotate TENANT ID
     geofence webhook dead TENANT ID [--after SEQ] [--limit N] [--json]
     geofence webhook replay TENANT ID
+    geofence webhook notices TENANT [--after ID] [--limit N] [--json]
 
 `add` and `rotate` print the signing secret (whsec_...): it is shown only then. `--local` lets
 the endpoint be on a private or loopback address (the operator's own receivers, a test
@@ -29,7 +30,7 @@ import asyncpg
 from deploy import exit_codes
 from deploy.fence_cmd import connection
 from exchanges import routing_store
-from fence.webhooks import endpoints, signing, store
+from fence.webhooks import endpoints, notices, signing, store
 from fence.webhooks.endpoints import KINDS, InvalidEndpoint
 
 
@@ -65,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         if action == "dead":
             p.add_argument("--after", type=int, default=0, help="the last seq seen (a cursor)")
             p.add_argument("--limit", type=int, default=100)
+    p = sub.add_parser("notices", help="what the tenant's admins were told (an endpoint disabled)")
+    p.add_argument("tenant")
+    p.add_argument("--after", type=int, default=0, help="the last id seen (a cursor)")
+    p.add_argument("--limit", type=int, default=notices.MAX_PAGE)
+    p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def lines(found: list[endpoints.Endpoint]) -> str:
@@ -117,6 +123,12 @@ async def _run(args: argparse.Namespace) -> str:
             secret = signing.new_secret()
             await store.rotate(conn, args.tenant, args.id, secret)
             return json.dumps({"id": args.id, "secret": secret}, indent=2)
+        if args.action == "notices":
+            told = await notices.page(conn, args.tenant, args.after, args.limit)
+            if args.json:
+                return json.dumps(told, indent=2)
+            return "\n".join(f"{n['id']} {n['created_at']} {n['kind']} {n['subject']}: {n['body']} "
+                             f"(pushed to {n['pushed']} device(s))" for n in told) or "no notice"
         if args.action == "dead":
             rows = await store.dead(conn, args.tenant, args.id, args.after, args.limit)
             if args.json:

@@ -178,6 +178,15 @@ SETTINGS: tuple[Setting, ...] = (
             "PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java), passed as spark.jars."),
     Setting("GEOFENCE_SPARK_PARTITIONS", "integer", "0", ("spark",),
             "Partitions of the jobs' work (`--partitions` wins); 0: twice the cores Spark has."),
+    Setting("GEOFENCE_ARCHIVE_RETENTION_DAYS", "integer >= 0", "0", ("spark", "cli"),
+            "How long the events archive (fence_event, one table per month) keeps a month: "
+            "`geofence archive maintain` (nightly: geofence-archive-months.timer) takes out each "
+            "month whose events are all older than this many days, exported first when "
+            "GEOFENCE_ARCHIVE_EXPORT_DIR is set. 0: every month is kept."),
+    Setting("GEOFENCE_ARCHIVE_EXPORT_DIR", "absolute path", None, ("spark", "cli"),
+            "Where `geofence archive maintain` writes a month as Parquet before dropping it "
+            "(<dir>/fence_event/month=YYYY-MM/part-<t>.parquet: spark.read.parquet(\"<dir>/"
+            "fence_event\")). Unset: a month past the retention is dropped without an export."),
     # ------------------------------------------------------------ the local stack (deploy/settings.py)
     Setting("GEOFENCE_STATE_DIR", "absolute path", "/var/lib/geofence", ("stack",),
             "Where the local stack keeps everything: PostgreSQL's cluster, the second RabbitMQ "
@@ -231,10 +240,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Points firebase-admin at the Firebase Auth emulator instead of Google: no signature "
             "checks, never in production (a real-project verifier refuses to run while it is "
             "set). The local stack sets it for its API; `geofence host render` never writes it."),
-    Setting("GOOGLE_APPLICATION_CREDENTIALS", "path", None, ("api", "venue-sensors"),
+    Setting("GOOGLE_APPLICATION_CREDENTIALS", "path", None, ("api", "venue-sensors", "webhooks"),
             "A service account key of the Firebase project: the API's token checks in real mode "
-            "(it looks users up), the sensor sidecar's Cloud Messaging (unset: notifications are "
-            "logged as local, nothing leaves the machine)."),
+            "(it looks users up), the sensor sidecar's and the webhooks sidecar's Cloud Messaging "
+            "(unset: notifications are logged as local, nothing leaves the machine)."),
     Setting("GOOGLE_CLOUD_PROJECT", "Firebase project id", None, ("api",),
             "FirebaseVerifier.from_env's project when GEOFENCE_FIREBASE_PROJECT is unset "
             "(fence/auth.py; the API process takes GEOFENCE_FIREBASE_PROJECT only)."),

@@ -3,13 +3,14 @@ a JSON array of a worker batch's events, or one event object) into PostgreSQL's 
 table, for `GET /fences/{id}/events` and the nightly analytics.
 
 Per batch (up to GEOFENCE_BATCH_MAX messages): decode and check each event (a message with a
-bad one goes to dead-letters with the reason, its good events are stored), one COPY into a
-staging table and one INSERT .. ON CONFLICT (event_id) DO NOTHING, commit, then one ack for
-the batch. A redelivered event (a crash between commit and ack, or x-fence publishing it
-twice) meets its event_id and is stored once. PostgreSQL being away holds the batch unacked
-and retries with backoff; nothing is lost. An event PostgreSQL refuses (a batch's COPY fails
-on one row) is found by storing the batch message by message, and its message is
-dead-lettered with PostgreSQL's reason; the others are stored.
+bad one goes to dead-letters with the reason, its good events are stored), one INSERT of the
+rows as arrays .. ON CONFLICT (event_id, ts) DO NOTHING (the table of a month the batch is the
+first to reach made first: store.archive_events), commit, then one ack for the batch. A
+redelivered event (a crash between commit and ack, or x-fence publishing it twice) meets its
+event_id and is stored once. PostgreSQL being away holds the batch unacked and retries with
+backoff; nothing is lost. An event PostgreSQL refuses (the batch's INSERT fails on one row) is
+found by storing the batch message by message, and its message is dead-lettered with
+PostgreSQL's reason; the others are stored.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fence import store
 log = logging.getLogger("geofence")
 Row = store.EventRow
 VISIT_ID_RE = re.compile(r"[0-9a-f]{1,64}")
+MAX_TS = 253402300800.0  # 10000-01-01: a month's table is named by its year (fence_event_YYYY_MM)
 
 
 def event_row(body: bytes) -> Row:
@@ -91,6 +93,8 @@ def _row(e: object) -> Row:
     ts = e["ts"]
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
         raise InvalidMessage(f"event ts {ts!r}: epoch seconds expected")
+    if not 0 <= ts < MAX_TS:
+        raise InvalidMessage(f"event ts {ts!r}: epoch seconds from 1970 to 9999 expected")
     visit, inside = e.get("visit_id"), e.get("inside_s")
     if visit is not None and not (isinstance(visit, str) and VISIT_ID_RE.fullmatch(visit)):
         raise InvalidMessage(f"event visit_id {str(visit)[:80]!r}: 1-64 lowercase hex digits expected")

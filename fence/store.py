@@ -15,8 +15,9 @@ import hashlib
 import logging
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -280,11 +281,22 @@ async def archive_events(conn: asyncpg.Connection, rows: list[EventRow]) -> int:
     columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in (*EVENT_COLUMNS,
                                                                                       *VISIT_COLUMNS)]
     async with conn.transaction():
+        # each month's table made first, if this is its first event (migration 0029)
+        await conn.execute("SELECT fence_event_month(t) FROM unnest($1::float8[]) t",
+                           month_starts(columns[5]))
         done = await conn.execute(
             "INSERT INTO fence_event (event_id, fence_id, object_id, event, reason, ts, visit_id, inside_s) "
             "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "
-            "$6::float8[], $7::text[], $8::float8[]) ON CONFLICT (event_id) DO NOTHING", *columns)
+            "$6::float8[], $7::text[], $8::float8[]) ON CONFLICT (event_id, ts) DO NOTHING", *columns)
     return int(done.split()[-1])
+
+
+def month_starts(ts: Sequence[float]) -> list[float]:
+    """The first instant (UTC, epoch seconds) of each month `ts` touches: the archive's
+    partitions (fence_event_YYYY_MM) these events go to. Days first: a batch spans a few."""
+    days = {int(t // 86400) for t in ts}
+    months = {datetime.fromtimestamp(d * 86400, UTC).replace(day=1) for d in days}
+    return sorted(m.timestamp() for m in months)
 
 
 class BadCursor(ValueError):

@@ -96,3 +96,20 @@ class DeadPage(BaseModel):
 class Replayed(BaseModel):
     id: str
     queued: int
+
+
+class Notice(BaseModel):
+    """What the platform told the tenant's admins (pushed to their registered devices too)."""
+
+    id: int = Field(description="a cursor: pass the last one as `after`")
+    kind: str = Field(description="what happened: `webhook.disabled`")
+    subject: str = Field(description="what it is about: the endpoint's id")
+    title: str
+    body: str
+    pushed: int = Field(description="the admins' devices it was pushed to")
+    created_at: str = Field(description="ISO 8601")
+
+
+class NoticePage(BaseModel):
+    notices: list[Notice]
+    next: int | None = Field(description="`after` for the next page; null: none")

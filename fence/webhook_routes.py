@@ -15,7 +15,7 @@ from fastapi import Body, FastAPI, Query, Response
 
 from fence import webhook_models as m
 from fence.service import ApiError
-from fence.webhooks import endpoints, signing, store
+from fence.webhooks import endpoints, notices, signing, store
 from fence.webhooks.endpoints import ENDPOINT_ID_RE, InvalidEndpoint
 
 EXAMPLE = {"url": "https://dispatch.example.com/geofence", "fences": ["depot"], "kinds": ["enter", "leave"],
@@ -120,6 +120,18 @@ def add_webhook_routes(app: FastAPI, pool: asyncpg.Pool, who: Any) -> None:
             with _found():
                 await store.rotate(conn, tenant, endpoint_id, secret)
         return {"id": endpoint_id, "secret": secret}
+
+    @app.get("/notices", tags=["webhooks"], response_model=m.NoticePage,
+             summary="What the platform told your tenant's admins, oldest first (an admin's)",
+             description="A webhook endpoint disabled after sustained failure (`webhook.disabled`), "
+                         "with the reason; each notice is also pushed to the admins' devices registered "
+                         "with `POST /me/device-tokens`. Cursor: `after`, the last id.")
+    async def list_notices(caller: who, after: Annotated[int, Query(ge=0)] = 0,
+                           limit: Annotated[int, Query(ge=1, le=notices.MAX_PAGE)] = 50) -> dict[str, Any]:
+        tenant = caller.scoped("admin")
+        async with pool.acquire() as conn:
+            rows = await notices.page(conn, tenant, after, limit)
+        return {"notices": rows, "next": rows[-1]["id"] if len(rows) == limit else None}
 
     @app.get("/webhooks/{endpoint_id}/dead", tags=["webhooks"], response_model=m.DeadPage,
              summary="Events given up, oldest first, with the reason (cursor: `after`, the last seq)")

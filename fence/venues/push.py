@@ -29,6 +29,7 @@ class Push:
     body: str
     hive_id: str
     data: dict[str, str] = field(default_factory=dict)
+    collapse: str = ""  # a newer push with this key replaces an unread one (default: the hive's)
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,9 @@ class FcmSender:
 
     def _message(self, p: Push) -> Any:
         m = self.messaging
-        collapse = f"hive-{p.hive_id}"  # a newer message of the hive replaces an unread one
+        collapse = p.collapse or f"hive-{p.hive_id}"  # a newer message of the hive replaces an unread one
         return m.Message(token=p.token, notification=m.Notification(title=p.title, body=p.body),
-                         data={"hive_id": p.hive_id, **p.data},
+                         data={"hive_id": p.hive_id, **p.data} if p.hive_id else dict(p.data),
                          android=m.AndroidConfig(collapse_key=collapse, priority="normal"),
                          apns=m.APNSConfig(headers={"apns-collapse-id": collapse}))
 
@@ -81,3 +82,16 @@ class FcmSender:
         if isinstance(exc, m.QuotaExceededError) or code in ("UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED"):
             return PushResult(TRANSIENT, None, repr(exc))
         return PushResult(FAILED, None, repr(exc))
+
+
+def configured_sender(credentials: str | None) -> tuple[Sender, str]:
+    """The sender of a process (the sensor sidecar's, the webhooks sidecar's): Cloud Messaging
+    with a service account key (GOOGLE_APPLICATION_CREDENTIALS), else the local one; and a line
+    saying which."""
+    if not credentials:
+        return LocalSender(), ("notifications: no GOOGLE_APPLICATION_CREDENTIALS, nothing leaves this "
+                               "machine (logged as local)")
+    import firebase_admin  # only a configured sender needs the SDK's messaging
+
+    app = firebase_admin.initialize_app(firebase_admin.credentials.Certificate(credentials), name="push")
+    return FcmSender(app), "notifications through Firebase Cloud Messaging"

@@ -393,15 +393,6 @@ def live_status(h: HiveOccupancy, now: float) -> dict[str, object]:
 
 
 async def main(config: shell.SidecarConfig) -> int:
-    sender: push.Sender = push.LocalSender()
-    credentials = settings_registry.read("GOOGLE_APPLICATION_CREDENTIALS")
-    if credentials:  # real Firebase Cloud Messaging (a service account)
-        import firebase_admin
-
-        app = firebase_admin.initialize_app(firebase_admin.credentials.Certificate(credentials), name="push")
-        sender = push.FcmSender(app)
-        log.info("notifications through Firebase Cloud Messaging")
-    else:
-        log.info("notifications: no GOOGLE_APPLICATION_CREDENTIALS, nothing leaves this machine "
-                 "(logged as local)")
+    sender, said = push.configured_sender(settings_registry.read("GOOGLE_APPLICATION_CREDENTIALS"))
+    log.info("%s", said)
     return await shell.run_sidecar(config, ("",), "venue-sensors", lambda c: SensorSidecar(c, sender))

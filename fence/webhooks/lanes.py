@@ -26,7 +26,8 @@ import numpy as np
 from exchanges.backoff import Backoff
 from exchanges.routing_store import STORE_AWAY
 from exchanges.shell import Counters
-from fence.webhooks import signing, store
+from fence.venues import push
+from fence.webhooks import notices, signing, store
 from fence.webhooks.delivery import Attempt, Poster
 from fence.webhooks.endpoints import Endpoint
 from fence.webhooks.fanout import Head, request_body
@@ -45,8 +46,10 @@ def policy_of(ep: Endpoint) -> Policy:
 class Lanes:
     """Every lane of every enabled endpoint; shares the endpoints' state with the intake."""
 
-    def __init__(self, counters: Counters, figures: WebhookFigures, poster: Poster) -> None:
+    def __init__(self, counters: Counters, figures: WebhookFigures, poster: Poster,
+                 sender: push.Sender | None = None) -> None:
         self.counters, self.figures, self.poster = counters, figures, poster
+        self.sender = sender if sender is not None else push.LocalSender()  # the admins' notices
         self.endpoints: dict[str, Endpoint] = {}
         self.health: dict[str, EndpointHealth] = {}
         self.wakes: dict[tuple[str, int], asyncio.Event] = {}
@@ -161,8 +164,15 @@ class Lanes:
 
     async def disable(self, ep: Endpoint, why: str) -> None:
         """The endpoint stops (its events stay queued, delivered once it is enabled again); its
-        owner sees why in `GET /webhooks/{id}`, `geofence webhook show` and the metrics."""
-        await self.db(lambda c: store.disable(c, ep.id, why), "disable an endpoint")
+        tenant's admins are told (a notice stored with the disable, pushed to their devices:
+        fence/webhooks/notices.py) and see why in `GET /webhooks/{id}`, `geofence webhook show` and the
+        metrics."""
+        notice = await self.db(lambda c: store.disable(c, ep.id, why), "disable an endpoint")
+        if notice is not None:
+            try:
+                await self.db(lambda c: notices.push_to_admins(c, self.sender, notice), "push a notice")
+            except Exception as exc:  # stored all the same: the list shows it, unpushed
+                log.error("webhook %s: notice %d not pushed (%s: %s)", ep.id, notice, type(exc).__name__, exc)
         self.endpoints[ep.id] = dataclasses.replace(ep, enabled=False, disabled_reason=why)
         fig = self.figures.of(ep.id, ep.tenant)
         fig.disabled += 1

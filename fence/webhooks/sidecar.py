@@ -28,10 +28,11 @@ from collections.abc import Sequence
 import asyncpg
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from exchanges import routing_store, shell
+from exchanges import routing_store, settings_registry, shell
 from exchanges import topology as t
 from exchanges.backoff import Backoff
 from exchanges.routing_store import STORE_AWAY
+from fence.venues import push
 from fence.webhooks import store
 from fence.webhooks.delivery import Poster
 from fence.webhooks.endpoints import Endpoint
@@ -52,12 +53,12 @@ DELIVERER_GONE: tuple[type[BaseException], ...] = (*STORE_AWAY, ConnectionError)
 class WebhooksSidecar:
     dlx: AbstractExchange  # the vhost's dead letters, once a session is open
 
-    def __init__(self, config: shell.SidecarConfig) -> None:
+    def __init__(self, config: shell.SidecarConfig, sender: push.Sender | None = None) -> None:
         self.config = config
         self.counters = shell.Counters()
         self.figures = WebhookFigures()
         self.db = routing_store.StoreConnection(config.postgres_url)
-        self.lanes = Lanes(self.counters, self.figures, Poster(LANES))
+        self.lanes = Lanes(self.counters, self.figures, Poster(LANES), sender)
         self.by_tenant: dict[str, list[Endpoint]] = {}
         self.loaded_at = float("-inf")
         self.lane_tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -262,7 +263,9 @@ async def main(config: shell.SidecarConfig) -> int:
     for chatty in ("httpx", "httpcore"):  # a line per request otherwise; failures are logged here
         logging.getLogger(chatty).setLevel(logging.WARNING)
     log.info("%s", config.describe())
-    sidecar = WebhooksSidecar(config)
+    sender, said = push.configured_sender(settings_registry.read("GOOGLE_APPLICATION_CREDENTIALS"))
+    log.info("%s (an endpoint disabled is pushed to its tenant's admins)", said)
+    sidecar = WebhooksSidecar(config, sender)
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(sidecar.deliver(stop))

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from fence.webhooks import notices
 from fence.webhooks.endpoints import MAX_ENDPOINTS, Endpoint
 from fence.webhooks.fanout import OutboxRow
 
@@ -109,12 +110,22 @@ async def rotate(conn: asyncpg.Connection, tenant: str, endpoint_id: str, secret
                   "UPDATE webhook_endpoint SET secrets = ARRAY[$3::text, secrets[1]]", secret)
 
 
-async def disable(conn: asyncpg.Connection, endpoint_id: str, reason: str) -> None:
-    """The sidecar's: an endpoint that answered 410 or failed for too long."""
+async def disable(conn: asyncpg.Connection, endpoint_id: str, reason: str) -> int | None:
+    """The sidecar's: an endpoint that answered 410 or failed for too long, disabled, and its
+    tenant's admins' notice stored with it (fence/webhooks/notices.py); the notice's id (None: the
+    endpoint is gone)."""
     async with conn.transaction():
-        await conn.execute("UPDATE webhook_endpoint SET enabled = false, disabled_reason = $2, "
-                           "disabled_at = now() WHERE id = $1", endpoint_id, reason[:500])
+        row = await conn.fetchrow("UPDATE webhook_endpoint SET enabled = false, disabled_reason = $2, "
+                                  "disabled_at = now() WHERE id = $1 RETURNING tenant, url", endpoint_id,
+                                  reason[:500])
         await conn.execute(f"NOTIFY {CHANNEL}")
+        if row is None:
+            return None
+        return await notices.add(
+            conn, row["tenant"], notices.WEBHOOK_DISABLED, endpoint_id,
+            f"Webhook endpoint {endpoint_id} disabled",
+            f"{row['url']} is disabled: {reason[:500]}. Its events wait for it: enable it (POST "
+            f"/webhooks/{endpoint_id}/enable) once it answers again.")
 
 
 async def set_failing(conn: asyncpg.Connection, endpoint_id: str, since: float | None) -> None:

@@ -6,15 +6,18 @@ workload is two tenants sharing the stack (tests/faults/tenants.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deploy.processes import StackError
-from deploy.settings import ConnectionSettings
+from deploy.settings import ConnectionSettings, Settings
 from tests.faults import report
 from tests.faults.run import Workload, make_workload
 from tests.faults.session_fences import SESSION_FENCES
@@ -37,6 +40,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 SEEDS: list[int] = []  # the session's fault seed, for the summary
+KEPT_LOGS = FAULTS_DIR.parents[1] / "test-output" / "fault-logs"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A fault row that fails keeps the stack's logs as they were (test-output/fault-logs/<row>-
+    <time>/): the next row's restarts and the next session's clean-up would bury or lose them."""
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    if rep.when != "call" or not rep.failed or FAULTS_DIR not in item.path.parents:
+        return
+    logs = Settings.from_env().state_dir / "log"
+    kept = KEPT_LOGS / f"{item.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    with contextlib.suppress(OSError):
+        shutil.copytree(logs, kept)
+        say(f"{item.name} failed: the stack's logs kept in {kept}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

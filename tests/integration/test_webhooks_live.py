@@ -92,8 +92,10 @@ def loaded(metrics: str, endpoint_id: str) -> bool:
 
 
 async def test_events_reach_an_endpoint_signed_in_order_through_its_faults(
-        pipeline: ConnectionSettings, editor: Account, tenant: str, gateway: Login) -> None:  # noqa: F811
+        pipeline: ConnectionSettings, editor: Account, tenant: str, gateway: Login,  # noqa: F811
+        firebase: Firebase) -> None:
     tag = uuid.uuid4().hex[:8]
+    admin = member(firebase, tenant, "admin")  # told when the endpoint is disabled, on their device
     fid, other = f"hook-{tag}", f"nohook-{tag}"
     rx = Receiver("whsec_" + "A" * 32, keep=True)
     await rx.start()
@@ -110,6 +112,10 @@ async def test_events_reach_an_endpoint_signed_in_order_through_its_faults(
         for f in (fid, other):
             created = await http.post("/fences", json=feature(f, square(*WHERE)), headers=editor.auth)
             assert created.status_code == 201, created.text
+        device = f"fcm-{tag}"
+        registered = await http.post("/me/device-tokens", json={"token": device, "platform": "android"},
+                                     headers=admin.auth)
+        assert registered.status_code == 204, registered.text
         try:
             await defined(qualify(tenant, fid), 1)
             await defined(qualify(tenant, other), 1)
@@ -162,6 +168,25 @@ async def test_events_reach_an_endpoint_signed_in_order_through_its_faults(
             off = await until("disabled on 410",
                               lambda: next((s for s in [show()] if not s["enabled"]), None))
             assert "410" in off["disabled_reason"]
+            # its admins are told: a notice stored with the disable, pushed to the admin's device
+            # (logged as local: the stack has no Cloud Messaging credentials), listed to admins only
+
+            async def told() -> dict[str, Any] | None:
+                got = await http.get("/notices", headers=admin.auth)
+                assert got.status_code == 200, got.text
+                return next((n for n in got.json()["notices"] if n["subject"] == eid and n["pushed"]), None)
+            notice = None
+            end = time.monotonic() + 30
+            while notice is None:
+                assert time.monotonic() < end, "no notice of the disabled endpoint pushed within 30 s"
+                notice = await told()
+                await asyncio.sleep(0.2)
+            assert notice["kind"] == "webhook.disabled"
+            assert "410" in notice["body"] and rx.url in notice["body"]
+            assert notice["pushed"] >= 1  # this admin's device (the tenant may have other admins')
+            assert (await http.get("/notices", headers=editor.auth)).status_code == 403
+            assert [n["id"] for n in json.loads(cli("notices", tenant, "--json")) if n["subject"] == eid] == [
+                notice["id"]]
             rx.set_mode("ok")
             assert arrived(d, "enter") is None
             cli("enable", tenant, eid)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from exchanges.contract import InvalidMessage
 from exchanges.fence_events import ENTER, KINDS, LEAVE, REASONS, Event, event_id
 from fence import store
-from fence.archive import event_row, event_rows
+from fence.archive import MAX_TS, event_row, event_rows
 
 TS = 1_700_000_000.125
 GOOD: dict[str, Any] = {"event": "enter", "fence_id": "yard-1", "object_id": "truck-7", "ts": TS,
@@ -55,15 +55,15 @@ def test_integer_ts_becomes_a_float() -> None:
     assert row[5] == 1_700_000_000.0 and type(row[5]) is float
 
 
-@pytest.mark.parametrize("ts", [0, -1.5, 1e300, -(2**63)])
-def test_any_finite_number_is_a_ts(ts: float) -> None:
+@pytest.mark.parametrize("ts", [0, 1.5, 2**31, MAX_TS - 1])
+def test_any_number_from_1970_to_9999_is_a_ts(ts: float) -> None:
     assert event_row(body(ts=ts))[5] == float(ts)
 
 
-def test_an_integer_beyond_64_bits_is_a_float_ts() -> None:
+def test_an_integer_beyond_64_bits_is_read_as_a_float_and_refused_as_past_9999() -> None:
     raw = body().replace(b'"ts":1700000000.125', b'"ts":123456789012345678901234567890')
     assert raw != body()
-    assert event_row(raw)[5] == 1.2345678901234568e29
+    assert refusal(raw) == "event ts 1.2345678901234568e+29: epoch seconds from 1970 to 9999 expected"
 
 
 def test_extra_fields_are_ignored() -> None:
@@ -107,7 +107,7 @@ def test_real_events_round_trip(kind: str, reason: str) -> None:
     assert len(row[0]) == 32
 
 
-@given(ts=st.floats(allow_nan=False, allow_infinity=False),
+@given(ts=st.floats(min_value=0.0, max_value=MAX_TS, exclude_max=True),
        fence_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", fullmatch=True),
        object_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", fullmatch=True),
        kind=st.sampled_from(KINDS), reason=st.sampled_from(REASONS))
@@ -172,6 +172,12 @@ def test_bad_reason(reason: Any) -> None:
 @pytest.mark.parametrize("ts", [True, False, None, "1700000000", [TS], {"s": TS}])
 def test_bad_ts(ts: Any) -> None:
     assert refusal(body(ts=ts)) == f"event ts {ts!r}: epoch seconds expected"
+
+
+@pytest.mark.parametrize("ts", [-1.0, -1e9, MAX_TS, 1e300])
+def test_a_ts_outside_the_archives_months_is_refused(ts: float) -> None:
+    # a month's table is fence_event_YYYY_MM: 1970 to 9999
+    assert refusal(body(ts=ts)) == f"event ts {ts!r}: epoch seconds from 1970 to 9999 expected"
 
 
 def test_the_first_problem_is_the_reason() -> None:

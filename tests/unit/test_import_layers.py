@@ -19,6 +19,8 @@ PRODUCT = ("hilbert_c", "exchanges", "ingress", "fence", "spark_jobs", "deploy")
 # Imports kept inside a function on purpose, with the reason (never a cycle).
 LAZY = {
     ("deploy/sidecar_cmd.py", "fence.api_server"): "only the api process loads FastAPI",
+    # pyarrow is the spark extra's: `archive months`, and `maintain` without an export, run without it
+    ("deploy/archive_cmd.py", "spark_jobs"): "only an export needs pyarrow",
     # `geofence status` and `down` need none of asyncpg, numpy and shapely; only `up` does
     ("deploy/sidecars.py", "deploy.migrate"): "only `up` prepares the database",
     ("deploy/sidecars.py", "exchanges"): "only `up` prepares the database",

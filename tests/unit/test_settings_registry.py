@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from deploy import cli, settings_cmd, sidecars
+from deploy import archive_cmd, cli, settings_cmd, sidecars
 from deploy import settings as ls
 from exchanges import settings_registry as reg
 from exchanges import shell
@@ -189,7 +189,8 @@ API = {"GEOFENCE_API_HOST", "GEOFENCE_API_PORT", "GEOFENCE_FIREBASE_PROJECT", "G
        "GEOFENCE_API_TOKEN_RATE", "GEOFENCE_API_FAILED_SIGN_INS", "GEOFENCE_API_TLS_LISTEN",
        "GEOFENCE_API_TLS_CERT", "GEOFENCE_API_TLS_KEY"}
 SPARK = {"GEOFENCE_POSTGRES_URL", "GEOFENCE_AMQP_URL", "GEOFENCE_REGIONS", "GEOFENCE_WORKERS",
-         "GEOFENCE_SPARK_MASTER", "GEOFENCE_JDBC_JAR", "GEOFENCE_SPARK_PARTITIONS"}
+         "GEOFENCE_SPARK_MASTER", "GEOFENCE_JDBC_JAR", "GEOFENCE_SPARK_PARTITIONS",
+         "GEOFENCE_ARCHIVE_RETENTION_DAYS", "GEOFENCE_ARCHIVE_EXPORT_DIR"}
 STACK = {"GEOFENCE_STATE_DIR", "GEOFENCE_HOST", "GEOFENCE_AMQP_PORT", "GEOFENCE_MQTT_PORT",
          "GEOFENCE_MANAGEMENT_PORT", "GEOFENCE_PG_PORT", "GEOFENCE_MEMCACHED_PORT", "GEOFENCE_API_PORT",
          "GEOFENCE_FIREBASE_AUTH_PORT", "GEOFENCE_PROMETHEUS_PORT", "GEOFENCE_RABBITMQ_METRICS_PORT",
@@ -279,6 +280,7 @@ CODE_DEFAULTS: dict[str, list[tuple[Any, str]]] = {
     "GEOFENCE_SPARK_MASTER": [(session.JobConfig, "master")],
     "GEOFENCE_JDBC_JAR": [(session.JobConfig, "jdbc_jar")],
     "GEOFENCE_SPARK_PARTITIONS": [(session.JobConfig, "partitions")],
+    "GEOFENCE_ARCHIVE_RETENTION_DAYS": [(archive_cmd.ArchiveOptions, "retention_days")],
     **{key: [(ls.Settings, name)] for key, (name, _) in ls._ENV_KEYS.items()
        if key not in ("GEOFENCE_REGIONS", "GEOFENCE_WORKERS", "GEOFENCE_API_PORT", "GEOFENCE_MAP_TILES")},
 }

@@ -59,3 +59,13 @@ def test_each_nightly_job_has_a_timer_and_a_spark_submit_service(name: str, scri
     assert next(a for a in start if a.endswith(".py")).endswith(script)
     assert (UNITS.parents[1] / script).is_file()
     assert service["Type"] == "oneshot" and service["User"] != "root"
+
+
+def test_the_archive_months_run_nightly_through_the_geofence_command() -> None:
+    timer = unit("geofence-archive-months.timer")["Timer"]
+    assert timer["Unit"] == "geofence-archive-months.service"
+    assert timer["OnCalendar"] and timer["Persistent"] == "true"
+    service = unit("geofence-archive-months.service")["Service"]
+    assert service["ExecStart"].split()[1:] == ["archive", "maintain"]
+    assert service["Type"] == "oneshot" and service["User"] != "root"
+    assert service["EnvironmentFile"] == "/etc/geofence/spark.env"
