@@ -26,6 +26,7 @@ from exchanges.tenancy import name_of
 from exchanges.text import TextError, check_id
 from exchanges.x_geo import queries
 from fence import api_models as am
+from fence import page_models as pm
 from fence import problems
 from fence.api_edges import BodyLimit, RateLimit, RequestMetrics
 from fence.api_schemas import add_schema_routes
@@ -441,12 +442,14 @@ def add_owner_routes(app: FastAPI, venues: VenueReads, commands: SensorCommands 
     async def owner_hives(caller: who) -> dict[str, Any]:
         return {"hives": await os_.my_hives(pool, caller.uid)}
 
-    @app.get("/owner/hives/{hive_id}/sensors", tags=["venue owners"],
+    @app.get("/owner/hives/{hive_id}/sensors", tags=["venue owners"], response_model=None,
+             responses=am.answer(pm.OwnerSensors),
              summary="A hive's sensors: last report, battery, signal, configuration, silent / low battery")
     async def owner_sensors(caller: who, hive_id: str) -> dict[str, Any]:
         return {"sensors": await run(os_.sensors(pool, caller.uid, hive_id))}
 
-    @app.get("/owner/hives/{hive_id}/analytics", tags=["venue owners"],
+    @app.get("/owner/hives/{hive_id}/analytics", tags=["venue owners"], response_model=None,
+             responses=am.answer(pm.HiveAnalytics),
              summary="A hive's days by hour (sensors and phones), popular times and forecast",
              description="From the nightly occupancy-analytics job: `days` business days up to the "
                          "latest computed, each local hour's entries, exits, mean and peak occupancy "

@@ -209,6 +209,14 @@ class SubscriptionList(BaseModel):
     subscriptions: list[Subscription]
 
 
+class SchemaIndex(BaseModel):
+    """The published message contract: each JSON Schema's URL by name, and the AsyncAPI document."""
+
+    schema_version: int = Field(description="the `schema` every event body carries")
+    asyncapi: str
+    schemas: dict[str, str]
+
+
 class Health(BaseModel):
     model_config = ConfigDict(extra="allow")
     ok: bool

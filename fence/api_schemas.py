@@ -10,11 +10,12 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from exchanges import wire_schemas
+from fence import api_models as am
 from fence.service import ApiError
 
 
 def add_schema_routes(app: FastAPI) -> None:
-    @app.get("/schemas", tags=["contract"],
+    @app.get("/schemas", tags=["contract"], response_model=None, responses=am.answer(am.SchemaIndex),
              summary="The message schemas (JSON Schema) and the AsyncAPI document (no authentication)")
     async def list_schemas() -> dict[str, Any]:
         files = wire_schemas.names()
@@ -23,7 +24,9 @@ def add_schema_routes(app: FastAPI) -> None:
                 "schemas": {f.removesuffix(".schema.json"): f"/schemas/{f}"
                             for f in files if f.endswith(".schema.json")}}
 
-    @app.get("/schemas/{name}", tags=["contract"], summary="One schema, or the AsyncAPI document")
+    @app.get("/schemas/{name}", tags=["contract"], summary="One schema, or the AsyncAPI document",
+             description="A JSON Schema (application/schema+json) or the AsyncAPI 3.0 document: a "
+                         "document of its own kind, any JSON in this description.")
     async def get_schema(name: str) -> JSONResponse:
         try:
             body = wire_schemas.load(name)

@@ -38,6 +38,8 @@ from fastapi import FastAPI, Header, Query, WebSocket, WebSocketDisconnect
 from exchanges.fence_def import InvalidFence, check_fence_id, shown
 from exchanges.ids import OBJECT_ID_RULE, is_object_id
 from exchanges.tenancy import is_tenant, qualify, split
+from fence import api_models as am
+from fence import page_models as pm
 from fence.map_feed import MAX_FENCES_PAGE, ClientGone, MapClient, MapFeed
 from fence.ops import OpsFigures, Unavailable
 from fence.service import OPERATOR_CLAIM, ApiError, Caller
@@ -122,6 +124,7 @@ def add_page_data(app: FastAPI, ops: OpsFigures | None, feed: MapFeed | None) ->
 
 def _add(app: FastAPI, who: Any, caller_of: CallerOf, ops: OpsFigures | None, feed: MapFeed | None) -> None:
     @app.get("/ops/data", tags=["operators"], summary="The pipeline's figures (from Prometheus)",
+             response_model=None, responses=am.answer(pm.OpsData),
              description="A platform operator's (the Firebase claim `geofence_operator`): 403 for anyone "
                          "else. Per process: up, messages/s, positions/s, events/s, objects, fences, held "
                          "positions; the deepest queues; dead letters by reason (all time and the last 15 "
@@ -138,6 +141,7 @@ def _add(app: FastAPI, who: Any, caller_of: CallerOf, ops: OpsFigures | None, fe
             raise ApiError(503, str(exc)) from None
 
     @app.get("/map/fences", tags=["live map"], summary="The live map's fences, a page at a time",
+             response_model=None, responses=am.answer(am.FencePage),
              description="GeoJSON FeatureCollection of your tenant's live fences by id (an operator "
                          "acting in no tenant: every tenant's, ids qualified `<tenant>:<id>`); "
                          "`next_after` when there are more.")
@@ -152,6 +156,7 @@ def _add(app: FastAPI, who: Any, caller_of: CallerOf, ops: OpsFigures | None, fe
         return await feed.fences(after, limit, tenant)
 
     @app.get("/map/objects/{object_id}", tags=["live map"], summary="An object's last position on the map",
+             response_model=None, responses=am.answer(pm.MapObject),
              description="One of your tenant's objects (an operator acting in no tenant names any, "
                          "qualified `<tenant>:<id>`).")
     async def map_object(caller: who, object_id: str,

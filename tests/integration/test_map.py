@@ -43,6 +43,8 @@ from deploy.settings import ConnectionSettings
 from exchanges import topology as t
 from exchanges.fence_def import FenceDef
 from exchanges.shell import Counters
+from fence import api_models as am
+from fence import page_models as pm
 from fence import pages, store, tenants
 from fence.api import create_app
 from fence.auth import Reason, Unauthenticated, User
@@ -54,6 +56,7 @@ from tests.integration.browser import Account, account, chromium, console_errors
 from tests.integration.clients import DEADLINE, api, geofence, moving, poll
 from tests.integration.test_pages import INK
 from tests.integration.test_pages_no_vendor import serving
+from tests.model_check import described
 
 pytestmark = pytest.mark.integration
 WAIT = 60.0
@@ -231,10 +234,12 @@ async def test_a_members_map_shows_its_tenants_objects_only(stack: ConnectionSet
             async with httpx.AsyncClient(base_url=str(stack["api"]), timeout=DEADLINE) as http:
                 r = await http.get(f"/map/objects/{oid}", headers=two.member.headers())
                 assert r.status_code == 200 and r.json()["object_id"] == oid and r.json()["lat"] == 47.02
+                described(pm.MapObject, r.json())
                 assert (await http.get(f"/map/objects/nobody-{oid}", headers=two.member.headers())
                         ).status_code == 404
                 r = await http.get(f"/map/objects/{two.b}:{oid}", headers=operator.headers())
                 assert r.status_code == 200 and r.json()["lat"] == 47.03 and r.json()["tenant"] == two.b
+                described(pm.MapObject, r.json())
             # the tap queues exist, exclusive, under the gf-map-taps policy
             taps: list[dict[str, Any]] = []
 
@@ -406,7 +411,9 @@ async def page_flow(stack: ConnectionSettings, driver: Any, who: Account, operat
     assert console_errors(driver) == []
     # the same fences over HTTP: the fleet's, unqualified; the operator's, every tenant's qualified
     async with httpx.AsyncClient(base_url=str(stack["api"]), timeout=DEADLINE) as http:
-        mine = (await http.get("/map/fences", headers=who.headers())).json()["features"]
+        page = (await http.get("/map/fences", headers=who.headers())).json()
+        described(am.FencePage, page)
+        mine = page["features"]
         assert {f["id"] for f in mine} == ids and {f["properties"]["tenant"] for f in mine} == {FLEET}
         every = (await http.get("/map/fences", headers=operator.headers())).json()["features"]
         listed = {f["id"] for f in every}

@@ -20,9 +20,11 @@ import pytest
 
 from deploy import firebase_emulator as fe
 from deploy.settings import ConnectionSettings
+from fence import page_models as pm
 from fence.venues import sensor_frames as sf
 from fence.venues.occupancy import business_day
 from tests.integration.clients import DEADLINE, Device, MqttDevice, geofence
+from tests.model_check import described
 
 pytestmark = pytest.mark.integration
 WAIT = 60.0
@@ -91,7 +93,9 @@ async def test_an_owner_configures_a_sensor_and_sees_it_applied(stack: Connectio
             kind, (topic, payload) = sensor.next_event()
             assert (kind, topic) == ("message", f"commands/sensor/{sensor_id}")
             assert sf.SensorConfig.decode(payload) == sf.SensorConfig(120, 15, 60, 5, 1)
-            view = (await http.get(f"/owner/hives/{hive_id}/sensors", headers=auth)).json()["sensors"]
+            answer = (await http.get(f"/owner/hives/{hive_id}/sensors", headers=auth)).json()
+            described(pm.OwnerSensors, answer)  # the typed API's model, every field declared
+            view = answer["sensors"]
             # no report yet, but registered just now: silent only past twice its interval from then
             assert view[0]["config"]["state"] == "pending" and view[0]["silent"] is False
             assert view[0]["last_report_at"] is None
@@ -106,6 +110,7 @@ async def test_an_owner_configures_a_sensor_and_sees_it_applied(stack: Connectio
                     break
                 await asyncio.sleep(0.1)
             s = view[0]
+            described(pm.OwnerSensors, {"sensors": view})
             assert (s["config"]["configuration_id"], s["config"]["state"]) == (1, "applied")
             assert s["config"]["sent_at"] is not None
             assert (s["battery_mv"], s["low_battery"], s["gprs_signal"]) == (3300, True, 17)
@@ -140,6 +145,7 @@ async def test_an_owner_reads_the_analytics_and_the_public_sees_busier_than_usua
         empty = (await http.get(f"/owner/hives/{hive_id}/analytics", headers=auth)).json()
         assert empty == {"hive_id": hive_id, "today": {"day": today.isoformat(), "hours": []}, "days": [],
                          "hourly": {}, "profile": None, "forecast": []}
+        described(pm.HiveAnalytics, empty)
 
         pg = await asyncpg.connect(stack["postgres"]["dsn"])
         try:
@@ -173,6 +179,7 @@ async def test_an_owner_reads_the_analytics_and_the_public_sees_busier_than_usua
             await pg.close()
 
         got = (await http.get(f"/owner/hives/{hive_id}/analytics?days=7", headers=auth)).json()
+        described(pm.HiveAnalytics, got)
         assert got["today"]["day"] == today.isoformat()
         hours_today = got["today"]["hours"]
         assert (sum(x["entries"] for x in hours_today), sum(x["exits"] for x in hours_today)) == (5, 2)

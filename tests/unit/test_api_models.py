@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, date, datetime
-from typing import Any, cast, get_origin
+from typing import Any, cast
 
 import numpy as np
 import pytest
-from pydantic import BaseModel
 from shapely.geometry import MultiPolygon, box
 
 from exchanges.fence_def import FenceDef
@@ -21,7 +20,9 @@ from exchanges.fence_options import FENCE_OPTIONS, filters
 from exchanges.tenancy import ROLES
 from exchanges.x_geo import queries
 from fence import api_models as am
+from fence import page_models as pm
 from fence import quotas, store, tenants
+from fence.ops import SERIES, shape
 from fence.service import _public_subscription, feature
 from fence.spec import Follow
 from fence.venues import owner_store as os_
@@ -29,8 +30,10 @@ from fence.venues.hive_index import HiveCard
 from fence.venues.occupancy import HiveOccupancy
 from fence.venues.reads import VenueReads, status_json
 from fence.venues.sidecar import live_status
+from tests.model_check import described, undeclared
 from tests.unit.test_api_media import HTTP
 from tests.unit.test_fence_api_inputs import ME, service, stored
+from tests.unit.test_ops_figures import answers, vector
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 EVERY_OPTION = FenceDef(fence_id="t1:yard", version=7, geometry=box(9.5, 47.1, 9.51, 47.11), name="yard",
@@ -39,40 +42,6 @@ EVERY_OPTION = FenceDef(fence_id="t1:yard", version=7, geometry=box(9.5, 47.1, 9
                         dwell_s=30.0, cross=True, expires_at=1.9e9, counts_from=("t2",))
 FOLLOWING = FenceDef(fence_id="t1:escort", version=2, name="escort",
                      geometry=MultiPolygon([box(9.5, 47.1, 9.51, 47.11), box(9.52, 47.1, 9.53, 47.11)]))
-
-
-def undeclared(model: type[BaseModel], data: Any, at: str = "") -> list[str]:
-    """The keys of `data` (nested through models and lists of models) `model` does not declare."""
-    if not isinstance(data, dict):
-        return []
-    out = [f"{at}{k}" for k in data if k not in model.model_fields]
-    for name, f in model.model_fields.items():
-        inner = _model_of(f.annotation)
-        value = data.get(name)
-        if inner is None:
-            continue
-        if get_origin(f.annotation) is dict and isinstance(value, dict):  # a map of models
-            items = list(value.values())
-        else:
-            items = value if isinstance(value, list) else [value]
-        for item in items:
-            out += undeclared(inner, item, f"{at}{name}.")
-    return out
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _model_of(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def described(model: type[BaseModel], data: dict[str, Any]) -> None:
-    model.model_validate(data)
-    assert undeclared(model, data) == [], f"{model.__name__} lacks {undeclared(model, data)}"
 
 
 def test_every_fence_option_is_a_declared_property() -> None:
@@ -195,3 +164,30 @@ def test_the_venue_answers_are_their_models() -> None:
     described(am.Notifications, {"notifications": [listed]})
     described(am.ConfigSent, {"configuration_id": 7, "state": "pending"})
     assert set(am.HiveIn.model_fields) == os_.HIVE_FIELDS
+
+
+def test_the_operators_figures_are_their_model() -> None:
+    got = answers()
+    ep = {"endpoint": "wh-1", "tenant": "fleet"}
+    got["wh_enabled"] = vector((ep, 1))
+    got["wh_delivered"] = vector((ep, 12.5))
+    got["wh_lag_p99"] = vector((ep, 0.2))
+    alerts = [{"labels": {"alertname": "GeofenceRoleDown"}, "state": "firing",
+               "annotations": {"summary": "x-ingress does not answer"}}]
+    figures = shape(got, {name: {940.0: 1.0, 1000.0: None} for name in SERIES}, alerts, 1000.0, 940.0)
+    assert figures["webhooks"] and figures["processes"] and figures["alerts"]
+    described(pm.OpsData, figures)
+
+
+def test_a_map_of_lists_of_models_is_checked_inside() -> None:
+    day = {"hour": 20, "entries": 3, "exits": 1, "mean_occupancy": 2.0, "peak_occupancy": 3.0,
+           "phones_mean": None, "phones_peak": None}
+    analytics = {"hive_id": "bar-1", "today": {"day": "2026-06-03", "hours": []}, "days": [],
+                 "hourly": {"2026-06-02": [{**day, "extra": 1}]}, "profile": None, "forecast": []}
+    assert undeclared(pm.HiveAnalytics, analytics) == ["hourly.extra"]
+
+
+def test_the_contracts_index_is_its_model() -> None:
+    index = HTTP.get("/schemas").json()
+    assert "event" in index["schemas"]
+    described(am.SchemaIndex, index)
