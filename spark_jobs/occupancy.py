@@ -103,6 +103,7 @@ from spark_jobs.session import (
     run_tasks,
     spark_session,
 )
+from spark_jobs.stage_progress import StageBars
 
 APP_NAME = "geofence-occupancy-analytics"
 MIGRATIONS = ("0005_occupancy.sql", "0007_occupancy_stage_task.sql", "0010_venue_analytics.sql")
@@ -379,20 +380,21 @@ def run_job(cfg: JobConfig, window: Window, schema: str = "public", *, progress:
     task = Task(cfg.postgres_url, schema, events_sql(schema, window, snapshot),
                 tuple(hash_predicates("fence_id", n)), plan, window.first, run_id)
     try:
-        progress(f"reading, analysing and staging the events ({n} tasks, each a share of the fences)")
-        done, tags = run_tasks(spark, n, task, SUMMARY_DDL, "fence")
-        per_day: dict[int, int] = {}
-        for r in done:
-            per_day[r["day"]] = per_day.get(r["day"], 0) + int(r["events"])
-        summary.events = sum(per_day.values())
-        phase("read+analyse+stage")
-        progress("swapping the days in")
-        summary.written = asyncio.run(_swap(cfg.postgres_url, schema, run_id, tags, window, per_day))
-        summary.rows = sum(summary.written.values())
-        phase("swap")
-        summary.venues = venue_analytics.run(spark, cfg.postgres_url, schema, window.first, window.last, n,
-                                             run_id, progress)
-        phase("venues")
+        with StageBars(spark):  # the stages with their time left, on a terminal
+            progress(f"reading, analysing and staging the events ({n} tasks, each a share of the fences)")
+            done, tags = run_tasks(spark, n, task, SUMMARY_DDL, "fence")
+            per_day: dict[int, int] = {}
+            for r in done:
+                per_day[r["day"]] = per_day.get(r["day"], 0) + int(r["events"])
+            summary.events = sum(per_day.values())
+            phase("read+analyse+stage")
+            progress("swapping the days in")
+            summary.written = asyncio.run(_swap(cfg.postgres_url, schema, run_id, tags, window, per_day))
+            summary.rows = sum(summary.written.values())
+            phase("swap")
+            summary.venues = venue_analytics.run(spark, cfg.postgres_url, schema, window.first, window.last,
+                                                 n, run_id, progress)
+            phase("venues")
     finally:
         asyncio.run(_unstage(cfg.postgres_url, schema, run_id))
     summary.wall_s = time.perf_counter() - t_start

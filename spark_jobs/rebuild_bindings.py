@@ -47,6 +47,7 @@ from fence.spec import bindings, covering
 from hilbert_c.covering import _flatten
 from spark_jobs import bindings_core as core
 from spark_jobs.session import Jdbc, JobConfig, check_schema, hash_predicates, partitions, spark_session
+from spark_jobs.stage_progress import StageBars
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -418,7 +419,8 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None,
     cfg = JobConfig.from_env(env, also_known=also_known, master=args.master, partitions=args.partitions)
     spark = spark_session(cfg, "geofence-rebuild-bindings")
     try:
-        report = Job(cfg, args).run(spark)
+        with StageBars(spark):  # the stages with their time left, on a terminal
+            report = Job(cfg, args).run(spark)
     finally:
         spark.stop()
     print(report.line(), flush=True)

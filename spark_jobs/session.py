@@ -156,8 +156,8 @@ def spark_session(cfg: JobConfig, app_name: str) -> SparkSession:
                .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
                .config("spark.sql.adaptive.enabled", "true")
                .config("spark.ui.enabled", "false")
-               # the bar is for people at a terminal, not for the journal of a timer's run
-               .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower()))
+               # spark_jobs/stage_progress.py draws the stages with their time left instead
+               .config("spark.ui.showConsoleProgress", "false"))
     if cfg.partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(cfg.partitions))
     elif master.startswith("local"):
