@@ -114,6 +114,9 @@ class Replica:
             if read.max_generation:  # frames of a state were read, none usable
                 log.error("worker %s: its stream has no usable state (%s): the local journal is used",
                           self.worker, read.broken or "no complete snapshot")
+            else:  # said too: a state from the local journal may be older than the stream's last master's
+                log.warning("worker %s: nothing of a state read from its stream (up to offset %d): the "
+                            "local journal is used", self.worker, read.last_offset)
             return None
         ahead = self.shadow.catch_up(got)
         # the shadow's state goes to the session; the bytes read stay until the session has
