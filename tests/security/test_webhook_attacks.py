@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import asyncpg
 import httpx
 import pytest
 
+from fence.webhooks import store
 from tests.security.attacks import holds, revealed
 from tests.security.conftest import World
 
@@ -112,4 +114,32 @@ async def test_an_endpoint_is_never_an_address_of_the_platforms_network(world: W
         f"{sorted({r.status_code for r in replies.values()})}, e.g. {reasons[:2]}",
         f"a public https receiver beside them: accepted ({victims_endpoint})",
         all(r.status_code == 422 for r in replies.values()) and len(reasons) == len(SSRF),
+    )
+
+
+async def test_another_tenants_admin_reads_none_of_the_victims_notices(world: World,
+                                                                      victims_endpoint: str) -> None:
+    # the victim's endpoint disabled as the sidecar disables it: its notice stored with it
+    conn = await asyncpg.connect(world.stack["postgres"]["dsn"])
+    try:
+        notice = await store.disable(conn, victims_endpoint, "it answered 410 Gone")
+    finally:
+        await conn.close()
+    assert notice is not None
+    assert world.b_admin is not None
+    http = world.http
+    stolen = await http.get("/notices", params={"after": 0, "limit": 100}, headers=world.b_admin.headers())
+    editor = await http.get("/notices", headers=world.b_editor.headers())
+    mine = await http.get("/notices", params={"after": notice - 1}, headers=world.a_admin.headers())
+    seen = [n["id"] for n in stolen.json()["notices"]] if stolen.status_code == 200 else []
+    leaks = [*_leaks(world, stolen), *(["the endpoint id"] if victims_endpoint in stolen.text else [])]
+    told = mine.status_code == 200 and [n["subject"] for n in mine.json()["notices"][:1]] == [
+        victims_endpoint]
+    holds(
+        "other tenant's admin",
+        "GET /notices (the victim's endpoint just disabled, its notice stored); the attacker's editor too",
+        f"{stolen.status_code} with {len(seen)} notice(s), none the victim's: {notice not in seen}; "
+        f"leaks {leaks or 'nothing'}; the editor {editor.status_code}",
+        f"the victim's admin: {mine.status_code}, told: {told}",
+        stolen.status_code == 200 and notice not in seen and not leaks and editor.status_code == 403 and told,
     )
