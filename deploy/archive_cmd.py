@@ -98,16 +98,10 @@ async def _run(args: argparse.Namespace) -> int:
             async def export(c: asyncpg.Connection, table: str) -> int:
                 return await archive_export.export(c, table, export_dir)
 
-        todo = am.expired(await am.months(conn), datetime.now(UTC), days)
-        with Progress(len(todo), "archive months", "month") as bar:
-            done = 0
-
-            def step(line: str) -> None:
-                nonlocal done
+        with Progress(0, "archive months", "month") as bar:
+            def step(line: str, done: int, total: int) -> None:
                 bar.say(line)
-                if line.endswith("dropped"):  # a month out (an earlier run's leftovers count too)
-                    done += 1
-                    bar.to(done, max(len(todo), done))
+                bar.to(done, total)
 
             out = await am.maintain(conn, datetime.now(UTC), days, export, int(time.time()), step)
         summary = {"retention_days": days, "export_dir": str(export_dir) if export_dir else None,

@@ -130,26 +130,28 @@ class Outcome:
 
 async def maintain(conn: asyncpg.Connection, now: datetime, retention_days: int,
                    export: Export | None, stamp: int,
-                   progress: Callable[[str], None] = lambda _: None) -> Outcome:
+                   progress: Callable[[str, int, int], None] = lambda *_: None) -> Outcome:
     """One nightly run: this month's and the next month's tables made ahead (the archiver then
     never waits to make one), the detached tables of an earlier run finished, then every month
     past the retention taken out (exported first by `export(conn, table)` when given, which
-    returns the rows it wrote)."""
+    returns the rows it wrote). `progress(line, months out, months to take out)` at each step."""
     made = [await ensure(conn, now), await ensure(conn, next_month(now))]
     removed: list[tuple[str, int]] = []
     todo = await leaving(conn)
-    for m in expired(await months(conn), now, retention_days):
-        progress(f"detaching {m.name}")
+    due = expired(await months(conn), now, retention_days)
+    total = len(todo) + len(due)
+    for m in due:
+        progress(f"detaching {m.name}", 0, total)
         todo.append(await detach(conn, m, stamp))
     for name in todo:
         label = LEAVING_RE.fullmatch(name)
         assert label is not None
         if export is not None:
-            progress(f"exporting {name}")
+            progress(f"exporting {name}", len(removed), total)
             rows = await export(conn, name)
         else:
             rows = int(await conn.fetchval(f'SELECT count(*) FROM "{name}"'))
         await drop(conn, name)
         removed.append((f"{label[1]}-{label[2]}", rows))
-        progress(f"{name}: {rows:,} rows {'exported and ' if export else ''}dropped")
+        progress(f"{name}: {rows:,} rows {'exported and ' if export else ''}dropped", len(removed), total)
     return Outcome(made, removed, len(await months(conn)))
